@@ -1,0 +1,3 @@
+"""soakd: multi-day soak tests for LLM inference servers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,442 @@
+"""Config: one strict model tree, loaded once from YAML plus ``SOAKD__`` env overrides.
+
+Nothing else in soakd reads config files or environment variables (API keys are
+read here too, by reference, and kept out of every repr).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+ENV_PREFIX = "SOAKD__"
+
+
+class ConfigError(Exception):
+    """A config problem, already phrased for the user as one line."""
+
+
+# --- durations -------------------------------------------------------------------------
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: Any) -> float:
+    """``"72h"``, ``"1h30m"``, ``"500ms"``, ``"2.5s"`` or a number of seconds -> seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        if not text:
+            raise ValueError("empty duration")
+        try:
+            seconds = float(text)
+        except ValueError:
+            pos, seconds = 0, 0.0
+            for match in _DURATION_RE.finditer(text):
+                if match.start() != pos:
+                    break
+                seconds += float(match.group(1)) * _UNITS[match.group(2)]
+                pos = match.end()
+            if pos != len(text):
+                raise ValueError(
+                    f"bad duration {value!r}: use a number and a unit (ms, s, m, h, d), "
+                    "e.g. 72h or 1h30m"
+                ) from None
+    else:
+        raise ValueError(f"not a duration: {value!r}")
+    if seconds < 0:
+        raise ValueError(f"negative duration {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds -> a short human form (``"72h"``, ``"1h30m"``, ``"2.5s"``)."""
+    if seconds < 60:
+        return f"{seconds:g}s"
+    whole = round(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{u}" for n, u in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return "".join(parts) or "0s"
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""Seconds, written in YAML as ``72h``, ``5m``, ``500ms``... ."""
+
+PositiveRate = Annotated[float, Field(ge=0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- targets ----------------------------------------------------------------------------
+
+
+class Timeouts(Strict):
+    connect: Duration = 10.0
+    ttft: Duration = 60.0
+    total: Duration = 600.0
+
+
+class Tls(Strict):
+    verify: bool = True
+    ca_file: Path | None = None
+
+
+class TargetConfig(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+    base_url: str
+    api: Literal["chat", "completions"] = "chat"
+    model: str
+    stream: bool = True
+    api_key_env: str | None = None
+    api_key_file: Path | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    timeouts: Timeouts = Timeouts()
+    proxy: str | None = None  # an http(s) proxy URL; None: honour HTTP(S)_PROXY / NO_PROXY
+    tls: Tls = Tls()
+    max_connections: Annotated[int, Field(ge=1)] = 1024
+    metrics_url: str | None = None  # the server's own /metrics, for the scraper
+    health_url: str | None = None
+
+    @field_validator("base_url", "metrics_url", "health_url", "proxy")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"URL scheme must be http or https, got {value!r}")
+        if not parts.netloc:
+            raise ValueError(f"URL has no host: {value!r}")
+        if parts.password:
+            raise ValueError("URL must not carry a password: use api_key_env or api_key_file")
+        return value.rstrip("/")
+
+    @field_validator("headers")
+    @classmethod
+    def _no_inline_auth(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if key.lower() in ("authorization", "api-key", "x-api-key"):
+                raise ValueError(
+                    f"header {key!r} would put a secret in the config: "
+                    "use api_key_env or api_key_file"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> TargetConfig:
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set api_key_env or api_key_file, not both")
+        return self
+
+    def api_key(self) -> SecretStr | None:
+        """Read the key by reference. Raises ConfigError naming the reference, never the key."""
+        if self.api_key_env:
+            value = os.environ.get(self.api_key_env)
+            if not value:
+                raise ConfigError(
+                    f"targets.{self.name}.api_key_env: environment variable "
+                    f"{self.api_key_env} is not set"
+                )
+            return SecretStr(value.strip())
+        if self.api_key_file:
+            try:
+                value = self.api_key_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"targets.{self.name}.api_key_file: cannot read {self.api_key_file}: "
+                    f"{exc.strerror}"
+                ) from None
+            if not value:
+                raise ConfigError(f"targets.{self.name}.api_key_file: {self.api_key_file} is empty")
+            return SecretStr(value)
+        return None
+
+    @property
+    def endpoint(self) -> str:
+        path = "/chat/completions" if self.api == "chat" else "/completions"
+        base = self.base_url
+        return base + path if base.endswith("/v1") else base + "/v1" + path
+
+
+# --- workload ---------------------------------------------------------------------------
+
+
+class TokenLength(Strict):
+    """A distribution of prompt lengths in tokens."""
+
+    dist: Literal["fixed", "uniform", "normal"] = "fixed"
+    mean: Annotated[int, Field(ge=1)] = 256
+    stddev: Annotated[float, Field(ge=0)] = 0.0  # normal
+    min: Annotated[int, Field(ge=1)] = 1
+    max: Annotated[int, Field(ge=1)] = 4096
+
+    @model_validator(mode="after")
+    def _bounds(self) -> TokenLength:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
+class Prompts(Strict):
+    source: Literal["synthetic", "file"] = "synthetic"
+    input_tokens: TokenLength = TokenLength()
+    file: Path | None = None  # JSONL: {"prompt": "..."} or {"messages": [...]} per line
+
+    @model_validator(mode="after")
+    def _file_given(self) -> Prompts:
+        if self.source == "file" and self.file is None:
+            raise ValueError("source is 'file' but no file is given")
+        return self
+
+
+class Load(Strict):
+    """The load shape of one target in one phase."""
+
+    mode: Literal["closed", "constant", "poisson", "ramp", "idle"] = "closed"
+    concurrency: Annotated[int, Field(ge=0)] = 1
+    rate: PositiveRate = 0.0
+    rate_end: PositiveRate | None = None
+    max_in_flight: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _shape(self) -> Load:
+        if self.mode in ("constant", "poisson", "ramp") and self.rate <= 0 and not (
+            self.mode == "ramp" and (self.rate_end or 0) > 0
+        ):
+            raise ValueError(f"mode {self.mode!r} needs rate > 0")
+        if self.mode == "ramp" and self.rate_end is None:
+            raise ValueError("mode 'ramp' needs rate_end")
+        if self.mode == "closed" and self.concurrency < 1:
+            raise ValueError("mode 'closed' needs concurrency >= 1")
+        return self
+
+
+class PhaseConfig(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+    duration: Duration | None = None
+    until: str | None = None  # an ISO datetime, or a cron expression: run until it next fires
+    load: Load = Load()
+    targets: dict[str, Load] = Field(default_factory=dict)  # per-target overrides
+
+    @model_validator(mode="after")
+    def _one_end(self) -> PhaseConfig:
+        if (self.duration is None) == (self.until is None):
+            raise ValueError("give a phase either duration or until")
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError(f"duration must be above zero, got {self.duration:g}s")
+        return self
+
+
+class Workload(Strict):
+    prompts: Prompts = Prompts()
+    max_tokens: Annotated[int, Field(ge=1)] = 512
+    temperature: Annotated[float, Field(ge=0, le=2)] = 0.7
+    seed: int = 0
+
+
+class Thresholds(Strict):
+    """Per-deployment limits, exported as gauges so alert rules compare against them."""
+
+    vram_limit_bytes: Annotated[float, Field(gt=0)] = 3.9e9
+    vram_leak_bytes_per_hour: Annotated[float, Field(gt=0)] = 50e6
+    error_ratio: Annotated[float, Field(ge=0, le=1)] = 0.003
+    p99_e2e_seconds: Annotated[float, Field(gt=0)] = 30.0
+    p99_ttft_seconds: Annotated[float, Field(gt=0)] = 2.0
+    jitter_ratio: Annotated[float, Field(ge=0)] = 0.15
+    dispatch_lag_seconds: Annotated[float, Field(gt=0)] = 0.1
+
+
+class Exporter(Strict):
+    listen: str = "127.0.0.1:9464"
+    thresholds: Thresholds = Thresholds()
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"expected HOST:PORT, got {value!r}")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+class Logging(Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class RunConfig(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")] = "soak"
+    node: str = Field(default_factory=lambda: os.uname().nodename)
+    duration: Duration | None = None  # a cap on the whole run
+    loop: bool = False  # repeat the phases until duration
+    drain_timeout: Duration = 30.0
+    start_at: str | None = None  # ISO datetime: the plan's calendar start (default: now)
+
+
+class Config(Strict):
+    run: RunConfig = RunConfig()
+    targets: Annotated[list[TargetConfig], Field(min_length=1)]
+    workload: Workload = Workload()
+    phases: Annotated[list[PhaseConfig], Field(min_length=1)]
+    exporter: Exporter = Exporter()
+    logging: Logging = Logging()
+
+    @model_validator(mode="after")
+    def _names(self) -> Config:
+        names = [t.name for t in self.targets]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate target names: {', '.join(dupes)}")
+        for phase in self.phases:
+            unknown = sorted(set(phase.targets) - set(names))
+            if unknown:
+                raise ValueError(
+                    f"phase {phase.name!r} sets load for unknown target(s) {', '.join(unknown)}"
+                    f" (known: {', '.join(names)})"
+                )
+        if self.run.loop and self.run.duration is None:
+            raise ValueError("run.loop needs run.duration, or it would never end")
+        return self
+
+    def target(self, name: str) -> TargetConfig:
+        return next(t for t in self.targets if t.name == name)
+
+    def load_for(self, phase: PhaseConfig, target: str) -> Load:
+        return phase.targets.get(target, phase.load)
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Overlay ``SOAKD__SECTION__KEY=value``. List items by index or by their ``name``:
+    ``SOAKD__TARGETS__LOCAL__BASE_URL`` or ``SOAKD__TARGETS__0__BASE_URL``. Values are
+    parsed as YAML scalars, so numbers and booleans keep their type."""
+    for key in sorted(environ):
+        if not key.startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in key[len(ENV_PREFIX) :].split("__") if p]
+        if not path:
+            continue
+        node: Any = raw
+        for i, part in enumerate(path):
+            last = i == len(path) - 1
+            if isinstance(node, list):
+                idx = _list_index(node, part)
+                if idx is None:
+                    raise ConfigError(f"{key}: no list item {part!r} in {'.'.join(path[:i])}")
+                if last:
+                    node[idx] = yaml.safe_load(environ[key])
+                else:
+                    node = node[idx]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = yaml.safe_load(environ[key])
+                else:
+                    node = node.setdefault(part, {})
+            else:
+                raise ConfigError(f"{key}: {'.'.join(path[:i])} is not a section")
+    return raw
+
+
+def _list_index(items: list[Any], part: str) -> int | None:
+    if part.isdigit():
+        return int(part) if int(part) < len(items) else None
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and str(item.get("name", "")).lower().replace("-", "_") == (
+            part.replace("-", "_")
+        ):
+            return i
+    return None
+
+
+def _error_line(exc: ValidationError, raw: Any) -> str:
+    """First pydantic error -> ``field.path: message (got VALUE)``; list items by name."""
+    err = exc.errors(include_url=False)[0]
+    parts: list[str] = []
+    node: Any = raw
+    for loc in err["loc"]:
+        if isinstance(loc, int) and isinstance(node, list) and loc < len(node):
+            item = node[loc]
+            name = item.get("name") if isinstance(item, dict) else None
+            parts.append(f"{parts.pop() if parts else ''}[{name or loc}]")
+            node = item
+            continue
+        if isinstance(loc, str) and loc.startswith(("function-", "literal[", "nullable")):
+            continue
+        parts.append(str(loc))
+        node = node.get(loc) if isinstance(node, dict) else None
+    where = ".".join(parts) or "config"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key (check the spelling)"
+    if err["type"] == "missing":
+        return f"{where}: required, but missing"
+    if "input" in err and err["type"] not in ("value_error",) and not isinstance(
+        err["input"], dict | list
+    ):
+        return f"{where}: {msg} (got {err['input']!r})"
+    return f"{where}: {msg}"
+
+
+def load_config(
+    path: Path | str, environ: Mapping[str, str] | None = None
+) -> Config:
+    """Read, overlay env, validate. Every problem is a ConfigError with one line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise ConfigError(f"{path}: not valid YAML at {where}: {getattr(exc, 'problem', exc)}")
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(raw).__name__}")
+    return config_from_dict(raw, environ if environ is not None else os.environ)
+
+
+def config_from_dict(raw: dict[str, Any], environ: Mapping[str, str] | None = None) -> Config:
+    raw = _apply_env(raw, environ or {})
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_error_line(exc, raw)) from None

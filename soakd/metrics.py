@@ -1,0 +1,185 @@
+"""Metrics: every soakd metric name lives here, in an injected registry.
+
+docs/metrics.md lists them; the dashboards and alert rules use exactly these names.
+Labels are bounded: target and phase names come from config, outcome from ErrorKind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from soakd import __version__
+from soakd.config import Thresholds
+from soakd.model import OK, ErrorKind, Outcome, status_class
+
+NS = 1e-9
+
+# Buckets in seconds, chosen for LLM serving: a TTFT from 5 ms (a warm GPU, short prompt)
+# to a minute (a queue on a 4 GB card); an E2E of up to 10 minutes (long generations).
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0,
+               30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+               0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
+LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+               0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+OUTCOMES = (OK, *(k.value for k in ErrorKind))
+
+
+@dataclass(slots=True)
+class _TargetChildren:
+    """Label children cached per target: ``labels()`` is too slow for the hot path."""
+
+    e2e: Histogram
+    ttft: Histogram
+    itl: Histogram
+    tpot: Histogram
+    lag: Histogram
+    output_tokens: Counter
+    prompt_tokens: Counter
+    in_flight: Gauge
+
+
+class Metrics:
+    """Owns the registry and every metric; an OutcomeSink."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry if registry is not None else CollectorRegistry()
+        self.build_info = Info("soakd_build", "soakd version and run identity.", registry=r)
+        self.build_info.info({"version": __version__})
+
+        self.requests = Counter(
+            "soakd_requests", "Finished requests by outcome (ok or the error kind).",
+            ["target", "phase", "outcome", "status_class"], registry=r)
+        self.output_tokens = Counter(
+            "soakd_output_tokens", "Generated tokens received.", ["target"], registry=r)
+        self.prompt_tokens = Counter(
+            "soakd_prompt_tokens", "Prompt tokens sent (as the server counted them).",
+            ["target"], registry=r)
+        self.oom_errors = Counter(
+            "soakd_oom_errors", "Requests whose error body said the device ran out of memory.",
+            ["target"], registry=r)
+
+        self.e2e = Histogram(
+            "soakd_request_duration_seconds", "End-to-end latency: send to last byte.",
+            ["target"], buckets=E2E_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "soakd_time_to_first_token_seconds",
+            "Send to the first chunk carrying generated content.",
+            ["target"], buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(
+            "soakd_inter_token_latency_seconds", "Gap between consecutive content chunks.",
+            ["target"], buckets=ITL_BUCKETS, registry=r)
+        self.tpot = Histogram(
+            "soakd_time_per_output_token_seconds",
+            "(E2E - TTFT) / (output tokens - 1), per request.",
+            ["target"], buckets=ITL_BUCKETS, registry=r)
+        self.lag = Histogram(
+            "soakd_dispatch_lag_seconds",
+            "Actual minus scheduled send time: how far the load generator fell behind.",
+            ["target"], buckets=LAG_BUCKETS, registry=r)
+
+        self.in_flight = Gauge(
+            "soakd_in_flight_requests", "Requests sent and not yet finished.", ["target"],
+            registry=r)
+        self.offered_rate = Gauge(
+            "soakd_offered_rate_rps", "Configured open-loop rate now (0 in closed loop).",
+            ["target"], registry=r)
+        self.offered_concurrency = Gauge(
+            "soakd_offered_concurrency", "Configured closed-loop concurrency now.",
+            ["target"], registry=r)
+        self.phase_info = Gauge(
+            "soakd_phase_active", "1 for the phase running now, 0 for the others.",
+            ["phase"], registry=r)
+        self.phase_index = Gauge(
+            "soakd_phase_index", "Index of the running phase (-1 before, len(phases) after).",
+            registry=r)
+        self.elapsed = Gauge(
+            "soakd_run_elapsed_seconds", "Plan time elapsed.", registry=r)
+        self.remaining = Gauge(
+            "soakd_run_remaining_seconds", "Plan time remaining.", registry=r)
+        self.run_start = Gauge(
+            "soakd_run_start_time_seconds", "Unix time the run started.", registry=r)
+
+        self.threshold_vram = Gauge(
+            "soakd_vram_limit_bytes", "Configured VRAM limit for alerts.", registry=r)
+        self.threshold_leak = Gauge(
+            "soakd_vram_leak_limit_bytes_per_hour", "Configured VRAM leak slope limit.",
+            registry=r)
+        self.threshold_errors = Gauge(
+            "soakd_error_ratio_limit", "Configured error (5xx) ratio limit.", registry=r)
+        self.threshold_e2e = Gauge(
+            "soakd_slo_e2e_p99_seconds", "Configured P99 end-to-end latency SLO.", registry=r)
+        self.threshold_ttft = Gauge(
+            "soakd_slo_ttft_p99_seconds", "Configured P99 TTFT SLO.", registry=r)
+        self.threshold_jitter = Gauge(
+            "soakd_jitter_ratio_limit", "Configured limit on P99 jitter.", registry=r)
+        self.threshold_lag = Gauge(
+            "soakd_dispatch_lag_limit_seconds", "Configured dispatch lag limit.", registry=r)
+
+        self._children: dict[str, _TargetChildren] = {}
+        self._counters: dict[tuple[str, str, str, int], Counter] = {}
+
+    def set_thresholds(self, t: Thresholds) -> None:
+        self.threshold_vram.set(t.vram_limit_bytes)
+        self.threshold_leak.set(t.vram_leak_bytes_per_hour)
+        self.threshold_errors.set(t.error_ratio)
+        self.threshold_e2e.set(t.p99_e2e_seconds)
+        self.threshold_ttft.set(t.p99_ttft_seconds)
+        self.threshold_jitter.set(t.jitter_ratio)
+        self.threshold_lag.set(t.dispatch_lag_seconds)
+
+    def add_target(self, target: str, phases: list[str]) -> None:
+        """Create every series of a target up front, so rates start at zero, not absent."""
+        self._children[target] = _TargetChildren(
+            e2e=self.e2e.labels(target), ttft=self.ttft.labels(target),
+            itl=self.itl.labels(target), tpot=self.tpot.labels(target),
+            lag=self.lag.labels(target), output_tokens=self.output_tokens.labels(target),
+            prompt_tokens=self.prompt_tokens.labels(target),
+            in_flight=self.in_flight.labels(target))
+        self.oom_errors.labels(target)
+        self.offered_rate.labels(target)
+        self.offered_concurrency.labels(target)
+        for phase in phases:
+            self.requests.labels(target, phase, OK, "2xx")
+
+    def add_phases(self, phases: list[str]) -> None:
+        for phase in phases:
+            self.phase_info.labels(phase).set(0)
+
+    def started(self, target: str) -> None:
+        self._children[target].in_flight.inc()
+
+    def record(self, o: Outcome) -> None:
+        c = self._children[o.target]
+        c.in_flight.dec()
+        key = (o.target, o.phase, o.outcome, o.status // 100)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self.requests.labels(o.target, o.phase, o.outcome, status_class(o.status))
+            self._counters[key] = counter
+        counter.inc()
+        if o.sent_ns:
+            c.lag.observe(o.dispatch_lag_ns * NS)
+        if o.output_tokens:
+            c.output_tokens.inc(o.output_tokens)
+        if o.prompt_tokens:
+            c.prompt_tokens.inc(o.prompt_tokens)
+        if o.oom:
+            self.oom_errors.labels(o.target).inc()
+        if o.error is not None:
+            return
+        c.e2e.observe(o.e2e_ns * NS)
+        ttft = o.ttft_ns
+        if ttft is not None:
+            c.ttft.observe(ttft * NS)
+        tpot = o.tpot_ns
+        if tpot is not None:
+            c.tpot.observe(tpot * NS)
+        observe = c.itl.observe
+        for gap in o.itl_ns:
+            observe(gap * NS)

@@ -1,0 +1,166 @@
+"""Data model: the one thing that flows (RequestSpec in, Outcome out).
+
+Every instant is monotonic nanoseconds (``time.perf_counter_ns``, which is
+CLOCK_MONOTONIC on Linux, the same clock asyncio's loop uses). Wall-clock time
+appears once per outcome (``wall_start``), only to stamp stored rows.
+"""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from dataclasses import dataclass, field
+
+
+class ErrorKind(enum.StrEnum):
+    """How a request failed. Bounded set: safe as a metric label."""
+
+    TIMEOUT_CONNECT = "timeout_connect"
+    TIMEOUT_TTFT = "timeout_ttft"
+    TIMEOUT_TOTAL = "timeout_total"
+    CONNECT_REFUSED = "connect_refused"
+    CONNECT_ERROR = "connect_error"  # DNS, unreachable, TLS handshake, proxy refused
+    HTTP_AUTH = "http_auth"  # 401 / 403: a key problem, not the target's health
+    HTTP_429 = "http_429"
+    HTTP_4XX = "http_4xx"
+    HTTP_5XX = "http_5xx"
+    STREAM_TRUNCATED = "stream_truncated"  # connection ended before the stream finished
+    BAD_CHUNK = "bad_chunk"  # an SSE event that is not valid JSON / UTF-8
+    BAD_RESPONSE = "bad_response"  # 200 with an error body, wrong content type, no choices
+    TOO_LARGE = "too_large"  # a line or body over soakd's limits
+    CANCELLED = "cancelled"  # soakd stopped while the request was in flight
+    CLIENT_ERROR = "client_error"  # anything else raised inside soakd's client
+
+
+OK = "ok"
+"""The outcome label of a successful request."""
+
+
+def status_class(status: int) -> str:
+    """``"2xx"`` ... ``"5xx"``, or ``"none"`` when no response arrived."""
+    return f"{status // 100}xx" if 100 <= status <= 599 else "none"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """A planned request. ``seq`` is the index in the shared prompt sequence,
+    so every target receives the same prompts in the same order (fair A/B)."""
+
+    target: str
+    phase: str
+    seq: int
+    prompt: str
+    prompt_tokens_hint: int  # the planned length; the server's usage count wins
+    max_tokens: int
+    temperature: float
+    scheduled_ns: int  # when the schedule said to send it (monotonic)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one request became. Filled by the target client while the request
+    runs, then handed to every reader. Never holds a response body."""
+
+    target: str
+    phase: str
+    seq: int
+    scheduled_ns: int
+    sent_ns: int = 0
+    wall_start: float = 0.0  # time.time() at send, for stamping rows only
+    first_byte_ns: int | None = None
+    first_token_ns: int | None = None
+    last_token_ns: int | None = None
+    end_ns: int = 0
+    status: int = 0
+    error: ErrorKind | None = None
+    error_detail: str = ""  # short, secret-free, for logs only (never a label)
+    oom: bool = False  # the error body said the device ran out of memory
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    usage_reported: bool = False  # output_tokens came from the server's usage
+    content_chunks: int = 0
+    itl_ns: array[int] = field(default_factory=lambda: array("q"))
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def outcome(self) -> str:
+        """``"ok"`` or the error kind: the value of the ``outcome`` label."""
+        return OK if self.error is None else self.error.value
+
+    @property
+    def dispatch_lag_ns(self) -> int:
+        """Actual minus scheduled send time: the generator's own backlog."""
+        return max(0, self.sent_ns - self.scheduled_ns)
+
+    @property
+    def ttft_ns(self) -> int | None:
+        """Send to first content token (not the role-only chunk)."""
+        return None if self.first_token_ns is None else self.first_token_ns - self.sent_ns
+
+    @property
+    def e2e_ns(self) -> int:
+        return self.end_ns - self.sent_ns
+
+    @property
+    def tpot_ns(self) -> int | None:
+        """(E2E - TTFT) / (output tokens - 1), as vLLM's benchmark defines it."""
+        ttft = self.ttft_ns
+        if ttft is None or self.output_tokens < 2:
+            return None
+        return (self.e2e_ns - ttft) // (self.output_tokens - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadShape:
+    """The load one target receives during one phase (resolved from config)."""
+
+    mode: str  # "closed" | "constant" | "poisson" | "ramp" | "idle"
+    concurrency: int = 0  # closed loop
+    rate: float = 0.0  # req/s: constant, poisson, and the start of a ramp
+    rate_end: float = 0.0  # req/s at the end of a ramp
+    max_in_flight: int = 0  # open loop: cap on concurrent requests (0 = no cap)
+
+    def describe(self) -> str:
+        if self.mode == "closed":
+            return f"closed loop, {self.concurrency} concurrent"
+        if self.mode == "ramp":
+            return f"ramp {self.rate:g} -> {self.rate_end:g} req/s"
+        if self.mode == "idle":
+            return "idle"
+        return f"{self.mode} {self.rate:g} req/s"
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """A phase of the plan, at offsets from the plan's start (monotonic ns)."""
+
+    index: int
+    name: str
+    start_ns: int
+    end_ns: int
+    loads: dict[str, LoadShape]  # by target name
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The whole schedule, resolved: phases back to back on one monotonic axis."""
+
+    phases: tuple[Phase, ...]
+    scale: float = 1.0  # < 1 when rehearsing: plan time per real time
+
+    @property
+    def duration_ns(self) -> int:
+        return self.phases[-1].end_ns if self.phases else 0
+
+    def phase_at(self, offset_ns: int) -> Phase | None:
+        for phase in self.phases:
+            if phase.start_ns <= offset_ns < phase.end_ns:
+                return phase
+        return None

@@ -1,0 +1,25 @@
+"""Seams: only Protocols live here, so code depends on a capability, not a class."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from soakd.model import Outcome, RequestSpec
+
+
+class Target(Protocol):
+    """Something that turns a RequestSpec into an Outcome. It never raises:
+    every failure is data (``Outcome.error``)."""
+
+    name: str
+
+    async def send(self, spec: RequestSpec) -> Outcome: ...
+
+    async def aclose(self) -> None: ...
+
+
+class OutcomeSink(Protocol):
+    """A reader of outcomes (metrics, journal, live view). ``record`` is called
+    on the event loop for every finished request: it must not block or do IO."""
+
+    def record(self, outcome: Outcome) -> None: ...
