@@ -107,9 +107,10 @@ class Tls(Strict):
 
 class TargetConfig(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
-    base_url: str
+    base_url: str = ""  # required unless `simulator` is set
+    simulator: str | None = None  # start the embedded simulator with this profile
     api: Literal["chat", "completions"] = "chat"
-    model: str
+    model: str = "soakd-sim"
     stream: bool = True
     api_key_env: str | None = None
     api_key_file: Path | None = None
@@ -125,8 +126,8 @@ class TargetConfig(Strict):
     @field_validator("base_url", "metrics_url", "health_url", "proxy")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
+        if not value:
+            return value
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https"):
             raise ValueError(f"URL scheme must be http or https, got {value!r}")
@@ -151,6 +152,8 @@ class TargetConfig(Strict):
     def _one_key_source(self) -> TargetConfig:
         if self.api_key_env and self.api_key_file:
             raise ValueError("set api_key_env or api_key_file, not both")
+        if not self.base_url and not self.simulator:
+            raise ValueError("base_url is required (or simulator: PROFILE for the embedded one)")
         return self
 
     def api_key(self) -> SecretStr | None:

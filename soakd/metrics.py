@@ -151,12 +151,13 @@ class Metrics:
         for phase in phases:
             self.phase_info.labels(phase).set(0)
 
-    def started(self, target: str) -> None:
-        self._children[target].in_flight.inc()
+    def watch_in_flight(self, busy: dict[str, int]) -> None:
+        """Read in-flight counts at scrape time from the runner's own tally."""
+        for target, child in self._children.items():
+            child.in_flight.set_function(lambda t=target: busy.get(t, 0))
 
     def record(self, o: Outcome) -> None:
         c = self._children[o.target]
-        c.in_flight.dec()
         key = (o.target, o.phase, o.outcome, o.status // 100)
         counter = self._counters.get(key)
         if counter is None:

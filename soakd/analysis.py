@@ -1,0 +1,178 @@
+"""Analysis: pure statistics over outcomes (percentiles, windows, summaries). No IO.
+
+Percentiles over days without keeping per-request lists: a log-bucketed histogram
+(``Digest``) with 1 % relative precision and a fixed footprint, in the spirit of
+HdrHistogram/DDSketch. Windowed views keep a ring of short digests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter as CounterDict
+from collections import deque
+from dataclasses import dataclass, field
+
+from soakd.model import OK, Outcome
+
+_GAMMA = 1.02  # bucket width ratio: values are reported within +-1 % of the truth
+_LOG_GAMMA = math.log(_GAMMA)
+_MIN_NS = 1_000  # 1 us: anything faster is recorded as 1 us
+
+
+class Digest:
+    """Quantiles of nanosecond durations, +-1 % relative error, O(buckets) memory."""
+
+    __slots__ = ("_buckets", "count", "max", "min", "total")
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, int] = {}
+        self.count = 0
+        self.total = 0
+        self.min = 0
+        self.max = 0
+
+    def add(self, value_ns: int) -> None:
+        key = 0 if value_ns <= _MIN_NS else int(math.log(value_ns / _MIN_NS) / _LOG_GAMMA) + 1
+        self._buckets[key] = self._buckets.get(key, 0) + 1
+        if self.count == 0 or value_ns < self.min:
+            self.min = value_ns
+        if value_ns > self.max:
+            self.max = value_ns
+        self.count += 1
+        self.total += value_ns
+
+    def merge(self, other: Digest) -> None:
+        for key, n in other._buckets.items():
+            self._buckets[key] = self._buckets.get(key, 0) + n
+        if other.count:
+            self.min = other.min if self.count == 0 else min(self.min, other.min)
+            self.max = max(self.max, other.max)
+        self.count += other.count
+        self.total += other.total
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile in nanoseconds (None when empty); exact at min and max."""
+        if self.count == 0:
+            return None
+        rank = q * (self.count - 1)
+        seen = 0
+        for key in sorted(self._buckets):
+            seen += self._buckets[key]
+            if seen > rank:
+                if key == 0:
+                    value = float(_MIN_NS)
+                else:
+                    # geometric middle of the bucket (lo, hi]
+                    value = _MIN_NS * _GAMMA ** (key - 0.5)
+                return min(max(value, float(self.min)), float(self.max))
+        return float(self.max)
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+
+@dataclass(slots=True)
+class TargetStats:
+    """Everything soakd keeps about one target: counts and digests, never lists."""
+
+    requests: int = 0
+    ok: int = 0
+    errors: CounterDict[str] = field(default_factory=CounterDict)
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    ttft: Digest = field(default_factory=Digest)
+    e2e: Digest = field(default_factory=Digest)
+    itl: Digest = field(default_factory=Digest)
+    tpot: Digest = field(default_factory=Digest)
+    lag: Digest = field(default_factory=Digest)
+
+    def add(self, o: Outcome) -> None:
+        self.requests += 1
+        self.output_tokens += o.output_tokens
+        self.prompt_tokens += o.prompt_tokens or 0
+        if o.sent_ns:
+            self.lag.add(o.dispatch_lag_ns)
+        if o.error is not None:
+            self.errors[o.error.value] += 1
+            return
+        self.ok += 1
+        self.e2e.add(o.e2e_ns)
+        ttft = o.ttft_ns
+        if ttft is not None:
+            self.ttft.add(ttft)
+        tpot = o.tpot_ns
+        if tpot is not None:
+            self.tpot.add(tpot)
+        for gap in o.itl_ns:
+            self.itl.add(gap)
+
+    def merge(self, other: TargetStats) -> None:
+        self.requests += other.requests
+        self.ok += other.ok
+        self.errors.update(other.errors)
+        self.output_tokens += other.output_tokens
+        self.prompt_tokens += other.prompt_tokens
+        for name in ("ttft", "e2e", "itl", "tpot", "lag"):
+            getattr(self, name).merge(getattr(other, name))
+
+    @property
+    def error_ratio(self) -> float:
+        return (self.requests - self.ok) / self.requests if self.requests else 0.0
+
+
+class Window:
+    """Stats over the last ``span_s`` seconds, as a ring of one-second TargetStats.
+
+    Memory is bounded by ``span_s`` slots whatever the request rate."""
+
+    def __init__(self, span_s: int = 60) -> None:
+        self.span_s = span_s
+        self._slots: deque[tuple[int, TargetStats]] = deque()
+
+    def add(self, o: Outcome, now_s: int) -> None:
+        if not self._slots or self._slots[-1][0] != now_s:
+            self._slots.append((now_s, TargetStats()))
+            self._trim(now_s)
+        self._slots[-1][1].add(o)
+
+    def _trim(self, now_s: int) -> None:
+        while self._slots and self._slots[0][0] <= now_s - self.span_s:
+            self._slots.popleft()
+
+    def snapshot(self, now_s: int) -> tuple[TargetStats, float]:
+        """Merged stats of the window and the seconds it covers."""
+        self._trim(now_s)
+        merged = TargetStats()
+        for _, stats in self._slots:
+            merged.merge(stats)
+        covered = (now_s - self._slots[0][0] + 1) if self._slots else 0
+        return merged, float(max(1, min(covered, self.span_s)))
+
+
+def ms(value_ns: float | None) -> float | None:
+    return None if value_ns is None else value_ns / 1e6
+
+
+def summary_row(stats: TargetStats, seconds: float) -> dict[str, float | int | None]:
+    """One target's headline numbers, as the live view, /status and the summary show them."""
+    return {
+        "requests": stats.requests,
+        "ok": stats.ok,
+        "errors": stats.requests - stats.ok,
+        "error_ratio": stats.error_ratio,
+        "rps": stats.requests / seconds if seconds > 0 else 0.0,
+        "output_tps": stats.output_tokens / seconds if seconds > 0 else 0.0,
+        "output_tokens": stats.output_tokens,
+        "ttft_p50_ms": ms(stats.ttft.quantile(0.5)),
+        "ttft_p99_ms": ms(stats.ttft.quantile(0.99)),
+        "e2e_p50_ms": ms(stats.e2e.quantile(0.5)),
+        "e2e_p99_ms": ms(stats.e2e.quantile(0.99)),
+        "itl_p50_ms": ms(stats.itl.quantile(0.5)),
+        "itl_p99_ms": ms(stats.itl.quantile(0.99)),
+        "tpot_p50_ms": ms(stats.tpot.quantile(0.5)),
+        "lag_p99_ms": ms(stats.lag.quantile(0.99)),
+    }
+
+
+__all__ = ["OK", "Digest", "TargetStats", "Window", "ms", "summary_row"]

@@ -1,0 +1,311 @@
+"""Composition root: builds every part from the Config, owns the tasks, signals and shutdown order.
+
+Shutdown order: stop arrivals -> drain in-flight requests (deadline) -> close targets
+-> write the summary -> close HTTP last, so a final scrape still sees the totals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+
+from soakd import __version__
+from soakd.config import Config
+from soakd.http import HttpServer, start_http
+from soakd.logs import setup_logging
+from soakd.metrics import Metrics
+from soakd.model import Phase, Plan
+from soakd.sim.spawn import SimProcess, spawn_sim
+from soakd.stats import RunStats
+from soakd.targets.openai import open_target
+from soakd.types import Target
+from soakd.workload.plan import build_plan, describe_plan
+from soakd.workload.prompts import make_prompt_source
+from soakd.workload.runner import Runner
+
+log = structlog.get_logger()
+
+TICK_S = 1.0
+PROGRESS_LOG_S = 10.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    run_dir: Path | None = None
+    duration_s: float | None = None
+    rehearse_s: float | None = None
+    metrics_addr: str | None = None  # HOST:PORT, overrides exporter.listen
+    live: bool = False  # draw the live view on the terminal
+    console_logs: bool = True
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    run_dir: Path
+    completed: bool  # the plan ran to its end (not stopped by a signal)
+    elapsed_s: float
+    cancelled: int  # requests cut at the drain deadline
+    summary: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def new_run_id(name: str) -> str:
+    return f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+class Soak:
+    """One run: the parts, wired. ``run()`` does it all; tests may drive the parts."""
+
+    def __init__(self, cfg: Config, opts: RunOptions) -> None:
+        self.cfg = cfg
+        self.opts = opts
+        self.run_id = new_run_id(cfg.run.name)
+        self.run_dir = opts.run_dir or Path("runs") / self.run_id
+        self.plan: Plan = build_plan(
+            cfg, datetime.now(UTC), rehearse_s=opts.rehearse_s, duration_cap_s=opts.duration_s
+        )
+        self.metrics = Metrics()
+        self.names = [t.name for t in cfg.targets]
+        self.stats = RunStats(self.names)
+        self.targets: dict[str, Target] = {}
+        self.runner: Runner | None = None
+        self.http: HttpServer | None = None
+        self._signals = 0
+        self._sims: list[SimProcess] = []
+        self._force = asyncio.Event()
+
+    # --- status ---------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        runner = self.runner
+        elapsed = runner.offset_ns() / 1e9 if runner else 0.0
+        total = self.plan.duration_ns / 1e9
+        phase = runner.phase if runner else None
+        return {
+            "run_id": self.run_id,
+            "version": __version__,
+            "node": self.cfg.run.node,
+            "phase": phase.name if phase else None,
+            "phase_index": phase.index if phase else None,
+            "elapsed_s": round(elapsed, 3),
+            "remaining_s": round(max(0.0, total - elapsed), 3),
+            "plan_scale": self.plan.scale,
+            "stopping": bool(runner and runner.stopping),
+            "in_flight": dict(runner.in_flight) if runner else {},
+            "metrics_url": self.http.url if self.http else None,
+            "targets": self.stats.recent(),
+        }
+
+    def _ready(self) -> bool:
+        return self.runner is not None and self.runner.origin_ns > 0 and not self.runner.stopping
+
+    # --- the run --------------------------------------------------------------------------
+
+    async def run(self) -> RunResult:
+        self._prepare_dir()
+        setup_logging(self.cfg.logging.level, self.cfg.logging.format,
+                      log_file=self.run_dir / "soakd.log", console=self.opts.console_logs)
+        structlog.contextvars.bind_contextvars(run_id=self.run_id)
+        log.info("run_starting", version=__version__, run_dir=str(self.run_dir),
+                 targets=self.names, phases=len(self.plan.phases),
+                 plan_s=self.plan.duration_ns / 1e9)
+        self._setup_metrics()
+        started = time.monotonic()
+        cancelled = 0
+        try:
+            for tcfg in self.cfg.targets:
+                if tcfg.simulator:
+                    sim = await spawn_sim(tcfg.simulator, tcfg.model,
+                                          self.run_dir / f"sim-{tcfg.name}.log")
+                    self._sims.append(sim)
+                    tcfg = tcfg.model_copy(update={"base_url": sim.base_url})  # noqa: PLW2901
+                self.targets[tcfg.name] = await open_target(tcfg)
+            self.runner = Runner(
+                self.plan, self.targets, make_prompt_source(self.cfg.workload),
+                [self.metrics, self.stats], max_tokens=self.cfg.workload.max_tokens,
+                temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
+                on_phase=self._on_phase)
+            self.metrics.watch_in_flight(self.runner.in_flight)
+            host, port = self._listen()
+            self.http = await start_http(host, port, self.metrics.registry, self.status,
+                                         self._ready)
+            log.info("exporter_listening", url=self.http.url)
+            self._install_signals()
+            async with asyncio.TaskGroup() as tg:
+                ticker = tg.create_task(self._tick())
+                await self.runner.run()
+                cancelled = await self._drain()
+                ticker.cancel()
+        finally:
+            self._remove_signals()
+            for target in self.targets.values():
+                await target.aclose()
+            for sim in self._sims:
+                await sim.aclose()
+            elapsed = time.monotonic() - started
+            summary = self.stats.overall(elapsed)
+            completed = bool(self.runner and self.runner.finished)
+            self._write_summary(summary, completed, elapsed, cancelled)
+            log.info("run_finished", completed=completed, elapsed_s=round(elapsed, 3),
+                     cancelled=cancelled,
+                     requests={k: v["requests"] for k, v in summary.items()},
+                     errors={k: v["errors"] for k, v in summary.items()})
+            if self.http is not None:
+                await self.http.aclose()
+        return RunResult(self.run_id, self.run_dir, completed, elapsed, cancelled, summary)
+
+    async def _drain(self) -> int:
+        assert self.runner is not None
+        deadline = self.cfg.run.drain_timeout
+        if self.runner.stopping:
+            log.info("draining", in_flight=sum(self.runner.in_flight.values()),
+                     deadline_s=deadline)
+        drain = asyncio.ensure_future(self.runner.drain(deadline))
+        force = asyncio.ensure_future(self._force.wait())
+        await asyncio.wait({drain, force}, return_when=asyncio.FIRST_COMPLETED)
+        if not drain.done():  # a second signal: cut the wait short
+            drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drain
+            return await self.runner.drain(0)
+        force.cancel()
+        return drain.result()
+
+    # --- parts ----------------------------------------------------------------------------
+
+    def _prepare_dir(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        effective = self.cfg.model_dump(mode="json")
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(effective, sort_keys=False))
+        (self.run_dir / "plan.txt").write_text(describe_plan(self.plan, self.cfg) + "\n")
+
+    def _setup_metrics(self) -> None:
+        m = self.metrics
+        m.build_info.info({"version": __version__, "run_id": self.run_id,
+                           "node": self.cfg.run.node})
+        m.set_thresholds(self.cfg.exporter.thresholds)
+        phases = sorted({p.name for p in self.plan.phases})
+        m.add_phases(phases)
+        for name in self.names:
+            m.add_target(name, phases)
+        m.run_start.set(time.time())
+        m.phase_index.set(-1)
+
+    def _listen(self) -> tuple[str, int]:
+        listen = self.opts.metrics_addr or self.cfg.exporter.listen
+        host, _, port = listen.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    def _on_phase(self, phase: Phase | None) -> None:
+        m = self.metrics
+        for p in {p.name for p in self.plan.phases}:
+            m.phase_info.labels(p).set(0)
+        if phase is None:
+            m.phase_index.set(len(self.plan.phases))
+            for name in self.names:
+                m.offered_rate.labels(name).set(0)
+                m.offered_concurrency.labels(name).set(0)
+            return
+        structlog.contextvars.bind_contextvars(phase=phase.name)
+        m.phase_info.labels(phase.name).set(1)
+        m.phase_index.set(phase.index)
+        for name in self.names:
+            shape = phase.loads.get(name)
+            m.offered_concurrency.labels(name).set(
+                shape.concurrency if shape and shape.mode == "closed" else 0)
+
+    def _update_gauges(self) -> None:
+        runner = self.runner
+        if runner is None or not runner.origin_ns:
+            return
+        offset = runner.offset_ns()
+        self.metrics.elapsed.set(offset / 1e9)
+        self.metrics.remaining.set(max(0, self.plan.duration_ns - offset) / 1e9)
+        phase = runner.phase
+        if phase is None:
+            return
+        frac = min(1.0, max(0.0, (offset - phase.start_ns) / max(1, phase.duration_ns)))
+        for name in self.names:
+            shape = phase.loads.get(name)
+            rate = 0.0
+            if shape is not None and shape.mode in ("constant", "poisson"):
+                rate = shape.rate
+            elif shape is not None and shape.mode == "ramp":
+                rate = shape.rate + (shape.rate_end - shape.rate) * frac
+            self.metrics.offered_rate.labels(name).set(rate)
+
+    async def _tick(self) -> None:
+        live = None
+        if self.opts.live:
+            from rich.console import Console
+            from rich.live import Live
+
+            from soakd.live import live_panel
+
+            live = Live(console=Console(file=sys.stdout), refresh_per_second=2,
+                        transient=True)
+            live.start()
+        last_progress = time.monotonic()
+        try:
+            while True:
+                self._update_gauges()
+                if live is not None:
+                    from soakd.live import live_panel
+
+                    live.update(live_panel(self.status()))
+                elif time.monotonic() - last_progress >= PROGRESS_LOG_S:
+                    last_progress = time.monotonic()
+                    st = self.status()
+                    log.info("progress", elapsed_s=st["elapsed_s"], remaining_s=st["remaining_s"],
+                             targets={k: {"rps": round(v["rps"], 2), "errors": v["errors"],
+                                          "ttft_p99_ms": v["ttft_p99_ms"],
+                                          "e2e_p99_ms": v["e2e_p99_ms"]}
+                                      for k, v in st["targets"].items()})
+                await asyncio.sleep(TICK_S)
+        finally:
+            self._update_gauges()
+            if live is not None:
+                live.stop()
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _remove_signals(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.warning("stop_requested", signal=sig.name,
+                        hint="draining in-flight requests; signal again to stop now")
+            if self.runner is not None:
+                self.runner.stop()
+        else:
+            log.warning("stop_forced", signal=sig.name)
+            self._force.set()
+
+    def _write_summary(self, summary: dict[str, Any], completed: bool, elapsed: float,
+                       cancelled: int) -> None:
+        doc = {"run_id": self.run_id, "version": __version__, "completed": completed,
+               "elapsed_s": round(elapsed, 3), "cancelled": cancelled, "targets": summary}
+        tmp = self.run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=2, default=str))
+        os.replace(tmp, self.run_dir / "summary.json")

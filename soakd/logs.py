@@ -1,0 +1,57 @@
+"""Logs: structlog set-up. JSON lines off a terminal (and always in the run's log file).
+
+Context (run id, target, phase) is bound through contextvars. Nothing here ever
+formats a secret: keys live in SecretStr and never reach an event.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}
+
+
+def setup_logging(
+    level: str = "info",
+    fmt: str = "auto",
+    log_file: Path | None = None,
+    console: bool = True,
+) -> None:
+    """Configure structlog once per process.
+
+    ``fmt``: json, console, or auto (console on a terminal, JSON otherwise). The log
+    file, when given, always gets JSON lines. ``console=False`` keeps stderr quiet
+    (the live view owns the terminal then)."""
+    stream = sys.stderr
+    pretty = fmt == "console" or (fmt == "auto" and stream.isatty())
+    file = log_file.open("a", encoding="utf-8") if log_file is not None else None
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+    ]
+    json_renderer = structlog.processors.JSONRenderer()
+    console_renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+
+    def render(logger: Any, name: str, event: dict[str, Any]) -> str:
+        line = json_renderer(logger, name, dict(event))
+        if file is not None:
+            file.write(str(line) + "\n")
+            file.flush()
+        if not console:
+            raise structlog.DropEvent
+        return str(console_renderer(logger, name, event) if pretty else line)
+
+    structlog.configure(
+        processors=[*shared, render],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        logger_factory=structlog.PrintLoggerFactory(stream),
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,50 @@
+"""Stats: the in-memory reader of outcomes behind the live view, /status and the summary.
+
+Bounded memory: per target a whole-run TargetStats, one per phase, and a 60 s window.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from soakd.analysis import TargetStats, Window, summary_row
+from soakd.model import Outcome
+
+
+class RunStats:
+    """An OutcomeSink keeping totals per target and per (target, phase), plus a recent window."""
+
+    def __init__(self, targets: list[str], window_s: int = 60) -> None:
+        self.targets = targets
+        self.total = {t: TargetStats() for t in targets}
+        self.by_phase: dict[tuple[str, str], TargetStats] = {}
+        self.window = {t: Window(window_s) for t in targets}
+        self.started = time.monotonic()
+
+    def record(self, outcome: Outcome) -> None:
+        self.total[outcome.target].add(outcome)
+        key = (outcome.target, outcome.phase)
+        stats = self.by_phase.get(key)
+        if stats is None:
+            stats = self.by_phase[key] = TargetStats()
+        stats.add(outcome)
+        self.window[outcome.target].add(outcome, int(time.monotonic()))
+
+    def recent(self) -> dict[str, dict[str, Any]]:
+        """Per target: rates and percentiles over the last window."""
+        now = int(time.monotonic())
+        rows = {}
+        for target in self.targets:
+            stats, seconds = self.window[target].snapshot(now)
+            rows[target] = summary_row(stats, seconds)
+        return rows
+
+    def overall(self, seconds: float | None = None) -> dict[str, dict[str, Any]]:
+        """Per target: whole-run numbers, errors by kind included."""
+        seconds = seconds if seconds is not None else time.monotonic() - self.started
+        rows = {}
+        for target in self.targets:
+            stats = self.total[target]
+            rows[target] = summary_row(stats, seconds) | {"errors_by_kind": dict(stats.errors)}
+        return rows

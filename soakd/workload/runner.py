@@ -1,0 +1,199 @@
+"""Runner: drives the plan. Phases in order, one load driver per target, every outcome to the sinks.
+
+One clock: ``time.perf_counter_ns`` (CLOCK_MONOTONIC, the clock asyncio sleeps on).
+Phase boundaries and send times are absolute instants on it, so a wall-clock step
+(NTP) moves nothing. A request belongs to the phase it was sent in; a phase ending
+stops new sends, not the requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
+
+import structlog
+
+from soakd.model import ErrorKind, LoadShape, Outcome, Phase, Plan, RequestSpec
+from soakd.types import OutcomeSink, Target
+from soakd.workload.arrivals import arrivals
+from soakd.workload.prompts import PromptSource
+
+log = structlog.get_logger()
+
+now_ns = time.perf_counter_ns
+
+
+class Runner:
+    """Runs a Plan against targets. ``stop()`` ends sending; ``drain()`` waits for in-flight."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        targets: dict[str, Target],
+        prompts: PromptSource,
+        sinks: Iterable[OutcomeSink],
+        *,
+        max_tokens: int,
+        temperature: float,
+        seed: int = 0,
+        on_phase: Callable[[Phase | None], None] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.targets = targets
+        self.prompts = prompts
+        self._record = [s.record for s in sinks]
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.seed = seed
+        self._on_phase = on_phase
+        self.origin_ns = 0  # monotonic instant of plan offset 0
+        self.phase: Phase | None = None
+        self.finished = False
+        self._stop = asyncio.Event()
+        self._seq = dict.fromkeys(targets, 0)
+        self._busy = dict.fromkeys(targets, 0)  # in flight per target
+        self._drivers: set[asyncio.Task[None]] = set()  # open-loop dispatchers
+        self._requests: set[asyncio.Task[None]] = set()  # requests and closed-loop workers
+
+    # --- clock --------------------------------------------------------------------------
+
+    def offset_ns(self) -> int:
+        """Plan time elapsed (real ns since offset 0; resumes start past 0)."""
+        return now_ns() - self.origin_ns if self.origin_ns else 0
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def in_flight(self) -> dict[str, int]:
+        """Requests sent and not finished, per target (read by the in-flight gauge)."""
+        return self._busy
+
+    # --- control ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop sending. In-flight requests go on; ``drain`` waits for them."""
+        if not self._stop.is_set():
+            self._stop.set()
+            for task in self._drivers:
+                task.cancel()
+
+    async def run(self, start_offset_ns: int = 0) -> None:
+        """Run the plan from ``start_offset_ns`` (0, or where a resumed run stopped)."""
+        self.origin_ns = now_ns() - start_offset_ns
+        for phase in self.plan.phases:
+            if phase.end_ns <= start_offset_ns:
+                continue
+            if not await self._sleep_until(self.origin_ns + phase.start_ns):
+                break
+            self._enter(phase)
+            for name, shape in phase.loads.items():
+                self._start_load(name, shape, phase)
+            if not await self._sleep_until(self.origin_ns + phase.end_ns):
+                break
+        self.finished = not self.stopping
+        self._enter(None)
+
+    async def drain(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for in-flight requests, then cancel the rest.
+
+        Returns how many had to be cancelled (they are recorded as ``cancelled``)."""
+        self.stop()
+        if self._drivers:
+            await asyncio.gather(*self._drivers, return_exceptions=True)
+        pending = set(self._requests)
+        if not pending:
+            return 0
+        _, late = await asyncio.wait(pending, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+        return len(late)
+
+    # --- internals ----------------------------------------------------------------------
+
+    async def _sleep_until(self, deadline_ns: int) -> bool:
+        """Sleep until the instant; False when stopped first."""
+        delay = (deadline_ns - now_ns()) / 1e9
+        if delay > 0:
+            try:
+                await asyncio.wait_for(self._stop.wait(), delay)
+            except TimeoutError:
+                pass
+        return not self.stopping
+
+    def _enter(self, phase: Phase | None) -> None:
+        self.phase = phase
+        if phase is not None:
+            log.info("phase_started", phase=phase.name, index=phase.index,
+                     duration_s=round(phase.duration_ns / 1e9, 3),
+                     loads={k: v.describe() for k, v in phase.loads.items()})
+        if self._on_phase is not None:
+            self._on_phase(phase)
+
+    def _start_load(self, name: str, shape: LoadShape, phase: Phase) -> None:
+        if shape.mode == "idle":
+            return
+        if shape.mode == "closed":
+            end_abs = self.origin_ns + phase.end_ns
+            for _ in range(shape.concurrency):
+                self._spawn(self._requests, self._closed_worker(name, phase, end_abs))
+            return
+        self._spawn(self._drivers, self._open_loop(name, shape, phase))
+
+    def _spawn(self, into: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        into.add(task)
+        task.add_done_callback(into.discard)
+
+    def _spec(self, name: str, phase: Phase, scheduled_ns: int) -> RequestSpec:
+        seq = self._seq[name]
+        self._seq[name] = seq + 1
+        prompt, tokens = self.prompts.spec_fields(seq)
+        return RequestSpec(name, phase.name, seq, prompt, tokens, self.max_tokens,
+                           self.temperature, scheduled_ns)
+
+    async def _one(self, name: str, spec: RequestSpec) -> None:
+        self._busy[name] += 1
+        try:
+            outcome: Outcome = await self.targets[name].send(spec)
+        except asyncio.CancelledError:
+            # only past the drain deadline: record that it was cut, then let it go
+            outcome = Outcome(name, spec.phase, spec.seq, spec.scheduled_ns,
+                              error=ErrorKind.CANCELLED, end_ns=now_ns())
+            for record in self._record:
+                record(outcome)
+            raise
+        finally:
+            self._busy[name] -= 1
+        for record in self._record:
+            record(outcome)
+
+    async def _closed_worker(self, name: str, phase: Phase, end_abs: int) -> None:
+        while not self.stopping and now_ns() < end_abs:
+            await self._one(name, self._spec(name, phase, now_ns()))
+
+    async def _open_loop(self, name: str, shape: LoadShape, phase: Phase) -> None:
+        """Send at the planned instants. Never skips one: when soakd falls behind, the
+        requests go out late and the lag is measured (no coordinated omission)."""
+        start_abs = self.origin_ns + phase.start_ns
+        # a resumed run enters mid-phase: skip the instants already past
+        skip_before = max(0, now_ns() - start_abs)
+        rng = random.Random(f"{self.seed}/{name}/{phase.index}")
+        cap = shape.max_in_flight
+        for offset in arrivals(shape, phase.duration_ns, rng):
+            if offset < skip_before:
+                continue
+            due = start_abs + offset
+            delay = due - now_ns()
+            if delay > 0:
+                await asyncio.sleep(delay / 1e9)
+            if cap:
+                while self._busy[name] >= cap:
+                    await asyncio.sleep(0.001)
+            self._spawn(self._requests, self._one(name, self._spec(name, phase, due)))
