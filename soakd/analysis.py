@@ -54,6 +54,10 @@ class Digest:
         """The q-quantile in nanoseconds (None when empty); exact at min and max."""
         if self.count == 0:
             return None
+        if q <= 0:
+            return float(self.min)
+        if q >= 1:
+            return float(self.max)
         rank = q * (self.count - 1)
         seen = 0
         for key in sorted(self._buckets):

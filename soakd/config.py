@@ -120,8 +120,12 @@ class TargetConfig(Strict):
     proxy: str | None = None  # an http(s) proxy URL; None: honour HTTP(S)_PROXY / NO_PROXY
     tls: Tls = Tls()
     max_connections: Annotated[int, Field(ge=1)] = 1024
-    metrics_url: str | None = None  # the server's own /metrics, for the scraper
-    health_url: str | None = None
+    metrics_url: str | None = None  # the server's own /metrics (default: base_url/metrics)
+    health_url: str | None = None  # default: base_url/health
+    scrape: bool = True  # scrape metrics_url and probe health_url
+    pid: int | None = None  # the server's PID, to map per-process GPU memory to this target
+    process_name: str | None = None  # or a substring of its command line / process name
+    oom_log: Path | None = None  # a log file to tail for out-of-memory lines
 
     @field_validator("base_url", "metrics_url", "health_url", "proxy")
     @classmethod
@@ -295,6 +299,34 @@ class Exporter(Strict):
         return int(self.listen.rpartition(":")[2])
 
 
+class GpuConfig(Strict):
+    """Where GPU readings come from. ``auto``: NVML when a driver answers, else none.
+    ``dcgm``: a dcgm-exporter's /metrics at ``dcgm_url``, or, when that is unset, the
+    /metrics of the first simulator target (the simulator speaks DCGM's names)."""
+
+    source: Literal["auto", "nvml", "dcgm", "none"] = "auto"
+    dcgm_url: str | None = None
+    interval: Duration = 1.0
+    leak_window: Duration = 3600.0
+
+    @field_validator("dcgm_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        return TargetConfig._http_url(value)
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: float) -> float:
+        if value < 0.05:
+            raise ValueError(f"interval must be at least 50ms, got {value:g}s")
+        return value
+
+
+class Probes(Strict):
+    scrape_interval: Duration = 5.0  # target /metrics
+    health_interval: Duration = 5.0
+
+
 class Logging(Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -315,6 +347,8 @@ class Config(Strict):
     workload: Workload = Workload()
     phases: Annotated[list[PhaseConfig], Field(min_length=1)]
     exporter: Exporter = Exporter()
+    gpu: GpuConfig = GpuConfig()
+    probes: Probes = Probes()
     logging: Logging = Logging()
 
     @model_validator(mode="after")

@@ -184,3 +184,80 @@ class Metrics:
         observe = c.itl.observe
         for gap in o.itl_ns:
             observe(gap * NS)
+
+
+THROTTLE_REASONS = ("gpu_idle", "sw_power_cap", "hw_slowdown", "sync_boost",
+                    "sw_thermal", "hw_thermal", "hw_power_brake", "display_clock", "other")
+OOM_SOURCES = ("error_body", "restart_after_errors", "process_vanished", "xid", "log")
+
+
+class ProbeMetrics:
+    """GPU, server-side and health metrics, filled by the probes (soakd/probes/)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        gpu = ["gpu"]
+        self.probe_up = Gauge(
+            "soakd_gpu_probe_up", "1 when the GPU source answers, 0 when absent or failing.",
+            ["source"], registry=r)
+        self.gpu_info = Gauge(
+            "soakd_gpu_info", "Always 1; names each GPU.", ["gpu", "uuid", "name"], registry=r)
+        self.mem_total = Gauge("soakd_gpu_memory_total_bytes", "GPU memory in all.", gpu,
+                               registry=r)
+        self.mem_used = Gauge("soakd_gpu_memory_used_bytes", "GPU memory used.", gpu,
+                              registry=r)
+        self.mem_free = Gauge("soakd_gpu_memory_free_bytes", "GPU memory free.", gpu,
+                              registry=r)
+        self.mem_reserved = Gauge("soakd_gpu_memory_reserved_bytes",
+                                  "GPU memory reserved by the driver.", gpu, registry=r)
+        self.mem_peak = Gauge("soakd_gpu_memory_used_peak_bytes",
+                              "Highest GPU memory used seen this run.", gpu, registry=r)
+        self.proc_mem = Gauge(
+            "soakd_gpu_process_memory_bytes",
+            "GPU memory of the target's process ('other' for processes of no target).",
+            ["gpu", "target"], registry=r)
+        self.leak_slope = Gauge(
+            "soakd_gpu_memory_leak_slope_bytes_per_hour",
+            "Least-squares slope of GPU memory used over the leak window.", gpu, registry=r)
+        self.temperature = Gauge("soakd_gpu_temperature_celsius", "GPU temperature.", gpu,
+                                 registry=r)
+        self.power = Gauge("soakd_gpu_power_watts", "GPU power draw.", gpu, registry=r)
+        self.energy = Counter("soakd_gpu_energy_joules", "GPU energy used since soakd started.",
+                              gpu, registry=r)
+        self.sm_clock = Gauge("soakd_gpu_sm_clock_hertz", "SM clock.", gpu, registry=r)
+        self.mem_clock = Gauge("soakd_gpu_memory_clock_hertz", "Memory clock.", gpu,
+                               registry=r)
+        self.utilization = Gauge("soakd_gpu_utilization_ratio", "GPU busy fraction (0-1).",
+                                 gpu, registry=r)
+        self.throttle = Gauge(
+            "soakd_gpu_throttle_active", "1 while the clock is held back for this reason.",
+            ["gpu", "reason"], registry=r)
+        self.xid = Counter("soakd_gpu_xid_errors", "XID critical errors by code.",
+                           ["gpu", "xid"], registry=r)
+
+        target = ["target"]
+        self.target_up = Gauge(
+            "soakd_target_up", "1 when the target's health check answers.", target, registry=r)
+        self.restarts = Counter(
+            "soakd_target_restarts", "Times the target's server restarted.", target, registry=r)
+        self.oom_events = Counter(
+            "soakd_target_oom_events", "Out-of-memory events, by where soakd saw them.",
+            ["target", "source"], registry=r)
+        self.scrape_errors = Counter(
+            "soakd_target_scrape_errors", "Failed scrapes of the target's /metrics.", target,
+            registry=r)
+        self.running = Gauge("soakd_server_requests_running",
+                             "Requests the server is running (vllm:num_requests_running).",
+                             target, registry=r)
+        self.waiting = Gauge("soakd_server_requests_waiting",
+                             "Requests queued in the server (vllm:num_requests_waiting).",
+                             target, registry=r)
+        self.kv_cache = Gauge("soakd_server_kv_cache_usage_ratio",
+                              "KV cache in use, 0-1 (vllm:kv_cache_usage_perc).", target,
+                              registry=r)
+        self.preemptions = Counter("soakd_server_preemptions",
+                                   "Preemptions reported by the server.", target, registry=r)
+        self.server_rss = Gauge("soakd_server_resident_memory_bytes",
+                                "The server process's resident memory.", target, registry=r)
+        self.server_start = Gauge("soakd_server_start_time_seconds",
+                                  "The server process's start time (Unix).", target, registry=r)

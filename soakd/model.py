@@ -164,3 +164,16 @@ class Plan:
             if phase.start_ns <= offset_ns < phase.end_ns:
                 return phase
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One probe reading (GPU, server /metrics, health), for the journal and the report.
+
+    ``name`` is the soakd metric name it was exported under; ``labels`` its bounded
+    label values (gpu index, target...), as a sorted tuple of pairs."""
+
+    wall: float  # time.time() of the reading
+    name: str
+    value: float
+    labels: tuple[tuple[str, str], ...] = ()
