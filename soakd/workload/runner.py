@@ -23,6 +23,17 @@ from soakd.workload.prompts import PromptSource
 
 log = structlog.get_logger()
 
+
+class _Pool:
+    """A target's closed-loop workers: how many run, how many the phase wants."""
+
+    __slots__ = ("phase", "want", "workers")
+
+    def __init__(self) -> None:
+        self.phase: Phase | None = None
+        self.want = 0
+        self.workers = 0
+
 now_ns = time.perf_counter_ns
 
 
@@ -55,6 +66,7 @@ class Runner:
         self._stop = asyncio.Event()
         self._seq = dict.fromkeys(targets, 0)
         self._busy = dict.fromkeys(targets, 0)  # in flight per target
+        self._pools = {name: _Pool() for name in targets}  # closed-loop workers
         self._drivers: set[asyncio.Task[None]] = set()  # open-loop dispatchers
         self._requests: set[asyncio.Task[None]] = set()  # requests and closed-loop workers
 
@@ -129,22 +141,31 @@ class Runner:
 
     def _enter(self, phase: Phase | None) -> None:
         self.phase = phase
+        if phase is None:
+            for pool in self._pools.values():
+                pool.want, pool.phase = 0, None
         if phase is not None:
-            log.info("phase_started", phase=phase.name, index=phase.index,
-                     duration_s=round(phase.duration_ns / 1e9, 3),
-                     loads={k: v.describe() for k, v in phase.loads.items()})
+            log.info(
+                "phase_started",
+                phase=phase.name,
+                index=phase.index,
+                duration_s=round(phase.duration_ns / 1e9, 3),
+                loads={k: v.describe() for k, v in phase.loads.items()},
+            )
         if self._on_phase is not None:
             self._on_phase(phase)
 
     def _start_load(self, name: str, shape: LoadShape, phase: Phase) -> None:
-        if shape.mode == "idle":
-            return
-        if shape.mode == "closed":
-            end_abs = self.origin_ns + phase.end_ns
-            for _ in range(shape.concurrency):
-                self._spawn(self._requests, self._closed_worker(name, phase, end_abs))
-            return
-        self._spawn(self._drivers, self._open_loop(name, shape, phase))
+        pool = self._pools[name]
+        pool.phase = phase
+        pool.want = shape.concurrency if shape.mode == "closed" else 0
+        # only the missing workers are started: the ones still finishing the previous
+        # phase's request carry on, so concurrency never overshoots at a boundary
+        for _ in range(pool.want - pool.workers):
+            pool.workers += 1
+            self._spawn(self._requests, self._closed_worker(name, pool))
+        if shape.mode in ("constant", "poisson", "ramp"):
+            self._spawn(self._drivers, self._open_loop(name, shape, phase))
 
     def _spawn(self, into: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -155,8 +176,9 @@ class Runner:
         seq = self._seq[name]
         self._seq[name] = seq + 1
         prompt, tokens = self.prompts.spec_fields(seq)
-        return RequestSpec(name, phase.name, seq, prompt, tokens, self.max_tokens,
-                           self.temperature, scheduled_ns)
+        return RequestSpec(
+            name, phase.name, seq, prompt, tokens, self.max_tokens, self.temperature, scheduled_ns
+        )
 
     async def _one(self, name: str, spec: RequestSpec) -> None:
         self._busy[name] += 1
@@ -164,8 +186,14 @@ class Runner:
             outcome: Outcome = await self.targets[name].send(spec)
         except asyncio.CancelledError:
             # only past the drain deadline: record that it was cut, then let it go
-            outcome = Outcome(name, spec.phase, spec.seq, spec.scheduled_ns,
-                              error=ErrorKind.CANCELLED, end_ns=now_ns())
+            outcome = Outcome(
+                name,
+                spec.phase,
+                spec.seq,
+                spec.scheduled_ns,
+                error=ErrorKind.CANCELLED,
+                end_ns=now_ns(),
+            )
             for record in self._record:
                 record(outcome)
             raise
@@ -174,9 +202,13 @@ class Runner:
         for record in self._record:
             record(outcome)
 
-    async def _closed_worker(self, name: str, phase: Phase, end_abs: int) -> None:
-        while not self.stopping and now_ns() < end_abs:
-            await self._one(name, self._spec(name, phase, now_ns()))
+    async def _closed_worker(self, name: str, pool: _Pool) -> None:
+        """Send, wait, send again, while the pool wants this many workers."""
+        try:
+            while not self.stopping and pool.workers <= pool.want and pool.phase is not None:
+                await self._one(name, self._spec(name, pool.phase, now_ns()))
+        finally:
+            pool.workers -= 1
 
     async def _open_loop(self, name: str, shape: LoadShape, phase: Phase) -> None:
         """Send at the planned instants. Never skips one: when soakd falls behind, the
