@@ -216,7 +216,8 @@ class Runner:
         start_abs = self.origin_ns + phase.start_ns
         # a resumed run enters mid-phase: skip the instants already past
         skip_before = max(0, now_ns() - start_abs)
-        rng = random.Random(f"{self.seed}/{name}/{phase.index}")
+        # the same instants for every target with the same shape: a fair A/B
+        rng = random.Random(f"{self.seed}/{phase.index}")
         cap = shape.max_in_flight
         for offset in arrivals(shape, phase.duration_ns, rng):
             if offset < skip_before:

@@ -1,0 +1,1 @@
+"""Workload: what to send and when (arrivals, prompts, the plan) and the runner that sends it."""

@@ -1,0 +1,271 @@
+"""Workload, prompts: what to send. Prompt text and planned length per sequence number.
+
+A prompt depends only on (seed, seq), never on an iterator's position, so every
+target gets the same prompt for the same seq (a fair A/B) while the runner
+numbers each target's requests on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from array import array
+from itertools import accumulate
+from pathlib import Path
+from typing import Any, Protocol
+
+from soakd.config import ConfigError, TokenLength, Workload
+
+# Common English words, each a single token both alone and after a space in
+# cl100k_base, o200k_base, Llama 3 and Qwen 2.5/3 (checked with those vocabularies),
+# so a prompt of n words is n prompt tokens there (most BPE tokenizers come close:
+# they all learn the commonest words whole). 1024 of them: 10 bits per word.
+_WORD_TEXT = """
+    able about above accept account act action activity add address after again age air all
+    allow almost alone along already also although always an and animal another answer any
+    appear apple are area arm around art article artist as ask at attack attention author away
+    baby back bad bag ball band bank bar base based bay be bear beat because bed bee been
+    before beg begin being below best better between big bill bin bird bit black block blood
+    blue board boat body bone book born both bounce bow box boy brain branch bread break bridge
+    bright bring brush budget build building burn bury bus business but buy by cake calculate
+    call called camera camp campaign can cap capital car card care case cash cat catch cause
+    cell center central chain chair change character charge check child choice choose church
+    circle city claim class clean clear clock close cloth cloud club coach coat coffee collect
+    college color comb come common community company compare computer consider contain continue
+    control cool copy corn cost could count country court cover create cross cry culture cup
+    current customer cut dad dark data daughter day days dead deal death deep degree describe
+    design desk detail develop development die different dig direction divide do doctor dog
+    door dot down draw dream drive drop dry due each ear early earn earth ease easy eat edge
+    edit education effect egg else employee end energy engine enter environment escape
+    especially even event ever every example exist exit expect experience eye face fact factor
+    fail fair fall family fan far farm fast fat father fee feed feel fetch field figure file
+    fill film final finally find fine finger finish fire firm first fish fit five fix flag flat
+    flight float floor flower fly focus fold follow food foot for force foreign forget form
+    former forward found four free friend from front fruit full fun future gain game gap gas
+    gate general get gift girl give glass go goal god gold good grab grass gray great green
+    ground group grow growth guard guess guide gun had hair half hall hammer hand hang happy
+    hard has hat have he head health heart heat held help her here hero hide high hill him his
+    history hit hold hole home hook hop hope horse host hot hotel hour house how human ice idea
+    if image impact important in inch include including individual information ink inside
+    interest into iron is issue it item its jam jet job join joy jump just keep key kick kid
+    kill kind king kit knife know knowledge known lab lake lamp land lane language large last
+    late later law lay lead leader leaf learn least leave left leg legal less let letter level
+    library lid lie life lift light like likely line link lip list listen little live load loan
+    local lock log long look lord lose loss lot love low luck machine mad made mail main major
+    make making male man manage manager many map mark market mass material matter may meal mean
+    media medical meet meeting member memory men mention menu message metal method middle
+    million mind mine minute miss mission mix mode model modern mom moment money month moon
+    more most mother mouth move movie much music must name national natural near necessary neck
+    need needle nest net network never new news next nice night no nod noise none north not
+    note notice now number nut object odd of off offer office official often oil old on once
+    one only open operation option or orange order organization other others our out oven over
+    own owner pack page paint pair pan paper parent park part party pass past path patient
+    pattern pay peace peak pen people per perform period person personal pet phone physical
+    pick picture pie piece pig pin pink pipe place plan plane plant plate play player plot plus
+    point pole policy pool pop popular population port position possible post pot pour power
+    practice pray pressure pretty price print private probably problem process produce product
+    program project protect prove public pull pure push quality question quick quiet race radio
+    rail rain raise range rank rate raw reach read ready real really rear reason receive recent
+    record red reduce reflect region relationship release remember remove rent repeat report
+    represent require research respond rest result return rib rice rich ride right ring rise
+    river road rob rock rod role roll roof room root rose round row rub rule run sad safe sale
+    salt same save say scene school score screen sea search season seat second section security
+    see seed seek self sell send series serve service set shake shape share she shine ship
+    shirt shoot shop short shot show side sign similar simple since sing single sit site six
+    size ski skill skin sky sleep slide slow small so soap social sock soft sole solution solve
+    some sometimes son song soon sort sound source space special speed spell spin sport spot
+    spring spy square staff stage stamp stand standard star start state station stay step stick
+    still stock stone stop store story strategy street string strong structure student study
+    style subject success such suggest sum sun support sure surface system table tag tail take
+    talk tap task tax tea teacher team technology ten tent term test text than thank that the
+    their them then there these they thin thing think this though thought thread three through
+    throw thumb thus ticket tie time tiny tip to today ton tone too tool top total touch tour
+    town trace trade train training travel tree trial trip true trust truth try turn two type
+    under unit unless until up upon us use used user usually value van very via view voice vote
+    wait walk wall want war warm was wash watch water wave way we weak wear weather web week
+    weight well went were west western what whatever wheel when where whether which while white
+    who whole wide wife wild will win wind window wine wing wire wise wish with within without
+    woman women wood word work worker world worm would wrap write writer wrong yard year years
+    yellow yes yet you your zero zip zone"""
+_WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
+assert len(_WORDS) == 1024
+
+_M64 = (1 << 64) - 1
+_POOL = 1 << 16  # distinct body start positions
+_HEAD_WORDS = 4  # 40 bits: a distinct opening for every seq below 2**40
+_HEAD_MASK = (1 << 40) - 1
+_HEAD_MULT = 0x5DEECE66D  # odd, so seq -> seq * mult + key is a bijection mod 2**40
+_CHARS_PER_TOKEN = 4  # the usual estimate for English text, for file prompts
+
+
+class PromptSource(Protocol):
+    """Gives the prompt for a sequence number. Deterministic: same seq, same answer."""
+
+    def spec_fields(self, seq: int) -> tuple[str, int]:
+        """(prompt text, planned prompt tokens) for ``seq``."""
+        ...
+
+
+def make_prompt_source(workload: Workload) -> PromptSource:
+    """The source the config asks for (a file source reads its file now)."""
+    prompts = workload.prompts
+    if prompts.source == "file":
+        assert prompts.file is not None  # the config model guarantees it
+        return FilePrompts(prompts.file)
+    return SyntheticPrompts(prompts.input_tokens, workload.seed)
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: a bijection on 64 bits that scatters nearby inputs.
+    A few integer operations, where seeding a ``random.Random`` per prompt costs 5 µs."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+class SyntheticPrompts:
+    """Word-salad prompts with lengths drawn from a TokenLength distribution.
+
+    Each prompt opens with up to four words that spell a scrambled seq, so no two
+    prompts share their first tokens and prefix caching cannot hide prefill; the
+    rest is a seq-chosen window into a pool of random words built once from the
+    seed, so making a prompt is a slice, not a draw per word (~2 µs for 256 words).
+    """
+
+    def __init__(self, lengths: TokenLength, seed: int = 0) -> None:
+        self.lengths = lengths
+        self.seed = seed
+        self._key = _mix(seed & _M64)
+        longest = max(lengths.min, min(lengths.max, lengths.mean))
+        if lengths.dist != "fixed":
+            longest = lengths.max
+        words = random.Random(self._key).choices(_WORDS, k=_POOL + longest)
+        self._text = " ".join(words)
+        # starts[i]: where word i begins; one past the end for i == len(words)
+        self._starts = array("q", accumulate((len(w) + 1 for w in words), initial=0))
+
+    def length(self, seq: int) -> int:
+        """The planned prompt length (tokens = words) of ``seq``."""
+        return self._length(_mix(self._key ^ (seq & _M64)))
+
+    def _length(self, h1: int) -> int:
+        d = self.lengths
+        if d.dist == "uniform":
+            n = d.min + h1 % (d.max - d.min + 1)
+        elif d.dist == "normal":
+            # Box-Muller on two 53-bit uniforms taken from the hash
+            u1 = ((h1 >> 11) + 1) / 9007199254740992.0  # (0, 1]
+            u2 = (_mix(h1) >> 11) / 9007199254740992.0  # [0, 1)
+            z = math.sqrt(-2.0 * math.log(u1)) * math.cos(math.tau * u2)
+            n = round(d.mean + d.stddev * z)
+        else:
+            n = d.mean
+        return min(d.max, max(d.min, n))
+
+    def spec_fields(self, seq: int) -> tuple[str, int]:
+        h1 = _mix(self._key ^ (seq & _M64))
+        n = self._length(h1)
+        x = (seq * _HEAD_MULT + self._key) & _HEAD_MASK
+        k = min(_HEAD_WORDS, n)
+        head = " ".join([_WORDS[(x >> (10 * i)) & 1023] for i in range(k)])
+        body = n - k
+        if body == 0:
+            return head, n
+        start = _mix(h1 ^ 0x2545F4914F6CDD1D) % _POOL
+        starts = self._starts
+        return head + " " + self._text[starts[start] : starts[start + body] - 1], n
+
+
+class FilePrompts:
+    """Prompts from a JSONL file, used in order and cycled.
+
+    Each line is ``{"prompt": "..."}`` or ``{"messages": [...]}`` (the message
+    contents joined by newlines); blank lines are skipped. The planned length is
+    an estimate (``len(text) / 4``): soakd has no tokenizer, and the server's
+    usage count wins anyway. After one full cycle prompts repeat, so a server's
+    prefix cache will start to hit: give a file longer than the run if that matters.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._prompts: list[tuple[str, int]] = [
+            (text, max(1, round(len(text) / _CHARS_PER_TOKEN))) for text in _read_jsonl(self.path)
+        ]
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def spec_fields(self, seq: int) -> tuple[str, int]:
+        return self._prompts[seq % len(self._prompts)]
+
+
+def _read_jsonl(path: Path) -> list[str]:
+    where = "workload.prompts.file"
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
+    texts: list[str] = []
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except UnicodeDecodeError:
+            raise ConfigError(f"{where}: {path}:{lineno}: not valid UTF-8") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: {path}:{lineno}: not valid JSON ({exc.msg})") from None
+        try:
+            texts.append(_prompt_text(obj))
+        except _BadRecord as exc:
+            raise ConfigError(f"{where}: {path}:{lineno}: {exc}") from None
+    if not texts:
+        raise ConfigError(f"{where}: {path} holds no prompts")
+    return texts
+
+
+class _BadRecord(Exception):
+    """What is wrong with one JSONL record (the caller adds file:line)."""
+
+
+def _prompt_text(obj: Any) -> str:
+    """The text of one JSONL record."""
+    if not isinstance(obj, dict):
+        raise _BadRecord(
+            f'expected an object with "prompt" or "messages", got {type(obj).__name__}'
+        )
+    if "prompt" in obj:
+        prompt = obj["prompt"]
+        if not isinstance(prompt, str) or not prompt:
+            raise _BadRecord('"prompt" must be a non-empty string')
+        return prompt
+    if "messages" in obj:
+        messages = obj["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise _BadRecord('"messages" must be a non-empty list')
+        parts = [_content_text(m, i) for i, m in enumerate(messages)]
+        text = "\n".join(p for p in parts if p)
+        if not text:
+            raise _BadRecord('"messages" hold no text')
+        return text
+    raise _BadRecord('expected a "prompt" or a "messages" key')
+
+
+def _content_text(message: Any, index: int) -> str:
+    """A message's content: a string, or OpenAI's list of parts (text parts kept)."""
+    if not isinstance(message, dict) or "content" not in message:
+        raise _BadRecord(f'messages[{index}] must be an object with "content"')
+    content = message["content"]
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    raise _BadRecord(f"messages[{index}].content must be a string or a list of parts")
