@@ -35,7 +35,7 @@ SEED = 1234
 VOCAB_SIZE = 4096
 STAMP_FILE = ".tiny-model-stamp"
 
-SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0..3, in this order
+UNK, BOS, EOS, PAD = SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]  # ids 0..3, in this order
 
 # Plain text, not special tokens: role markers are spelled out in the prompt
 # and are tokenised like any other text.
@@ -50,8 +50,13 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
+
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
 # Common English words (roughly by frequency), plus words typical of prompts.
-COMMON_WORDS = """
+COMMON_WORDS = _words("""
 the of and to a in is it you that he was for on are with as I his they be at one
 have this from or had by hot word but what some we can out other were all there
 when up use your how said an each she which do their time if will way about many
@@ -91,15 +96,15 @@ summarize describe translate write story poem model server request response
 token tokens latency throughput stream streaming test soak load user assistant
 system message chat completion prompt output input data compute memory cache
 GPU CPU error retry timeout second seconds minute minutes hour hours day days
-""".split()
+""")
 
-_SYLLABLES = """
+_SYLLABLES = _words("""
 ba be bi bo bu ca ce ci co cu da de di do du fa fe fi fo fu ga ge gi go gu ha
 he hi ho hu ja jo ka ke ki ko ku la le li lo lu ma me mi mo mu na ne ni no nu
 pa pe pi po pu ra re ri ro ru sa se si so su ta te ti to tu va ve vi vo wa we
 wi wo ya yo za ze zi zo an en in on un ar er ir or ur al el il ol ul as es is
 os us at et it ot ut ing tion ed ly er est ment ness able ful less pre pro con
-""".split()
+""")
 
 _PUNCT = [".", ",", "?", "!", ";", ":"]
 
@@ -140,7 +145,7 @@ def build_tokenizer():  # type: ignore[no-untyped-def]
     from transformers import PreTrainedTokenizerFast
 
     rng = random.Random(SEED)
-    tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True))
+    tok = Tokenizer(models.BPE(unk_token=UNK, fuse_unk=True))
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
@@ -156,15 +161,15 @@ def build_tokenizer():  # type: ignore[no-untyped-def]
     tok.train_from_iterator(_corpus(rng), trainer=trainer)
     # Like Llama: encode(text) starts with <s>; the chat template writes its own.
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, 1)]
     )
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
+        unk_token=UNK,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
         model_max_length=1024,
         padding_side="left",
         clean_up_tokenization_spaces=False,
@@ -193,8 +198,11 @@ def build_model(vocab_size: int, bos: int, eos: int, pad: int):  # type: ignore[
         eos_token_id=eos,
         pad_token_id=pad,
     )
-    config.dtype = torch.float32
     model = LlamaForCausalLM(config).eval()
+    # vLLM's CPU backend runs float32 checkpoints as bfloat16 anyway (and warns
+    # once per tensor); store bfloat16 so what is served is what is saved.
+    model = model.to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16
     model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
     return model
 
@@ -222,40 +230,46 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        tokenizer = build_tokenizer()
-        ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-        assert list(ids.values()) == [0, 1, 2, 3], ids
-        model = build_model(len(tokenizer), ids["<s>"], ids["</s>"], ids["<pad>"])
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        if not list(tmp.glob("*.safetensors")):
-            raise RuntimeError(f"save_pretrained wrote no .safetensors file in {tmp}")
-        # Sanity: common words are single pieces and text round-trips.
-        probe = "The quick brown fox said hello to the server."
-        enc = tokenizer(probe, add_special_tokens=False)["input_ids"]
-        back = tokenizer.decode(enc)
-        if back != probe:
-            raise RuntimeError(f"tokenizer does not round-trip: {probe!r} -> {back!r}")
-        info = {
-            "vocab_size": len(tokenizer),
-            "probe": probe,
-            "probe_tokens": len(enc),
-            "seed": SEED,
-            "script_hash": script_hash(),
-        }
-        (tmp / "tiny-model-info.json").write_text(json.dumps(info, indent=2) + "\n")
-        (tmp / STAMP_FILE).write_text(script_hash() + "\n")
-        tmp.chmod(0o755)
-        for f in tmp.iterdir():
-            f.chmod(0o644)
+        info = _build(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print(f"tiny model built: {out} (vocab {info['vocab_size']}, probe {info['probe_tokens']} tokens)")
+    print(f"tiny model built: {out} (vocab {info['vocab_size']}, probe {info['probe_tokens']} tok)")
     return 0
+
+
+def _build(tmp: Path) -> dict[str, object]:
+    tokenizer = build_tokenizer()
+    ids = [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
+    if ids != [0, 1, 2, 3]:
+        raise RuntimeError(f"special token ids {ids} != [0, 1, 2, 3]")
+    model = build_model(len(tokenizer), bos=ids[1], eos=ids[2], pad=ids[3])
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if not list(tmp.glob("*.safetensors")):
+        raise RuntimeError(f"save_pretrained wrote no .safetensors file in {tmp}")
+    # Sanity: text round-trips through the tokenizer.
+    probe = "The quick brown fox said hello to the server."
+    enc = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    back = tokenizer.decode(enc)
+    if back != probe:
+        raise RuntimeError(f"tokenizer does not round-trip: {probe!r} -> {back!r}")
+    info: dict[str, object] = {
+        "vocab_size": len(tokenizer),
+        "probe": probe,
+        "probe_tokens": len(enc),
+        "seed": SEED,
+        "script_hash": script_hash(),
+    }
+    (tmp / "tiny-model-info.json").write_text(json.dumps(info, indent=2) + "\n")
+    (tmp / STAMP_FILE).write_text(script_hash() + "\n")
+    tmp.chmod(0o755)
+    for f in tmp.iterdir():
+        f.chmod(0o644)
+    return info
 
 
 if __name__ == "__main__":

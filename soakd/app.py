@@ -62,6 +62,10 @@ class RunResult:
     summary: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
 def new_run_id(name: str) -> str:
     return f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
@@ -248,7 +252,7 @@ class Soak:
             self.metrics.offered_rate.labels(name).set(rate)
 
     async def _tick(self) -> None:
-        live = None
+        live: Any = None
         if self.opts.live:
             from rich.console import Console
             from rich.live import Live
@@ -263,16 +267,14 @@ class Soak:
             while True:
                 self._update_gauges()
                 if live is not None:
-                    from soakd.live import live_panel
-
                     live.update(live_panel(self.status()))
                 elif time.monotonic() - last_progress >= PROGRESS_LOG_S:
                     last_progress = time.monotonic()
                     st = self.status()
                     log.info("progress", elapsed_s=st["elapsed_s"], remaining_s=st["remaining_s"],
                              targets={k: {"rps": round(v["rps"], 2), "errors": v["errors"],
-                                          "ttft_p99_ms": v["ttft_p99_ms"],
-                                          "e2e_p99_ms": v["e2e_p99_ms"]}
+                                          "ttft_p99_ms": _round(v["ttft_p99_ms"]),
+                                          "e2e_p99_ms": _round(v["e2e_p99_ms"])}
                                       for k, v in st["targets"].items()})
                 await asyncio.sleep(TICK_S)
         finally:

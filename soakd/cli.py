@@ -101,7 +101,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                       metrics_addr=args.metrics_addr, live=live, console_logs=not live)
     soak = Soak(cfg, opts)
     result = asyncio.run(soak.run())
-    console = Console(file=sys.stdout)
+    # off a terminal (CI logs, files) rich would squeeze the table into 80 columns
+    console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     state = "completed" if result.completed else "stopped early"
     console.print(f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s; "
                   f"results in {result.run_dir}")

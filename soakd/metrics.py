@@ -7,6 +7,7 @@ Labels are bounded: target and phase names come from config, outcome from ErrorK
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -154,7 +155,7 @@ class Metrics:
     def watch_in_flight(self, busy: dict[str, int]) -> None:
         """Read in-flight counts at scrape time from the runner's own tally."""
         for target, child in self._children.items():
-            child.in_flight.set_function(lambda t=target: busy.get(t, 0))
+            child.in_flight.set_function(partial(_count_of, busy, target))
 
     def record(self, o: Outcome) -> None:
         c = self._children[o.target]
@@ -184,6 +185,10 @@ class Metrics:
         observe = c.itl.observe
         for gap in o.itl_ns:
             observe(gap * NS)
+
+
+def _count_of(busy: dict[str, int], target: str) -> float:
+    return busy.get(target, 0)
 
 
 THROTTLE_REASONS = ("gpu_idle", "sw_power_cap", "hw_slowdown", "sync_boost",
@@ -218,7 +223,12 @@ class ProbeMetrics:
             ["gpu", "target"], registry=r)
         self.leak_slope = Gauge(
             "soakd_gpu_memory_leak_slope_bytes_per_hour",
-            "Least-squares slope of GPU memory used over the leak window.", gpu, registry=r)
+            "Robust (Theil-Sen) slope of GPU memory used over the leak window.", gpu,
+            registry=r)
+        self.proc_leak_slope = Gauge(
+            "soakd_gpu_process_memory_leak_slope_bytes_per_hour",
+            "Robust slope of the target's GPU process memory over the leak window.",
+            ["gpu", "target"], registry=r)
         self.temperature = Gauge("soakd_gpu_temperature_celsius", "GPU temperature.", gpu,
                                  registry=r)
         self.power = Gauge("soakd_gpu_power_watts", "GPU power draw.", gpu, registry=r)
@@ -261,3 +271,7 @@ class ProbeMetrics:
                                 "The server process's resident memory.", target, registry=r)
         self.server_start = Gauge("soakd_server_start_time_seconds",
                                   "The server process's start time (Unix).", target, registry=r)
+        self.server_rss_leak_slope = Gauge(
+            "soakd_server_resident_memory_leak_slope_bytes_per_hour",
+            "Robust slope of the server process's resident memory over the leak window.",
+            target, registry=r)

@@ -21,9 +21,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -93,7 +95,7 @@ def server_env(omp_threads: int = 1, extra: Mapping[str, str] | None = None) -> 
 
 def _http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (loopback)
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
             return int(resp.status), resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, b""
@@ -164,6 +166,7 @@ class VllmServer:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.log_path = log_dir / f"vllm-{stamp}-{os.getpid()}-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._tmpdir: str | None = None
         self.model = SERVED_MODEL_NAME
         self.ready_seconds: float | None = None  # how long the last start() took
         self.starts = 0
@@ -222,26 +225,31 @@ class VllmServer:
         for attempt in range(3):
             try:
                 self._launch_and_wait()
-                return self
             except VllmStartError as exc:
                 # Someone took our free port between bind(0) and vLLM's bind: pick another.
                 if self._auto_port and "address already in use" in str(exc).lower() and attempt < 2:
                     self.port = free_port()
                     continue
                 raise
+            else:
+                return self
         raise AssertionError("unreachable")
 
     def _launch_and_wait(self) -> None:
         self.starts += 1
         t0 = time.monotonic()
+        # Its own TMPDIR (short: ZMQ ipc socket paths live there) so the
+        # vllm_dist_* rendezvous files it leaves behind go when it stops.
+        self._tmpdir = tempfile.mkdtemp(prefix="soakd-vllm-")
+        env = {**self.env, "TMPDIR": self._tmpdir}
         with self.log_path.open("ab") as log:
             log.write(f"\n=== soakd test: start #{self.starts} on port {self.port} ===\n".encode())
             log.write((" ".join(self.command()) + "\n").encode())
             log.flush()
-            self.proc = subprocess.Popen(  # noqa: S603
+            self.proc = subprocess.Popen(
                 self.command(),
                 cwd=ROOT,
-                env=self.env,
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -280,17 +288,17 @@ class VllmServer:
         ids = [m.get("id") for m in json.loads(body).get("data", [])]
         return self.model in ids
 
-    def stop(self, timeout: float | None = None) -> int | None:
-        """SIGTERM the whole process group, SIGKILL what is left after ``timeout``.
+    def stop(self, grace: float | None = None) -> int | None:
+        """SIGTERM the whole process group, SIGKILL what is left after ``grace`` seconds.
 
         Returns the API server's exit code (None if it was not started). Idempotent."""
         if self.proc is None:
             return None
-        timeout = self.stop_timeout if timeout is None else timeout
+        grace = self.stop_timeout if grace is None else grace
         pgid = self.proc.pid
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             self.proc.poll()
             if not _group_members(pgid):
@@ -316,6 +324,9 @@ class VllmServer:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=0.1)
             if self.proc.poll() is not None and not _group_members(pgid):
+                if self._tmpdir is not None:
+                    shutil.rmtree(self._tmpdir, ignore_errors=True)
+                    self._tmpdir = None
                 return
         raise RuntimeError(f"processes of group {pgid} survived SIGKILL: {_group_members(pgid)}")
 
@@ -332,8 +343,8 @@ class VllmServer:
     async def astart(self) -> VllmServer:
         return await asyncio.to_thread(self.start)
 
-    async def astop(self, timeout: float | None = None) -> int | None:
-        return await asyncio.to_thread(self.stop, timeout)
+    async def astop(self, grace: float | None = None) -> int | None:
+        return await asyncio.to_thread(self.stop, grace)
 
     async def arestart(self, *, hard: bool = False) -> VllmServer:
         return await asyncio.to_thread(lambda: self.restart(hard=hard))
@@ -421,7 +432,9 @@ def _split_labels(inner: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def start_vllm(port: int | None = None, timeout: float = 240.0, **kwargs: Any) -> Iterator[VllmServer]:
+def start_vllm(
+    port: int | None = None, timeout: float = 240.0, **kwargs: Any
+) -> Iterator[VllmServer]:
     """Start a VllmServer (see its arguments), yield it ready, stop it on exit."""
     server = VllmServer(port, timeout=timeout, **kwargs)
     try:

@@ -1,0 +1,663 @@
+"""Simulator room: the OpenAI-compatible HTTP face of the simulator, shaped like vLLM.
+
+One engine task steps the pure scheduler model (``engine.py``) in real time and
+hands tokens to the request handlers; the handlers speak vLLM's wire format
+byte for byte where soak tests look (SSE chunks, usage, error bodies, /health,
+/metrics). Nothing per request outlives the request, so memory stays flat.
+
+Prompt length is the number of whitespace-separated words of the prompt (chat:
+the message contents joined): a stand-in for a tokenizer, close enough for
+English prose (real tokenizers give ~1.3 tokens a word) and exactly predictable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import structlog
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from soakd.sim.engine import Engine, TokenEvent
+from soakd.sim.exposition import (
+    CardIdentity,
+    EngineGauges,
+    VllmMetrics,
+    make_registry,
+    render_dcgm,
+)
+from soakd.sim.gpu import GpuModel
+from soakd.sim.profiles import Profile, get_profile
+
+log = structlog.get_logger()
+
+# Output text: short words, one a token, each with its leading space (as BPE tokens).
+# fmt: off
+_VOCAB: Final = (
+    " the", " a", " of", " and", " to", " in", " is", " it", " on", " as", " at", " by", " we",
+    " be", " or", " an", " so", " up", " no", " go", " do", " if", " me", " my", " he", " us",
+    " new", " old", " red", " sun", " sea", " day", " way", " key", " log", " map", " run",
+    " set", " top", " end", " box", " cat", " dog", " fox", " owl", " gpu", " kv", " batch",
+    " token", " cache", " queue", " soak", " test", " load", " time", " heat", " fan", " disk",
+    " node", " edge", " card", " byte", " word", " line",
+)
+# fmt: on
+_VOCAB_JSON: Final = tuple(json.dumps(w) for w in _VOCAB)
+_MAX_LAG_S: Final = 0.25  # behind schedule by more than this: resync instead of bursting
+_METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+_SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
+_DONE: Final = b"data: [DONE]\n\n"
+
+
+def _word(seq_id: int, i: int) -> int:
+    """Index of the i-th token's word: varied, reproducible, no state kept."""
+    return (seq_id * 17 + i * 5) % len(_VOCAB)
+
+
+class _ApiError(Exception):
+    """A request vLLM would refuse, with the status and the body it would send."""
+
+    def __init__(self, status: int, err_type: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+        self.message = message
+        self.param = param
+
+    def response(self) -> web.Response:
+        return _error_response(self.status, self.err_type, self.message, self.param)
+
+
+def _error_body(status: int, err_type: str, message: str, param: str | None = None) -> str:
+    """vLLM's ErrorResponse: ``{"error": {"message", "type", "param", "code"}}``."""
+    info = {"message": message, "type": err_type, "param": param, "code": status}
+    return json.dumps({"error": info})
+
+
+def _error_response(
+    status: int, err_type: str, message: str, param: str | None = None
+) -> web.Response:
+    return web.Response(
+        status=status,
+        text=_error_body(status, err_type, message, param),
+        content_type="application/json",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What the simulator needs from a completion request; the body itself is dropped."""
+
+    chat: bool
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+
+
+@dataclass(slots=True, eq=False)
+class _Stream:
+    """One in-flight request as the engine task and its handler share it."""
+
+    seq_id: int
+    prompt_tokens: int
+    arrival: float
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: int = 0  # tokens the engine has produced so far
+    finish: str | None = None  # "stop" | "length" | "error", with (or after) the last token
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float = 0.0
+
+
+class _Runtime:
+    """The engine, the card, the metrics and the in-flight streams of one app."""
+
+    def __init__(self, profile: Profile, model: str) -> None:
+        self.profile = profile
+        self.model = model
+        self.clock = time.monotonic
+        self.engine = Engine(profile)
+        self.gpu = GpuModel(profile, self.clock())
+        self.card = CardIdentity.for_profile(profile)
+        self.registry = make_registry()
+        engine = self.engine
+        self.metrics = VllmMetrics(
+            self.registry,
+            profile,
+            model,
+            EngineGauges(
+                running=lambda: engine.num_running,
+                waiting=lambda: engine.num_waiting,
+                kv_usage=lambda: engine.kv_usage,
+            ),
+        )
+        self.created = int(time.time())
+        self.dead = False
+        self._rng = random.Random(profile.seed + 1)  # faults; the engine has its own
+        self._streams: dict[int, _Stream] = {}
+        self._wake = asyncio.Event()
+
+    async def lifetime(self, _app: web.Application) -> AsyncIterator[None]:
+        """aiohttp cleanup context: the engine task lives exactly as long as the app."""
+        self.gpu = GpuModel(self.profile, self.clock())  # the leak clock starts now
+        task = asyncio.create_task(self._drive(), name="soakd-sim-engine")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    # -- requests -----------------------------------------------------------------
+
+    def refuse(self) -> web.Response | None:
+        """The error vLLM would answer at arrival (dead engine, OOM, injected fault)."""
+        if self.dead:
+            return _error_response(
+                503,
+                "ServiceUnavailableError",
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+            )
+        p = self.profile
+        engine = self.engine
+        batch = min(engine.num_running + engine.num_waiting + 1, p.max_num_seqs)
+        now = self.clock()
+        too_big = p.oom_above_running is not None and batch > p.oom_above_running
+        if too_big or self.gpu.vram_exhausted(now, batch):
+            self.metrics.success["error"].inc()
+            log.debug("sim_oom", batch=batch)
+            return _error_response(500, "InternalServerError", self._oom_message(now, batch))
+        if p.error_rate > 0.0 and self._rng.random() < p.error_rate:
+            self.metrics.success["error"].inc()
+            return _error_response(500, "InternalServerError", "Internal server error")
+        return None
+
+    def _oom_message(self, now: float, batch: int) -> str:
+        """torch's OutOfMemoryError text, as vLLM passes it on."""
+        total = self.profile.vram_total_mib
+        used = min(self.gpu.vram_used_mib(now, batch), total)
+        free = total - used
+        return (
+            f"CUDA out of memory. Tried to allocate {max(20.0, free + 2.0):.2f} MiB. "
+            f"GPU 0 has a total capacity of {total / 1024:.2f} GiB of which {free:.2f} MiB "
+            f"is free. Including non-PyTorch memory, this process has {used / 1024:.2f} GiB "
+            "memory in use."
+        )
+
+    def new_request_id(self, chat: bool) -> str:
+        return f"{'chatcmpl' if chat else 'cmpl'}-{self._rng.getrandbits(128):032x}"
+
+    def submit(self, req: _Request) -> _Stream:
+        seq_id = self.engine.submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos)
+        st = _Stream(seq_id, req.prompt_tokens, arrival=self.clock())
+        self._streams[seq_id] = st
+        self.metrics.params_max_tokens.observe(req.max_tokens)
+        self._wake.set()
+        return st
+
+    def release(self, st: _Stream) -> None:
+        """The handler is done: forget the stream; abort it in the engine if unfinished."""
+        if self._streams.pop(st.seq_id, None) is not None and st.finish is None:
+            self.engine.abort(st.seq_id)
+            self.metrics.success["abort"].inc()
+
+    # -- the engine task ----------------------------------------------------------
+
+    async def _drive(self) -> None:
+        try:
+            await self._run_steps()
+        except Exception:
+            # A bug in the model must not hang every client: fail them, as a dead
+            # vLLM engine does, and answer 503 from now on.
+            log.exception("sim_engine_crashed")
+            self.dead = True
+            for st in self._streams.values():
+                if st.finish is None:
+                    st.finish = "error"
+                    self.metrics.success["error"].inc()
+                    st.wake.set()
+
+    async def _run_steps(self) -> None:
+        engine, gpu, clock, m = self.engine, self.gpu, self.clock, self.metrics
+        deadline = clock()
+        while True:
+            if not engine.has_work():
+                gpu.set_activity(clock(), 0, busy=False)
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = clock()
+            start = clock()
+            step = engine.step()
+            gpu.set_activity(start, engine.num_running, busy=True)
+            for seq_id in step.scheduled:
+                st = self._streams.get(seq_id)
+                if st is not None and st.scheduled_at is None:
+                    st.scheduled_at = start
+            if step.preempted:
+                m.preemptions.inc(len(step.preempted))
+            m.iteration_tokens.observe(step.batch_tokens)
+            # Sleep to an absolute deadline so that per-sleep overhead does not add
+            # up; after a long stall (a blocked loop) resync rather than burst.
+            deadline += step.duration_s
+            now = clock()
+            if deadline < now - _MAX_LAG_S:
+                deadline = now
+            await asyncio.sleep(max(0.0, deadline - now))
+            self._deliver(step.tokens, clock())
+
+    def _deliver(self, tokens: Sequence[TokenEvent], now: float) -> None:
+        m = self.metrics
+        for ev in tokens:
+            st = self._streams.get(ev.seq_id)
+            if st is None:
+                continue  # aborted while the step ran
+            if st.first_token_at is None:
+                st.first_token_at = now
+                m.ttft.observe(now - st.arrival)
+                m.prompt_tokens.inc(st.prompt_tokens)
+            else:
+                m.itl.observe(now - st.last_token_at)
+            st.last_token_at = now
+            st.ready += 1
+            if ev.finish is not None:
+                st.finish = ev.finish
+                self._observe_finished(st, now)
+            st.wake.set()
+
+    def _observe_finished(self, st: _Stream, now: float) -> None:
+        m = self.metrics
+        scheduled = st.scheduled_at if st.scheduled_at is not None else st.arrival
+        first = st.first_token_at if st.first_token_at is not None else now
+        m.success[st.finish or "stop"].inc()
+        m.e2e.observe(now - st.arrival)
+        m.queue_time.observe(scheduled - st.arrival)
+        m.prefill_time.observe(first - scheduled)
+        m.decode_time.observe(now - first)
+        m.inference_time.observe(now - scheduled)
+        m.request_prompt_tokens.observe(st.prompt_tokens)
+        m.request_generation_tokens.observe(st.ready)
+        if st.ready > 1:
+            m.tpot.observe((now - first) / (st.ready - 1))
+
+
+RUNTIME: Final = web.AppKey("soakd_sim_runtime", _Runtime)
+
+
+# -- request parsing ------------------------------------------------------------------
+
+
+def _count_words(text: str) -> int:
+    return len(text.split())
+
+
+def _chat_prompt_tokens(body: dict[str, Any]) -> int:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _ApiError(400, "BadRequestError", "messages must be a non-empty list", "messages")
+    words = 0
+    for msg in messages:
+        if not isinstance(msg, dict):
+            raise _ApiError(400, "BadRequestError", "each message must be an object", "messages")
+        content = msg.get("content")
+        if isinstance(content, str):
+            words += _count_words(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    words += _count_words(part["text"])
+        elif content is not None:
+            raise _ApiError(400, "BadRequestError", "message content must be text", "messages")
+    return max(1, words)  # a chat template always adds some tokens
+
+
+def _completion_prompt_tokens(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return max(1, _count_words(prompt))
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return len(prompt)  # token ids
+    raise _ApiError(
+        400, "BadRequestError", "prompt must be a string or a list of token ids", "prompt"
+    )
+
+
+def _parse(body: object, chat: bool, profile: Profile, model: str) -> _Request:
+    if not isinstance(body, dict):
+        raise _ApiError(400, "BadRequestError", "request body must be a JSON object")
+    asked_model = body.get("model")
+    if asked_model is not None and asked_model != model:
+        raise _ApiError(404, "NotFoundError", f"The model `{asked_model}` does not exist.")
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise _ApiError(400, "BadRequestError", "the simulator serves n=1 only", "n")
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise _ApiError(
+            400,
+            "BadRequestError",
+            "Stream options can only be defined when `stream=True`.",
+            "stream_options",
+        )
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+
+    prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
+    limit = profile.max_model_len
+    if prompt_tokens >= limit:
+        raise _ApiError(
+            400,
+            "BadRequestError",
+            f"This model's maximum context length is {limit} tokens. However, your prompt "
+            f"contains {prompt_tokens} input tokens, which exceeds this limit even without "
+            "any output tokens. Please reduce the length of the input prompt.",
+            "input_tokens",
+        )
+    requested = body.get("max_completion_tokens") if chat else None
+    if requested is None:
+        requested = body.get("max_tokens")
+    if requested is not None:
+        if type(requested) is not int or requested < 1:
+            raise _ApiError(
+                400, "BadRequestError", f"max_tokens must be at least 1, got {requested}.",
+                "max_tokens",
+            )  # fmt: skip
+        if requested > limit:
+            raise _ApiError(
+                400,
+                "BadRequestError",
+                f"max_tokens={requested} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
+                "max_tokens",
+            )
+    # vLLM clamps the output to what is left of the context.
+    max_tokens = min(requested or limit, limit - prompt_tokens)
+    return _Request(
+        chat=chat,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=include_usage,
+        ignore_eos=body.get("ignore_eos") is True,
+    )
+
+
+# -- responses ------------------------------------------------------------------------
+
+
+class _Frames:
+    """Pre-rendered SSE frames of one response: per token only the word changes.
+
+    The JSON is what vLLM 0.32 writes (``model_dump_json(exclude_unset=True)``).
+    """
+
+    def __init__(self, chat: bool, request_id: str, created: int, model: str) -> None:
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = json.dumps(
+            {"id": request_id, "object": obj, "created": created, "model": model},
+            separators=(",", ":"),
+        )[:-1]
+        self.head = head
+        if chat:
+            self.role: bytes = (
+                f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant",'
+                '"content":""},"logprobs":null,"finish_reason":null}],'
+                '"prompt_token_ids":null,"prompt_text":null}\n\n'
+            ).encode()
+            self._pre = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'
+            self._open = '},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+            self._close = (
+                '},"logprobs":null,"finish_reason":"',
+                '","stop_reason":null,"token_ids":null}]}\n\n',
+            )
+        else:
+            self.role = b""
+            self._pre = f'data: {head},"choices":[{{"index":0,"text":'
+            self._open = (
+                ',"logprobs":null,"finish_reason":null,"stop_reason":null,'
+                '"prompt_token_ids":null,"token_ids":null}]}\n\n'
+            )
+            self._close = (
+                ',"logprobs":null,"finish_reason":"',
+                '","stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n',
+            )
+
+    def token(self, word: int, finish: str | None) -> str:
+        if finish is None:
+            return self._pre + _VOCAB_JSON[word] + self._open
+        return self._pre + _VOCAB_JSON[word] + self._close[0] + finish + self._close[1]
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        total = prompt_tokens + completion_tokens
+        return (
+            f'data: {self.head},"choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
+            f'"total_tokens":{total},"completion_tokens":{completion_tokens}}}}}\n\n'
+        ).encode()
+
+
+async def _stream_response(
+    request: web.Request, rt: _Runtime, st: _Stream, req: _Request, frames: _Frames
+) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": _SSE_CONTENT_TYPE})
+    await resp.prepare(request)
+    sent = 0
+    try:
+        while True:
+            while st.ready == sent and st.finish is None:
+                st.wake.clear()
+                await st.wake.wait()
+            done = st.finish is not None
+            ready = st.ready
+            if ready > sent:
+                parts = [frames.role] if sent == 0 and frames.role else []
+                ok_finish = st.finish if st.finish in ("stop", "length") else None
+                for i in range(sent, ready):
+                    finish = ok_finish if done and i == ready - 1 else None
+                    parts.append(frames.token(_word(st.seq_id, i), finish).encode())
+                await resp.write(b"".join(parts))
+                # Counted once written, so the counter equals what clients received.
+                rt.metrics.generation_tokens.inc(ready - sent)
+                sent = ready
+            if done:
+                break
+        if st.finish == "error":
+            error = _error_body(500, "InternalServerError", "Internal server error")
+            await resp.write(f"data: {error}\n\n".encode() + _DONE)
+        else:
+            tail = frames.usage(st.prompt_tokens, sent) if req.include_usage else b""
+            await resp.write(tail + _DONE)
+        await resp.write_eof()
+    except ConnectionResetError:
+        log.debug("sim_client_gone", seq_id=st.seq_id, sent=sent)
+    return resp
+
+
+async def _full_response(rt: _Runtime, st: _Stream, req: _Request, request_id: str) -> web.Response:
+    while st.finish is None:
+        st.wake.clear()
+        await st.wake.wait()
+    if st.finish == "error":
+        return _error_response(500, "InternalServerError", "Internal server error")
+    n = st.ready
+    text = "".join(_VOCAB[_word(st.seq_id, i)] for i in range(n))
+    usage = {
+        "prompt_tokens": st.prompt_tokens,
+        "total_tokens": st.prompt_tokens + n,
+        "completion_tokens": n,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+    if req.chat:
+        message = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        }
+        choice: dict[str, Any] = {"index": 0, "message": message}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text}
+        obj = "text_completion"
+    choice |= {"logprobs": None, "finish_reason": st.finish, "stop_reason": None, "token_ids": None}
+    body = {
+        "id": request_id,
+        "object": obj,
+        "created": int(time.time()),
+        "model": rt.model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage,
+        "kv_transfer_params": None,
+    }
+    rt.metrics.generation_tokens.inc(n)
+    return web.json_response(body)
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    rt = request.app[RUNTIME]
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error_response(400, "BadRequestError", "JSON decode error")
+    try:
+        req = _parse(body, chat, rt.profile, rt.model)
+    except _ApiError as exc:
+        return exc.response()
+    del body
+    refused = rt.refuse()
+    if refused is not None:
+        return refused
+    request_id = rt.new_request_id(chat)
+    st = rt.submit(req)
+    try:
+        if req.stream:
+            frames = _Frames(chat, request_id, int(time.time()), rt.model)
+            return await _stream_response(request, rt, st, req, frames)
+        return await _full_response(rt, st, req, request_id)
+    finally:
+        rt.release(st)
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def _models(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    card = {
+        "id": rt.model,
+        "object": "model",
+        "created": rt.created,
+        "owned_by": "vllm",
+        "root": rt.model,
+        "parent": None,
+        "max_model_len": rt.profile.max_model_len,
+        "permission": [],
+    }
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def _health(request: web.Request) -> web.Response:
+    """Empty 200 while the engine runs, 503 once it died: as vLLM's /health."""
+    return web.Response(status=503 if request.app[RUNTIME].dead else 200)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    sample = rt.gpu.sample(rt.clock(), rt.engine.num_running)
+    body = generate_latest(rt.registry) + render_dcgm(sample, rt.card).encode()
+    return web.Response(body=body, headers={"Content-Type": _METRICS_CONTENT_TYPE})
+
+
+def make_app(profile: Profile, model: str = "soakd-sim") -> web.Application:
+    """The simulator as an aiohttp app; its engine task starts and stops with the app."""
+    app = web.Application(client_max_size=16 * 1024 * 1024)
+    runtime = _Runtime(profile, model)
+    app[RUNTIME] = runtime
+    app.cleanup_ctx.append(runtime.lifetime)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+@dataclass(slots=True)
+class SimServer:
+    """A running simulator; ``port`` is the bound one (useful with port 0)."""
+
+    host: str
+    port: int
+    profile: Profile
+    app: web.Application
+    _runner: web.AppRunner
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def aclose(self) -> None:
+        """Stop listening; in-flight streams get a second to finish, then are cut."""
+        await self._runner.cleanup()
+
+
+async def start_sim(host: str, port: int, profile: Profile, model: str = "soakd-sim") -> SimServer:
+    """Start the simulator on ``host:port`` (0 picks a free port) and return its handle."""
+    app = make_app(profile, model)
+    # handler_cancellation: a client that hangs up aborts its request, as in vLLM.
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1]
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return SimServer(host=host, port=int(bound), profile=profile, app=app, _runner=runner)
+
+
+async def run_sim(
+    host: str,
+    port: int,
+    profile_name: str,
+    model: str,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Serve the named profile until cancelled; logs the bound URL, then sets ``ready``."""
+    profile = get_profile(profile_name)
+    server = await start_sim(host, port, profile, model)
+    try:
+        log.info(
+            "sim_listening",
+            url=server.url,
+            port=server.port,
+            profile=profile.name,
+            model=model,
+            description=profile.description,
+        )
+        if ready is not None:
+            ready.set()
+        await asyncio.Event().wait()
+    finally:
+        await server.aclose()
+        log.info("sim_stopped", url=server.url)

@@ -1,0 +1,585 @@
+"""Targets room, OpenAI client: one RequestSpec becomes one Outcome over aiohttp.
+
+Talks ``/v1/chat/completions`` or ``/v1/completions``, streamed (SSE) or not, and
+records named instants into the Outcome as bytes arrive. Every failure is data
+(``Outcome.error``); ``send`` only raises ``CancelledError``, after recording it.
+
+Secrets: the API key lives in the session's default headers and in a ``SecretStr``
+used to scrub; no repr, log line, exception text or ``error_detail`` carries it, and
+error details are built from sanitized fields (OpenAI ``error.type``/``code``),
+never from a body or an exception message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import re
+import ssl
+import time
+from json import dumps, loads
+from typing import Any, Final
+
+import aiohttp
+import structlog
+from aiohttp import BasicAuth, ClientSession, ClientTimeout, DummyCookieJar, TCPConnector
+from aiohttp.helpers import get_env_proxy_for_url
+from pydantic import SecretStr
+from yarl import URL
+
+from soakd import __version__
+from soakd.config import ConfigError, TargetConfig
+from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
+
+__all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "new_outcome", "open_target"]
+
+log = structlog.get_logger()
+
+ERROR_BODY_LIMIT: Final = 4096
+"""Bytes of an error body read for its type/code and OOM words; the rest is dropped."""
+JSON_BODY_LIMIT: Final = 8 << 20
+"""Largest non-streamed response body accepted (TOO_LARGE above)."""
+DRAIN_GRACE_S: Final = 1.0
+"""After ``[DONE]``, how long to wait for the body's end so the connection is reused."""
+
+_perf_ns = time.perf_counter_ns
+_OOM_WORDS = (b"out of memory", b"outofmemory")  # matched on the lower-cased body
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]+")
+# Keys soakd itself controls: extra_body must not desynchronize the parser or the prompt.
+_RESERVED = ("stream", "messages", "prompt")
+
+
+def new_outcome(target: str, spec: RequestSpec) -> Outcome:
+    """An empty Outcome for ``spec``: pass it to ``send`` to keep a handle on it even
+    if the request is cancelled (``send`` then re-raises after filling it)."""
+    return Outcome(target=target, phase=spec.phase, seq=spec.seq, scheduled_ns=spec.scheduled_ns)
+
+
+class _Fault(Exception):
+    """A response problem found while parsing: ends the read with this kind."""
+
+    def __init__(self, kind: ErrorKind, detail: str, *, oom: bool = False) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+        self.oom = oom
+
+
+class _StreamParser:
+    """Per-request state of one SSE stream: turns each ``data`` payload into Outcome
+    fields. Lives only during ``send``; keeps counters, never text."""
+
+    __slots__ = ("chat", "choices_seen", "cm", "done", "finished", "out", "resched_at")
+
+    def __init__(
+        self, out: Outcome, chat: bool, cm: asyncio.Timeout, resched_at: float | None
+    ) -> None:
+        self.out = out
+        self.chat = chat
+        self.cm = cm
+        self.resched_at = resched_at  # the total deadline, applied at the first token
+        self.done = False  # saw [DONE]
+        self.finished = False  # saw a finish_reason
+        self.choices_seen = False
+
+    def event(self, payload: str, now: int) -> None:
+        """Apply one event's payload received at ``now``; raises ``_Fault``."""
+        if self.done:
+            return  # nothing after [DONE] counts
+        if payload == "[DONE]":
+            self.done = True
+            return
+        if not payload:
+            return  # "data:" alone: a keep-alive some proxies send
+        try:
+            obj = loads(payload)
+        except ValueError:  # JSONDecodeError
+            raise _Fault(ErrorKind.BAD_CHUNK, "chunk is not JSON") from None
+        if type(obj) is not dict:
+            raise _Fault(ErrorKind.BAD_CHUNK, "chunk is not a JSON object")
+        try:
+            choices = obj.get("choices")
+            if choices:
+                self.choices_seen = True
+                c0 = choices[0]
+                if self.chat:
+                    d = c0.get("delta")
+                    text = d and (
+                        d.get("content") or d.get("reasoning_content") or d.get("reasoning")
+                    )
+                else:
+                    text = c0.get("text")
+                if text:
+                    out = self.out
+                    last = out.last_token_ns
+                    if last is None:
+                        out.first_token_ns = now
+                        if self.resched_at is not None:
+                            self.cm.reschedule(self.resched_at)  # ttft met: now the total
+                    else:
+                        out.itl_ns.append(now - last)
+                    out.last_token_ns = now
+                    out.content_chunks += 1
+                if c0.get("finish_reason"):
+                    self.finished = True
+            elif obj.get("error") or obj.get("object") == "error":
+                oom, detail = _error_fields(payload.encode())
+                raise _Fault(ErrorKind.BAD_RESPONSE, f"stream error {detail}".rstrip(), oom=oom)
+            usage = obj.get("usage")
+            if usage:
+                _apply_usage(self.out, usage)
+        except (AttributeError, LookupError, TypeError):
+            raise _Fault(ErrorKind.BAD_CHUNK, "chunk has an unexpected shape") from None
+
+
+class OpenAITarget:
+    """A Target speaking the OpenAI API. Build it with ``open_target``; one aiohttp
+    session (connection pool) per target, closed by ``aclose``."""
+
+    def __init__(
+        self,
+        cfg: TargetConfig,
+        session: ClientSession,
+        *,
+        proxy: URL | None = None,
+        proxy_auth: BasicAuth | None = None,
+        secret: SecretStr | None = None,
+    ) -> None:
+        self.name = cfg.name
+        self._session = session
+        self._url = URL(cfg.endpoint)
+        self._endpoint = cfg.endpoint
+        self._chat = cfg.api == "chat"
+        self._stream = cfg.stream
+        self._model = cfg.model
+        self._ttft_s = cfg.timeouts.ttft
+        self._total_s = cfg.timeouts.total
+        self._proxy = proxy
+        self._proxy_auth = proxy_auth
+        self._secret = secret  # only to scrub details; the header is in the session
+        extra = {k: v for k, v in cfg.extra_body.items() if k not in _RESERVED}
+        for key in sorted(set(cfg.extra_body) - set(extra)):
+            log.warning("extra_body_key_ignored", target=cfg.name, key=key)
+        fixed: dict[str, Any] = {"stream": cfg.stream}
+        if cfg.stream:
+            opts = extra.pop("stream_options", None)
+            more = opts if isinstance(opts, dict) else {}
+            fixed["stream_options"] = {"include_usage": True, **more}
+        fixed.update(extra)  # extra_body wins over soakd's defaults (max_tokens, ...)
+        self._fixed = fixed
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAITarget(name={self.name!r}, endpoint={self._endpoint!r}, "
+            f"stream={self._stream}, proxy={self._proxy is not None})"
+        )
+
+    async def aclose(self) -> None:
+        await self._session.close()
+
+    def body(self, spec: RequestSpec) -> bytes:
+        """The request body for ``spec``: JSON, the config's extra_body merged in."""
+        body: dict[str, Any] = {
+            "model": self._model,
+            "max_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            **self._fixed,
+        }
+        if self._chat:
+            body["messages"] = [{"role": "user", "content": spec.prompt}]
+        else:
+            body["prompt"] = spec.prompt
+        return dumps(body).encode()
+
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        """Send one request and return its Outcome; never raises except CancelledError.
+
+        ``outcome`` (from ``new_outcome``) is filled in place when given, so a caller
+        that cancels still holds the CANCELLED record."""
+        out = outcome if outcome is not None else new_outcome(self.name, spec)
+        loop = asyncio.get_running_loop()
+        stream = self._stream
+        cm: asyncio.Timeout | None = None
+        try:
+            payload = self.body(spec)
+            # One deadline, measured from the send: the ttft one until the first token
+            # (streams only: a plain response has no first token before its end), then
+            # the total one. Both include waiting for a pooled connection and connecting,
+            # so a ttft below timeouts.connect turns a slow connect into TIMEOUT_TTFT.
+            start = loop.time()
+            total_at = start + self._total_s
+            if stream and self._ttft_s < self._total_s:
+                cm = asyncio.timeout_at(start + self._ttft_s)
+                resched_at: float | None = total_at
+            else:
+                cm = asyncio.timeout_at(total_at)
+                resched_at = None
+            out.wall_start = time.time()
+            out.sent_ns = _perf_ns()
+            async with (
+                cm,
+                self._session.post(
+                    self._url,
+                    data=payload,
+                    proxy=self._proxy,
+                    proxy_auth=self._proxy_auth,
+                    allow_redirects=False,
+                ) as resp,
+            ):
+                out.status = status = resp.status
+                if status >= 300:
+                    await self._read_error(resp, out)
+                elif stream:
+                    await self._read_stream(
+                        resp, out, _StreamParser(out, self._chat, cm, resched_at)
+                    )
+                else:
+                    await self._read_json(resp, out)
+        except asyncio.CancelledError:
+            self._fail(out, ErrorKind.CANCELLED, "cancelled")
+            self._finish(out)
+            raise
+        except TimeoutError as exc:
+            # Ours (the single deadline), or aiohttp's sock_connect timeout.
+            if cm is not None and cm.expired():
+                if out.end_ns == 0:  # else it cut the drain after [DONE]: a success
+                    ttft = stream and out.first_token_ns is None and self._ttft_s < self._total_s
+                    if ttft:
+                        self._fail(out, ErrorKind.TIMEOUT_TTFT, f"no token in {self._ttft_s:g}s")
+                    else:
+                        self._fail(out, ErrorKind.TIMEOUT_TOTAL, f"over {self._total_s:g}s")
+            elif isinstance(exc, aiohttp.ServerTimeoutError):  # only sock_connect is set
+                self._fail(out, ErrorKind.TIMEOUT_CONNECT, "connect timed out")
+            else:
+                self._fail(out, ErrorKind.CLIENT_ERROR, _exc_name(exc))
+        except aiohttp.ClientError as exc:
+            kind, detail = _client_error(exc, out.status != 0)
+            self._fail(out, kind, detail)
+        except Exception as exc:  # a bug or an unforeseen library error: still data
+            self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
+        self._finish(out)
+        return out
+
+    # --- readers -------------------------------------------------------------------------
+
+    async def _read_stream(
+        self, resp: aiohttp.ClientResponse, out: Outcome, p: _StreamParser
+    ) -> None:
+        """The hot path: SSE events -> token instants. Keeps what arrived before a fault."""
+        ctype = resp.content_type
+        if ctype != "text/event-stream":
+            await self._not_sse(resp, out, ctype)
+            return
+        decoder = SSEDecoder()
+        feed = decoder.feed
+        event = p.event
+        try:
+            async for raw in resp.content.iter_any():
+                now = _perf_ns()
+                if out.first_byte_ns is None:
+                    out.first_byte_ns = now
+                try:
+                    events = feed(raw)
+                except SSEError as exc:
+                    for data in exc.events:
+                        event(data, now)
+                    raise
+                for data in events:
+                    event(data, now)
+                if p.done:
+                    out.end_ns = now
+                    break
+        except aiohttp.ClientError as exc:
+            out.end_ns = _perf_ns()
+            if not p.finished:  # after a finish_reason the answer is whole
+                self._fail(out, ErrorKind.STREAM_TRUNCATED, f"{_exc_name(exc)} mid-stream")
+            return
+        except (SSEError, _Fault) as exc:
+            self._fail_parse(out, exc)
+            return
+        if not p.done:
+            # EOF without [DONE]: flush a last event sent without its blank line. A
+            # half-written one means the stream was cut, not that it was corrupt.
+            now = out.end_ns = _perf_ns()
+            try:
+                for data in decoder.close():
+                    event(data, now)
+            except (SSEError, _Fault):
+                if not p.finished:
+                    self._fail(out, ErrorKind.STREAM_TRUNCATED, "cut inside an event")
+                    return
+            if not p.done and not p.finished:
+                self._fail(out, ErrorKind.STREAM_TRUNCATED, "ended before [DONE]")
+                return
+        if not p.choices_seen:
+            self._fail(out, ErrorKind.BAD_RESPONSE, "stream had no choices")
+            return
+        if p.done and not resp.content.at_eof():
+            # Read to the body's end so the connection goes back to the pool. A server
+            # that holds it open costs at most the grace: send() ignores that timeout.
+            grace_at = asyncio.get_running_loop().time() + DRAIN_GRACE_S
+            when = p.cm.when()
+            p.cm.reschedule(grace_at if when is None else min(when, grace_at))
+            try:
+                async for _ in resp.content.iter_any():
+                    pass
+            except aiohttp.ClientError:
+                pass  # the answer was whole; only the connection is lost
+
+    async def _read_json(self, resp: aiohttp.ClientResponse, out: Outcome) -> None:
+        """A non-streamed answer. It has no first token before its end, so
+        first_token_ns = last_token_ns = end_ns (TTFT equals E2E) when it has content."""
+        if (resp.content_length or 0) > JSON_BODY_LIMIT:
+            self._fail(out, ErrorKind.TOO_LARGE, f"body over {JSON_BODY_LIMIT} bytes")
+            return
+        body, cut = await _read_prefix(resp, JSON_BODY_LIMIT, out)
+        end = out.end_ns = _perf_ns()
+        if cut:
+            self._fail(out, ErrorKind.TOO_LARGE, f"body over {JSON_BODY_LIMIT} bytes")
+            return
+        try:
+            obj = loads(body)
+        except ValueError:
+            self._fail(out, ErrorKind.BAD_RESPONSE, "body is not JSON")
+            return
+        if type(obj) is not dict:
+            self._fail(out, ErrorKind.BAD_RESPONSE, "body is not a JSON object")
+            return
+        if obj.get("error") or obj.get("object") == "error":
+            out.oom, detail = _error_fields(body)
+            self._fail(out, ErrorKind.BAD_RESPONSE, f"error body {detail}".rstrip())
+            return
+        try:
+            choices = obj.get("choices")
+            if not choices:
+                self._fail(out, ErrorKind.BAD_RESPONSE, "no choices")
+                return
+            c0 = choices[0]
+            if self._chat:
+                msg = c0.get("message") or {}
+                text = msg.get("content") or msg.get("reasoning_content") or msg.get("reasoning")
+            else:
+                text = c0.get("text")
+            usage = obj.get("usage")
+            if usage:
+                _apply_usage(out, usage)
+        except (AttributeError, LookupError, TypeError):
+            self._fail(out, ErrorKind.BAD_RESPONSE, "body has an unexpected shape")
+            return
+        if text:
+            out.content_chunks = 1
+            out.first_token_ns = out.last_token_ns = end
+
+    async def _read_error(self, resp: aiohttp.ClientResponse, out: Outcome) -> None:
+        """A 3xx/4xx/5xx: read at most ERROR_BODY_LIMIT bytes for type/code and OOM."""
+        status = out.status
+        try:
+            body, _ = await _read_prefix(resp, ERROR_BODY_LIMIT, out)
+        except aiohttp.ClientError:
+            body = b""  # the status already says what happened
+        out.end_ns = _perf_ns()
+        out.oom, fields = _error_fields(body)
+        self._fail(out, _status_kind(status), f"http {status} {fields}".rstrip())
+
+    async def _not_sse(self, resp: aiohttp.ClientResponse, out: Outcome, ctype: str) -> None:
+        """A stream was asked for, something else came (often a JSON error with 200)."""
+        detail = f"expected text/event-stream, got {_clean(ctype)}"
+        if ctype == "application/json":
+            try:
+                body, _ = await _read_prefix(resp, ERROR_BODY_LIMIT, out)
+            except aiohttp.ClientError:
+                body = b""
+            out.oom, fields = _error_fields(body)
+            if fields:
+                detail = f"error body {fields}"
+        out.end_ns = _perf_ns()
+        self._fail(out, ErrorKind.BAD_RESPONSE, detail)
+
+    # --- bookkeeping ---------------------------------------------------------------------
+
+    def _fail(self, out: Outcome, kind: ErrorKind, detail: str) -> None:
+        if out.error is None:  # the first cause wins
+            out.error = kind
+            out.error_detail = self._scrub(detail)
+
+    def _fail_parse(self, out: Outcome, exc: SSEError | _Fault) -> None:
+        if isinstance(exc, _Fault):
+            out.oom = out.oom or exc.oom
+            self._fail(out, exc.kind, exc.detail)
+        elif isinstance(exc, SSELineTooLong):
+            self._fail(out, ErrorKind.TOO_LARGE, str(exc))
+        else:
+            self._fail(out, ErrorKind.BAD_CHUNK, str(exc))
+
+    def _finish(self, out: Outcome) -> None:
+        if out.end_ns == 0:
+            out.end_ns = _perf_ns()
+        if not out.usage_reported:
+            out.output_tokens = out.content_chunks
+
+    def _scrub(self, text: str) -> str:
+        if self._secret is not None:
+            key = self._secret.get_secret_value()
+            if key and key in text:
+                text = text.replace(key, "***")
+        return text[:200]
+
+
+async def open_target(cfg: TargetConfig) -> OpenAITarget:
+    """Build the client for one target: read its key once, set up TLS, the proxy and
+    the connection pool. Raises ConfigError (naming the setting, never the key)."""
+    key = cfg.api_key()
+    ssl_arg = _ssl_context(cfg)
+    proxy, proxy_auth = await _proxy_for(cfg)
+    headers = {
+        "User-Agent": f"soakd/{__version__}",
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream" if cfg.stream else "application/json",
+    }
+    if cfg.stream:
+        headers["Accept-Encoding"] = "identity"  # compression would batch tokens
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key.get_secret_value()}"
+    headers.update(cfg.headers)
+    connector = TCPConnector(limit=cfg.max_connections, ssl=ssl_arg)
+    session: ClientSession | None = None
+    try:
+        session = ClientSession(
+            connector=connector,
+            headers=headers,
+            # Only the socket connect (with TLS and proxy setup) is aiohttp's to time:
+            # waiting for a pooled connection is soakd's own queue, and the ttft/total
+            # deadlines are applied per request.
+            timeout=ClientTimeout(total=None, sock_connect=cfg.timeouts.connect),
+            # Proxy settings from the environment were resolved once above; trust_env
+            # would redo it (and read ~/.netrc) in a thread on every request.
+            trust_env=False,
+            cookie_jar=DummyCookieJar(),  # requests stay independent (no sticky cookies)
+        )
+        target = OpenAITarget(cfg, session, proxy=proxy, proxy_auth=proxy_auth, secret=key)
+    except BaseException:
+        await (session.close() if session is not None else connector.close())
+        raise
+    log.debug("target_opened", target=cfg.name, endpoint=cfg.endpoint, proxy=proxy is not None)
+    return target
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _ssl_context(cfg: TargetConfig) -> ssl.SSLContext | bool:
+    if not cfg.tls.verify:
+        return False
+    ca_file = cfg.tls.ca_file
+    try:
+        return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    except (OSError, ssl.SSLError) as exc:
+        why = getattr(exc, "strerror", None) or type(exc).__name__
+        raise ConfigError(f"targets.{cfg.name}.tls.ca_file: cannot load {ca_file}: {why}") from None
+
+
+async def _proxy_for(cfg: TargetConfig) -> tuple[URL | None, BasicAuth | None]:
+    """cfg.proxy, else HTTP(S)_PROXY / NO_PROXY (and ~/.netrc proxy auth) for the
+    endpoint, resolved once: the same answer trust_env would give per request."""
+    if cfg.proxy is not None:
+        return URL(cfg.proxy), None
+    try:
+        return await asyncio.to_thread(get_env_proxy_for_url, URL(cfg.endpoint))
+    except LookupError:
+        return None, None
+
+
+def _apply_usage(out: Outcome, usage: dict[str, Any]) -> None:
+    prompt = usage.get("prompt_tokens")
+    if type(prompt) is int:
+        out.prompt_tokens = prompt
+    completion = usage.get("completion_tokens")
+    if type(completion) is int:
+        out.output_tokens = completion
+        out.usage_reported = True
+
+
+async def _read_prefix(
+    resp: aiohttp.ClientResponse, limit: int, out: Outcome
+) -> tuple[bytes, bool]:
+    """At most ``limit`` bytes of the body, and whether there was more."""
+    parts: list[bytes] = []
+    size = 0
+    async for raw in resp.content.iter_any():
+        if out.first_byte_ns is None:
+            out.first_byte_ns = _perf_ns()
+        if size + len(raw) > limit:
+            parts.append(raw[: limit - size])
+            return b"".join(parts), True
+        parts.append(raw)
+        size += len(raw)
+    return b"".join(parts), False
+
+
+def _error_fields(body: bytes) -> tuple[bool, str]:
+    """(mentions out-of-memory, "type code") from an error body. Never the message:
+    it can echo the prompt or part of the key."""
+    low = body.lower()
+    oom = any(word in low for word in _OOM_WORDS)
+    try:
+        obj = loads(body)
+    except ValueError:
+        return oom, ""
+    if type(obj) is not dict:
+        return oom, ""
+    err = obj.get("error")
+    src = err if type(err) is dict else obj  # vLLM < 0.7 put type/code at the top level
+    parts = [_clean(src.get(k)) for k in ("type", "code")]
+    return oom, " ".join(p for p in parts if p)
+
+
+def _clean(value: object) -> str:
+    """A short token safe for logs: letters, digits and ``_.:/-`` only."""
+    if value is None or isinstance(value, dict | list):
+        return ""
+    return _UNSAFE.sub("", str(value))[:48]
+
+
+def _status_kind(status: int) -> ErrorKind:
+    if status in (401, 403):
+        return ErrorKind.HTTP_AUTH
+    if status == 429:
+        return ErrorKind.HTTP_429
+    if status >= 500:
+        return ErrorKind.HTTP_5XX
+    if status >= 400:
+        return ErrorKind.HTTP_4XX
+    return ErrorKind.BAD_RESPONSE  # 3xx: redirects are not followed (the key stays put)
+
+
+def _exc_name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+def _client_error(exc: aiohttp.ClientError, responded: bool) -> tuple[ErrorKind, str]:
+    """aiohttp's exception -> (kind, detail). Details are class names and errno names,
+    never ``str(exc)`` (it can hold URLs and request headers)."""
+    if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
+        return ErrorKind.CONNECT_ERROR, f"proxy: {_exc_name(exc)}"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return ErrorKind.CONNECT_ERROR, "tls certificate rejected"
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return ErrorKind.CONNECT_ERROR, "tls handshake failed"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return ErrorKind.CONNECT_ERROR, "dns lookup failed"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            return ErrorKind.CONNECT_REFUSED, "connection refused"
+        return ErrorKind.CONNECT_ERROR, _os_detail(exc.os_error)
+    if isinstance(exc, aiohttp.ClientResponseError):  # an unparsable HTTP response
+        return ErrorKind.BAD_RESPONSE, f"invalid http response: {_exc_name(exc)}"
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientConnectionError):
+        when = "after" if responded else "before"
+        return ErrorKind.STREAM_TRUNCATED, f"{_exc_name(exc)} {when} response headers"
+    return ErrorKind.CLIENT_ERROR, _exc_name(exc)
+
+
+def _os_detail(err: OSError) -> str:
+    code = errno.errorcode.get(err.errno or 0)
+    return f"connect failed: {code or type(err).__name__}"
