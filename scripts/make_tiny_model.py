@@ -199,12 +199,33 @@ def build_model(vocab_size: int, bos: int, eos: int, pad: int):  # type: ignore[
         pad_token_id=pad,
     )
     model = LlamaForCausalLM(config).eval()
+    _never_emit(model, [int(i) for i in (0, bos, eos, pad)])
     # vLLM's CPU backend runs float32 checkpoints as bfloat16 anyway (and warns
     # once per tensor); store bfloat16 so what is served is what is saved.
     model = model.to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
     model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad)
     return model
+
+
+def _never_emit(model, token_ids: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """Make ``token_ids`` (the special tokens) practically impossible to sample.
+
+    A random model samples near-uniformly, so it would emit <unk>/<s>/</s>/<pad>
+    now and then: text-less stream chunks, and EOS ending requests early. Keep
+    residual dimension 0 a positive constant (every embedding has 1.0 there and
+    no layer writes to it), so after the final RMSNorm h[0] > 0 always, and give
+    the special tokens a large negative lm_head weight on that dimension only.
+    """
+    import torch
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0, :] = 0.0
+            layer.mlp.down_proj.weight[0, :] = 0.0
+        model.lm_head.weight[:, 0] = 0.0
+        model.lm_head.weight[token_ids, 0] = -16.0
 
 
 def script_hash() -> str:

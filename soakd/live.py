@@ -37,8 +37,8 @@ def live_panel(status: dict[str, Any]) -> Group:
     phase = status.get("phase") or "-"
     head = Text.assemble(
         ("soakd ", "bold"), (status["run_id"], "cyan"), "  phase ", (phase, "bold yellow"),
-        f"  elapsed {format_duration(status['elapsed_s'])}",
-        f"  remaining {format_duration(status['remaining_s'])}",
+        f"  elapsed {format_duration(round(status['elapsed_s']))}",
+        f"  remaining {format_duration(round(status['remaining_s']))}",
         f"  in flight {sum(status['in_flight'].values())}",
         f"  metrics {status['metrics_url']}/metrics",
     )

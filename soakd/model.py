@@ -81,6 +81,11 @@ class Outcome:
     content_chunks: int = 0
     itl_ns: array[int] = field(default_factory=lambda: array("q"))
 
+    @classmethod
+    def planned(cls, spec: RequestSpec) -> Outcome:
+        """An empty Outcome for ``spec``, filled in place by the target while it runs."""
+        return cls(spec.target, spec.phase, spec.seq, spec.scheduled_ns)
+
     @property
     def ok(self) -> bool:
         return self.error is None
@@ -153,7 +158,7 @@ class Plan:
     """The whole schedule, resolved: phases back to back on one monotonic axis."""
 
     phases: tuple[Phase, ...]
-    scale: float = 1.0  # < 1 when rehearsing: plan time per real time
+    scale: float = 1.0  # real time per configured time: < 1 when rehearsing
 
     @property
     def duration_ns(self) -> int:

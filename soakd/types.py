@@ -8,12 +8,13 @@ from soakd.model import Outcome, RequestSpec
 
 
 class Target(Protocol):
-    """Something that turns a RequestSpec into an Outcome. It never raises:
-    every failure is data (``Outcome.error``)."""
+    """Something that turns a RequestSpec into an Outcome. It never raises: every
+    failure is data (``Outcome.error``). It fills ``outcome`` in place as the request
+    runs, so a caller cancelling it still holds what arrived."""
 
     name: str
 
-    async def send(self, spec: RequestSpec) -> Outcome: ...
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome: ...
 
     async def aclose(self) -> None: ...
 

@@ -682,9 +682,10 @@ class GpuProbe:
         if r.energy_j is not None:
             last = self._energy_last.get(g)
             self._energy_last[g] = r.energy_j
+            energy = m.energy.labels(g)  # zero from the first reading, not absent
             if last is not None and r.energy_j >= last:  # smaller: the driver reloaded
                 delta = r.energy_j - last
-                m.energy.labels(g).inc(delta)
+                energy.inc(delta)
                 self._energy_total[g] = self._energy_total.get(g, 0.0) + delta
             self._energy_total.setdefault(g, 0.0)
             out.append(Sample(wall, "soakd_gpu_energy_joules_total", self._energy_total[g], lg))

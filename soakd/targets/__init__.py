@@ -1,5 +1,5 @@
 """Targets room: clients that turn a RequestSpec into an Outcome (OpenAI API over aiohttp)."""
 
-from soakd.targets.openai import OpenAITarget, new_outcome, open_target
+from soakd.targets.openai import OpenAITarget, open_target
 
-__all__ = ["OpenAITarget", "new_outcome", "open_target"]
+__all__ = ["OpenAITarget", "open_target"]

@@ -32,7 +32,7 @@ from soakd.config import ConfigError, TargetConfig
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
 
-__all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "new_outcome", "open_target"]
+__all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
 
 log = structlog.get_logger()
 
@@ -48,12 +48,6 @@ _OOM_WORDS = (b"out of memory", b"outofmemory")  # matched on the lower-cased bo
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]+")
 # Keys soakd itself controls: extra_body must not desynchronize the parser or the prompt.
 _RESERVED = ("stream", "messages", "prompt")
-
-
-def new_outcome(target: str, spec: RequestSpec) -> Outcome:
-    """An empty Outcome for ``spec``: pass it to ``send`` to keep a handle on it even
-    if the request is cancelled (``send`` then re-raises after filling it)."""
-    return Outcome(target=target, phase=spec.phase, seq=spec.seq, scheduled_ns=spec.scheduled_ns)
 
 
 class _Fault(Exception):
@@ -195,9 +189,9 @@ class OpenAITarget:
     async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
         """Send one request and return its Outcome; never raises except CancelledError.
 
-        ``outcome`` (from ``new_outcome``) is filled in place when given, so a caller
+        ``outcome`` (from ``Outcome.planned``) is filled in place when given, so a caller
         that cancels still holds the CANCELLED record."""
-        out = outcome if outcome is not None else new_outcome(self.name, spec)
+        out = outcome if outcome is not None else Outcome.planned(spec)
         loop = asyncio.get_running_loop()
         stream = self._stream
         cm: asyncio.Timeout | None = None

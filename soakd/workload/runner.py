@@ -182,18 +182,13 @@ class Runner:
 
     async def _one(self, name: str, spec: RequestSpec) -> None:
         self._busy[name] += 1
+        outcome = Outcome.planned(spec)
         try:
-            outcome: Outcome = await self.targets[name].send(spec)
+            await self.targets[name].send(spec, outcome)
         except asyncio.CancelledError:
-            # only past the drain deadline: record that it was cut, then let it go
-            outcome = Outcome(
-                name,
-                spec.phase,
-                spec.seq,
-                spec.scheduled_ns,
-                error=ErrorKind.CANCELLED,
-                end_ns=now_ns(),
-            )
+            # only past the drain deadline: keep what arrived, say it was cut, let go
+            outcome.error = ErrorKind.CANCELLED
+            outcome.end_ns = outcome.end_ns or now_ns()
             for record in self._record:
                 record(outcome)
             raise

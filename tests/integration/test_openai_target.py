@@ -20,7 +20,8 @@ from aiohttp import web
 
 from soakd.config import ConfigError, TargetConfig
 from soakd.model import ErrorKind, Outcome, RequestSpec
-from soakd.targets import new_outcome, open_target
+from soakd.model import Outcome
+from soakd.targets import open_target
 from soakd.targets import openai as openai_target
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(20)]
@@ -533,7 +534,7 @@ async def test_refused_port() -> None:
 
 async def test_cancel_records_then_reraises(server: Server) -> None:
     target = await open_target(config(f"{server.base}/slow_first"))
-    out = new_outcome(target.name, SPEC)
+    out = Outcome.planned(SPEC)
     task = asyncio.create_task(target.send(SPEC, out))
     await asyncio.sleep(0.1)
     task.cancel()

@@ -24,8 +24,8 @@ class FakeTarget:
         self.peak = 0
         self.seqs: list[int] = []
 
-    async def send(self, spec: RequestSpec) -> Outcome:
-        o = Outcome(spec.target, spec.phase, spec.seq, spec.scheduled_ns)
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        o = outcome or Outcome.planned(spec)
         o.sent_ns = time.perf_counter_ns()
         self.active += 1
         self.peak = max(self.peak, self.active)
