@@ -36,6 +36,11 @@ def rss_mb() -> float:
     return 0.0
 
 
+def _checkpoints(n: int) -> set[int]:
+    """RSS is read at 10k, 100k, 1M and at every fifth of the run."""
+    return {c for c in (10_000, 100_000, 1_000_000) if c <= n} | {n * i // 5 for i in range(1, 6)}
+
+
 def cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -52,7 +57,7 @@ async def bare(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
     got_tokens = 0
     marks: dict[str, float] = {}
     start_cpu = 0.0
-    checkpoints = {10_000, 100_000, 1_000_000}
+    checkpoints = _checkpoints(n)
     conn = aiohttp.TCPConnector(limit=conc)
     async with aiohttp.ClientSession(connector=conn) as session:
 
@@ -101,7 +106,7 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
     metrics.add_target("t", ["p"])
     state = {"done": 0, "tokens": 0, "start_cpu": 0.0}
     marks: dict[str, float] = {}
-    checkpoints = {10_000, 100_000, 1_000_000}
+    checkpoints = _checkpoints(n)
     runner: Runner
 
     class Counter:

@@ -706,12 +706,17 @@ def gpu() -> Dashboard:
             "VRAM leak slope (bytes per hour)",
             [
                 q(f"soakd_gpu_memory_leak_slope_bytes_per_hour{{{G}}}", "GPU {{gpu}}"),
+                q(
+                    f"soakd_gpu_process_memory_leak_slope_bytes_per_hour{{{G}}}",
+                    "GPU {{gpu}} {{target}}",
+                ),
                 q("max(soakd_vram_leak_limit_bytes_per_hour)", "limit"),
             ],
             "decbytes",
             min_=None,
             limit_series="limit",
-            desc="Least-squares slope of VRAM used over soakd's leak window.",
+            desc="Robust slope of VRAM used, per GPU and per target process, over soakd's "
+            "leak window; VramLeak compares the per-GPU slope with the limit.",
         ),
         24,
     )
@@ -854,7 +859,7 @@ def server() -> Dashboard:
             "short",
             desc="Requests evicted from the KV cache and recomputed later.",
         ),
-        12,
+        8,
     )
     d.add(
         timeseries(
@@ -863,8 +868,24 @@ def server() -> Dashboard:
                 q(f"soakd_server_resident_memory_bytes{{{T}}}", "{{target}}"),
             ],
             "bytes",
+            desc="The server process's RSS (host memory), from its own /metrics.",
         ),
-        12,
+        8,
+    )
+    d.add(
+        timeseries(
+            "Server resident memory slope (bytes per hour)",
+            [
+                q(
+                    f"soakd_server_resident_memory_leak_slope_bytes_per_hour{{{T}}}",
+                    "{{target}}",
+                ),
+            ],
+            "bytes",
+            min_=None,
+            desc="Robust slope of the RSS over soakd's leak window: a host-memory leak.",
+        ),
+        8,
     )
     d.row("Health")
     d.add(
@@ -899,9 +920,9 @@ def server() -> Dashboard:
     )
     d.add(
         stat(
-            "OOM events this run",
+            "OOM events this run (most seen by one source)",
             [
-                q(f"sum by (target) (soakd_target_oom_events_total{{{T}}})", "{{target}}"),
+                q(f"max by (target) (soakd_target_oom_events_total{{{T}}})", "{{target}}"),
             ],
             thresholds=[(None, "green"), (1, "red")],
         ),

@@ -75,6 +75,20 @@ class Digest:
     def mean(self) -> float | None:
         return self.total / self.count if self.count else None
 
+    def to_state(self) -> list[int]:
+        """``[count, total, min, max, key, n, key, n, ...]``: the journal stores digests."""
+        flat = [self.count, self.total, self.min, self.max]
+        for key in sorted(self._buckets):
+            flat += (key, self._buckets[key])
+        return flat
+
+    @classmethod
+    def from_state(cls, state: list[int]) -> Digest:
+        d = cls()
+        d.count, d.total, d.min, d.max = state[:4]
+        d._buckets = dict(zip(state[4::2], state[5::2], strict=True))
+        return d
+
 
 @dataclass(slots=True)
 class TargetStats:

@@ -1,7 +1,9 @@
 """Composition root: builds every part from the Config, owns the tasks, signals and shutdown order.
 
 Shutdown order: stop arrivals -> drain in-flight requests (deadline) -> close targets
--> write the summary -> close HTTP last, so a final scrape still sees the totals.
+-> flush and close the journal -> write the summary -> close HTTP last, so a final scrape
+still sees the totals. A run dir holding an unfinished journal is resumed (same run id,
+the plan clock and the counters continue): docs/journal.md.
 """
 
 from __future__ import annotations
@@ -25,8 +27,18 @@ import yaml
 from soakd import __version__
 from soakd.config import Config
 from soakd.http import HttpServer, start_http
+from soakd.journal import (
+    JOURNAL_FILE,
+    Journal,
+    RunInfo,
+    config_doc,
+    open_journal,
+    plan_doc,
+    read_resume_state,
+    rollup_window_ns,
+)
 from soakd.logs import setup_logging
-from soakd.metrics import Metrics
+from soakd.metrics import JournalMetrics, Metrics
 from soakd.model import Phase, Plan
 from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.stats import RunStats
@@ -50,6 +62,7 @@ class RunOptions:
     metrics_addr: str | None = None  # HOST:PORT, overrides exporter.listen
     live: bool = False  # draw the live view on the terminal
     console_logs: bool = True
+    force: bool = False  # resume even though the config differs from the journal's
 
 
 @dataclass
@@ -59,7 +72,8 @@ class RunResult:
     completed: bool  # the plan ran to its end (not stopped by a signal)
     elapsed_s: float
     cancelled: int  # requests cut at the drain deadline
-    summary: dict[str, dict[str, Any]] = field(default_factory=dict)
+    summary: dict[str, dict[str, Any]] = field(default_factory=dict)  # this session only
+    session: int = 1  # 2 and up: a resumed run
 
 
 def _round(value: float | None) -> float | None:
@@ -76,11 +90,25 @@ class Soak:
     def __init__(self, cfg: Config, opts: RunOptions) -> None:
         self.cfg = cfg
         self.opts = opts
-        self.run_id = new_run_id(cfg.run.name)
+        # an unfinished journal in the run dir: resume it (JournalError when it cannot be)
+        self.resume = read_resume_state(opts.run_dir / JOURNAL_FILE) if opts.run_dir else None
+        self.run_id = self.resume.run_id if self.resume else new_run_id(cfg.run.name)
         self.run_dir = opts.run_dir or Path("runs") / self.run_id
+        stored = self.resume.options if self.resume else {}
+        self.plan_options = {  # a resume keeps the first session's flags unless given again
+            "rehearse_s": opts.rehearse_s if opts.rehearse_s is not None
+            else stored.get("rehearse_s"),
+            "duration_s": opts.duration_s if opts.duration_s is not None
+            else stored.get("duration_s"),
+        }
+        self.plan_start = self.resume.plan_start if self.resume else datetime.now(UTC)
         self.plan: Plan = build_plan(
-            cfg, datetime.now(UTC), rehearse_s=opts.rehearse_s, duration_cap_s=opts.duration_s
+            cfg, self.plan_start, rehearse_s=self.plan_options["rehearse_s"],
+            duration_cap_s=self.plan_options["duration_s"],
         )
+        self.config_changes = self.resume.check(cfg, self.plan, force=opts.force) \
+            if self.resume else []
+        self.journal: Journal | None = None
         self.metrics = Metrics()
         self.names = [t.name for t in cfg.targets]
         self.stats = RunStats(self.names)
@@ -127,6 +155,7 @@ class Soak:
                  targets=self.names, phases=len(self.plan.phases),
                  plan_s=self.plan.duration_ns / 1e9)
         self._setup_metrics()
+        self.journal = await self._open_journal()
         started = time.monotonic()
         cancelled = 0
         try:
@@ -139,9 +168,13 @@ class Soak:
                 self.targets[tcfg.name] = await open_target(tcfg)
             self.runner = Runner(
                 self.plan, self.targets, make_prompt_source(self.cfg.workload),
-                [self.metrics, self.stats], max_tokens=self.cfg.workload.max_tokens,
+                # the journal hands outcomes on to Metrics once committed: Prometheus
+                # never counts a request the journal could lose (docs/journal.md)
+                [self.journal, self.stats], max_tokens=self.cfg.workload.max_tokens,
                 temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
-                on_phase=self._on_phase)
+                on_phase=self._on_phase,
+                start_seq=self.resume.next_seq if self.resume else None)
+            self.journal.attach(self.runner)
             self.metrics.watch_in_flight(self.runner.in_flight)
             host, port = self._listen()
             self.http = await start_http(host, port, self.metrics.registry, self.status,
@@ -150,7 +183,7 @@ class Soak:
             self._install_signals()
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(self._tick())
-                await self.runner.run()
+                await self.runner.run(self.resume.offset_ns if self.resume else 0)
                 cancelled = await self._drain()
                 ticker.cancel()
         finally:
@@ -162,6 +195,7 @@ class Soak:
             elapsed = time.monotonic() - started
             summary = self.stats.overall(elapsed)
             completed = bool(self.runner and self.runner.finished)
+            await self.journal.aclose(completed=completed)
             self._write_summary(summary, completed, elapsed, cancelled)
             log.info("run_finished", completed=completed, elapsed_s=round(elapsed, 3),
                      cancelled=cancelled,
@@ -169,7 +203,8 @@ class Soak:
                      errors={k: v["errors"] for k, v in summary.items()})
             if self.http is not None:
                 await self.http.aclose()
-        return RunResult(self.run_id, self.run_dir, completed, elapsed, cancelled, summary)
+        return RunResult(self.run_id, self.run_dir, completed, elapsed, cancelled, summary,
+                         session=self.journal.session)
 
     async def _drain(self) -> int:
         assert self.runner is not None
@@ -205,8 +240,28 @@ class Soak:
         m.add_phases(phases)
         for name in self.names:
             m.add_target(name, phases)
-        m.run_start.set(time.time())
+        m.run_start.set(self.resume.created_wall if self.resume else time.time())
         m.phase_index.set(-1)
+
+    async def _open_journal(self) -> Journal:
+        """Open or continue the run's journal; a resume restores the counters from it."""
+        jm = JournalMetrics(self.metrics.registry)
+        run = RunInfo(self.run_id, config_doc(self.cfg), plan_doc(self.plan), self.plan_start,
+                      self.plan_options, rollup_window_ns(self.plan))
+        journal = await open_journal(self.run_dir, run, self.cfg.journal, metrics=jm,
+                                     forward=self.metrics, resume=self.resume)
+        restored = journal.restored
+        if self.resume is not None and restored is not None:
+            missing = self.metrics.restore(restored.totals, restored.histograms)
+            if self.config_changes:
+                journal.event("config_changed", paths=self.config_changes)
+            log.warning("run_resumed", session=journal.session,
+                        plan_offset_s=round(self.resume.offset_ns / 1e9, 3),
+                        down_since=datetime.fromtimestamp(self.resume.last_wall, UTC)
+                        .isoformat(timespec="seconds"),
+                        config_changes=self.config_changes or None,
+                        not_restored=missing or None)
+        return journal
 
     def _listen(self) -> tuple[str, int]:
         listen = self.opts.metrics_addr or self.cfg.exporter.listen
@@ -224,6 +279,8 @@ class Soak:
                 m.offered_concurrency.labels(name).set(0)
             return
         structlog.contextvars.bind_contextvars(phase=phase.name)
+        if self.journal is not None:
+            self.journal.event("phase", name=phase.name, index=phase.index)
         m.phase_info.labels(phase.name).set(1)
         m.phase_index.set(phase.index)
         for name in self.names:

@@ -1,4 +1,5 @@
-"""CLI: parse, call, print. ``soakd run | check | sim``. Exit 2 on bad input, one line each."""
+"""CLI: parse, call, print. ``soakd run | check | report | export | sim``. Exit 2 on bad input,
+one line each."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import NoReturn
 
 from soakd import __version__
 from soakd.config import ConfigError, load_config, parse_duration
+from soakd.journal import JournalError
 
 EXIT_USAGE = 2
 
@@ -49,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="where /metrics and /status listen (default from config, "
                      "127.0.0.1:9464)")
     run.add_argument("--run-dir", type=Path, metavar="DIR",
-                     help="run directory (default runs/<run-id>)")
+                     help="run directory (default runs/<run-id>); one holding an unfinished "
+                     "run resumes it")
+    run.add_argument("--force", action="store_true",
+                     help="resume even though the config differs from the run's (recorded)")
     view = run.add_mutually_exclusive_group()
     view.add_argument("--live", dest="live", action="store_true", default=None,
                       help="draw the live view (default on a terminal)")
@@ -60,6 +65,22 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("config", type=Path)
     check.add_argument("--duration", type=_duration, metavar="D")
     check.add_argument("--rehearse", type=_duration, metavar="D")
+
+    report = sub.add_parser("report", help="the side-by-side report of a run, from its journal")
+    report.add_argument("run_dir", type=Path, metavar="DIR")
+    report.add_argument("--format", choices=("md", "html", "json", "text"), default="md")
+    report.add_argument("-o", "--output", type=Path, metavar="FILE",
+                        help="write to FILE (default: standard output)")
+    report.add_argument("--energy-price", type=float, metavar="PER_KWH",
+                        help="electricity price per kWh (default: report.energy_price_per_kwh)")
+
+    export = sub.add_parser("export", help="per-request rows of a run as CSV or JSON lines")
+    export.add_argument("run_dir", type=Path, metavar="DIR")
+    export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+    export.add_argument("-o", "--output", type=Path, metavar="FILE",
+                        help="write to FILE (default: standard output)")
+    export.add_argument("--itl", action="store_true",
+                        help="add every inter-token gap (microseconds) to each row")
 
     sim = sub.add_parser("sim", help="serve the embedded vLLM-like simulator")
     sim.add_argument("--host", default="127.0.0.1")
@@ -92,27 +113,69 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from soakd.app import RunOptions, Soak
     from soakd.live import errors_table, target_table
+    from soakd.report import build_report, terminal_summary
 
     cfg = load_config(args.config)
     for target in cfg.targets:
         target.api_key()
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(run_dir=args.run_dir, duration_s=args.duration, rehearse_s=args.rehearse,
-                      metrics_addr=args.metrics_addr, live=live, console_logs=not live)
+                      metrics_addr=args.metrics_addr, live=live, console_logs=not live,
+                      force=args.force)
     soak = Soak(cfg, opts)
     result = asyncio.run(soak.run())
     # off a terminal (CI logs, files) rich would squeeze the table into 80 columns
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     state = "completed" if result.completed else "stopped early"
-    console.print(f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s; "
+    resumed = f" (session {result.session}, resumed)" if result.session > 1 else ""
+    console.print(f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s{resumed}; "
                   f"results in {result.run_dir}")
-    console.print(target_table(result.summary, "whole run"))
-    errors = errors_table(result.summary)
-    if errors is not None:
-        console.print(errors)
+    try:  # the report's summary: the whole run, every session, from the journal
+        for part in terminal_summary(build_report(result.run_dir)):
+            console.print(part)
+    except Exception as exc:  # the run's own numbers are still worth printing
+        console.print(f"(no report from the journal: {type(exc).__name__}: {exc})")
+        console.print(target_table(result.summary, "this session"))
+        errors = errors_table(result.summary)
+        if errors is not None:
+            console.print(errors)
+    console.print(f"report: soakd report {result.run_dir} --format html -o report.html")
     if result.cancelled:
         console.print(f"{result.cancelled} request(s) were still running at the drain "
                       "deadline and were cut (counted as 'cancelled')")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from soakd.report import build_report, terminal_summary, write_report
+
+    if args.format == "text":
+        from rich.console import Console
+
+        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
+        for part in terminal_summary(build_report(args.run_dir,
+                                                  energy_price_per_kwh=args.energy_price)):
+            console.print(part)
+        return 0
+    text = write_report(args.run_dir, args.format, args.output, args.energy_price)
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        print(f"{args.output}: {args.format} report of {args.run_dir}", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from soakd.export import export
+
+    if args.output is None:
+        export(args.run_dir, args.format, sys.stdout, itl=args.itl)
+        return 0
+    tmp = args.output.with_name(args.output.name + ".tmp")
+    with tmp.open("w", encoding="utf-8", newline="") as out:
+        n = export(args.run_dir, args.format, out, itl=args.itl)
+    tmp.replace(args.output)
+    print(f"{args.output}: {n} request rows", file=sys.stderr)
     return 0
 
 
@@ -133,10 +196,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"run": cmd_run, "check": cmd_check, "sim": cmd_sim}
+    commands = {"run": cmd_run, "check": cmd_check, "report": cmd_report, "export": cmd_export,
+                "sim": cmd_sim}
     try:
         return commands[args.command](args)
-    except ConfigError as exc:
+    except (ConfigError, JournalError) as exc:
         _fail(str(exc))
     except OSError as exc:
         if exc.errno is not None and exc.strerror:

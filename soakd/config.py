@@ -105,6 +105,14 @@ class Tls(Strict):
     ca_file: Path | None = None
 
 
+class TargetCost(Strict):
+    """What the report charges a target: an all-in hourly price (a cloud endpoint, a
+    rented box) or, without one, the energy of its GPUs at ``report.energy_price_per_kwh``."""
+
+    per_hour: Annotated[float, Field(ge=0)] | None = None
+    gpus: list[str] | None = None  # GPU indexes charged to it (default: where its process ran)
+
+
 class TargetConfig(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
     base_url: str = ""  # required unless `simulator` is set
@@ -126,6 +134,7 @@ class TargetConfig(Strict):
     pid: int | None = None  # the server's PID, to map per-process GPU memory to this target
     process_name: str | None = None  # or a substring of its command line / process name
     oom_log: Path | None = None  # a log file to tail for out-of-memory lines
+    cost: TargetCost = TargetCost()
 
     @field_validator("base_url", "metrics_url", "health_url", "proxy")
     @classmethod
@@ -327,6 +336,46 @@ class Probes(Strict):
     health_interval: Duration = 5.0
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+               "t": 1e12, "tb": 1e12, "kib": 1024.0, "mib": 1024.0**2, "gib": 1024.0**3,
+               "tib": 1024.0**4}
+
+
+def parse_bytes(value: Any) -> Any:
+    """``"5GB"``, ``"512MiB"`` or a number -> bytes (other input is left to pydantic)."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _BYTE_UNITS:
+            raise ValueError(f"bad size {value!r}: use a number and a unit, e.g. 5GB or 512MiB")
+        return int(float(match.group(1)) * _BYTE_UNITS[unit])
+    return value
+
+
+class JournalConfig(Strict):
+    """The run's durable journal (``journal.db``, SQLite WAL): docs/journal.md."""
+
+    synchronous: Literal["full", "normal"] = "full"  # full: a power cut loses <= 1 flush
+    flush_interval: Duration = 0.25
+    queue_size: Annotated[int, Field(ge=100)] = 10_000  # records waiting; beyond: dropped
+    keep_samples: Duration | None = None  # delete probe samples older than this
+    keep_requests: Duration | None = None  # delete request rows older than this
+    max_bytes: Annotated[int, BeforeValidator(parse_bytes), Field(ge=1_000_000)] | None = None
+    itl_gaps: bool = True  # keep every inter-token gap (4 bytes each) for export
+
+    @field_validator("flush_interval")
+    @classmethod
+    def _flush(cls, value: float) -> float:
+        if not 0.01 <= value <= 0.5:
+            raise ValueError(f"flush_interval must be within 10ms..500ms, got {value:g}s")
+        return value
+
+
+class ReportConfig(Strict):
+    energy_price_per_kwh: Annotated[float, Field(ge=0)] | None = None
+    currency: str = "$"
+
+
 class Logging(Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -350,6 +399,8 @@ class Config(Strict):
     gpu: GpuConfig = GpuConfig()
     probes: Probes = Probes()
     logging: Logging = Logging()
+    journal: JournalConfig = JournalConfig()
+    report: ReportConfig = ReportConfig()
 
     @model_validator(mode="after")
     def _names(self) -> Config:

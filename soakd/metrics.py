@@ -6,6 +6,7 @@ Labels are bounded: target and phase names come from config, outcome from ErrorK
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -29,6 +30,11 @@ LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 OUTCOMES = (OK, *(k.value for k in ErrorKind))
+
+HISTOGRAM_BUCKETS = {"e2e": E2E_BUCKETS, "ttft": TTFT_BUCKETS, "itl": ITL_BUCKETS,
+                     "tpot": ITL_BUCKETS, "lag": LAG_BUCKETS}
+"""Per-target histogram (attribute of ``_TargetChildren``) -> its buckets: the journal keeps
+the same bucket counts, so a resumed run continues the histograms exactly."""
 
 
 @dataclass(slots=True)
@@ -187,8 +193,82 @@ class Metrics:
             observe(gap * NS)
 
 
+    def restore(
+        self,
+        totals: Iterable[tuple[str, str, str, str, int, int, int, int]],
+        histograms: Mapping[tuple[str, str], tuple[Sequence[int], float]],
+    ) -> list[str]:
+        """Continue the counters of a resumed run from the journal's totals, so Prometheus
+        sees no reset. ``totals``: (target, phase, outcome, status_class, requests,
+        output_tokens, prompt_tokens, oom) rows; ``histograms``: (kind, target) -> (count per
+        bucket, +Inf last; sum). Returns what could not be restored."""
+        missing: list[str] = []
+        for target, phase, outcome, sclass, n, out_tokens, in_tokens, oom in totals:
+            if n:
+                self.requests.labels(target, phase, outcome, sclass).inc(n)
+            if out_tokens:
+                self.output_tokens.labels(target).inc(out_tokens)
+            if in_tokens:
+                self.prompt_tokens.labels(target).inc(in_tokens)
+            if oom:
+                self.oom_errors.labels(target).inc(oom)
+        for (kind, target), (counts, total) in histograms.items():
+            child = self._children.get(target)
+            hist = getattr(child, kind, None) if child is not None else None
+            # prometheus_client has no public way to set a histogram: its per-bucket
+            # values and sum are private, so check they look as expected first
+            buckets = getattr(hist, "_buckets", None)
+            hsum = getattr(hist, "_sum", None)
+            if buckets is None or hsum is None or len(buckets) != len(counts):
+                missing.append(f"{kind}:{target}")
+                continue
+            for value, n in zip(buckets, counts, strict=True):
+                if n:
+                    value.inc(n)
+            hsum.inc(total)
+        return missing
+
+
 def _count_of(busy: dict[str, int], target: str) -> float:
     return busy.get(target, 0)
+
+
+JOURNAL_KINDS = ("request", "sample", "event")
+
+
+class JournalMetrics:
+    """The journal's own health (soakd/journal.py), and the run's downtime across resumes."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.records = Counter(
+            "soakd_journal_records", "Records committed to the journal.", ["kind"], registry=r)
+        self.dropped = Counter(
+            "soakd_journal_dropped_records",
+            "Records not journaled because the writer's queue was full.", ["kind"], registry=r)
+        self.write_errors = Counter(
+            "soakd_journal_write_errors",
+            "Failed journal commits (disk full, read-only, I/O error); the batch is retried.",
+            registry=r)
+        self.queue_depth = Gauge(
+            "soakd_journal_queue_depth", "Records waiting for the journal writer.", registry=r)
+        self.commit = Histogram(
+            "soakd_journal_commit_seconds", "Time to write and commit one batch.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r)
+        self.last_commit = Gauge(
+            "soakd_journal_last_commit_time_seconds", "Unix time of the last successful commit.",
+            registry=r)
+        self.size = Gauge(
+            "soakd_journal_size_bytes", "journal.db and its write-ahead log on disk.",
+            registry=r)
+        self.downtime = Counter(
+            "soakd_run_downtime_seconds",
+            "Time the run was down between a stop or crash and its resume.", registry=r)
+        self.resumes = Counter("soakd_run_resumes", "Times this run was resumed.", registry=r)
+        for kind in JOURNAL_KINDS:
+            self.records.labels(kind)
+            self.dropped.labels(kind)
 
 
 THROTTLE_REASONS = ("gpu_idle", "sw_power_cap", "hw_slowdown", "sync_boost",

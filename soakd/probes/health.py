@@ -19,7 +19,6 @@ proves it is there); 5xx, timeouts and connect failures are down.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
@@ -29,6 +28,7 @@ import structlog
 from soakd.metrics import ProbeMetrics
 from soakd.model import ErrorKind, Outcome, Sample
 from soakd.probes._http import Endpoint, fetch
+from soakd.probes._ticks import sleep_until_next
 
 log = structlog.get_logger()
 
@@ -36,7 +36,7 @@ START_TIME_TOLERANCE_S = 0.5
 """Start times closer than this are the same process (the value is rounded by the server)."""
 HEALTH_TIMEOUT_S = 5.0
 
-RestartListener = Callable[[str, str, "float | None"], None]
+RestartListener = Callable[[str, str, float | None], None]
 """``(target, reason, down_since)``: told of every counted restart (monotonic down time)."""
 
 
@@ -70,7 +70,7 @@ class TargetState:
         self._counted_while_down = False
         self._pending: float | None = None  # back after a hard down; waiting for a start time
         self._pending_down_since: float | None = None
-        self._up_gauge = metrics.target_up.labels(name)
+        self._up_family = metrics.target_up  # the series appears with the first evidence
         self._restarts = metrics.restarts.labels(name)
 
     # --- evidence ------------------------------------------------------------------------
@@ -140,7 +140,7 @@ class TargetState:
         now = self._clock()
         self.up = True
         self.ever_up = True
-        self._up_gauge.set(1)
+        self._up_family.labels(self.name).set(1)
         self._emit_up()
         if not was_down:
             log.info("target_up", target=self.name, via=via, detail=detail)
@@ -175,7 +175,7 @@ class TargetState:
                 self._down_reason = f"{via}: {detail}"
             return
         self.up = False
-        self._up_gauge.set(0)
+        self._up_family.labels(self.name).set(0)
         self._emit_up()
         self._down_since = self._clock()
         self._down_reason = f"{via}: {detail}"
@@ -241,16 +241,6 @@ async def health_loop(
             state.health(False, res.error or f"HTTP {res.status}", hard=res.refused)
         state.tick()
         next_t = await sleep_until_next(next_t, interval)
-
-
-async def sleep_until_next(last: float, interval: float) -> float:
-    """Sleep to the next tick of a fixed monotonic grid (skipping ticks already missed)."""
-    next_t = last + interval
-    now = time.monotonic()
-    if next_t < now:
-        next_t = now
-    await asyncio.sleep(next_t - now)
-    return next_t
 
 
 def _round(x: float) -> float:

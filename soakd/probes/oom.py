@@ -18,8 +18,10 @@ can show under several, so compare sources, never add them:
   hardware, so calling them OOM would send people tuning the KV cache after a bad card.
   XIDs are counted on their own in ``soakd_gpu_xid_errors_total{gpu,xid}``.
 
-Events of one source and target closer than ``COALESCE_S`` are one event (one OOM
-fails every request in flight and prints a traceback of several matching lines).
+Events of one source and target within ``COALESCE_S`` of the last counted one are
+folded into it (one OOM fails every request in flight and prints a traceback of several
+matching lines), so a storm of OOM replies counts one event per ``COALESCE_S`` while it
+lasts: alerts stay on, and ``soakd_oom_errors_total`` still has every request.
 Every event is logged with its evidence, trimmed and scrubbed of anything key-like.
 """
 
@@ -129,9 +131,9 @@ class OomWatch:
         key = (target, source)
         now = self._clock()
         last = self._last.get(key)
-        self._last[key] = now
         if last is not None and now - last < COALESCE_S:
             return False
+        self._last[key] = now
         total = self.totals.get(key, 0) + 1
         self.totals[key] = total
         self._metrics.oom_events.labels(target, source).inc()

@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from soakd.metrics import ProbeMetrics
 from soakd.model import Sample
 from soakd.probes._http import Endpoint, fetch
-from soakd.probes.health import TargetState, sleep_until_next
+from soakd.probes._ticks import sleep_until_next
+from soakd.probes.health import TargetState
 from soakd.probes.leak import LeakSlope
 
 log = structlog.get_logger()
@@ -138,7 +139,7 @@ class ServerScraper:
         self._preempt = metrics.preemptions.labels(*t)
         self._rss = metrics.server_rss.labels(*t)
         self._start = metrics.server_start.labels(*t)
-        self._rss_leak = metrics.server_rss_leak_slope.labels(*t)
+        self._rss_leak_family = metrics.server_rss_leak_slope  # a series once there is a slope
         self._errors = metrics.scrape_errors.labels(*t)
         state.listeners.append(self._on_restart)
 
@@ -170,7 +171,7 @@ class ServerScraper:
             self.rss_slope.add(self._clock(), r.rss)
             slope = self.rss_slope.slope_per_hour()
             if slope is not None:
-                self._rss_leak.set(slope)
+                self._rss_leak_family.labels(self.target).set(slope)
                 samples.append(
                     Sample(
                         wall,
@@ -189,8 +190,9 @@ class ServerScraper:
             log.warning("scrape_failed", target=self.target, url=self.ep.shown, error=why)
 
     def _on_restart(self, target: str, reason: str, down_since: float | None) -> None:
+        if self.rss_slope.slope_per_hour() is not None:
+            self._rss_leak_family.labels(self.target).set(0)
         self.rss_slope.reset()
-        self._rss_leak.set(0)
 
     async def scrape(self, session: aiohttp.ClientSession, timeout_s: float) -> bool:
         res = await fetch(session, self.ep, timeout_s)

@@ -51,6 +51,7 @@ class Runner:
         temperature: float,
         seed: int = 0,
         on_phase: Callable[[Phase | None], None] | None = None,
+        start_seq: dict[str, int] | None = None,
     ) -> None:
         self.plan = plan
         self.targets = targets
@@ -64,7 +65,8 @@ class Runner:
         self.phase: Phase | None = None
         self.finished = False
         self._stop = asyncio.Event()
-        self._seq = dict.fromkeys(targets, 0)
+        self._seq = dict.fromkeys(targets, 0)  # a resumed run continues its numbers
+        self._seq.update({k: v for k, v in (start_seq or {}).items() if k in targets})
         self._busy = dict.fromkeys(targets, 0)  # in flight per target
         self._pools = {name: _Pool() for name in targets}  # closed-loop workers
         self._drivers: set[asyncio.Task[None]] = set()  # open-loop dispatchers
@@ -79,6 +81,11 @@ class Runner:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def next_seq(self) -> dict[str, int]:
+        """The next prompt seq per target (the journal stores it for a resume)."""
+        return self._seq
 
     @property
     def in_flight(self) -> dict[str, int]:

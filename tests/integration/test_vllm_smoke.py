@@ -7,31 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-try:
-    from tests.vllm_server import VllmServer, start_vllm, sum_samples
-except ModuleNotFoundError:  # tests/integration is not a package: pytest put only it on sys.path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.vllm_server import VllmServer, start_vllm, sum_samples
+from tests.vllm_server import VllmServer, sum_samples
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.timeout(600)]
 
 MAX_TOKENS_CHAT = 16
 MAX_TOKENS_COMPLETION = 8
-
-
-@pytest.fixture(scope="module")
-def vllm() -> Iterator[VllmServer]:
-    with start_vllm() as server:
-        yield server
 
 
 async def _metrics(session: aiohttp.ClientSession, server: VllmServer) -> tuple[float, float]:

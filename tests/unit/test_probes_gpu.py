@@ -187,8 +187,15 @@ def make(
     samples: list[Sample] = []
     clock = Clock()
     source = NvmlSource(targets or [], nvml=nvml, procfs=proc or FakeProc({}))
-    probe = GpuProbe(source, ProbeMetrics(reg), samples.append, interval=0.05,
-                     leak_window_s=kw.pop("leak_window_s", 600.0), clock=clock, **kw)
+    probe = GpuProbe(
+        source,
+        ProbeMetrics(reg),
+        samples.append,
+        interval=0.05,
+        leak_window_s=kw.pop("leak_window_s", 600.0),
+        clock=clock,
+        **kw,
+    )
     return source, probe, reg, samples, clock
 
 
@@ -209,8 +216,10 @@ def test_sampling_fills_the_gauges_in_base_units() -> None:
     assert value(reg, "soakd_gpu_sm_clock_hertz", **g) == 1980e6
     assert value(reg, "soakd_gpu_memory_clock_hertz", **g) == 3201e6
     assert value(reg, "soakd_gpu_utilization_ratio", **g) == pytest.approx(0.37)
-    throttle = {r: value(reg, "soakd_gpu_throttle_active", gpu="0", reason=r)
-                for r in ("gpu_idle", "sw_power_cap", "hw_thermal", "other")}
+    throttle = {
+        r: value(reg, "soakd_gpu_throttle_active", gpu="0", reason=r)
+        for r in ("gpu_idle", "sw_power_cap", "hw_thermal", "other")
+    }
     assert throttle == {"gpu_idle": 1, "sw_power_cap": 1, "hw_thermal": 0, "other": 1}
     # energy: the first reading is the baseline, then increments (mJ -> J)
     assert value(reg, "soakd_gpu_energy_joules_total", **g) == 0
@@ -224,8 +233,12 @@ def test_sampling_fills_the_gauges_in_base_units() -> None:
     assert value(reg, "soakd_gpu_memory_used_bytes", **g) == 5 * GIB
     assert value(reg, "soakd_gpu_memory_used_peak_bytes", **g) == 6 * GIB
     names = {s.name for s in samples}
-    assert {"soakd_gpu_memory_used_bytes", "soakd_gpu_temperature_celsius",
-            "soakd_gpu_power_watts", "soakd_gpu_energy_joules_total"} <= names
+    assert {
+        "soakd_gpu_memory_used_bytes",
+        "soakd_gpu_temperature_celsius",
+        "soakd_gpu_power_watts",
+        "soakd_gpu_energy_joules_total",
+    } <= names
     energy = [s for s in samples if s.name == "soakd_gpu_energy_joules_total"]
     assert energy[-1].value == pytest.approx(2.5)
     assert energy[-1].labels == (("gpu", "0"),)
@@ -244,7 +257,7 @@ def test_leak_slope_of_total_vram() -> None:
 
 
 async def test_absent_gpu_is_one_gauge_and_one_line() -> None:
-    source, probe, reg, samples, _ = make(FakeNvml([], init_error=LIBRARY_NOT_FOUND))
+    _source, probe, reg, samples, _ = make(FakeNvml([], init_error=LIBRARY_NOT_FOUND))
     with capture_logs() as logs:
         await asyncio.wait_for(probe.run(), 2)  # returns: nothing to sample
         await probe.aclose()
@@ -255,7 +268,7 @@ async def test_absent_gpu_is_one_gauge_and_one_line() -> None:
 
 async def test_no_gpu_under_a_driver_is_absent_too() -> None:
     nvml = FakeNvml([])
-    source, probe, reg, _, _ = make(nvml)
+    _source, probe, reg, _, _ = make(nvml)
     with capture_logs() as logs:
         await asyncio.wait_for(probe.run(), 2)
     assert value(reg, "soakd_gpu_probe_up", source="nvml") == 0
@@ -264,8 +277,7 @@ async def test_no_gpu_under_a_driver_is_absent_too() -> None:
 
 
 def test_unsupported_calls_are_skipped_and_logged_once() -> None:
-    gpu = FakeGpu(0, unsupported={"nvmlDeviceGetPowerUsage",
-                                  "nvmlDeviceGetTotalEnergyConsumption"})
+    gpu = FakeGpu(0, unsupported={"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTotalEnergyConsumption"})
     nvml = FakeNvml([gpu, FakeGpu(1, uuid="GPU-1111")])
     source, probe, reg, _, _ = make(nvml)
     with capture_logs() as logs:
@@ -274,7 +286,9 @@ def test_unsupported_calls_are_skipped_and_logged_once() -> None:
             probe.apply(source.read_sync())
     unsupported = [e for e in logs if e["event"] == "gpu_call_unsupported"]
     assert sorted((e["gpu"], e["call"]) for e in unsupported) == [
-        (0, "nvmlDeviceGetPowerUsage"), (0, "nvmlDeviceGetTotalEnergyConsumption")]
+        (0, "nvmlDeviceGetPowerUsage"),
+        (0, "nvmlDeviceGetTotalEnergyConsumption"),
+    ]
     assert nvml.calls["nvmlDeviceGetPowerUsage"] == 1 + 5  # GPU 0 once, GPU 1 every time
     assert value(reg, "soakd_gpu_power_watts", gpu="0") is None
     assert value(reg, "soakd_gpu_power_watts", gpu="1") == pytest.approx(118.5)
@@ -310,8 +324,10 @@ async def test_xid_events_are_counted_by_code() -> None:
     await probe.aclose()
     assert value(reg, "soakd_gpu_xid_errors_total", gpu="0", xid="79") == 2
     assert value(reg, "soakd_gpu_xid_errors_total", gpu="1", xid="31") == 1
-    assert nvml.freed and nvml.shutdown
-    assert source._thread is not None and not source._thread.is_alive()
+    assert nvml.freed
+    assert nvml.shutdown
+    assert source._thread is not None
+    assert not source._thread.is_alive()
     xid = [s for s in samples if s.name == "soakd_gpu_xid_errors_total"]
     assert xid[-1].labels == (("gpu", "1"), ("xid", "31"))
 
@@ -321,20 +337,28 @@ def test_processes_map_to_targets_and_vanish() -> None:
         TargetConfig(name="vllm", base_url="http://127.0.0.1:8000", pid=100),
         TargetConfig(name="llama", base_url="http://127.0.0.1:8080", process_name="llama-server"),
     ]
-    proc = FakeProc({
-        100: (1, "python -m vllm.entrypoints.openai.api_server"),
-        101: (100, "VLLM::EngineCore"),  # the engine is a child of the configured pid
-        200: (1, "/opt/llama/llama-server -m tiny.gguf --metrics"),
-        300: (1, "python train.py"),
-    })
+    proc = FakeProc(
+        {
+            100: (1, "python -m vllm.entrypoints.openai.api_server"),
+            101: (100, "VLLM::EngineCore"),  # the engine is a child of the configured pid
+            200: (1, "/opt/llama/llama-server -m tiny.gguf --metrics"),
+            300: (1, "python train.py"),
+        }
+    )
     gpu = FakeGpu(0, procs=[(101, 3 * GIB), (200, 1 * GIB), (300, 2 * GIB), (301, None)])
     nvml = FakeNvml([gpu])
     reg = CollectorRegistry()
     metrics = ProbeMetrics(reg)
     oom = OomWatch(metrics, ["vllm", "llama"], lambda s: None)
     source = NvmlSource(targets, nvml=nvml, procfs=proc)
-    probe = GpuProbe(source, metrics, lambda s: None, interval=0.05, leak_window_s=600,
-                     on_vanished=oom.process_vanished)
+    probe = GpuProbe(
+        source,
+        metrics,
+        lambda s: None,
+        interval=0.05,
+        leak_window_s=600,
+        on_vanished=oom.process_vanished,
+    )
     assert source._open_sync()
     probe.apply(source.read_sync())
 
@@ -352,10 +376,13 @@ def test_processes_map_to_targets_and_vanish() -> None:
         probe.apply(source.read_sync())
     assert proc_mem("vllm") == 0
     assert proc_mem("llama") == 0
-    assert value(reg, "soakd_target_oom_events_total", target="vllm",
-                 source="process_vanished") == 1
-    assert value(reg, "soakd_target_oom_events_total", target="llama",
-                 source="process_vanished") == 0
+    assert (
+        value(reg, "soakd_target_oom_events_total", target="vllm", source="process_vanished") == 1
+    )
+    assert (
+        value(reg, "soakd_target_oom_events_total", target="llama", source="process_vanished") == 0
+    )
     vanished = next(e for e in logs if e["event"] == "oom_event")
-    assert vanished["pid"] == 101 and vanished["last_gpu_memory_bytes"] == 3 * GIB
+    assert vanished["pid"] == 101
+    assert vanished["last_gpu_memory_bytes"] == 3 * GIB
     assert any(e["event"] == "gpu_process_left" and e["pid"] == 200 for e in logs)

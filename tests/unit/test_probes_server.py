@@ -21,8 +21,9 @@ LLAMA = (DATA / "llama-server-metrics.txt").read_text()
 
 def with_value(text: str, name: str, value: str) -> str:
     """The page with every sample of ``name`` set to ``value``."""
-    return re.sub(rf"^({re.escape(name)}(?:{{[^}}]*}})?) \S+$", rf"\g<1> {value}", text,
-                  flags=re.MULTILINE)
+    return re.sub(
+        rf"^({re.escape(name)}(?:{{[^}}]*}})?) \S+$", rf"\g<1> {value}", text, flags=re.MULTILINE
+    )
 
 
 class Clock:
@@ -39,8 +40,15 @@ def scraper(clock: Clock | None = None) -> tuple[ServerScraper, CollectorRegistr
     samples: list[Sample] = []
     clock = clock or Clock()
     state = TargetState("local", metrics, samples.append, clock=clock)
-    s = ServerScraper("local", Endpoint("http://127.0.0.1:1/metrics"), metrics, state,
-                      samples.append, leak_window_s=600, clock=clock)
+    s = ServerScraper(
+        "local",
+        Endpoint("http://127.0.0.1:1/metrics"),
+        metrics,
+        state,
+        samples.append,
+        leak_window_s=600,
+        clock=clock,
+    )
     return s, reg, samples
 
 
@@ -50,8 +58,14 @@ def get(reg: CollectorRegistry, metric: str) -> float | None:
 
 def test_vllm_page_as_captured() -> None:
     r = parse_server_metrics(VLLM)
-    assert r == ServerReading(running=0.0, waiting=0.0, kv_cache=0.0, preemptions=0.0,
-                              rss=7.54118656e8, start_time=1.79596457106e9)
+    assert r == ServerReading(
+        running=0.0,
+        waiting=0.0,
+        kv_cache=0.0,
+        preemptions=0.0,
+        rss=7.54118656e8,
+        start_time=1.79596457106e9,
+    )
 
 
 def test_vllm_page_under_load() -> None:
@@ -66,10 +80,10 @@ def test_vllm_page_under_load() -> None:
 def test_llama_server_page() -> None:
     r = parse_server_metrics(LLAMA)
     assert r == ServerReading(running=0.0, waiting=0.0)
-    busy = with_value(with_value(LLAMA, "llamacpp:requests_processing", "4"),
-                      "llamacpp:requests_deferred", "2")
-    busy += ("# TYPE llamacpp:kv_cache_usage_ratio gauge\n"
-             "llamacpp:kv_cache_usage_ratio 0.25\n")
+    busy = with_value(
+        with_value(LLAMA, "llamacpp:requests_processing", "4"), "llamacpp:requests_deferred", "2"
+    )
+    busy += "# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio 0.25\n"
     r = parse_server_metrics(busy)
     assert (r.running, r.waiting, r.kv_cache) == (4, 2, 0.25)
 
@@ -114,8 +128,12 @@ def test_gauges_preemptions_and_samples() -> None:
     s.apply(parse_server_metrics(with_value(VLLM, "vllm:num_preemptions_total", "9.0")))
     assert get(reg, "soakd_server_preemptions_total") == 4
     names = {x.name for x in samples}
-    assert {"soakd_server_requests_running", "soakd_server_requests_waiting",
-            "soakd_server_kv_cache_usage_ratio", "soakd_server_resident_memory_bytes"} <= names
+    assert {
+        "soakd_server_requests_running",
+        "soakd_server_requests_waiting",
+        "soakd_server_kv_cache_usage_ratio",
+        "soakd_server_resident_memory_bytes",
+    } <= names
     assert get(reg, "soakd_target_restarts_total") == 0
 
 

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Install Debian's chromium for tests/unit/test_report.py, which opens the HTML report in a
+# real headless browser and takes a screenshot.
+#
+#   scripts/setup-chromium.sh
+#
+# Idempotent: when `chromium` is on PATH it does nothing. Otherwise one `apt-get update`,
+# then `apt-get install --no-install-recommends chromium` (Debian's own build; no browser
+# download from anywhere else). Uses sudo when not root.
+set -euo pipefail
+
+say() { printf 'setup-chromium: %s\n' "$*"; }
+
+have() { command -v "$1" >/dev/null 2>&1; }
+
+if have chromium; then
+  say "already installed: $(chromium --version 2>/dev/null | head -n1)"
+  exit 0
+fi
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+  have sudo || { say "ERROR: not root and no sudo; install chromium by hand" >&2; exit 1; }
+  SUDO=(sudo)
+fi
+
+say "installing chromium"
+"${SUDO[@]}" apt-get update -qq
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core
+say "installed: $(chromium --version 2>/dev/null | head -n1)"

@@ -1,0 +1,105 @@
+"""Export room: the journal's per-request rows as CSV or JSON lines, for pandas and friends.
+
+Streamed row by row from a read-only cursor: constant memory whatever the run's size.
+Times are plan offsets and durations in seconds (floats), ``wall`` is Unix seconds;
+``itl_us`` (with ``--itl``) lists every inter-token gap in microseconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from soakd.journal import JournalReader, unpack_itl
+
+COLUMNS = (
+    "id",
+    "session",
+    "wall",
+    "target",
+    "phase",
+    "seq",
+    "scheduled_s",
+    "sent_s",
+    "end_s",
+    "dispatch_lag_s",
+    "ttft_s",
+    "e2e_s",
+    "tpot_s",
+    "itl_count",
+    "itl_mean_s",
+    "itl_p50_s",
+    "itl_max_s",
+    "status",
+    "error",
+    "oom",
+    "prompt_tokens",
+    "output_tokens",
+    "usage_reported",
+)
+_SECONDS = {
+    "scheduled_s": "scheduled_ns",
+    "sent_s": "sent_ns",
+    "end_s": "end_ns",
+    "dispatch_lag_s": "lag_ns",
+    "ttft_s": "ttft_ns",
+    "e2e_s": "e2e_ns",
+    "tpot_s": "tpot_ns",
+    "itl_mean_s": "itl_mean_ns",
+    "itl_p50_s": "itl_p50_ns",
+    "itl_max_s": "itl_max_ns",
+}
+
+
+def records(reader: JournalReader, *, itl: bool = False) -> Iterator[dict[str, Any]]:
+    """One dict per request, in journal order."""
+    for row in reader.request_rows(itl=itl):
+        yield _record(row, itl)
+
+
+def _record(row: sqlite3.Row, itl: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for col in COLUMNS:
+        src = _SECONDS.get(col)
+        if src is not None:
+            v = row[src]
+            out[col] = None if v is None else v / 1e9
+        elif col in ("oom", "usage_reported"):
+            out[col] = bool(row[col])
+        else:
+            out[col] = row[col]
+    if itl:
+        out["itl_us"] = list(unpack_itl(row["itl"]))
+    return out
+
+
+def export(run_dir: Path, fmt: str, out: IO[str], *, itl: bool = False) -> int:
+    """Write every request row to ``out``; returns how many."""
+    n = 0
+    with JournalReader(run_dir) as reader:
+        if fmt == "jsonl":
+            for rec in records(reader, itl=itl):
+                out.write(json.dumps(rec, separators=(",", ":")) + "\n")
+                n += 1
+            return n
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow([*COLUMNS, "itl_us"] if itl else COLUMNS)
+        for rec in records(reader, itl=itl):
+            values = ["" if rec[c] is None else _csv(rec[c]) for c in COLUMNS]
+            if itl:
+                values.append(" ".join(map(str, rec["itl_us"])))
+            writer.writerow(values)
+            n += 1
+    return n
+
+
+def _csv(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float):
+        return repr(value)
+    return value

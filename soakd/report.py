@@ -1,0 +1,1162 @@
+"""Report room: the journal alone -> the side-by-side table that decides between the targets.
+
+``build_report`` reads a run directory's journal (no Prometheus needed) into a ``Report``
+of plain numbers; ``render_markdown``, ``render_html`` (one self-contained file, inline
+SVG plots written here: no plotting dependency), ``render_json`` and ``terminal_summary``
+only format it. Definitions (docs/journal.md has them in full):
+
+- Percentiles come from the journal's rollups (``Digest``, within ~1 %), whole run and
+  per phase; latency percentiles count successful requests only, as the histograms do.
+- P99 jitter: coefficient of variation (stdev / mean) of the P99 E2E over hourly slices
+  of plan time, or over twelve equal slices when the run is shorter than 2 h; a slice
+  counts with >= 20 successful requests, and at least 3 slices are needed.
+- Leak slope: Theil-Sen slope of the memory series over plan time (bytes/hour).
+- Energy: the increase of ``soakd_gpu_energy_joules_total`` (or power integrated) of the
+  GPUs charged to a target: ``cost.gpus``, else the GPUs its process was seen on, else
+  every GPU when there is only one target.
+- Cost per million output tokens: ``cost.per_hour`` x active hours, else energy x
+  ``report.energy_price_per_kwh``.
+"""
+
+from __future__ import annotations
+
+import html
+import itertools
+import json
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from soakd.analysis import TargetStats
+from soakd.journal import JournalReader, Rollup
+from soakd.probes.leak import theil_sen
+
+NS = 1e9
+HOUR_S = 3600.0
+JITTER_MIN_OK = 20
+JITTER_MIN_SLICES = 3
+PLOT_POINTS = 200
+LEAK_POINTS = 120
+
+SAMPLE_NAMES = (
+    "soakd_gpu_memory_used_bytes",
+    "soakd_gpu_process_memory_bytes",
+    "soakd_gpu_energy_joules_total",
+    "soakd_gpu_power_watts",
+    "soakd_target_restarts_total",
+    "soakd_target_oom_events_total",
+)
+
+# --- the report's data ------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One target over the whole run or over one phase. None: not measured."""
+
+    target: str
+    phase: str | None
+    active_s: float = 0.0
+    requests: int = 0
+    ok: int = 0
+    success_rate: float | None = None
+    errors: int = 0
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    oom_responses: int = 0
+    oom_events: int | None = None
+    restarts: int | None = None
+    output_tokens: int = 0
+    rps: float | None = None
+    output_tps: float | None = None
+    latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    jitter: float | None = None
+    jitter_slices: int = 0
+    vram_peak_bytes: float | None = None
+    leak_bytes_per_hour: float | None = None
+    energy_j: float | None = None
+    energy_shared: bool = False
+    tokens_per_joule: float | None = None
+    cost: float | None = None
+    cost_per_mtok: float | None = None
+    cost_basis: str | None = None
+
+
+@dataclass
+class GpuRow:
+    gpu: str
+    peak_used_bytes: float | None
+    leak_bytes_per_hour: float | None
+    energy_j: float | None
+    mean_power_w: float | None
+    targets: list[str]
+
+
+@dataclass
+class Series:
+    """One line of a plot: x in plan hours, y in the plot's unit (None breaks the line)."""
+
+    label: str
+    points: list[tuple[float, float | None]]
+    group: str = ""  # lines of one group (a target, a GPU) share a colour
+    dashed: bool = False
+
+
+@dataclass
+class Report:
+    run_id: str
+    created: str
+    versions: list[str]
+    sessions: int
+    completed: bool
+    active_s: float
+    plan_s: float
+    downtime_s: float
+    downtimes: list[dict[str, float]]
+    targets: list[str]
+    phases: list[str]
+    overall: dict[str, Row]
+    by_phase: dict[str, dict[str, Row]]
+    gpus: list[GpuRow]
+    best: dict[str, list[str]]
+    plots: dict[str, list[Series]]
+    notes: list[str]
+    currency: str
+    slice_s: float
+
+
+METRIC_COLUMNS: list[tuple[str, str, str | None]] = [
+    # key, title, better: "min" | "max" | None
+    ("requests", "requests", None),
+    ("success_rate", "success rate", "max"),
+    ("errors", "errors", "min"),
+    ("oom_events", "OOM events", "min"),
+    ("oom_responses", "OOM error responses", "min"),
+    ("restarts", "restarts", "min"),
+    ("ttft.p50", "TTFT p50", "min"),
+    ("ttft.p95", "TTFT p95", "min"),
+    ("ttft.p99", "TTFT p99", "min"),
+    ("itl.p50", "ITL p50", "min"),
+    ("itl.p95", "ITL p95", "min"),
+    ("itl.p99", "ITL p99", "min"),
+    ("tpot.p50", "TPOT p50", "min"),
+    ("tpot.p95", "TPOT p95", "min"),
+    ("tpot.p99", "TPOT p99", "min"),
+    ("e2e.p50", "E2E p50", "min"),
+    ("e2e.p95", "E2E p95", "min"),
+    ("e2e.p99", "E2E p99", "min"),
+    ("jitter", "P99 jitter", "min"),
+    ("rps", "throughput (req/s)", "max"),
+    ("output_tps", "output tokens/s", "max"),
+    ("vram_peak_bytes", "VRAM peak", "min"),
+    ("leak_bytes_per_hour", "VRAM leak slope", "min"),
+    ("tokens_per_joule", "tokens per joule", "max"),
+    ("cost_per_mtok", "cost per M output tokens", "min"),
+]
+PHASE_COLUMNS = {
+    "requests",
+    "success_rate",
+    "errors",
+    "oom_events",
+    "restarts",
+    "ttft.p50",
+    "ttft.p99",
+    "itl.p50",
+    "itl.p99",
+    "tpot.p50",
+    "e2e.p50",
+    "e2e.p99",
+    "jitter",
+    "rps",
+    "output_tps",
+    "tokens_per_joule",
+    "cost_per_mtok",
+}
+TERMINAL_COLUMNS = (
+    "requests",
+    "success_rate",
+    "errors",
+    "oom_events",
+    "restarts",
+    "ttft.p50",
+    "ttft.p99",
+    "itl.p50",
+    "itl.p99",
+    "tpot.p50",
+    "e2e.p50",
+    "e2e.p99",
+    "jitter",
+    "rps",
+    "output_tps",
+    "vram_peak_bytes",
+    "tokens_per_joule",
+    "cost_per_mtok",
+)
+
+
+def value_of(row: Row, key: str) -> float | None:
+    if "." in key:
+        kind, q = key.split(".")
+        return row.latency_ms.get(kind, {}).get(q)
+    value = getattr(row, key)
+    return None if value is None else float(value)
+
+
+# --- building --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Session:
+    started_wall: float
+    started_offset: float  # seconds of plan time
+    wall: float
+    offset: float
+
+
+class _Timeline:
+    """Maps wall-clock readings onto plan time (sessions) and plan time onto phases."""
+
+    def __init__(self, sessions: list[_Session], phases: list[tuple[str, float, float]]) -> None:
+        self.sessions = sessions
+        self.phases = phases
+
+    def offset(self, wall: float) -> float | None:
+        for s in self.sessions:
+            if s.started_wall - 1.0 <= wall <= s.wall + 5.0:
+                return max(s.started_offset, s.started_offset + wall - s.started_wall)
+        return None
+
+    def phase(self, offset_s: float) -> str | None:
+        for name, start, end in self.phases:
+            if start <= offset_s < end:
+                return name
+        return self.phases[-1][0] if self.phases and offset_s >= self.phases[-1][2] else None
+
+
+def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) -> Report:
+    """Everything the report says, from the journal in ``run_dir`` (read-only)."""
+    with JournalReader(run_dir) as reader:
+        meta = reader.meta
+        sessions = reader.sessions()
+        events = reader.events()
+        totals = reader.totals()
+        rollups = reader.rollups()
+        series = reader.series()
+        samples = reader.samples(SAMPLE_NAMES)
+        window_s = reader.window_ns / NS
+    config = meta.get("config", {})
+    targets = [t["name"] for t in config.get("targets", [])]
+    for r in rollups:
+        if r.target not in targets:
+            targets.append(r.target)
+    plan_phases = [
+        (p["name"], p["start_ns"] / NS, p["end_ns"] / NS) for p in meta["plan"]["phases"]
+    ]
+    reached = max((s["offset_ns"] for s in sessions), default=0) / NS
+    plan_s = plan_phases[-1][2] if plan_phases else 0.0
+    active_s = min(reached, plan_s) if plan_s else reached
+    phase_names = list(dict.fromkeys(name for name, start, _ in plan_phases if start < active_s))
+    for r in rollups:
+        if r.phase not in phase_names:
+            phase_names.append(r.phase)
+    phase_active: dict[str, float] = {}
+    for name, start, end in plan_phases:
+        phase_active[name] = phase_active.get(name, 0.0) + max(0.0, min(end, active_s) - start)
+    timeline = _Timeline(
+        [
+            _Session(s["started_wall"], s["started_offset_ns"] / NS, s["wall"], s["offset_ns"] / NS)
+            for s in sessions
+        ],
+        plan_phases,
+    )
+    downtimes = [
+        {
+            "offset_h": (e["offset_ns"] or 0) / NS / HOUR_S,
+            "seconds": float(e["data"].get("seconds", 0.0)),
+        }
+        for e in events
+        if e["kind"] == "downtime"
+    ]
+    completed = any(e["kind"] == "run_stopped" and e["data"].get("completed") for e in events)
+    slice_s = HOUR_S if active_s >= 2 * HOUR_S else max(window_s, active_s / 12)
+    slice_s = max(window_s, round(slice_s / window_s) * window_s)
+
+    # requests: rollups merged per target, per (target, phase), per window
+    overall: dict[str, Row] = {}
+    by_phase: dict[str, dict[str, Row]] = {p: {} for p in phase_names}
+    oom_rows: dict[tuple[str, str], int] = {}
+    for target, phase, _, _, _, _, _, oom in totals:
+        oom_rows[(target, phase)] = oom_rows.get((target, phase), 0) + oom
+    for target in targets:
+        mine = [r for r in rollups if r.target == target]
+        overall[target] = _row(target, None, mine, active_s, slice_s, window_s)
+        overall[target].oom_responses = sum(v for (t, _), v in oom_rows.items() if t == target)
+        for phase in phase_names:
+            row = _row(
+                target,
+                phase,
+                [r for r in mine if r.phase == phase],
+                phase_active.get(phase, 0.0),
+                slice_s,
+                window_s,
+            )
+            row.oom_responses = oom_rows.get((target, phase), 0)
+            by_phase[phase][target] = row
+
+    # probes: restarts, OOM events, VRAM, energy
+    notes: list[str] = []
+    probe = _Probes(series, samples, timeline)
+    for target in targets:
+        rows = [overall[target], *(by_phase[p][target] for p in phase_names)]
+        for counter, attr in (
+            ("soakd_target_restarts_total", "restarts"),
+            ("soakd_target_oom_events_total", "oom_events"),
+        ):
+            per_phase = probe.increase(counter, {"target": target})
+            if per_phase is not None:
+                for row in rows:
+                    total = (
+                        sum(per_phase.values())
+                        if row.phase is None
+                        else per_phase.get(row.phase, 0.0)
+                    )
+                    setattr(row, attr, round(total))
+    gpus = probe.gpus(targets, config)
+    _vram(overall, targets, probe, gpus)
+    price = energy_price_per_kwh
+    if price is None:
+        price = config.get("report", {}).get("energy_price_per_kwh")
+    currency = str(config.get("report", {}).get("currency", "$"))
+    _energy_and_cost(overall, by_phase, targets, config, gpus, probe, price, notes)
+    if not samples or not any(samples.values()):
+        notes.append(
+            "no probe samples in the journal: OOM events, restarts, VRAM and "
+            "energy are not measured"
+        )
+    dropped = sum(t[4] for t in totals) - sum(r.requests for r in overall.values())
+    if dropped > 0:
+        notes.append(
+            f"{dropped} request(s) were counted but not journaled (queue full or "
+            "write errors): percentiles leave them out"
+        )
+    retention = [e for e in events if e["kind"] == "retention"]
+    if retention:
+        notes.append(
+            "retention deleted old rows; totals, percentiles and plots still cover "
+            "the whole run (rollups are kept), the export does not"
+        )
+
+    best = _best(overall, targets)
+    plots = _plots(rollups, targets, window_s, probe, gpus)
+    return Report(
+        run_id=meta["run_id"],
+        created=str(meta.get("created", "")),
+        versions=sorted({s["version"] for s in sessions}),
+        sessions=len(sessions),
+        completed=completed,
+        active_s=active_s,
+        plan_s=plan_s,
+        downtime_s=sum(d["seconds"] for d in downtimes),
+        downtimes=downtimes,
+        targets=targets,
+        phases=phase_names,
+        overall=overall,
+        by_phase=by_phase,
+        gpus=gpus,
+        best=best,
+        plots=plots,
+        notes=notes,
+        currency=currency,
+        slice_s=slice_s,
+    )
+
+
+def _row(
+    target: str,
+    phase: str | None,
+    rollups: list[Rollup],
+    active_s: float,
+    slice_s: float,
+    window_s: float,
+) -> Row:
+    stats = TargetStats()
+    slices: dict[int, TargetStats] = {}
+    per_slice = max(1, round(slice_s / window_s))
+    for r in rollups:
+        stats.merge(r.stats)
+        s = slices.get(r.window // per_slice)
+        if s is None:
+            s = slices[r.window // per_slice] = TargetStats()
+        s.merge(r.stats)
+    row = Row(target, phase, active_s=active_s, requests=stats.requests, ok=stats.ok)
+    row.success_rate = stats.ok / stats.requests if stats.requests else None
+    row.errors = stats.requests - stats.ok
+    row.errors_by_kind = dict(sorted(stats.errors.items()))
+    row.output_tokens = stats.output_tokens
+    if active_s > 0:
+        row.rps = stats.requests / active_s
+        row.output_tps = stats.output_tokens / active_s
+    for kind in ("ttft", "itl", "tpot", "e2e"):
+        digest = getattr(stats, kind)
+        row.latency_ms[kind] = {
+            q: None if (v := digest.quantile(x)) is None else v / 1e6
+            for q, x in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+        }
+    p99s = [
+        v
+        for s in slices.values()
+        if s.e2e.count >= JITTER_MIN_OK and (v := s.e2e.quantile(0.99)) is not None
+    ]
+    row.jitter_slices = len(p99s)
+    if len(p99s) >= JITTER_MIN_SLICES:
+        mean = statistics.fmean(p99s)
+        row.jitter = statistics.pstdev(p99s) / mean if mean > 0 else None
+    return row
+
+
+class _Probes:
+    """Probe samples by series, placed on plan time."""
+
+    def __init__(
+        self,
+        series: dict[int, tuple[str, dict[str, str]]],
+        samples: dict[int, list[tuple[float, float]]],
+        timeline: _Timeline,
+    ) -> None:
+        self.timeline = timeline
+        self.by_name: dict[str, list[tuple[dict[str, str], list[tuple[float, float]]]]] = {}
+        for sid, points in samples.items():
+            name, labels = series[sid]
+            placed = [(off, v) for w, v in points if (off := timeline.offset(w)) is not None]
+            if placed:
+                self.by_name.setdefault(name, []).append((labels, placed))
+
+    def find(
+        self, name: str, match: dict[str, str]
+    ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        return [
+            (lbl, pts)
+            for lbl, pts in self.by_name.get(name, [])
+            if all(lbl.get(k) == v for k, v in match.items())
+        ]
+
+    def increase(self, name: str, match: dict[str, str]) -> dict[str, float] | None:
+        """A counter's increase per phase, summed over matching series; None: no series.
+        A drop is a restart of soakd (its probe counters start at 0 again)."""
+        found = self.find(name, match)
+        if not found:
+            return None
+        out: dict[str, float] = {}
+        for _, points in found:
+            prev = 0.0
+            for offset, value in points:
+                inc = value - prev if value >= prev else value
+                prev = value
+                if inc > 0:
+                    phase = self.timeline.phase(offset) or "?"
+                    out[phase] = out.get(phase, 0.0) + inc
+        return out
+
+    def power_energy(self, gpu: str) -> dict[str, float] | None:
+        """Joules per phase from power readings (trapezoids; gaps over 30 s skipped)."""
+        found = self.find("soakd_gpu_power_watts", {"gpu": gpu})
+        if not found:
+            return None
+        out: dict[str, float] = {}
+        for _, points in found:
+            for (t0, p0), (t1, p1) in itertools.pairwise(points):
+                if 0 < t1 - t0 <= 30:
+                    phase = self.timeline.phase((t0 + t1) / 2) or "?"
+                    out[phase] = out.get(phase, 0.0) + (p0 + p1) / 2 * (t1 - t0)
+        return out
+
+    def gpus(self, targets: list[str], config: dict[str, Any]) -> list[GpuRow]:
+        names = sorted(
+            {
+                lbl.get("gpu", "?")
+                for name in (
+                    "soakd_gpu_memory_used_bytes",
+                    "soakd_gpu_energy_joules_total",
+                    "soakd_gpu_power_watts",
+                    "soakd_gpu_process_memory_bytes",
+                )
+                for lbl, _ in self.by_name.get(name, [])
+            }
+        )
+        charged: dict[str, list[str]] = {g: [] for g in names}
+        configured = {
+            t["name"]: (t.get("cost") or {}).get("gpus") for t in config.get("targets", [])
+        }
+        for target in targets:
+            gpus = configured.get(target)
+            if gpus is None:
+                gpus = sorted(
+                    {
+                        lbl["gpu"]
+                        for lbl, pts in self.find(
+                            "soakd_gpu_process_memory_bytes", {"target": target}
+                        )
+                        if any(v > 0 for _, v in pts)
+                    }
+                )
+            if not gpus and len(targets) == 1:
+                gpus = names
+            for g in gpus:
+                charged.setdefault(g, []).append(target)
+        rows = []
+        for g in sorted(charged):
+            used = self.find("soakd_gpu_memory_used_bytes", {"gpu": g})
+            values = [v for _, pts in used for _, v in pts]
+            energy = self.increase("soakd_gpu_energy_joules_total", {"gpu": g})
+            if energy is None:
+                energy = self.power_energy(g)
+            power = [v for _, pts in self.find("soakd_gpu_power_watts", {"gpu": g}) for _, v in pts]
+            rows.append(
+                GpuRow(
+                    gpu=g,
+                    peak_used_bytes=max(values) if values else None,
+                    leak_bytes_per_hour=_leak([p for _, pts in used for p in pts]),
+                    energy_j=sum(energy.values()) if energy is not None else None,
+                    mean_power_w=statistics.fmean(power) if power else None,
+                    targets=charged[g],
+                )
+            )
+        self.energy_by_phase = {
+            g.gpu: (
+                self.increase("soakd_gpu_energy_joules_total", {"gpu": g.gpu})
+                or self.power_energy(g.gpu)
+                or {}
+            )
+            for g in rows
+        }
+        return rows
+
+
+def _leak(points: Sequence[tuple[float, float]]) -> float | None:
+    """Theil-Sen slope in bytes/hour over plan time, on at most LEAK_POINTS bin means."""
+    if len(points) < 6:
+        return None
+    pts = sorted(points)
+    span = pts[-1][0] - pts[0][0]
+    if span <= 0:
+        return None
+    width = span / LEAK_POINTS
+    bins: dict[int, list[tuple[float, float]]] = {}
+    for t, v in pts:
+        bins.setdefault(min(LEAK_POINTS - 1, int((t - pts[0][0]) / width)), []).append((t, v))
+    ts = [statistics.fmean(t for t, _ in b) for b in bins.values()]
+    vs = [statistics.fmean(v for _, v in b) for b in bins.values()]
+    slope = theil_sen(ts, vs)
+    return None if slope is None else slope * HOUR_S
+
+
+def _vram(overall: dict[str, Row], targets: list[str], probe: _Probes, gpus: list[GpuRow]) -> None:
+    for target in targets:
+        found = probe.find("soakd_gpu_process_memory_bytes", {"target": target})
+        if found:
+            peaks = [max(v for _, v in pts) for _, pts in found]
+            overall[target].vram_peak_bytes = sum(peaks)
+            longest = max(found, key=lambda f: len(f[1]))[1]
+            overall[target].leak_bytes_per_hour = _leak(longest)
+            continue
+        mine = [g for g in gpus if g.targets == [target]]
+        if mine:
+            peaks = [g.peak_used_bytes for g in mine if g.peak_used_bytes is not None]
+            overall[target].vram_peak_bytes = sum(peaks) if peaks else None
+            slopes = [g.leak_bytes_per_hour for g in mine if g.leak_bytes_per_hour is not None]
+            overall[target].leak_bytes_per_hour = sum(slopes) if slopes else None
+
+
+def _energy_and_cost(
+    overall: dict[str, Row],
+    by_phase: dict[str, dict[str, Row]],
+    targets: list[str],
+    config: dict[str, Any],
+    gpus: list[GpuRow],
+    probe: _Probes,
+    price: float | None,
+    notes: list[str],
+) -> None:
+    per_hour = {t["name"]: (t.get("cost") or {}).get("per_hour") for t in config.get("targets", [])}
+    shared = False
+    for target in targets:
+        mine = [g for g in gpus if target in g.targets and g.energy_j is not None]
+        sharers = sorted({t for g in mine for t in g.targets})
+        rows = [overall[target], *(by_phase[p][target] for p in by_phase)]
+        for row in rows:
+            if mine:
+                if row.phase is None:
+                    joules = sum(g.energy_j or 0.0 for g in mine)
+                else:
+                    joules = sum(probe.energy_by_phase[g.gpu].get(row.phase, 0.0) for g in mine)
+                tokens = sum(
+                    (overall[t] if row.phase is None else by_phase[row.phase][t]).output_tokens
+                    for t in sharers
+                )
+                row.energy_j = joules
+                row.energy_shared = len(sharers) > 1
+                shared = shared or row.energy_shared
+                row.tokens_per_joule = tokens / joules if joules > 0 else None
+            hourly = per_hour.get(target)
+            if hourly is not None:
+                row.cost = hourly * row.active_s / HOUR_S
+                row.cost_basis = f"{hourly:g}/h"
+            elif price is not None and row.energy_j is not None and not row.energy_shared:
+                row.cost = row.energy_j / 3.6e6 * price
+                row.cost_basis = f"energy at {price:g}/kWh"
+            if row.cost is not None and row.output_tokens:
+                row.cost_per_mtok = row.cost / row.output_tokens * 1e6
+    if shared:
+        notes.append(
+            "targets sharing a GPU share its energy: their tokens per joule is the "
+            "pair's (set targets[].cost.gpus to charge GPUs explicitly)"
+        )
+
+
+LATENCY_TIE = 0.02
+"""Percentiles closer than this (relative) are a tie: each digest is within ~1 %."""
+
+
+def _best(overall: dict[str, Row], targets: list[str]) -> dict[str, list[str]]:
+    """Per metric, the target(s) with the better value, when there is a contest."""
+    best: dict[str, list[str]] = {}
+    for key, _, better in METRIC_COLUMNS:
+        if better is None:
+            continue
+        values = {t: v for t in targets if (v := value_of(overall[t], key)) is not None}
+        if len(values) < 2 or len(set(values.values())) < 2:
+            continue
+        ranked = sorted(values.values(), reverse=better == "max")
+        pick, runner_up = ranked[0], ranked[1]
+        if "." in key and abs(runner_up - pick) <= LATENCY_TIE * max(abs(pick), 1e-12):
+            continue
+        best[key] = [t for t, v in values.items() if v == pick]
+    return best
+
+
+def _plots(
+    rollups: list[Rollup], targets: list[str], window_s: float, probe: _Probes, gpus: list[GpuRow]
+) -> dict[str, list[Series]]:
+    """Binned time series over plan time (hours): at most PLOT_POINTS per line."""
+    if not rollups:
+        return {}
+    top = max(r.window for r in rollups) + 1
+    per_bin = max(1, math.ceil(top / PLOT_POINTS))
+    bin_s = per_bin * window_s
+    plots: dict[str, list[Series]] = {
+        k: [] for k in ("latency", "ttft", "throughput", "errors", "vram")
+    }
+    for target in targets:
+        bins: dict[int, TargetStats] = {}
+        for r in rollups:
+            if r.target == target:
+                b = bins.get(r.window // per_bin)
+                if b is None:
+                    b = bins[r.window // per_bin] = TargetStats()
+                b.merge(r.stats)
+        xs = sorted(bins)
+
+        def line(
+            get: Callable[[TargetStats], float | None],
+            xs: list[int] = xs,
+            bins: dict[int, TargetStats] = bins,
+        ) -> list[tuple[float, float | None]]:
+            return [((i + 0.5) * bin_s / HOUR_S, get(bins[i])) for i in xs]
+
+        def q(kind: str, x: float) -> Callable[[TargetStats], float | None]:
+            def get(s: TargetStats) -> float | None:
+                v = getattr(s, kind).quantile(x)
+                return None if v is None else v / 1e6
+
+            return get
+
+        plots["latency"] += [
+            Series(f"{target} E2E p50", line(q("e2e", 0.5)), target, dashed=True),
+            Series(f"{target} E2E p99", line(q("e2e", 0.99)), target),
+        ]
+        plots["ttft"] += [
+            Series(f"{target} TTFT p99", line(q("ttft", 0.99)), target),
+            Series(f"{target} ITL p99", line(q("itl", 0.99)), target, dashed=True),
+        ]
+        plots["throughput"].append(
+            Series(f"{target} output tok/s", line(lambda s: s.output_tokens / bin_s), target)
+        )
+        plots["errors"].append(
+            Series(f"{target} errors/min", line(lambda s: (s.requests - s.ok) / bin_s * 60), target)
+        )
+        for _, pts in probe.find("soakd_gpu_process_memory_bytes", {"target": target}):
+            plots["vram"].append(
+                Series(f"{target} process", _binned(pts, bin_s, 1 / 2**30), target)
+            )
+    for g in gpus:
+        for _, pts in probe.find("soakd_gpu_memory_used_bytes", {"gpu": g.gpu}):
+            plots["vram"].append(
+                Series(f"GPU {g.gpu} used", _binned(pts, bin_s, 1 / 2**30), "", dashed=True)
+            )
+    return {k: v for k, v in plots.items() if v}
+
+
+def _binned(
+    points: list[tuple[float, float]], bin_s: float, scale: float
+) -> list[tuple[float, float | None]]:
+    bins: dict[int, float] = {}
+    for t, v in points:
+        i = int(t // bin_s)
+        bins[i] = max(bins.get(i, v), v)
+    return [((i + 0.5) * bin_s / HOUR_S, v * scale) for i, v in sorted(bins.items())]
+
+
+# --- formatting ------------------------------------------------------------------------------
+
+
+def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
+    if value is None:
+        return "-"
+    if key in ("requests", "errors", "oom_events", "oom_responses", "restarts"):
+        return f"{value:,.0f}"
+    if key == "success_rate":
+        return f"{value * 100:.2f} %" if value < 1 else "100 %"
+    if "." in key:
+        return _ms(value)
+    if key == "jitter":
+        return f"{value * 100:.1f} %"
+    if key in ("rps", "output_tps"):
+        return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
+    if key == "vram_peak_bytes":
+        return _bytes(value)
+    if key == "leak_bytes_per_hour":
+        return f"{_bytes(value, signed=True)}/h"
+    if key == "tokens_per_joule":
+        return f"{value:.3g}"
+    if key == "cost_per_mtok":
+        return f"{currency}{value:,.3g}" if value < 1000 else f"{currency}{value:,.0f}"
+    return f"{value:g}"
+
+
+def _ms(value: float) -> str:
+    if value >= 1000:
+        return f"{value / 1000:.2f} s"
+    if value >= 100:
+        return f"{value:.0f} ms"
+    if value >= 10:
+        return f"{value:.1f} ms"
+    return f"{value:.2f} ms"
+
+
+def _bytes(value: float, signed: bool = False) -> str:
+    sign = "-" if value < 0 else ("+" if signed and value > 0 else "")
+    v = abs(value)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if v >= size:
+            return f"{sign}{v / size:.2f} {unit}"
+    return f"{sign}{v:.0f} B"
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def _header_lines(rep: Report) -> list[str]:
+    state = "completed" if rep.completed else "not completed (stopped or still running)"
+    lines = [
+        f"run {rep.run_id}, created {rep.created}, {state}",
+        f"active {_duration(rep.active_s)} of a {_duration(rep.plan_s)} plan in "
+        f"{rep.sessions} session(s); downtime {_duration(rep.downtime_s)}; "
+        f"soakd {', '.join(rep.versions)}",
+    ]
+    return lines
+
+
+def _columns(keys: Iterable[str] | None = None) -> list[tuple[str, str, str | None]]:
+    return [c for c in METRIC_COLUMNS if keys is None or c[0] in keys]
+
+
+def _cell(rep: Report, row: Row, key: str, marked: bool) -> str:
+    text = fmt_value(key, value_of(row, key), rep.currency)
+    if key == "tokens_per_joule" and row.energy_shared and text != "-":
+        text += " (shared)"
+    if key == "cost_per_mtok" and row.cost_basis and text != "-":
+        text += f" ({row.cost_basis})"
+    return text + (" ✓" if marked else "")
+
+
+def _definitions(rep: Report) -> list[str]:
+    slices = "hourly" if rep.slice_s >= HOUR_S else f"{_duration(rep.slice_s)}"
+    return [
+        "Latency percentiles: successful requests only; from the journal's digests "
+        "(within ~1 %). TTFT: send to the first content token; ITL: gaps between content "
+        "chunks; TPOT: (E2E - TTFT) / (output tokens - 1).",
+        f"P99 jitter: stdev / mean of the P99 E2E over {slices} slices of plan time "
+        f"(slices with >= {JITTER_MIN_OK} successful requests, at least {JITTER_MIN_SLICES}).",
+        "Throughput: over active plan time (downtime excluded). ✓ marks the better value.",
+    ]
+
+
+def render_markdown(rep: Report) -> str:
+    out = [f"# soakd report: {rep.run_id}", ""]
+    out += [f"- {line}" for line in _header_lines(rep)]
+    out += ["", "## Targets side by side", ""]
+    out += _md_table(rep, rep.overall, _columns())
+    kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
+    if kinds:
+        out += [
+            "",
+            "## Errors by kind",
+            "",
+            "| kind | " + " | ".join(rep.targets) + " |",
+            "|---|" + "---:|" * len(rep.targets),
+        ]
+        for kind in kinds:
+            out.append(
+                f"| {kind} | "
+                + " | ".join(str(rep.overall[t].errors_by_kind.get(kind, 0)) for t in rep.targets)
+                + " |"
+            )
+    for phase in rep.phases:
+        rows = rep.by_phase[phase]
+        active = next(iter(rows.values())).active_s if rows else 0.0
+        out += ["", f"## Phase {phase} ({_duration(active)} active)", ""]
+        out += _md_table(rep, rows, _columns(PHASE_COLUMNS), marks=False)
+    if rep.gpus:
+        out += [
+            "",
+            "## GPUs",
+            "",
+            "| GPU | peak used | leak slope | energy | mean power | charged to |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
+        for g in rep.gpus:
+            out.append(
+                f"| {g.gpu} | {fmt_value('vram_peak_bytes', g.peak_used_bytes)} | "
+                f"{fmt_value('leak_bytes_per_hour', g.leak_bytes_per_hour)} | "
+                f"{'-' if g.energy_j is None else f'{g.energy_j / 3.6e6:.3f} kWh'} | "
+                f"{'-' if g.mean_power_w is None else f'{g.mean_power_w:.0f} W'} | "
+                f"{', '.join(g.targets) or '-'} |"
+            )
+    if rep.downtimes:
+        out += ["", "## Downtime", ""]
+        out += [
+            f"- at {d['offset_h']:.3f} h of plan time: down {_duration(d['seconds'])}"
+            for d in rep.downtimes
+        ]
+    out += ["", "## Notes", ""] + [f"- {n}" for n in rep.notes + _definitions(rep)]
+    return "\n".join(out) + "\n"
+
+
+def _md_table(
+    rep: Report,
+    rows: dict[str, Row],
+    columns: list[tuple[str, str, str | None]],
+    marks: bool = True,
+) -> list[str]:
+    lines = ["| metric | " + " | ".join(rep.targets) + " |", "|---|" + "---:|" * len(rep.targets)]
+    for key, title, _ in columns:
+        cells = []
+        for t in rep.targets:
+            row = rows.get(t)
+            marked = marks and t in rep.best.get(key, [])
+            text = "-" if row is None else _cell(rep, row, key, marked)
+            cells.append(f"**{text}**" if marked else text)
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_json(rep: Report) -> str:
+    doc = asdict(rep)
+    doc["columns"] = [{"key": k, "title": t, "better": b} for k, t, b in METRIC_COLUMNS]
+    return json.dumps(doc, indent=2, default=str) + "\n"
+
+
+# --- HTML with inline SVG --------------------------------------------------------------------
+
+_COLORS = (
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#7f7f7f",
+    "#bcbd22",
+)
+_PLOT_TITLES = {
+    "latency": ("End-to-end latency", "ms"),
+    "ttft": ("TTFT and ITL, p99", "ms"),
+    "throughput": ("Throughput", "output tokens/s"),
+    "vram": ("GPU memory", "GiB"),
+    "errors": ("Errors", "per minute"),
+}
+_CSS = """
+body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
+margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:8px 0}th,td{padding:3px 10px;border-bottom:1px solid #eee}
+td{text-align:right}td:first-child,th:first-child{text-align:left}
+th{background:#f5f5f5}.best{background:#e3f5e1;font-weight:600}
+.meta{color:#555}.plots{display:flex;flex-wrap:wrap;gap:12px}
+svg{background:#fff;border:1px solid #e4e4e4}svg text{font-size:11px;fill:#333}
+.notes li{color:#444}
+"""
+
+
+def render_html(rep: Report) -> str:
+    e = html.escape
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>soakd report {e(rep.run_id)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>soakd report: {e(rep.run_id)}</h1>",
+    ]
+    parts += [f'<p class="meta">{e(line)}</p>' for line in _header_lines(rep)]
+    parts.append("<h2>Targets side by side</h2>")
+    parts.append(_html_table(rep, rep.overall, _columns()))
+    kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
+    if kinds:
+        parts.append(
+            "<h2>Errors by kind</h2><table><tr><th>kind</th>"
+            + "".join(f"<th>{e(t)}</th>" for t in rep.targets)
+            + "</tr>"
+        )
+        for kind in kinds:
+            parts.append(
+                f"<tr><td>{e(kind)}</td>"
+                + "".join(
+                    f"<td>{rep.overall[t].errors_by_kind.get(kind, 0)}</td>" for t in rep.targets
+                )
+                + "</tr>"
+            )
+        parts.append("</table>")
+    if rep.plots:
+        parts.append('<h2>Over time</h2><div class="plots">')
+        markers = [(d["offset_h"], f"down {_duration(d['seconds'])}") for d in rep.downtimes]
+        for key, series in rep.plots.items():
+            title, unit = _PLOT_TITLES.get(key, (key, ""))
+            parts.append(svg_chart(title, unit, series, markers))
+        parts.append("</div>")
+    for phase in rep.phases:
+        rows = rep.by_phase[phase]
+        active = next(iter(rows.values())).active_s if rows else 0.0
+        parts.append(f"<h2>Phase {e(phase)} ({_duration(active)} active)</h2>")
+        parts.append(_html_table(rep, rows, _columns(PHASE_COLUMNS), marks=False))
+    if rep.gpus:
+        parts.append(
+            "<h2>GPUs</h2><table><tr><th>GPU</th><th>peak used</th><th>leak slope"
+            "</th><th>energy</th><th>mean power</th><th>charged to</th></tr>"
+        )
+        for g in rep.gpus:
+            energy = "-" if g.energy_j is None else f"{g.energy_j / 3.6e6:.3f} kWh"
+            power = "-" if g.mean_power_w is None else f"{g.mean_power_w:.0f} W"
+            parts.append(
+                f"<tr><td>{e(g.gpu)}</td><td>{fmt_value('vram_peak_bytes', g.peak_used_bytes)}"
+                f"</td><td>{e(fmt_value('leak_bytes_per_hour', g.leak_bytes_per_hour))}</td>"
+                f"<td>{energy}</td><td>{power}</td><td>{e(', '.join(g.targets) or '-')}</td>"
+                "</tr>"
+            )
+        parts.append("</table>")
+    parts.append('<h2>Notes</h2><ul class="notes">')
+    parts += [f"<li>{e(n)}</li>" for n in rep.notes + _definitions(rep)]
+    parts.append("</ul></body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _html_table(
+    rep: Report,
+    rows: dict[str, Row],
+    columns: list[tuple[str, str, str | None]],
+    marks: bool = True,
+) -> str:
+    e = html.escape
+    out = [
+        "<table><tr><th>metric</th>" + "".join(f"<th>{e(t)}</th>" for t in rep.targets) + "</tr>"
+    ]
+    for key, title, _ in columns:
+        cells = []
+        for t in rep.targets:
+            row = rows.get(t)
+            marked = marks and t in rep.best.get(key, [])
+            text = "-" if row is None else _cell(rep, row, key, marked)
+            cells.append(f'<td class="best">{e(text)}</td>' if marked else f"<td>{e(text)}</td>")
+        out.append(f"<tr><td>{e(title)}</td>{''.join(cells)}</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    if hi <= lo:
+        hi = lo + 1.0
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    start = math.floor(lo / step) * step
+    ticks = []
+    v = start
+    while v <= hi + step * 1e-9:
+        if v >= lo - step * 1e-9:
+            ticks.append(round(v, 10))
+        v += step
+    return ticks
+
+
+def svg_chart(
+    title: str,
+    unit: str,
+    series: list[Series],
+    markers: Sequence[tuple[float, str]] = (),
+    width: int = 520,
+    height: int = 260,
+) -> str:
+    """A line chart as inline SVG: x in plan hours (minutes or seconds for short runs)."""
+    e = html.escape
+    left, right, top, bottom = 60, 24, 28, 62
+    pw, ph = width - left - right, height - top - bottom
+    xs = [x for s in series for x, y in s.points if y is not None]
+    ys = [y for s in series for _, y in s.points if y is not None]
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{e(title)}">',
+        f'<text x="{left}" y="16" font-weight="600">{e(title)} ({e(unit)})</text>',
+    ]
+    if not xs:
+        out.append(f'<text x="{left + 10}" y="{top + ph / 2}">no data</text></svg>')
+        return "".join(out)
+    x_hi = max(max(xs), *(m[0] for m in markers)) if markers else max(xs)
+    xunit, xscale = "hours", 1.0
+    if x_hi < 2:
+        xunit, xscale = ("minutes", 60.0) if x_hi >= 2 / 60 else ("seconds", 3600.0)
+    x0, x1 = 0.0, x_hi * xscale or 1.0
+    y0, y1 = 0.0, max(ys) * 1.08 or 1.0
+
+    def px(x: float) -> float:
+        return left + (x * xscale - x0) / (x1 - x0) * pw
+
+    def py(y: float) -> float:
+        return top + ph - (y - y0) / (y1 - y0) * ph
+
+    for t in _nice_ticks(y0, y1):
+        out.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
+        )
+        out.append(f'<text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end">{t:g}</text>')
+    for t in _nice_ticks(x0, x1):
+        x = left + (t - x0) / (x1 - x0) * pw
+        out.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + ph}" y2="{top + ph + 4}" stroke="#888"/>'
+        )
+        out.append(f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle">{t:g}</text>')
+    out.append(
+        f'<text x="{left + pw / 2}" y="{top + ph + 30}" text-anchor="middle">'
+        f"plan time ({xunit})</text>"
+    )
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#bbb"/>')
+    for x, label in markers:
+        mx = px(x)
+        out.append(
+            f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{top}" y2="{top + ph}" '
+            'stroke="#999" stroke-dasharray="4 3"/>'
+        )
+        out.append(f'<text x="{mx + 3:.1f}" y="{top + 12}" fill="#666">{e(label)}</text>')
+    legend_x, legend_y = left, top + ph + 46
+    groups = list(dict.fromkeys(s.group or s.label for s in series))
+    for i, s in enumerate(series):
+        color = _COLORS[groups.index(s.group or s.label) % len(_COLORS)]
+        dash = ' stroke-dasharray="5 3"' if s.dashed else ""
+        for segment in _segments(s.points):
+            pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in segment)
+            if len(segment) == 1:
+                x, y = segment[0]
+                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2" fill="{color}"/>')
+            else:
+                out.append(
+                    f'<polyline points="{pts}" fill="none" stroke="{color}" '
+                    f'stroke-width="1.6"{dash}/>'
+                )
+        lx = legend_x + (i % 3) * (pw // 3)
+        ly = legend_y + (i // 3) * 14
+        out.append(
+            f'<line x1="{lx}" x2="{lx + 16}" y1="{ly - 4}" y2="{ly - 4}" '
+            f'stroke="{color}" stroke-width="2"{dash}/>'
+        )
+        out.append(f'<text x="{lx + 20}" y="{ly}">{e(s.label)}</text>')
+    out.append("</svg>")
+    svg = "".join(out)
+    extra = max(0, (len(series) - 1) // 3) * 14
+    if extra:  # more legend rows than the frame holds: grow it
+        svg = svg.replace(
+            f'height="{height}" viewBox="0 0 {width} {height}"',
+            f'height="{height + extra}" viewBox="0 0 {width} {height + extra}"',
+            1,
+        )
+    return svg
+
+
+def _segments(points: list[tuple[float, float | None]]) -> list[list[tuple[float, float]]]:
+    segs: list[list[tuple[float, float]]] = [[]]
+    for x, y in points:
+        if y is None:
+            if segs[-1]:
+                segs.append([])
+        else:
+            segs[-1].append((x, y))
+    return [s for s in segs if s]
+
+
+# --- terminal ----------------------------------------------------------------------------------
+
+
+def terminal_summary(rep: Report) -> list[Any]:
+    """Rich renderables for ``soakd run``'s end and ``soakd report --format text``."""
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Text("\n".join(_header_lines(rep)))
+    table = Table(title="targets side by side (✓ better)", title_justify="left")
+    table.add_column("metric")
+    for t in rep.targets:
+        table.add_column(t, justify="right")
+    for key, title, _ in _columns(TERMINAL_COLUMNS):
+        cells = []
+        for t in rep.targets:
+            marked = t in rep.best.get(key, [])
+            text = _cell(rep, rep.overall[t], key, marked)
+            cells.append(Text(text, style="bold green" if marked else ""))
+        table.add_row(title, *cells)
+    out: list[Any] = [head, table]
+    kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
+    if kinds:
+        errors = Table(title="errors by kind", title_justify="left")
+        errors.add_column("kind")
+        for t in rep.targets:
+            errors.add_column(t, justify="right")
+        for kind in kinds:
+            errors.add_row(
+                kind, *(str(rep.overall[t].errors_by_kind.get(kind, 0)) for t in rep.targets)
+            )
+        out.append(errors)
+    out += [Text(f"note: {note}", style="dim") for note in rep.notes]
+    return out
+
+
+def write_report(
+    run_dir: Path, fmt: str, out: Path | None, energy_price_per_kwh: float | None = None
+) -> str:
+    """Build and render; writes ``out`` atomically when given, returns the text."""
+    rep = build_report(run_dir, energy_price_per_kwh=energy_price_per_kwh)
+    render = {"md": render_markdown, "html": render_html, "json": render_json}[fmt]
+    text = render(rep)
+    if out is not None:
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out)
+    return text
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")

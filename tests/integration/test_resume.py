@@ -1,0 +1,210 @@
+"""Crash and resume, for real: `python -m soakd run` against the embedded simulator, SIGKILL
+mid-run, the journal checked against what /metrics said before the kill, then the same
+command again: same run, the plan clock and the counters continue, the downtime is on
+record, and once the plan has run to its end the run dir refuses another start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from soakd.sim.spawn import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PLAN_S = 14.0
+
+
+def soak_config(max_tokens: int = 12) -> dict[str, Any]:
+    return {
+        "run": {"name": "crash", "drain_timeout": "5s"},
+        "targets": [
+            {"name": "fast-a", "simulator": "fast", "model": "m"},
+            {"name": "fast-b", "simulator": "fast", "model": "m", "api": "completions"},
+        ],
+        "workload": {"max_tokens": max_tokens, "prompts": {"input_tokens": {"mean": 20}}},
+        "gpu": {"source": "none"},
+        "phases": [
+            {"name": "closed", "duration": "10s", "load": {"mode": "closed", "concurrency": 3}},
+            {"name": "open", "duration": "4s", "load": {"mode": "poisson", "rate": 20}},
+        ],
+    }
+
+
+def start(cfg: Path, run_dir: Path, port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "soakd", "run", str(cfg), "--no-live",
+         "--metrics-addr", f"127.0.0.1:{port}", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def get(port: int, path: str) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def counters(text: str, name: str) -> dict[tuple[str, str, str], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                out[(s.labels["target"], s.labels["phase"], s.labels["outcome"])] = s.value
+    return out
+
+
+def value(text: str, name: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                return float(s.value)
+    raise AssertionError(f"{name} not exported")
+
+
+def wait_until(port: int, pred: Any, timeout: float = 40.0) -> tuple[str, dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            text, status = get(port, "/metrics"), json.loads(get(port, "/status"))
+        except OSError:
+            continue
+        if pred(text, status):
+            return text, status
+    raise AssertionError("soakd did not get there in time")
+
+
+def children(pid: int) -> list[int]:
+    """The simulators soakd started (a SIGKILL leaves them running: we end them)."""
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def journal(run_dir: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{run_dir / 'journal.db'}?mode=ro", uri=True)
+
+
+def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
+    cfg_path = tmp_path / "soak.yaml"
+    cfg_path.write_text(yaml.safe_dump(soak_config()))
+    run_dir = tmp_path / "run"
+
+    # --- first session: killed mid-plan --------------------------------------------------
+    port = free_port()
+    proc = start(cfg_path, run_dir, port)
+    sims: list[int] = []
+    try:
+        text, status = wait_until(
+            port, lambda t, s: sum(counters(t, "soakd_requests_total").values()) >= 60)
+        run_id = status["run_id"]
+        checkpoint = counters(text, "soakd_requests_total")
+        checkpoint_elapsed = status["elapsed_s"]
+        time.sleep(1.2)  # everything counted at the checkpoint is > 1 s old at the kill
+        sims = children(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+        killed_at = time.time()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in sims:
+            with contextlib_suppress():
+                os.kill(pid, signal.SIGTERM)
+    assert proc.returncode == -signal.SIGKILL
+
+    with journal(run_dir) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        rows = {(t, p, o or "ok"): n for t, p, o, n in conn.execute(
+            "SELECT target, phase, error, COUNT(*) FROM requests GROUP BY 1, 2, 3")}
+        offset_at_kill = conn.execute("SELECT MAX(offset_ns) FROM progress").fetchone()[0] / 1e9
+        seq_at_kill = dict(conn.execute("SELECT target, MAX(seq) FROM requests GROUP BY 1"))
+        assert conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'run_stopped'"
+                            ).fetchone()[0] == 0  # it never got to say goodbye
+    for key, n in checkpoint.items():  # every request /metrics had counted is in the journal
+        assert rows.get(key, 0) >= n, (key, rows.get(key, 0), n)
+    assert checkpoint_elapsed <= offset_at_kill < PLAN_S
+    rows_at_kill = sum(rows.values())
+
+    # --- a changed config is refused, not silently mixed into the run ---------------------
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(soak_config(max_tokens=20)))
+    refused = subprocess.run(
+        [sys.executable, "-m", "soakd", "run", str(changed), "--no-live", "--run-dir",
+         str(run_dir)], capture_output=True, text=True, timeout=60, check=False)
+    assert refused.returncode == 2
+    assert "config differs" in refused.stderr
+    assert "workload.max_tokens" in refused.stderr
+    assert "--force" in refused.stderr
+
+    # --- second session: the same command resumes -------------------------------------------
+    port = free_port()
+    proc = start(cfg_path, run_dir, port)
+    try:
+        text, status = wait_until(port, lambda t, s: s["elapsed_s"] > offset_at_kill + 0.5)
+        assert status["run_id"] == run_id
+        resumed_total = sum(counters(text, "soakd_requests_total").values())
+        assert resumed_total >= rows_at_kill  # counters continued, not restarted at 0
+        assert value(text, "soakd_run_resumes_total") == 1
+        assert value(text, "soakd_run_downtime_seconds_total") >= time.time() - killed_at - 30
+        assert value(text, "soakd_run_downtime_seconds_total") > 0.5
+        assert value(text, "soakd_run_elapsed_seconds") >= offset_at_kill
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert f"soakd run {run_id} completed" in out
+    assert "(session 2, resumed)" in out
+    assert "fast-a" in out
+    assert "fast-b" in out
+
+    with journal(run_dir) as conn:
+        sessions = conn.execute("SELECT session, started_offset_ns, offset_ns FROM progress "
+                                "ORDER BY session").fetchall()
+        assert [s[0] for s in sessions] == [1, 2]
+        assert sessions[1][1] / 1e9 == pytest.approx(offset_at_kill)  # the clock went on
+        assert sessions[1][2] / 1e9 >= PLAN_S  # and ran the rest of the plan
+        for target, top in seq_at_kill.items():  # prompt numbers continue too
+            first = conn.execute("SELECT MIN(seq) FROM requests WHERE session = 2 AND "
+                                 "target = ?", (target,)).fetchone()[0]
+            assert first > top
+        downtime = [json.loads(d) for (d,) in conn.execute(
+            "SELECT data FROM events WHERE kind = 'downtime'")]
+        assert len(downtime) == 1
+        assert downtime[0]["seconds"] > 0.5
+        total = conn.execute("SELECT SUM(requests) FROM totals").fetchone()[0]
+        assert total == conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
+        phases = {p for (p,) in conn.execute("SELECT DISTINCT phase FROM requests")}
+        assert phases == {"closed", "open"}
+
+    # --- finished: not restarted by accident ----------------------------------------------
+    again = subprocess.run(
+        [sys.executable, "-m", "soakd", "run", str(cfg_path), "--no-live", "--run-dir",
+         str(run_dir)], capture_output=True, text=True, timeout=60, check=False)
+    assert again.returncode == 2
+    assert "has finished" in again.stderr
+    report = subprocess.run([sys.executable, "-m", "soakd", "report", str(run_dir)],
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "in 2 session(s)" in report
+    assert "Downtime" in report
+
+
+class contextlib_suppress:  # noqa: N801 - a tiny stand-in to keep the finally block flat
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return True

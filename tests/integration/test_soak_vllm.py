@@ -1,0 +1,115 @@
+"""soakd soaks a real vLLM (CPU) and the simulator side by side; and keeps going when a target dies."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from soakd.app import RunOptions, Soak
+from soakd.config import config_from_dict
+from soakd.model import ErrorKind
+from soakd.sim.spawn import free_port
+from tests.vllm_server import VllmServer, sum_samples
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+MAX_TOKENS = 16
+
+
+def count(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+async def vllm_tokens(server: VllmServer) -> float:
+    async with aiohttp.ClientSession() as session, session.get(server.metrics_url) as resp:
+        text = await resp.text()
+    return sum_samples(text, "vllm:generation_tokens_total", model_name=server.model)
+
+
+@pytest.mark.vllm
+async def test_vllm_and_simulator_side_by_side(vllm: VllmServer, tmp_path: Path) -> None:
+    cfg = config_from_dict({
+        "run": {"name": "ab", "drain_timeout": "30s"},
+        "targets": [
+            {"name": "vllm", "base_url": vllm.base_url, "model": vllm.model},
+            {"name": "sim", "simulator": "fast", "model": "soakd-sim"},
+        ],
+        "workload": {"max_tokens": MAX_TOKENS, "prompts": {"input_tokens": {"mean": 32}}},
+        "phases": [
+            {"name": "closed", "duration": "6s", "load": {"mode": "closed", "concurrency": 4}},
+            {"name": "open", "duration": "6s", "load": {"mode": "poisson", "rate": 3}},
+        ],
+    })
+    before = await vllm_tokens(vllm)
+    soak = Soak(cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0",
+                                console_logs=False))
+    result = await soak.run()
+    assert result.completed
+    after = await vllm_tokens(vllm)
+
+    text = generate_latest(soak.metrics.registry).decode()
+    for name in ("vllm", "sim"):
+        summary = result.summary[name]
+        assert summary["errors"] == 0, summary["errors_by_kind"]
+        assert summary["requests"] >= 10
+        ok = count(text, "soakd_requests_total", target=name, outcome="ok")
+        assert ok == summary["requests"]
+        assert count(text, "soakd_request_duration_seconds_count", target=name) == ok
+        assert count(text, "soakd_time_to_first_token_seconds_count", target=name) == ok
+        stats = soak.stats.total[name]
+        assert stats.ttft.max <= stats.e2e.max
+        assert stats.ttft.quantile(0.5) <= stats.e2e.quantile(0.5)
+    # soakd's token count is vLLM's own, exactly
+    soakd_tokens = count(text, "soakd_output_tokens_total", target="vllm")
+    assert soakd_tokens == after - before
+    assert soakd_tokens > 0
+
+
+async def test_target_dies_mid_run_and_soakd_keeps_going(tmp_path: Path) -> None:
+    """The simulator behind one target is SIGKILLed mid-run: its requests fail as
+    truncated / refused, the other target is untouched, the run completes."""
+    cfg = config_from_dict({
+        "run": {"name": "die", "drain_timeout": "5s"},
+        "targets": [
+            {"name": "doomed", "simulator": "edge-4gb", "model": "soakd-sim",
+             "timeouts": {"connect": "1s"}},
+            {"name": "steady", "simulator": "fast", "model": "soakd-sim"},
+        ],
+        "workload": {"max_tokens": 64, "prompts": {"input_tokens": {"mean": 16}}},
+        "phases": [{"name": "p", "duration": "6s",
+                    "load": {"mode": "closed", "concurrency": 3}}],
+    })
+    soak = Soak(cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{free_port()}",
+                                console_logs=False))
+
+    async def kill_doomed() -> None:
+        while not soak._sims or soak.stats.total["doomed"].requests < 1:
+            await asyncio.sleep(0.05)
+        os.kill(soak._sims[0].proc.pid, signal.SIGKILL)
+
+    killer = asyncio.create_task(kill_doomed())
+    result = await soak.run()
+    await killer
+
+    assert result.completed
+    doomed = soak.stats.total["doomed"]
+    assert doomed.ok >= 1
+    kinds = set(doomed.errors)
+    assert ErrorKind.STREAM_TRUNCATED.value in kinds  # streams cut by the kill
+    assert ErrorKind.CONNECT_REFUSED.value in kinds  # and nothing listening afterwards
+    assert kinds <= {ErrorKind.STREAM_TRUNCATED.value, ErrorKind.CONNECT_REFUSED.value}
+    steady = soak.stats.total["steady"]
+    assert steady.errors == {}
+    assert steady.requests > 20

@@ -1,0 +1,296 @@
+"""The observability bundle, checked without running it: promtool and amtool accept the
+shipped files, every alert has unit tests, every metric name exists, the dashboards are
+what grafana/build.py builds.
+
+Needs promtool and amtool (scripts/setup-prometheus.sh); skipped without them, except in
+CI (``CI`` set), where a missing tool fails the test.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+try:
+    from tests import observability as obs
+except ModuleNotFoundError:  # tests/unit is not a package: pytest put only it on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests import observability as obs
+
+SEVERITIES = {"page", "warn"}
+
+
+def _ok(result) -> str:  # type: ignore[no-untyped-def]
+    return f"rc={result.returncode}\n{result.stdout}\n{result.stderr}"
+
+
+# --- the tools accept the files -----------------------------------------------------------
+
+
+def test_promtool_check_config() -> None:
+    result = obs.run_tool(obs.promtool(), "check", "config", str(obs.PROM_CONFIG))
+    assert result.returncode == 0, _ok(result)
+    assert f"{len(obs.RULE_FILES)} rule files found" in result.stdout
+
+
+def test_promtool_check_config_of_the_local_variant(tmp_path: Path) -> None:
+    """The config the integration test derives from the shipped one is valid too."""
+    cfg = obs.local_prometheus_config(
+        {"soakd:9464": "127.0.0.1:19464", "vllm:8000": "127.0.0.1:18000"}, "127.0.0.1:19093"
+    )
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    result = obs.run_tool(obs.promtool(), "check", "config", str(path))
+    assert result.returncode == 0, _ok(result)
+    assert [job["job_name"] for job in cfg["scrape_configs"]] == ["soakd", "targets"]
+
+
+def test_promtool_check_rules() -> None:
+    result = obs.run_tool(obs.promtool(), "check", "rules", *map(str, obs.RULE_FILES))
+    assert result.returncode == 0, _ok(result)
+
+
+def test_promtool_rule_unit_tests() -> None:
+    result = obs.run_tool(obs.promtool(), "test", "rules", *map(str, obs.RULE_TESTS), timeout=120)
+    assert result.returncode == 0, _ok(result)
+
+
+def test_amtool_check_config() -> None:
+    result = obs.run_tool(obs.amtool(), "check-config", str(obs.AM_CONFIG))
+    assert result.returncode == 0, _ok(result)
+
+
+def test_alertmanager_commented_examples_are_valid(tmp_path: Path) -> None:
+    """Uncommenting the email/Slack/PagerDuty examples gives a valid config too."""
+    example = re.compile(r"^(\s*)# ((?:- )?[a-z_]+:.*)$")
+    lines = [example.sub(r"\1\2", line) for line in obs.AM_CONFIG.read_text().splitlines()]
+    text = "\n".join(lines) + "\n"
+    for receiver in ("email_configs", "slack_configs", "pagerduty_configs", "smtp_smarthost"):
+        assert f"{receiver}:" in text
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(text)
+    result = obs.run_tool(obs.amtool(), "check-config", str(path))
+    assert result.returncode == 0, _ok(result)
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        ({"alertname": "VramAboveLimit", "severity": "page", "gpu": "0"}, "page"),
+        ({"alertname": "VramLeak", "severity": "warn", "gpu": "0"}, "warn"),
+        ({"alertname": "Unknown"}, "warn"),
+    ],
+)
+def test_alertmanager_routes_by_severity(labels: dict[str, str], receiver: str) -> None:
+    args = [f"{k}={v}" for k, v in labels.items()]
+    result = obs.run_tool(
+        obs.amtool(), "config", "routes", "test", f"--config.file={obs.AM_CONFIG}", *args
+    )
+    assert result.returncode == 0, _ok(result)
+    assert result.stdout.split() == [receiver]
+
+
+def test_alertmanager_inhibition_and_grouping() -> None:
+    cfg = obs.load_yaml(obs.AM_CONFIG)
+    assert cfg["route"]["group_by"] == ["alertname", "target"]
+    (rule,) = cfg["inhibit_rules"]
+    assert rule["source_matchers"] == ['alertname="TargetDown"']
+    assert rule["equal"] == ["target"]
+    inhibited = re.fullmatch(r'alertname=~"(.*)"', rule["target_matchers"][0])
+    assert inhibited
+    names = set(inhibited.group(1).split("|"))
+    alerts = {r["alert"]: r for r in obs.alert_rules()}
+    assert names <= set(alerts), names - set(alerts)
+    assert {"P99E2EAboveSLO", "P99TTFTAboveSLO", "ErrorRatioHigh"} <= names
+    for name in names:  # every inhibited alert carries the target label to match on
+        assert "target" in alerts[name]["annotations"]["summary"], name
+
+
+# --- rules ---------------------------------------------------------------------------------
+
+
+def test_every_alert_has_severity_annotations_and_tests() -> None:
+    alerts = obs.alert_rules()
+    names = [a["alert"] for a in alerts]
+    assert len(names) == len(set(names)), "duplicate alert names"
+    fired: set[str] = set()
+    quiet: set[str] = set()
+    for path in obs.RULE_TESTS:
+        for case in obs.load_yaml(path)["tests"]:
+            for check in case.get("alert_rule_test", []):
+                (fired if check.get("exp_alerts") else quiet).add(check["alertname"])
+    docs = (obs.ROOT / "docs" / "alerting.md").read_text()
+    for alert in alerts:
+        name = alert["alert"]
+        assert alert["labels"]["severity"] in SEVERITIES, name
+        assert {"summary", "description", "runbook"} <= set(alert["annotations"]), name
+        assert name in fired, f"{name}: no promtool test where it fires"
+        assert name in quiet, f"{name}: no promtool test where it stays quiet"
+        assert f"### {name}" in docs, f"{name} is not documented in docs/alerting.md"
+
+
+def test_the_issue_alert_list_is_covered() -> None:
+    names = {a["alert"] for a in obs.alert_rules()}
+    assert {
+        "VramAboveLimit",
+        "VramLeak",
+        "TargetOOM",
+        "TargetDown",
+        "TargetRestarted",
+        "ErrorRatioHigh",
+        "Http429Storm",
+        "P99E2EAboveSLO",
+        "P99TTFTAboveSLO",
+        "P99E2EJitterHigh",
+        "P99TTFTJitterHigh",
+        "GpuTemperatureHigh",
+        "GpuThrottling",
+        "SoakdDown",
+        "SoakdStalled",
+        "DispatchLagHigh",
+    } <= names
+
+
+def test_vram_alert_holds_5s_against_the_exported_limit() -> None:
+    (vram,) = [a for a in obs.alert_rules() if a["alert"] == "VramAboveLimit"]
+    assert vram["for"] == "5s"
+    assert vram["labels"]["severity"] == "page"
+    assert obs.metric_names(vram["expr"]) == {
+        "soakd_gpu_memory_used_bytes",
+        "soakd_vram_limit_bytes",
+    }
+    cfg = obs.load_yaml(obs.PROM_CONFIG)["global"]
+    # a 5 s `for` needs several samples and evaluations inside it
+    assert cfg["scrape_interval"] == cfg["evaluation_interval"] == "1s"
+
+
+def test_recording_rule_names_are_unique_and_used() -> None:
+    recorded = [r["record"] for r in obs.recording_rules()]
+    assert len(recorded) == len(set(recorded))
+    used = set()
+    for rule in obs.alert_rules() + obs.recording_rules():
+        used |= obs.metric_names(rule["expr"])
+    for query in obs.dashboard_queries():
+        used |= obs.metric_names(query.expr)
+    assert set(recorded) <= used, f"recorded but never read: {set(recorded) - used}"
+
+
+# --- every metric name exists -----------------------------------------------------------------
+
+
+def test_metric_name_lexer() -> None:
+    expr = (
+        'sum by (job, target) (rate(a_total{x="y:z"}[5m] offset 1m)) '
+        '> on (job) group_left b_limit and c:rec:ratio{t=~"$target"} unless vector(0) '
+        ">= bool 1e9 or histogram_quantile(0.99, vllm:x_bucket)"
+    )
+    assert obs.metric_names(expr) == {"a_total", "b_limit", "c:rec:ratio", "vllm:x_bucket"}
+
+
+def test_every_metric_name_exists() -> None:
+    soakd = obs.soakd_sample_names()
+    recorded = {r["record"] for r in obs.recording_rules()}
+    external = obs.external_metric_names()
+    allowed = soakd | recorded | set(external)
+    used: dict[str, str] = {}
+    for rule in obs.alert_rules() + obs.recording_rules():
+        for name in obs.metric_names(rule["expr"]):
+            used.setdefault(name, f"rule {rule.get('alert') or rule.get('record')}")
+    for query in obs.dashboard_queries():
+        for name in obs.metric_names(query.expr):
+            used.setdefault(name, f"panel {query}")
+    for dashboard, query in obs.dashboard_variable_queries():
+        used.setdefault(obs.label_values_metric(query), f"variable of {dashboard}")
+    unknown = {name: where for name, where in used.items() if name not in allowed}
+    assert not unknown, "metric names that nobody exports:\n" + "\n".join(
+        f"  {name}  ({where})" for name, where in sorted(unknown.items())
+    )
+    unused = set(external) - set(used)
+    assert not unused, f"listed in {obs.EXTERNAL_METRICS.name} but used nowhere: {unused}"
+    # the soakd names in use are the documented ones
+    documented = (obs.ROOT / "docs" / "metrics.md").read_text()
+    engine = {
+        n
+        for n in used
+        if n in soakd
+        and not n.startswith("soakd_gpu_")
+        and not n.startswith(("soakd_target_", "soakd_server_"))
+    }
+    for name in engine:
+        base = re.sub(r"_(bucket|sum|count|created|info)$", "", name)
+        assert base in documented or base.removesuffix("_total") in documented, name
+
+
+def test_vllm_names_match_the_reference_capture() -> None:
+    capture = (obs.ROOT / "tests" / "data" / "vllm-0.32-cpu-metrics.txt").read_text()
+    exposed = {
+        line.split("{")[0].split()[0]
+        for line in capture.splitlines()
+        if line and not line.startswith("#")
+    }
+    vllm = {n for n, section in obs.external_metric_names().items() if section == "vllm"}
+    assert vllm, "no vLLM names listed"
+    assert vllm <= exposed, vllm - exposed
+
+
+# --- dashboards ------------------------------------------------------------------------------
+
+
+def test_committed_dashboards_equal_the_generator_output() -> None:
+    built = obs.grafana_builder().build()
+    on_disk = {p.name: p.read_text() for p in obs.DASHBOARD_DIR.glob("*.json")}
+    assert set(built) == set(on_disk), "run python grafana/build.py"
+    for name, text in built.items():
+        assert on_disk[name] == text, f"{name} is stale: run python grafana/build.py"
+
+
+def test_dashboards_have_the_required_content() -> None:
+    import json
+
+    dashboards = {p.stem: json.loads(p.read_text()) for p in obs.DASHBOARD_DIR.glob("*.json")}
+    assert set(dashboards) == {
+        "soakd-overview",
+        "soakd-latency",
+        "soakd-gpu",
+        "soakd-server",
+        "soakd-targets",
+    }
+    for uid, dash in dashboards.items():
+        assert dash["uid"] == uid
+        variables = {v["name"] for v in dash["templating"]["list"]}
+        assert {"datasource", "target", "gpu"} <= variables, uid
+        ids = [p["id"] for p in dash["panels"]]
+        assert len(ids) == len(set(ids)), uid
+        for panel in dash["panels"]:
+            pos = panel["gridPos"]
+            assert pos["x"] + pos["w"] <= 24, (uid, panel["title"])
+    exprs = {q.dashboard: [] for q in obs.dashboard_queries()}
+    for q in obs.dashboard_queries():
+        exprs[q.dashboard].append(q.expr)
+    joined = {k: "\n".join(v) for k, v in exprs.items()}
+    assert "ALERTS" in joined["soakd-overview"]
+    assert "soakd_phase_active" in joined["soakd-overview"]
+    assert "soakd_vram_limit_bytes" in joined["soakd-gpu"]
+    assert "soakd_gpu_xid_errors_total" in joined["soakd-gpu"]
+    assert "soakd_server_kv_cache_usage_ratio" in joined["soakd-server"]
+    heatmaps = [
+        p
+        for p in json.loads((obs.DASHBOARD_DIR / "soakd-latency.json").read_text())["panels"]
+        if p["type"] == "heatmap"
+    ]
+    assert len(heatmaps) == 5
+
+
+def test_grafana_provisioning_points_at_the_dashboards() -> None:
+    ds = obs.load_yaml(obs.ROOT / "grafana" / "provisioning" / "datasources" / "prometheus.yml")
+    (source,) = ds["datasources"]
+    assert source["type"] == "prometheus"
+    assert source["uid"] == "prometheus"
+    prov = obs.load_yaml(obs.ROOT / "grafana" / "provisioning" / "dashboards" / "soakd.yml")
+    (provider,) = prov["providers"]
+    assert provider["type"] == "file"
+    assert provider["options"]["path"]

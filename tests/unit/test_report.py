@@ -1,0 +1,361 @@
+"""The report from a synthetic journal: every number checked against values computed here,
+independently, from the same rows (exact percentiles from sorted lists, rates, error
+counts), in JSON, Markdown and HTML; the HTML opened in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from soakd.cli import main
+from soakd.export import export, records
+from soakd.journal import JournalReader, unpack_itl
+from soakd.model import ErrorKind, Sample
+from soakd.report import build_report, render_html, render_json, render_markdown
+from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome
+
+HOUR = 3600.0
+KINDS = [None] * 20 + [ErrorKind.HTTP_5XX, ErrorKind.HTTP_429, ErrorKind.TIMEOUT_TTFT,
+                       ErrorKind.STREAM_TRUNCATED]
+QS = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One hour of plan time (two 30 min phases), two targets, probe samples."""
+    d = tmp_path_factory.mktemp("run")
+    clock = FakeClock(offset_s=HOUR + 1)
+    base_wall = time.time() - (time.perf_counter_ns() - clock.origin_ns) / 1e9
+    j = open_test_journal(d, config(), clock)
+    rng = random.Random(7)
+    seq = {"alpha": 0, "beta": 0}
+    for k in range(12):  # twelve 5-minute slices, each slower or faster: jitter
+        for target, slow in (("alpha", 1.0 + 0.1 * (k % 4)), ("beta", 1.3 + 0.25 * (k % 3))):
+            for _ in range(rng.randint(60, 90)):
+                end = k * 300 + rng.uniform(1, 299)
+                phase = "warm" if end < 1800 else "hot"
+                j.record(outcome(rng, clock, target, phase, seq[target], end, slow=slow,
+                                 error=rng.choice(KINDS)))
+                seq[target] += 1
+    for t in range(0, 3600, 60):  # probes: a sample a minute
+        wall = base_wall + t + 0.5
+        j.sample(Sample(wall, "soakd_gpu_process_memory_bytes", 2e9 + 5e6 * t / HOUR,
+                        (("gpu", "0"), ("target", "alpha"))))
+        j.sample(Sample(wall, "soakd_gpu_process_memory_bytes", 3e9,
+                        (("gpu", "1"), ("target", "beta"))))
+        j.sample(Sample(wall, "soakd_gpu_memory_used_bytes", 2.5e9 + 5e6 * t / HOUR,
+                        (("gpu", "0"),)))
+        j.sample(Sample(wall, "soakd_gpu_energy_joules_total", 100.0 * t, (("gpu", "0"),)))
+        j.sample(Sample(wall, "soakd_gpu_energy_joules_total", 1000.0 * t, (("gpu", "1"),)))
+        j.sample(Sample(wall, "soakd_gpu_power_watts", 100.0, (("gpu", "0"),)))
+    # restarts of alpha: one in warm, one in hot, then soakd itself restarted (counter back
+    # to 0) and one more in hot
+    for t, v in ((100, 0), (1000, 1), (2500, 2), (3000, 0), (3300, 1)):
+        j.sample(Sample(base_wall + t, "soakd_target_restarts_total", v,
+                        (("target", "alpha"),)))
+    j.sample(Sample(base_wall + 2000, "soakd_target_oom_events_total", 1,
+                    (("source", "xid"), ("target", "beta"))))
+    j.close(completed=True)
+    return d
+
+
+def rows_of(run_dir: Path) -> list[dict[str, Any]]:
+    with JournalReader(run_dir) as r:
+        out = []
+        for row in r.request_rows():
+            d = dict(row)
+            d["gaps"] = [us * 1000 for us in unpack_itl(row["itl"])]
+            out.append(d)
+        return out
+
+
+def exact(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[math.floor(q * (len(s) - 1))]
+
+
+def expected(rows: list[dict[str, Any]], target: str, phase: str | None) -> dict[str, Any]:
+    mine = [r for r in rows if r["target"] == target and (phase is None or r["phase"] == phase)]
+    ok = [r for r in mine if r["error"] is None]
+    lat = {
+        "ttft": [r["ttft_ns"] for r in ok if r["ttft_ns"] is not None],
+        "e2e": [r["e2e_ns"] for r in ok],
+        "tpot": [r["tpot_ns"] for r in ok if r["tpot_ns"] is not None],
+        "itl": [g for r in ok for g in r["gaps"]],
+    }
+    errors: dict[str, int] = {}
+    for r in mine:
+        if r["error"]:
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    return {
+        "requests": len(mine), "ok": len(ok), "errors": errors,
+        "output_tokens": sum(r["output_tokens"] for r in mine),
+        "latency_ms": {k: {q: exact(v, x) / 1e6 for q, x in QS.items()} for k, v in lat.items()},
+        "oom_responses": sum(r["oom"] for r in mine),
+    }
+
+
+def expected_jitter(rows: list[dict[str, Any]], target: str) -> float:
+    slices: dict[int, list[int]] = {}
+    for r in rows:
+        if r["target"] == target and r["error"] is None:
+            slices.setdefault(int(r["end_ns"] // 300e9), []).append(r["e2e_ns"])
+    p99 = [exact(v, 0.99) for v in slices.values() if len(v) >= 20]
+    assert len(p99) == 12
+    return statistics.pstdev(p99) / statistics.fmean(p99)
+
+
+def test_report_numbers_match_the_rows(run_dir: Path) -> None:
+    rows = rows_of(run_dir)
+    rep = build_report(run_dir)
+    assert rep.targets == ["alpha", "beta"]
+    assert rep.phases == ["warm", "hot"]
+    assert rep.completed
+    assert rep.active_s == pytest.approx(HOUR)
+    for target in rep.targets:
+        for phase in (None, "warm", "hot"):
+            want = expected(rows, target, phase)
+            got = rep.overall[target] if phase is None else rep.by_phase[phase][target]
+            active = HOUR if phase is None else HOUR / 2
+            assert got.requests == want["requests"]
+            assert got.ok == want["ok"]
+            assert got.errors_by_kind == want["errors"]
+            assert got.success_rate == pytest.approx(want["ok"] / want["requests"])
+            assert got.rps == pytest.approx(want["requests"] / active)
+            assert got.output_tps == pytest.approx(want["output_tokens"] / active)
+            assert got.oom_responses == want["oom_responses"]
+            for kind, qs in want["latency_ms"].items():
+                for q, value in qs.items():
+                    assert got.latency_ms[kind][q] == pytest.approx(value, rel=0.01), (
+                        target, phase, kind, q)
+        assert rep.overall[target].jitter == pytest.approx(expected_jitter(rows, target),
+                                                           abs=0.01)
+
+
+def test_report_probe_numbers(run_dir: Path) -> None:
+    rows = rows_of(run_dir)
+    rep = build_report(run_dir)
+    a, b = rep.overall["alpha"], rep.overall["beta"]
+    assert (a.restarts, rep.by_phase["warm"]["alpha"].restarts,
+            rep.by_phase["hot"]["alpha"].restarts) == (3, 1, 2)
+    assert (b.oom_events, rep.by_phase["hot"]["beta"].oom_events) == (1, 1)
+    assert b.restarts is None  # never sampled: not measured, not zero
+    assert a.vram_peak_bytes == pytest.approx(2e9 + 5e6 * 3540 / HOUR)
+    assert a.leak_bytes_per_hour == pytest.approx(5e6, rel=1e-6)
+    assert b.leak_bytes_per_hour == pytest.approx(0.0, abs=1e-3)
+    tokens = {t: sum(r["output_tokens"] for r in rows if r["target"] == t) for t in rep.targets}
+    assert a.energy_j == pytest.approx(100.0 * 3540)
+    assert a.tokens_per_joule == pytest.approx(tokens["alpha"] / (100.0 * 3540))
+    assert b.energy_j == pytest.approx(1000.0 * 3540)
+    assert a.cost_per_mtok == pytest.approx(2.0 * 1.0 / tokens["alpha"] * 1e6)  # 2/h, 1 h
+    kwh = 1000.0 * 3540 / 3.6e6
+    assert b.cost_per_mtok == pytest.approx(0.5 * kwh / tokens["beta"] * 1e6)  # 0.5/kWh
+    assert {g.gpu: g.targets for g in rep.gpus} == {"0": ["alpha"], "1": ["beta"]}
+    # the better value is marked: alpha is faster (beta runs 1.3x..1.8x slower)
+    assert rep.best["e2e.p99"] == ["alpha"]
+    assert rep.best["leak_bytes_per_hour"] == ["beta"]
+    assert "requests" not in rep.best
+
+
+def _num(text: str) -> float:
+    """'1,234', '12.5 ms', '1.20 s', '98.50 %', '$0.142 (2/h)' -> a number in base units
+    of the column (ms for latencies, a ratio for percentages)."""
+    t = text.replace("✓", "").replace("*", "").strip()
+    m = re.match(r"\$?(-?[\d,]+(?:\.\d+)?)\s*(ms|s|%)?", t)
+    assert m, text
+    v = float(m.group(1).replace(",", ""))
+    return {"s": v * 1000, "%": v / 100}.get(m.group(2) or "", v)
+
+
+def _check_table(cells: dict[str, list[str]], rows: list[dict[str, Any]]) -> None:
+    for i, target in enumerate(("alpha", "beta")):
+        want = expected(rows, target, None)
+        assert _num(cells["requests"][i]) == want["requests"]
+        assert _num(cells["errors"][i]) == want["requests"] - want["ok"]
+        assert _num(cells["success rate"][i]) == pytest.approx(want["ok"] / want["requests"],
+                                                               abs=0.0001)
+        for title, (kind, q) in (("E2E p99", ("e2e", "p99")), ("TTFT p50", ("ttft", "p50")),
+                                 ("ITL p95", ("itl", "p95")), ("TPOT p99", ("tpot", "p99"))):
+            assert _num(cells[title][i]) == pytest.approx(want["latency_ms"][kind][q],
+                                                          rel=0.016), (title, target)
+        assert _num(cells["throughput (req/s)"][i]) == pytest.approx(
+            want["requests"] / HOUR, rel=0.005)
+
+
+def test_markdown_carries_the_same_numbers(run_dir: Path) -> None:
+    rows = rows_of(run_dir)
+    md = render_markdown(build_report(run_dir))
+    side = md.split("## Targets side by side")[1].split("##")[0]
+    cells = {}
+    for line in side.strip().splitlines()[2:]:
+        parts = [p.strip() for p in line.strip("|").split("|")]
+        cells[parts[0]] = parts[1:]
+    _check_table(cells, rows)
+    assert "**" in cells["E2E p99"][0]  # alpha's better p99 is marked
+    errors = md.split("## Errors by kind")[1].split("##")[0]
+    for kind in ("http_5xx", "http_429", "timeout_ttft", "stream_truncated"):
+        line = next(x for x in errors.splitlines() if x.startswith(f"| {kind} |"))
+        got = [int(v) for v in line.strip("|").split("|")[1:]]
+        assert got == [expected(rows, t, None)["errors"].get(kind, 0) for t in ("alpha", "beta")]
+    assert "## Phase warm" in md
+    assert "## Phase hot" in md
+
+
+class _Tables(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self._cell: list[str] | None = None
+        self.svgs = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "svg":
+            self.svgs += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def test_html_carries_the_same_numbers_and_is_self_contained(run_dir: Path) -> None:
+    rows = rows_of(run_dir)
+    page = render_html(build_report(run_dir))
+    parser = _Tables()
+    parser.feed(page)
+    side = parser.tables[0]
+    assert side[0] == ["metric", "alpha", "beta"]
+    _check_table({r[0]: r[1:] for r in side[1:]}, rows)
+    assert parser.svgs == 5  # latency, TTFT/ITL, throughput, errors, VRAM
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", page)  # nothing fetched
+    assert "<script" not in page
+
+
+def test_json_carries_the_same_numbers(run_dir: Path) -> None:
+    rows = rows_of(run_dir)
+    doc = json.loads(render_json(build_report(run_dir)))
+    for target in ("alpha", "beta"):
+        want = expected(rows, target, None)
+        got = doc["overall"][target]
+        assert got["requests"] == want["requests"]
+        assert got["errors_by_kind"] == want["errors"]
+        assert got["latency_ms"]["e2e"]["p99"] == pytest.approx(want["latency_ms"]["e2e"]["p99"],
+                                                                rel=0.01)
+        phase = doc["by_phase"]["hot"][target]
+        assert phase["requests"] == expected(rows, target, "hot")["requests"]
+    assert doc["best"]["e2e.p99"] == ["alpha"]
+    assert {c["key"] for c in doc["columns"]} >= {"e2e.p99", "jitter", "cost_per_mtok"}
+
+
+def test_cli_report_and_export(run_dir: Path, tmp_path: Path,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    for fmt in ("md", "html", "json"):
+        out = tmp_path / f"report.{fmt}"
+        assert main(["report", str(run_dir), "--format", fmt, "-o", str(out)]) == 0
+        assert "alpha" in out.read_text()
+    assert main(["report", str(run_dir), "--format", "text"]) == 0
+    text = capsys.readouterr().out
+    assert "alpha" in text
+    assert "beta" in text
+    assert "E2E p99" in text
+
+    rows = rows_of(run_dir)
+    csv_out = tmp_path / "rows.csv"
+    assert main(["export", str(run_dir), "--format", "csv", "-o", str(csv_out), "--itl"]) == 0
+    lines = csv_out.read_text().splitlines()
+    assert len(lines) == len(rows) + 1
+    assert lines[0].startswith("id,session,wall,target,phase,seq,")
+    assert main(["export", str(run_dir), "--format", "jsonl"]) == 0
+    recs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert len(recs) == len(rows)
+    assert recs[0]["e2e_s"] == pytest.approx(rows[0]["e2e_ns"] / 1e9)
+    assert isinstance(recs[0]["oom"], bool)
+
+
+def test_export_streams(run_dir: Path) -> None:
+    """records() is a generator over a cursor: the first row comes before the last is read."""
+    with JournalReader(run_dir) as r:
+        it = records(r)
+        first = next(it)
+        assert first["id"] == 1
+        assert sum(1 for _ in it) == len(rows_of(run_dir)) - 1
+
+    class Sink:
+        def __init__(self) -> None:
+            self.n = 0
+
+        def write(self, s: str) -> int:
+            self.n += 1
+            return len(s)
+
+    sink = Sink()
+    assert export(run_dir, "jsonl", sink) == len(rows_of(run_dir))  # type: ignore[arg-type]
+
+
+def test_a_report_without_probes_says_so(tmp_path: Path) -> None:
+    clock = FakeClock(offset_s=10)
+    j = open_test_journal(tmp_path, config(), clock)
+    rng = random.Random(1)
+    for i in range(30):
+        j.record(outcome(rng, clock, "alpha", "warm", i, 1 + i * 0.1))
+    j.close()
+    rep = build_report(tmp_path)
+    assert rep.overall["beta"].requests == 0
+    assert rep.overall["alpha"].restarts is None
+    assert rep.overall["alpha"].tokens_per_joule is None
+    assert any("no probe samples" in n for n in rep.notes)
+    assert rep.overall["alpha"].jitter is None  # 30 requests: too few for a P99 per slice
+    md = render_markdown(rep)
+    assert "| restarts | - | - |" in md
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None and not os.environ.get("CI"),
+                    reason="chromium not installed (scripts/setup-chromium.sh)")
+def test_html_opens_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    page.write_text(render_html(build_report(run_dir)))
+    shot = tmp_path / "report.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", "--hide-scrollbars",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run(["chromium", *flags, "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert dom.count("<svg") == 5
+    assert "Targets side by side" in dom
+    assert "<parsererror" not in dom  # a broken SVG shows up as a parser error element
+    subprocess.run(["chromium", *flags, "--window-size=1200,3000", f"--screenshot={shot}",
+                    page.as_uri()], capture_output=True, timeout=120, check=True)
+    assert _png_size(shot) == (1200, 3000)
+    assert shot.stat().st_size > 50_000  # tables and plots drawn, not a blank page
+    keep = os.environ.get("SOAKD_SCREENSHOT_DIR")
+    if keep:
+        shutil.copy(shot, Path(keep) / "report.png")
