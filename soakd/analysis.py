@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter as CounterDict
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from soakd.model import OK, Outcome
@@ -40,6 +41,22 @@ class Digest:
             self.max = value_ns
         self.count += 1
         self.total += value_ns
+
+    def add_many(self, values: Sequence[int]) -> None:
+        """``add`` for each value (one request's ITL gaps), without a call per value."""
+        if not values:
+            return
+        buckets, log, lg = self._buckets, math.log, _LOG_GAMMA
+        for v in values:
+            key = 0 if v <= _MIN_NS else int(log(v / _MIN_NS) / lg) + 1
+            buckets[key] = buckets.get(key, 0) + 1
+        lo, hi = min(values), max(values)
+        if self.count == 0 or lo < self.min:
+            self.min = lo
+        if hi > self.max:
+            self.max = hi
+        self.count += len(values)
+        self.total += sum(values)
 
     def merge(self, other: Digest) -> None:
         for key, n in other._buckets.items():
@@ -122,8 +139,7 @@ class TargetStats:
         tpot = o.tpot_ns
         if tpot is not None:
             self.tpot.add(tpot)
-        for gap in o.itl_ns:
-            self.itl.add(gap)
+        self.itl.add_many(o.itl_ns)
 
     def merge(self, other: TargetStats) -> None:
         self.requests += other.requests

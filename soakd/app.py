@@ -38,9 +38,10 @@ from soakd.journal import (
     rollup_window_ns,
 )
 from soakd.logs import setup_logging
-from soakd.metrics import JournalMetrics, Metrics
+from soakd.metrics import JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
 from soakd.sim.spawn import SimProcess, spawn_sim
+from soakd.probes import Probes, make_probes
 from soakd.stats import RunStats
 from soakd.targets.openai import open_target
 from soakd.types import Target
@@ -110,6 +111,8 @@ class Soak:
             if self.resume else []
         self.journal: Journal | None = None
         self.metrics = Metrics()
+        self.probe_metrics = ProbeMetrics(self.metrics.registry)
+        self.probes: Probes | None = None
         self.names = [t.name for t in cfg.targets]
         self.stats = RunStats(self.names)
         self.targets: dict[str, Target] = {}
@@ -159,18 +162,21 @@ class Soak:
         started = time.monotonic()
         cancelled = 0
         try:
+            urls: dict[str, str] = {}
             for tcfg in self.cfg.targets:
                 if tcfg.simulator:
                     sim = await spawn_sim(tcfg.simulator, tcfg.model,
                                           self.run_dir / f"sim-{tcfg.name}.log")
                     self._sims.append(sim)
                     tcfg = tcfg.model_copy(update={"base_url": sim.base_url})  # noqa: PLW2901
+                urls[tcfg.name] = tcfg.base_url
                 self.targets[tcfg.name] = await open_target(tcfg)
+            self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
             self.runner = Runner(
                 self.plan, self.targets, make_prompt_source(self.cfg.workload),
                 # the journal hands outcomes on to Metrics once committed: Prometheus
                 # never counts a request the journal could lose (docs/journal.md)
-                [self.journal, self.stats], max_tokens=self.cfg.workload.max_tokens,
+                [self.journal, self.stats, self.probes.outcome_sink], max_tokens=self.cfg.workload.max_tokens,
                 temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
                 on_phase=self._on_phase,
                 start_seq=self.resume.next_seq if self.resume else None)
@@ -183,13 +189,17 @@ class Soak:
             self._install_signals()
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(self._tick())
+                probing = tg.create_task(self.probes.run())
                 await self.runner.run(self.resume.offset_ns if self.resume else 0)
                 cancelled = await self._drain()
                 ticker.cancel()
+                probing.cancel()
         finally:
             self._remove_signals()
             for target in self.targets.values():
                 await target.aclose()
+            if self.probes is not None:
+                await self.probes.aclose()
             for sim in self._sims:
                 await sim.aclose()
             elapsed = time.monotonic() - started

@@ -383,7 +383,10 @@ def _check_schema(conn: sqlite3.Connection, path: Path, *, writing: bool) -> dic
 
 def pack_itl(gaps_ns: array[int]) -> bytes:
     """Inter-token gaps as uint32 little-endian microseconds: 4 bytes a gap, ~71 min max."""
-    packed = array("I", [min(g // 1000, 0xFFFFFFFF) if g > 0 else 0 for g in gaps_ns])
+    try:
+        packed = array("I", [g // 1000 for g in gaps_ns])
+    except OverflowError:  # a negative or > 71 min gap: clamp (never seen, never fatal)
+        packed = array("I", [min(max(g, 0) // 1000, 0xFFFFFFFF) for g in gaps_ns])
     if _BIG:
         packed.byteswap()
     return packed.tobytes()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
@@ -40,7 +41,7 @@ def setup_logging(
     json_renderer = structlog.processors.JSONRenderer()
     console_renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
 
-    def render(logger: Any, name: str, event: dict[str, Any]) -> str:
+    def render(logger: Any, name: str, event: MutableMapping[str, Any]) -> str:
         line = json_renderer(logger, name, dict(event))
         if file is not None:
             file.write(str(line) + "\n")

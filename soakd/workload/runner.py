@@ -24,6 +24,11 @@ from soakd.workload.prompts import PromptSource
 log = structlog.get_logger()
 
 
+_UNREACHABLE = frozenset(
+    {ErrorKind.CONNECT_REFUSED, ErrorKind.CONNECT_ERROR, ErrorKind.TIMEOUT_CONNECT}
+)
+
+
 class _Pool:
     """A target's closed-loop workers: how many run, how many the phase wants."""
 
@@ -70,7 +75,7 @@ class Runner:
         self._busy = dict.fromkeys(targets, 0)  # in flight per target
         self._pools = {name: _Pool() for name in targets}  # closed-loop workers
         self._drivers: set[asyncio.Task[None]] = set()  # open-loop dispatchers
-        self._requests: set[asyncio.Task[None]] = set()  # requests and closed-loop workers
+        self._requests: set[asyncio.Task[Any]] = set()  # requests and closed-loop workers
 
     # --- clock --------------------------------------------------------------------------
 
@@ -174,7 +179,7 @@ class Runner:
         if shape.mode in ("constant", "poisson", "ramp"):
             self._spawn(self._drivers, self._open_loop(name, shape, phase))
 
-    def _spawn(self, into: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, into: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         into.add(task)
         task.add_done_callback(into.discard)
@@ -187,7 +192,7 @@ class Runner:
             name, phase.name, seq, prompt, tokens, self.max_tokens, self.temperature, scheduled_ns
         )
 
-    async def _one(self, name: str, spec: RequestSpec) -> None:
+    async def _one(self, name: str, spec: RequestSpec) -> Outcome:
         self._busy[name] += 1
         outcome = Outcome.planned(spec)
         try:
@@ -203,12 +208,23 @@ class Runner:
             self._busy[name] -= 1
         for record in self._record:
             record(outcome)
+        return outcome
 
     async def _closed_worker(self, name: str, pool: _Pool) -> None:
-        """Send, wait, send again, while the pool wants this many workers."""
+        """Send, wait, send again, while the pool wants this many workers.
+
+        After a connection failure the worker pauses (50 ms doubling to 1 s) before its
+        next send: a dead target is then probed a few times a second, not hammered
+        thousands of times (every failure is still recorded)."""
+        pause = 0.0
         try:
             while not self.stopping and pool.workers <= pool.want and pool.phase is not None:
-                await self._one(name, self._spec(name, pool.phase, now_ns()))
+                outcome = await self._one(name, self._spec(name, pool.phase, now_ns()))
+                if outcome.error in _UNREACHABLE:
+                    pause = min(1.0, pause * 2 or 0.05)
+                    await self._sleep_until(now_ns() + int(pause * 1e9))
+                else:
+                    pause = 0.0
         finally:
             pool.workers -= 1
 

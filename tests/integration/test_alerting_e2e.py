@@ -525,25 +525,25 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def _sim_profile() -> Any:
-    """A simulated 4 GB card whose VRAM crosses 3.9 GB under load and that OOMs past 12
-    running sequences: edge-4gb-oom with 4 MiB of activations per running sequence
-    (idle 3.87 GB, 12 running 3.92 GB). A shipped profile that does this already is
-    preferred."""
+    """A simulated 4 GB card whose VRAM crosses 3.9 GB under load, clearly, and that OOMs
+    past 12 running sequences: edge-4gb-oom with 8 MiB of activations per running sequence
+    (1 running: 3.87 GB; 5 or more: above 3.9 GB, so the batch shrinking for a moment
+    between requests does not restart the 5 s `for`). A shipped profile that does this
+    already is preferred."""
     from soakd.sim.profiles import MIB, PROFILES, get_profile
 
-    def peak(p: Any) -> float:
-        running = min(p.max_num_seqs, p.oom_above_running or p.max_num_seqs)
+    def vram(p: Any, running: int) -> float:
         return (p.vram_used_mib + p.vram_mib_per_running_seq * running) * MIB
 
     for profile in PROFILES.values():
+        cap = min(profile.max_num_seqs, profile.oom_above_running or profile.max_num_seqs)
         if (
             profile.oom_above_running
-            and peak(profile) > LIMIT
-            and (profile.vram_used_mib + profile.vram_mib_per_running_seq) * MIB < LIMIT
             and profile.vram_leak_bytes_per_hour == 0
+            and vram(profile, 1) < LIMIT < vram(profile, cap // 2)
         ):
             return profile
-    return get_profile("edge-4gb-oom", vram_mib_per_running_seq=4.0)
+    return get_profile("edge-4gb-oom", vram_mib_per_running_seq=8.0)
 
 
 def _soak_config(vllm_url: str, spare_url: str) -> dict[str, Any]:

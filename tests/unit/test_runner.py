@@ -141,3 +141,23 @@ async def test_resume_mid_plan_skips_finished_phases() -> None:
     await runner.drain(5)
     assert {o.phase for o in sink.outcomes} == {"two"}
     assert time.monotonic() - started < 0.35  # only the remaining 150 ms of "two"
+
+
+class DeadTarget(FakeTarget):
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        o = outcome or Outcome.planned(spec)
+        o.sent_ns = o.end_ns = time.perf_counter_ns()
+        o.error = ErrorKind.CONNECT_REFUSED
+        self.seqs.append(spec.seq)
+        return o
+
+
+async def test_closed_loop_backs_off_from_a_dead_target() -> None:
+    target = DeadTarget("a")
+    plan = plan_of(("p", 500, {"a": LoadShape("closed", concurrency=2)}))
+    runner, sink = runner_for(plan, target)
+    await runner.run()
+    await runner.drain(5)
+    # 50 + 100 + 200 ms pauses fit in 0.5 s: a handful of probes per worker, not thousands
+    assert 4 <= len(sink.outcomes) <= 12
+    assert all(o.error == ErrorKind.CONNECT_REFUSED for o in sink.outcomes)

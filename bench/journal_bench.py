@@ -1,0 +1,128 @@
+"""Journal bench: write throughput (records/s) and disk bytes per request, synthetic outcomes.
+
+    .venv/bin/python bench/journal_bench.py                 # 1M requests, 128 tokens each
+    .venv/bin/python bench/journal_bench.py -n 200000 --tokens 512 --no-itl --sync normal
+
+A producer thread plays the event loop: it builds outcomes and calls ``Journal.record``
+(pausing while the queue is over 20k, as a loop at that rate would not be). Figures:
+
+- hot path: mean time of one ``record`` call (what the event loop pays per request);
+- writer: records/s over the writer's busy time (the sum of its commit times) and over the
+  whole run (producer included, so that one is a floor);
+- bytes/request: journal.db after the final checkpoint, divided by the requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import threading
+import time
+from array import array
+from datetime import UTC, datetime
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from soakd.config import JournalConfig
+from soakd.journal import JOURNAL_FILE, Journal, RunInfo
+from soakd.metrics import JournalMetrics
+from soakd.model import ErrorKind, Outcome
+
+
+class Clock:
+    """The plan clock as the journal reads it: started a minute ago, never stopping."""
+
+    def __init__(self) -> None:
+        self.origin_ns = time.perf_counter_ns() - 60 * 10**9
+        self.phase = None
+        self.finished = False
+        self.stopping = False
+        self.next_seq: dict[str, int] = {}
+
+
+def outcomes(n: int, tokens: int, seed: int = 1) -> list[Outcome]:
+    """A pool of realistic outcomes (re-recorded many times: building them is not the bench)."""
+    rng = random.Random(seed)
+    pool = []
+    now = time.perf_counter_ns()
+    for i in range(n):
+        out = max(2, int(rng.uniform(0.5, 1.5) * tokens))
+        sent = now - rng.randint(1, 30) * 10**9
+        ttft = rng.randint(20_000, 400_000) * 1000
+        gaps = array("q", [rng.randint(5_000, 60_000) * 1000 for _ in range(out - 1)])
+        o = Outcome(("local", "cloud")[i % 2], "steady", i, sent - rng.randint(0, 2_000_000))
+        o.sent_ns, o.wall_start = sent, time.time()
+        o.first_token_ns = sent + ttft
+        o.end_ns = sent + ttft + sum(gaps)
+        o.status, o.output_tokens, o.prompt_tokens, o.usage_reported = 200, out, 256, True
+        o.itl_ns = gaps
+        if i % 100 == 0:
+            o.error, o.status = ErrorKind.HTTP_5XX, 503
+        pool.append(o)
+    return pool
+
+
+def bench(n: int, tokens: int, itl: bool, sync: str) -> dict[str, float]:
+    pool = outcomes(500, tokens)
+    with tempfile.TemporaryDirectory(prefix="soakd-journal-bench-") as tmp:
+        reg = CollectorRegistry()
+        jm = JournalMetrics(reg)
+        info = RunInfo("bench", {}, {"phases": []}, datetime.now(UTC), {}, 60 * 10**9)
+        cfg = JournalConfig(synchronous=sync, itl_gaps=itl, queue_size=100_000)  # type: ignore[arg-type]
+        j = Journal(Path(tmp) / JOURNAL_FILE, info, cfg, metrics=jm)
+        j.start()
+        j.attach(Clock())  # type: ignore[arg-type]
+        spent_in_record = 0.0
+        t0 = time.perf_counter()
+
+        def produce() -> None:
+            nonlocal spent_in_record
+            queue = j._q  # noqa: SLF001 - the bench paces itself on the queue depth
+            for i in range(n):
+                while len(queue) > 20_000:
+                    time.sleep(0.005)
+                o = pool[i % len(pool)]
+                s = time.perf_counter()
+                j.record(o)
+                spent_in_record += time.perf_counter() - s
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        producer.join()
+        j.close()
+        wall = time.perf_counter() - t0
+        size = sum(p.stat().st_size for p in Path(tmp).iterdir() if p.name.startswith("journal"))
+        written = reg.get_sample_value("soakd_journal_records_total", {"kind": "request"}) or 0
+        busy = reg.get_sample_value("soakd_journal_commit_seconds_sum") or 0.0
+        commits = reg.get_sample_value("soakd_journal_commit_seconds_count") or 0.0
+    assert written == n, (written, n)
+    return {
+        "n": n, "wall_s": wall, "writer_busy_s": busy, "commits": commits,
+        "record_us": spent_in_record / n * 1e6, "per_s_busy": n / busy, "per_s_wall": n / wall,
+        "bytes": size, "bytes_per_request": size / n,
+    }  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-n", type=int, default=1_000_000, help="requests (default 1M)")
+    p.add_argument("--tokens", type=int, default=128, help="mean output tokens per request")
+    p.add_argument("--no-itl", action="store_true", help="journal.itl_gaps: false")
+    p.add_argument("--sync", choices=("full", "normal"), default="full")
+    a = p.parse_args()
+    r = bench(a.n, a.tokens, not a.no_itl, a.sync)
+    print(f"requests            {r['n']:,} (mean {a.tokens} output tokens, "
+          f"itl_gaps={'off' if a.no_itl else 'on'}, synchronous={a.sync})")
+    print(f"hot path            {r['record_us']:.2f} us per record() call")
+    print(f"writer throughput   {r['per_s_busy']:,.0f} records/s of writer busy time "
+          f"({r['writer_busy_s']:.1f} s in {r['commits']:,.0f} commits)")
+    print(f"end to end          {r['per_s_wall']:,.0f} records/s with the producer "
+          f"({r['wall_s']:.1f} s)")
+    print(f"disk                {r['bytes'] / 1e6:,.1f} MB, {r['bytes_per_request']:,.0f} "
+          f"bytes/request -> {r['bytes_per_request']:,.0f} MB per million requests")
+
+
+if __name__ == "__main__":
+    main()
