@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint setup setup-vllm clean
+.PHONY: demo test test-fast lint setup setup-vllm setup-system clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,8 +21,14 @@ demo: $(STAMP)
 setup-vllm:
 	bash scripts/setup-vllm.sh
 
-## test: install everything the tests need (venv, vLLM CPU server, tiny model), run them all
-test: $(STAMP) setup-vllm
+## Debian packages the tests drive for real: Prometheus + Alertmanager, Chromium (HTML report)
+setup-system:
+	bash scripts/setup-prometheus.sh
+	bash scripts/setup-chromium.sh
+
+## test: install everything the tests need (venv, vLLM CPU server, tiny model,
+## Prometheus, Alertmanager, Chromium), then lint, type-check and run every test
+test: $(STAMP) setup-vllm setup-system
 	$(BIN)/ruff check soakd tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q

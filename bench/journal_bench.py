@@ -79,7 +79,7 @@ def bench(n: int, tokens: int, itl: bool, sync: str) -> dict[str, float]:
 
         def produce() -> None:
             nonlocal spent_in_record
-            queue = j._q  # noqa: SLF001 - the bench paces itself on the queue depth
+            queue = j._q  # the bench paces itself on the queue depth
             for i in range(n):
                 while len(queue) > 20_000:
                     time.sleep(0.005)
@@ -113,15 +113,23 @@ def main() -> None:
     p.add_argument("--sync", choices=("full", "normal"), default="full")
     a = p.parse_args()
     r = bench(a.n, a.tokens, not a.no_itl, a.sync)
-    print(f"requests            {r['n']:,} (mean {a.tokens} output tokens, "
-          f"itl_gaps={'off' if a.no_itl else 'on'}, synchronous={a.sync})")
+    print(
+        f"requests            {r['n']:,} (mean {a.tokens} output tokens, "
+        f"itl_gaps={'off' if a.no_itl else 'on'}, synchronous={a.sync})"
+    )
     print(f"hot path            {r['record_us']:.2f} us per record() call")
-    print(f"writer throughput   {r['per_s_busy']:,.0f} records/s of writer busy time "
-          f"({r['writer_busy_s']:.1f} s in {r['commits']:,.0f} commits)")
-    print(f"end to end          {r['per_s_wall']:,.0f} records/s with the producer "
-          f"({r['wall_s']:.1f} s)")
-    print(f"disk                {r['bytes'] / 1e6:,.1f} MB, {r['bytes_per_request']:,.0f} "
-          f"bytes/request -> {r['bytes_per_request']:,.0f} MB per million requests")
+    print(
+        f"writer throughput   {r['per_s_busy']:,.0f} records/s of writer busy time "
+        f"({r['writer_busy_s']:.1f} s in {r['commits']:,.0f} commits)"
+    )
+    print(
+        f"end to end          {r['per_s_wall']:,.0f} records/s with the producer "
+        f"({r['wall_s']:.1f} s)"
+    )
+    print(
+        f"disk                {r['bytes'] / 1e6:,.1f} MB, {r['bytes_per_request']:,.0f} "
+        f"bytes/request -> {r['bytes_per_request']:,.0f} MB per million requests"
+    )
 
 
 if __name__ == "__main__":

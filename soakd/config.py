@@ -148,7 +148,7 @@ class TargetConfig(Strict):
             raise ValueError(f"URL has no host: {value!r}")
         if parts.password:
             raise ValueError("URL must not carry a password: use api_key_env or api_key_file")
-        return value.rstrip("/")
+        return value
 
     @field_validator("headers")
     @classmethod
@@ -195,7 +195,7 @@ class TargetConfig(Strict):
     @property
     def endpoint(self) -> str:
         path = "/chat/completions" if self.api == "chat" else "/completions"
-        base = self.base_url
+        base = self.base_url.rstrip("/")
         return base + path if base.endswith("/v1") else base + "/v1" + path
 
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import random
+import signal
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -657,7 +658,11 @@ async def run_sim(
         )
         if ready is not None:
             ready.set()
-        await asyncio.Event().wait()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # `docker stop`, Ctrl-C: a clean exit 0
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
     finally:
         await server.aclose()
         log.info("sim_stopped", url=server.url)

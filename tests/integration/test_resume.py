@@ -46,9 +46,22 @@ def soak_config(max_tokens: int = 12) -> dict[str, Any]:
 
 def start(cfg: Path, run_dir: Path, port: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "soakd", "run", str(cfg), "--no-live",
-         "--metrics-addr", f"127.0.0.1:{port}", "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "soakd",
+            "run",
+            str(cfg),
+            "--no-live",
+            "--metrics-addr",
+            f"127.0.0.1:{port}",
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def get(port: int, path: str) -> str:
@@ -109,7 +122,8 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
     sims: list[int] = []
     try:
         text, status = wait_until(
-            port, lambda t, s: sum(counters(t, "soakd_requests_total").values()) >= 60)
+            port, lambda t, s: sum(counters(t, "soakd_requests_total").values()) >= 60
+        )
         run_id = status["run_id"]
         checkpoint = counters(text, "soakd_requests_total")
         checkpoint_elapsed = status["elapsed_s"]
@@ -128,12 +142,18 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
 
     with journal(run_dir) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        rows = {(t, p, o or "ok"): n for t, p, o, n in conn.execute(
-            "SELECT target, phase, error, COUNT(*) FROM requests GROUP BY 1, 2, 3")}
+        rows = {
+            (t, p, o or "ok"): n
+            for t, p, o, n in conn.execute(
+                "SELECT target, phase, error, COUNT(*) FROM requests GROUP BY 1, 2, 3"
+            )
+        }
         offset_at_kill = conn.execute("SELECT MAX(offset_ns) FROM progress").fetchone()[0] / 1e9
         seq_at_kill = dict(conn.execute("SELECT target, MAX(seq) FROM requests GROUP BY 1"))
-        assert conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'run_stopped'"
-                            ).fetchone()[0] == 0  # it never got to say goodbye
+        assert (
+            conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'run_stopped'").fetchone()[0]
+            == 0
+        )  # it never got to say goodbye
     for key, n in checkpoint.items():  # every request /metrics had counted is in the journal
         assert rows.get(key, 0) >= n, (key, rows.get(key, 0), n)
     assert checkpoint_elapsed <= offset_at_kill < PLAN_S
@@ -143,8 +163,21 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
     changed = tmp_path / "changed.yaml"
     changed.write_text(yaml.safe_dump(soak_config(max_tokens=20)))
     refused = subprocess.run(
-        [sys.executable, "-m", "soakd", "run", str(changed), "--no-live", "--run-dir",
-         str(run_dir)], capture_output=True, text=True, timeout=60, check=False)
+        [
+            sys.executable,
+            "-m",
+            "soakd",
+            "run",
+            str(changed),
+            "--no-live",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert refused.returncode == 2
     assert "config differs" in refused.stderr
     assert "workload.max_tokens" in refused.stderr
@@ -173,17 +206,21 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
     assert "fast-b" in out
 
     with journal(run_dir) as conn:
-        sessions = conn.execute("SELECT session, started_offset_ns, offset_ns FROM progress "
-                                "ORDER BY session").fetchall()
+        sessions = conn.execute(
+            "SELECT session, started_offset_ns, offset_ns FROM progress ORDER BY session"
+        ).fetchall()
         assert [s[0] for s in sessions] == [1, 2]
         assert sessions[1][1] / 1e9 == pytest.approx(offset_at_kill)  # the clock went on
         assert sessions[1][2] / 1e9 >= PLAN_S  # and ran the rest of the plan
         for target, top in seq_at_kill.items():  # prompt numbers continue too
-            first = conn.execute("SELECT MIN(seq) FROM requests WHERE session = 2 AND "
-                                 "target = ?", (target,)).fetchone()[0]
+            first = conn.execute(
+                "SELECT MIN(seq) FROM requests WHERE session = 2 AND target = ?", (target,)
+            ).fetchone()[0]
             assert first > top
-        downtime = [json.loads(d) for (d,) in conn.execute(
-            "SELECT data FROM events WHERE kind = 'downtime'")]
+        downtime = [
+            json.loads(d)
+            for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'downtime'")
+        ]
         assert len(downtime) == 1
         assert downtime[0]["seconds"] > 0.5
         total = conn.execute("SELECT SUM(requests) FROM totals").fetchone()[0]
@@ -193,12 +230,29 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
 
     # --- finished: not restarted by accident ----------------------------------------------
     again = subprocess.run(
-        [sys.executable, "-m", "soakd", "run", str(cfg_path), "--no-live", "--run-dir",
-         str(run_dir)], capture_output=True, text=True, timeout=60, check=False)
+        [
+            sys.executable,
+            "-m",
+            "soakd",
+            "run",
+            str(cfg_path),
+            "--no-live",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert again.returncode == 2
     assert "has finished" in again.stderr
-    report = subprocess.run([sys.executable, "-m", "soakd", "report", str(run_dir)],
-                            capture_output=True, text=True, timeout=60, check=True).stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "soakd", "report", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert "in 2 session(s)" in report
     assert "Downtime" in report
-

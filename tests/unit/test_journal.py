@@ -8,6 +8,7 @@ import random
 import sqlite3
 import time
 from array import array
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,19 +39,28 @@ def make_outcomes(clock: FakeClock, n: int, seed: int = 1) -> list[Outcome]:
     for i in range(n):
         target = ("alpha", "beta")[i % 2]
         phase = "warm" if i < n // 2 else "hot"
-        out.append(outcome(rng, clock, target, phase, i // 2, 10 + i * 0.01,
-                           error=rng.choice(KINDS)))
+        out.append(
+            outcome(rng, clock, target, phase, i // 2, 10 + i * 0.01, error=rng.choice(KINDS))
+        )
     return out
 
 
 def scraped(metrics: Metrics, prefix: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = generate_latest(metrics.registry).decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name.startswith(prefix) and not s.name.endswith("_created")}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith(prefix) and not s.name.endswith("_created")
+    }
 
 
-def wait_for(cond, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+def written(metrics: Metrics) -> float:
+    value = metrics.registry.get_sample_value("soakd_journal_records_total", {"kind": "request"})
+    return value or 0.0
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "timed out"
@@ -130,8 +140,7 @@ def test_prometheus_never_counts_what_the_journal_does_not_hold(tmp_path: Path) 
                 committed = conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
             seen.append((self.n, committed))
 
-    j = Journal(db, run_info(config())[0], JournalConfig(flush_interval=0.02),
-                forward=Checking())  # type: ignore[arg-type]
+    j = Journal(db, run_info(config())[0], JournalConfig(flush_interval=0.02), forward=Checking())  # type: ignore[arg-type]
     j.start()
     j.attach(clock)
     for o in make_outcomes(clock, 200):
@@ -150,14 +159,17 @@ def test_full_queue_drops_are_counted_forwarded_and_totalled(tmp_path: Path) -> 
     for t in ("alpha", "beta"):
         live.add_target(t, ["warm", "hot"])
     jm = JournalMetrics(live.registry)
-    j = Journal(tmp_path / "journal.db", info, JournalConfig(queue_size=100), metrics=jm,
-                forward=live)
+    j = Journal(
+        tmp_path / "journal.db", info, JournalConfig(queue_size=100), metrics=jm, forward=live
+    )
     j.attach(clock)
     outcomes = make_outcomes(clock, 150)
     for o in outcomes:  # the writer is not running yet: the queue fills
         j.record(o)
-    assert live.registry.get_sample_value(
-        "soakd_journal_dropped_records_total", {"kind": "request"}) == 50
+    assert (
+        live.registry.get_sample_value("soakd_journal_dropped_records_total", {"kind": "request"})
+        == 50
+    )
     counted = sum(v for (n, _), v in scraped(live, "soakd_requests_total").items())
     assert counted == 50  # the dropped ones went to Metrics at once
     j.start()
@@ -192,14 +204,19 @@ def test_a_full_disk_keeps_measuring_loses_nothing_written_and_recovers(
     for t in ("alpha", "beta"):
         live.add_target(t, ["warm", "hot"])
     jm = JournalMetrics(live.registry)
-    j = DiskFills(tmp_path / "journal.db", run_info(cfg)[0], JournalConfig(flush_interval=0.02),
-                  metrics=jm, forward=live)
+    j = DiskFills(
+        tmp_path / "journal.db",
+        run_info(cfg)[0],
+        JournalConfig(flush_interval=0.02),
+        metrics=jm,
+        forward=live,
+    )
     j.start()
     j.attach(clock)
     first = make_outcomes(clock, 100, seed=1)
     for o in first:
         j.record(o)
-    wait_for(lambda: jm.records.labels("request")._value.get() == 100)
+    wait_for(lambda: written(live) == 100)
     with sqlite3.connect(tmp_path / "journal.db") as conn:
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
     j.cap = pages  # full from now on
@@ -213,7 +230,7 @@ def test_a_full_disk_keeps_measuring_loses_nothing_written_and_recovers(
     with JournalReader(tmp_path) as r:
         assert sum(1 for _ in r.request_rows()) == 100  # what was written is intact
     j.cap = 1_000_000  # space again
-    wait_for(lambda: jm.records.labels("request")._value.get() == 400)
+    wait_for(lambda: written(live) == 400)
     j.close()
     with JournalReader(tmp_path) as r:
         assert sum(1 for _ in r.request_rows()) == 400
@@ -290,10 +307,17 @@ def test_the_journal_holds_key_references_never_keys(
 ) -> None:
     secret = "sk-live-0123456789abcdef"
     monkeypatch.setenv("SOAKD_TEST_KEY", secret)
-    cfg = config(targets=[{
-        "name": "alpha", "base_url": f"https://api.example.com/v1?key={secret}",
-        "api_key_env": "SOAKD_TEST_KEY", "headers": {"X-Session-Token": secret, "X-Team": "t1"},
-    }], phases=[{"name": "p", "duration": "1m"}])
+    cfg = config(
+        targets=[
+            {
+                "name": "alpha",
+                "base_url": f"https://api.example.com/v1?key={secret}",
+                "api_key_env": "SOAKD_TEST_KEY",
+                "headers": {"X-Session-Token": secret, "X-Team": "t1"},
+            }
+        ],
+        phases=[{"name": "p", "duration": "1m"}],
+    )
     assert cfg.targets[0].api_key().get_secret_value() == secret  # type: ignore[union-attr]
     doc = config_doc(cfg)
     assert doc["targets"][0]["api_key_env"] == "SOAKD_TEST_KEY"
@@ -340,16 +364,23 @@ def test_retention_deletes_old_rows_but_keeps_the_aggregates(
 ) -> None:
     monkeypatch.setattr(journal_mod, "RETENTION_EVERY_S", 0.0)
     clock = FakeClock(offset_s=60)
-    j = open_test_journal(tmp_path, config(), clock, journal_cfg=JournalConfig(
-        flush_interval=0.02, keep_samples="1h", keep_requests="1h"))
+    j = open_test_journal(
+        tmp_path,
+        config(),
+        clock,
+        journal_cfg=JournalConfig(flush_interval=0.02, keep_samples="1h", keep_requests="1h"),
+    )
     old = time.time() - 7200
     outcomes = make_outcomes(clock, 100)
     for i, o in enumerate(outcomes):
         o.wall_start = old if i < 60 else time.time()
         j.record(o)
     for i in range(50):
-        j.sample(Sample(old + i if i < 30 else time.time(), "soakd_gpu_power_watts", 100.0,
-                        (("gpu", "0"),)))
+        j.sample(
+            Sample(
+                old + i if i < 30 else time.time(), "soakd_gpu_power_watts", 100.0, (("gpu", "0"),)
+            )
+        )
     time.sleep(0.3)
     j.close()
     with JournalReader(tmp_path) as r:
@@ -365,8 +396,9 @@ def test_samples_and_events_round_trip(tmp_path: Path) -> None:
     j = open_test_journal(tmp_path, config(), clock)
     j.sample(Sample(1.5, "soakd_gpu_memory_used_bytes", 3e9, (("gpu", "0"),)))
     j.sample(Sample(2.5, "soakd_gpu_memory_used_bytes", 3.1e9, (("gpu", "0"),)))
-    j.sample(Sample(2.5, "soakd_target_oom_events_total", 1, (("source", "xid"),
-                                                             ("target", "alpha"))))
+    j.sample(
+        Sample(2.5, "soakd_target_oom_events_total", 1, (("source", "xid"), ("target", "alpha")))
+    )
     j.event("phase", name="warm", index=0)
     j.close()
     with JournalReader(tmp_path) as r:
@@ -385,8 +417,7 @@ def test_samples_and_events_round_trip(tmp_path: Path) -> None:
 def test_recording_never_blocks(tmp_path: Path) -> None:
     """The hot path is an append: 100k records take well under a second of loop time."""
     clock = FakeClock(offset_s=1)
-    j = open_test_journal(tmp_path, config(), clock,
-                          journal_cfg=JournalConfig(queue_size=200_000))
+    j = open_test_journal(tmp_path, config(), clock, journal_cfg=JournalConfig(queue_size=200_000))
     o = make_outcomes(clock, 1)[0]
     t0 = time.perf_counter()
     for _ in range(100_000):

@@ -28,8 +28,12 @@ from soakd.report import build_report, render_html, render_json, render_markdown
 from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome
 
 HOUR = 3600.0
-KINDS = [None] * 20 + [ErrorKind.HTTP_5XX, ErrorKind.HTTP_429, ErrorKind.TIMEOUT_TTFT,
-                       ErrorKind.STREAM_TRUNCATED]
+KINDS = [None] * 20 + [
+    ErrorKind.HTTP_5XX,
+    ErrorKind.HTTP_429,
+    ErrorKind.TIMEOUT_TTFT,
+    ErrorKind.STREAM_TRUNCATED,
+]
 QS = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 
 
@@ -47,27 +51,50 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for _ in range(rng.randint(60, 90)):
                 end = k * 300 + rng.uniform(1, 299)
                 phase = "warm" if end < 1800 else "hot"
-                j.record(outcome(rng, clock, target, phase, seq[target], end, slow=slow,
-                                 error=rng.choice(KINDS)))
+                j.record(
+                    outcome(
+                        rng,
+                        clock,
+                        target,
+                        phase,
+                        seq[target],
+                        end,
+                        slow=slow,
+                        error=rng.choice(KINDS),
+                    )
+                )
                 seq[target] += 1
     for t in range(0, 3600, 60):  # probes: a sample a minute
         wall = base_wall + t + 0.5
-        j.sample(Sample(wall, "soakd_gpu_process_memory_bytes", 2e9 + 5e6 * t / HOUR,
-                        (("gpu", "0"), ("target", "alpha"))))
-        j.sample(Sample(wall, "soakd_gpu_process_memory_bytes", 3e9,
-                        (("gpu", "1"), ("target", "beta"))))
-        j.sample(Sample(wall, "soakd_gpu_memory_used_bytes", 2.5e9 + 5e6 * t / HOUR,
-                        (("gpu", "0"),)))
+        j.sample(
+            Sample(
+                wall,
+                "soakd_gpu_process_memory_bytes",
+                2e9 + 5e6 * t / HOUR,
+                (("gpu", "0"), ("target", "alpha")),
+            )
+        )
+        j.sample(
+            Sample(wall, "soakd_gpu_process_memory_bytes", 3e9, (("gpu", "1"), ("target", "beta")))
+        )
+        j.sample(
+            Sample(wall, "soakd_gpu_memory_used_bytes", 2.5e9 + 5e6 * t / HOUR, (("gpu", "0"),))
+        )
         j.sample(Sample(wall, "soakd_gpu_energy_joules_total", 100.0 * t, (("gpu", "0"),)))
         j.sample(Sample(wall, "soakd_gpu_energy_joules_total", 1000.0 * t, (("gpu", "1"),)))
         j.sample(Sample(wall, "soakd_gpu_power_watts", 100.0, (("gpu", "0"),)))
     # restarts of alpha: one in warm, one in hot, then soakd itself restarted (counter back
     # to 0) and one more in hot
     for t, v in ((100, 0), (1000, 1), (2500, 2), (3000, 0), (3300, 1)):
-        j.sample(Sample(base_wall + t, "soakd_target_restarts_total", v,
-                        (("target", "alpha"),)))
-    j.sample(Sample(base_wall + 2000, "soakd_target_oom_events_total", 1,
-                    (("source", "xid"), ("target", "beta"))))
+        j.sample(Sample(base_wall + t, "soakd_target_restarts_total", v, (("target", "alpha"),)))
+    j.sample(
+        Sample(
+            base_wall + 2000,
+            "soakd_target_oom_events_total",
+            1,
+            (("source", "xid"), ("target", "beta")),
+        )
+    )
     j.close(completed=True)
     return d
 
@@ -101,7 +128,9 @@ def expected(rows: list[dict[str, Any]], target: str, phase: str | None) -> dict
         if r["error"]:
             errors[r["error"]] = errors.get(r["error"], 0) + 1
     return {
-        "requests": len(mine), "ok": len(ok), "errors": errors,
+        "requests": len(mine),
+        "ok": len(ok),
+        "errors": errors,
         "output_tokens": sum(r["output_tokens"] for r in mine),
         "latency_ms": {k: {q: exact(v, x) / 1e6 for q, x in QS.items()} for k, v in lat.items()},
         "oom_responses": sum(r["oom"] for r in mine),
@@ -140,17 +169,23 @@ def test_report_numbers_match_the_rows(run_dir: Path) -> None:
             for kind, qs in want["latency_ms"].items():
                 for q, value in qs.items():
                     assert got.latency_ms[kind][q] == pytest.approx(value, rel=0.01), (
-                        target, phase, kind, q)
-        assert rep.overall[target].jitter == pytest.approx(expected_jitter(rows, target),
-                                                           abs=0.01)
+                        target,
+                        phase,
+                        kind,
+                        q,
+                    )
+        assert rep.overall[target].jitter == pytest.approx(expected_jitter(rows, target), abs=0.01)
 
 
 def test_report_probe_numbers(run_dir: Path) -> None:
     rows = rows_of(run_dir)
     rep = build_report(run_dir)
     a, b = rep.overall["alpha"], rep.overall["beta"]
-    assert (a.restarts, rep.by_phase["warm"]["alpha"].restarts,
-            rep.by_phase["hot"]["alpha"].restarts) == (3, 1, 2)
+    assert (
+        a.restarts,
+        rep.by_phase["warm"]["alpha"].restarts,
+        rep.by_phase["hot"]["alpha"].restarts,
+    ) == (3, 1, 2)
     assert (b.oom_events, rep.by_phase["hot"]["beta"].oom_events) == (1, 1)
     assert b.restarts is None  # never sampled: not measured, not zero
     assert a.vram_peak_bytes == pytest.approx(2e9 + 5e6 * 3540 / HOUR)
@@ -185,14 +220,22 @@ def _check_table(cells: dict[str, list[str]], rows: list[dict[str, Any]]) -> Non
         want = expected(rows, target, None)
         assert _num(cells["requests"][i]) == want["requests"]
         assert _num(cells["errors"][i]) == want["requests"] - want["ok"]
-        assert _num(cells["success rate"][i]) == pytest.approx(want["ok"] / want["requests"],
-                                                               abs=0.0001)
-        for title, (kind, q) in (("E2E p99", ("e2e", "p99")), ("TTFT p50", ("ttft", "p50")),
-                                 ("ITL p95", ("itl", "p95")), ("TPOT p99", ("tpot", "p99"))):
-            assert _num(cells[title][i]) == pytest.approx(want["latency_ms"][kind][q],
-                                                          rel=0.016), (title, target)
+        assert _num(cells["success rate"][i]) == pytest.approx(
+            want["ok"] / want["requests"], abs=0.0001
+        )
+        for title, (kind, q) in (
+            ("E2E p99", ("e2e", "p99")),
+            ("TTFT p50", ("ttft", "p50")),
+            ("ITL p95", ("itl", "p95")),
+            ("TPOT p99", ("tpot", "p99")),
+        ):
+            assert _num(cells[title][i]) == pytest.approx(want["latency_ms"][kind][q], rel=0.016), (
+                title,
+                target,
+            )
         assert _num(cells["throughput (req/s)"][i]) == pytest.approx(
-            want["requests"] / HOUR, rel=0.005)
+            want["requests"] / HOUR, rel=0.005
+        )
 
 
 def test_markdown_carries_the_same_numbers(run_dir: Path) -> None:
@@ -262,16 +305,18 @@ def test_json_carries_the_same_numbers(run_dir: Path) -> None:
         got = doc["overall"][target]
         assert got["requests"] == want["requests"]
         assert got["errors_by_kind"] == want["errors"]
-        assert got["latency_ms"]["e2e"]["p99"] == pytest.approx(want["latency_ms"]["e2e"]["p99"],
-                                                                rel=0.01)
+        assert got["latency_ms"]["e2e"]["p99"] == pytest.approx(
+            want["latency_ms"]["e2e"]["p99"], rel=0.01
+        )
         phase = doc["by_phase"]["hot"][target]
         assert phase["requests"] == expected(rows, target, "hot")["requests"]
     assert doc["best"]["e2e.p99"] == ["alpha"]
     assert {c["key"] for c in doc["columns"]} >= {"e2e.p99", "jitter", "cost_per_mtok"}
 
 
-def test_cli_report_and_export(run_dir: Path, tmp_path: Path,
-                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_report_and_export(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     for fmt in ("md", "html", "json"):
         out = tmp_path / f"report.{fmt}"
         assert main(["report", str(run_dir), "--format", fmt, "-o", str(out)]) == 0
@@ -338,22 +383,40 @@ def _png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None and not os.environ.get("CI"),
-                    reason="chromium not installed (scripts/setup-chromium.sh)")
+@pytest.mark.skipif(
+    shutil.which("chromium") is None and not os.environ.get("CI"),
+    reason="chromium not installed (scripts/setup-chromium.sh)",
+)
 def test_html_opens_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     page.write_text(render_html(build_report(run_dir)))
     shot = tmp_path / "report.png"
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--no-first-run", "--hide-scrollbars",
-             f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run(["chromium", *flags, "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run(
+        ["chromium", *flags, "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert dom.count("<svg") == 5
     assert "Targets side by side" in dom
     assert "<parsererror" not in dom  # a broken SVG shows up as a parser error element
-    subprocess.run(["chromium", *flags, "--window-size=1200,3000", f"--screenshot={shot}",
-                    page.as_uri()], capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        ["chromium", *flags, "--window-size=1200,3000", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     assert _png_size(shot) == (1200, 3000)
     assert shot.stat().st_size > 50_000  # tables and plots drawn, not a blank page
     keep = os.environ.get("SOAKD_SCREENSHOT_DIR")

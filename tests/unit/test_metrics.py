@@ -1,0 +1,77 @@
+"""The metric contract: names documented, series pre-created, outcomes counted exactly once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from soakd.metrics import JournalMetrics, Metrics, ProbeMetrics
+from soakd.model import ErrorKind, Outcome
+
+DOCS = Path(__file__).parents[2] / "docs" / "metrics.md"
+
+
+def full_registry() -> Metrics:
+    metrics = Metrics(CollectorRegistry())
+    ProbeMetrics(metrics.registry)
+    JournalMetrics(metrics.registry)
+    return metrics
+
+
+def test_every_exported_family_is_documented() -> None:
+    doc = DOCS.read_text()
+    documented = set(re.findall(r"`(soakd_[a-z0-9_]+)`", doc))
+    families = {f.name for f in full_registry().registry.collect()}
+    assert families, "registry is empty"
+    missing = set()
+    for name in families:
+        wire = {name, name + "_total", name + "_info"}
+        if not wire & documented:
+            missing.add(name)
+    assert not missing, f"docs/metrics.md does not list: {sorted(missing)}"
+
+
+def outcome(**kw: object) -> Outcome:
+    o = Outcome("a", "steady", 0, scheduled_ns=1_000_000, sent_ns=3_000_000,
+                first_token_ns=53_000_000, end_ns=253_000_000, status=200, output_tokens=5)
+    for key, value in kw.items():
+        setattr(o, key, value)
+    return o
+
+
+def test_record_counts_and_observes() -> None:
+    m = full_registry()
+    m.add_target("a", ["steady"])
+    get = m.registry.get_sample_value
+    # pre-created: rates start at zero instead of being absent
+    assert get("soakd_requests_total", {"target": "a", "phase": "steady", "outcome": "ok",
+                                        "status_class": "2xx"}) == 0
+    ok = outcome()
+    ok.itl_ns.extend([50_000_000] * 4)
+    m.record(ok)
+    m.record(outcome(error=ErrorKind.HTTP_5XX, status=503, output_tokens=0, oom=True))
+    assert get("soakd_requests_total", {"target": "a", "phase": "steady", "outcome": "ok",
+                                        "status_class": "2xx"}) == 1
+    assert get("soakd_requests_total", {"target": "a", "phase": "steady",
+                                        "outcome": "http_5xx", "status_class": "5xx"}) == 1
+    # latency histograms hold successful requests only
+    assert get("soakd_request_duration_seconds_count", {"target": "a"}) == 1
+    assert get("soakd_request_duration_seconds_sum", {"target": "a"}) == 0.25
+    assert get("soakd_time_to_first_token_seconds_sum", {"target": "a"}) == 0.05
+    assert get("soakd_inter_token_latency_seconds_count", {"target": "a"}) == 4
+    assert get("soakd_time_per_output_token_seconds_sum", {"target": "a"}) == 0.05
+    # dispatch lag for every sent request
+    assert get("soakd_dispatch_lag_seconds_count", {"target": "a"}) == 2
+    assert get("soakd_output_tokens_total", {"target": "a"}) == 5
+    assert get("soakd_oom_errors_total", {"target": "a"}) == 1
+
+
+def test_in_flight_is_read_from_the_runner_tally() -> None:
+    m = full_registry()
+    m.add_target("a", ["p"])
+    busy = {"a": 0}
+    m.watch_in_flight(busy)
+    busy["a"] = 7
+    assert m.registry.get_sample_value("soakd_in_flight_requests", {"target": "a"}) == 7
