@@ -37,7 +37,7 @@ from soakd.journal import (
     read_resume_state,
     rollup_window_ns,
 )
-from soakd.logs import setup_logging
+from soakd.logs import close_logging, setup_logging
 from soakd.metrics import JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
 from soakd.sim.spawn import SimProcess, spawn_sim
@@ -213,6 +213,7 @@ class Soak:
                      errors={k: v["errors"] for k, v in summary.items()})
             if self.http is not None:
                 await self.http.aclose()
+            close_logging()
         return RunResult(self.run_id, self.run_dir, completed, elapsed, cancelled, summary,
                          session=self.journal.session)
 
@@ -376,5 +377,10 @@ class Soak:
         doc = {"run_id": self.run_id, "version": __version__, "completed": completed,
                "elapsed_s": round(elapsed, 3), "cancelled": cancelled, "targets": summary}
         tmp = self.run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(doc, indent=2, default=str))
-        os.replace(tmp, self.run_dir / "summary.json")
+        try:
+            tmp.write_text(json.dumps(doc, indent=2, default=str))
+            os.replace(tmp, self.run_dir / "summary.json")
+        except OSError as exc:  # a full disk at the end: the journal and the metrics have it
+            log.error("summary_write_failed", error=f"{type(exc).__name__}: {exc.strerror}")
+            with contextlib.suppress(OSError):
+                tmp.unlink()

@@ -113,6 +113,38 @@ class TargetCost(Strict):
     gpus: list[str] | None = None  # GPU indexes charged to it (default: where its process ran)
 
 
+Count = Annotated[int, Field(ge=1)]
+
+
+class SpendGuard(Strict):
+    """Caps on what soakd sends a target, so a 72 h soak of a paid endpoint cannot run up
+    an unbounded bill. Requests count when sent, tokens (prompt + output, from the
+    server's usage) when they finish; per-hour caps are over the last hour, sliding.
+    When a cap is reached the target pauses (logged, journaled, exported), never silently."""
+
+    max_requests_per_hour: Count | None = None
+    max_tokens_per_hour: Count | None = None
+    max_requests: Count | None = None  # in the whole run
+    max_tokens: Count | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return any(
+            v is not None
+            for v in (self.max_requests_per_hour, self.max_tokens_per_hour, self.max_requests,
+                      self.max_tokens)
+        )
+
+
+class RateLimit(Strict):
+    """What a 429 (or a 503 with Retry-After) does to the target's sends. The 429s are
+    counted either way; honouring pauses the target's sends for the time asked."""
+
+    honour_retry_after: bool = True
+    default_pause: Duration = 1.0  # a 429 without Retry-After pauses this long (0: none)
+    max_pause: Duration = 300.0  # the longest pause one answer can cause
+
+
 class TargetConfig(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
     base_url: str = ""  # required unless `simulator` is set
@@ -135,6 +167,17 @@ class TargetConfig(Strict):
     process_name: str | None = None  # or a substring of its command line / process name
     oom_log: Path | None = None  # a log file to tail for out-of-memory lines
     cost: TargetCost = TargetCost()
+    # Cloud endpoints (docs/gateway.md): the API's dialect, a spend cap, 429 handling, and
+    # a `soakd gateway` that soakd starts in front of the target.
+    kind: Literal["openai", "azure"] = "openai"
+    api_version: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,40}$")] | None = None
+    deployment: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")] | None = None
+    organization: str | None = None  # OpenAI-Organization header
+    project: str | None = None  # OpenAI-Project header
+    path: Annotated[str, Field(pattern=r"^/[^?#\s]*$")] | None = None  # request path, as is
+    spend: SpendGuard = SpendGuard()
+    rate_limit: RateLimit = RateLimit()
+    gateway: GatewaySettings | None = None
 
     @field_validator("base_url", "metrics_url", "health_url", "proxy")
     @classmethod
@@ -167,6 +210,15 @@ class TargetConfig(Strict):
             raise ValueError("set api_key_env or api_key_file, not both")
         if not self.base_url and not self.simulator:
             raise ValueError("base_url is required (or simulator: PROFILE for the embedded one)")
+        if self.kind == "azure":
+            if not self.api_version:
+                raise ValueError("kind 'azure' needs api_version (e.g. \"2024-06-01\")")
+            if self.organization or self.project:
+                raise ValueError("organization and project are OpenAI headers: not for kind 'azure'")
+            if self.path:
+                raise ValueError("kind 'azure' builds its own path: use kind 'openai' with path")
+        elif self.api_version or self.deployment:
+            raise ValueError("api_version and deployment are for kind 'azure'")
         return self
 
     def api_key(self) -> SecretStr | None:
@@ -196,6 +248,12 @@ class TargetConfig(Strict):
     def endpoint(self) -> str:
         path = "/chat/completions" if self.api == "chat" else "/completions"
         base = self.base_url.rstrip("/")
+        if self.kind == "azure":
+            base = base.removesuffix("/openai")
+            deployment = self.deployment or self.model
+            return f"{base}/openai/deployments/{deployment}{path}?api-version={self.api_version}"
+        if self.path:
+            return base + self.path
         return base + path if base.endswith("/v1") else base + "/v1" + path
 
 
@@ -258,6 +316,7 @@ class PhaseConfig(Strict):
     until: str | None = None  # an ISO datetime, or a cron expression: run until it next fires
     load: Load = Load()
     targets: dict[str, Load] = Field(default_factory=dict)  # per-target overrides
+    gateway: dict[str, GatewayModes] = Field(default_factory=dict)  # target -> its gateway
 
     @model_validator(mode="after")
     def _one_end(self) -> PhaseConfig:
@@ -371,6 +430,136 @@ class JournalConfig(Strict):
         return value
 
 
+# --- the guard gateway (soakd gateway: docs/gateway.md) ---------------------------------
+
+Bytes = Annotated[float, BeforeValidator(parse_bytes), Field(gt=0)]
+"""Bytes, written in YAML as ``3.9GB``, ``512MiB`` or a number."""
+
+
+class VramBreaker(Strict):
+    """Open (answer 429) once VRAM used stays above ``limit_bytes`` for ``hold``; half-open
+    once it stays below ``lower_mark_bytes`` for ``close_hold``; closed after one probe
+    request succeeds."""
+
+    enabled: bool = True
+    limit_bytes: Bytes = 3.9e9
+    hold: Duration = 5.0
+    lower_mark_bytes: Bytes | None = None  # default: 97 % of limit_bytes
+    close_hold: Duration | None = None  # default: hold
+    retry_after: Duration = 5.0  # the Retry-After sent while open
+    gpu: Annotated[int, Field(ge=0)] | None = None  # None: the fullest GPU
+
+    @model_validator(mode="after")
+    def _marks(self) -> VramBreaker:
+        if self.lower_mark_bytes is not None and self.lower_mark_bytes >= self.limit_bytes:
+            raise ValueError(
+                f"lower_mark_bytes ({self.lower_mark_bytes:g}) must be below limit_bytes "
+                f"({self.limit_bytes:g})"
+            )
+        return self
+
+    @property
+    def lower_mark(self) -> float:
+        return self.lower_mark_bytes if self.lower_mark_bytes is not None else 0.97 * self.limit_bytes
+
+
+class ErrorBreaker(Strict):
+    """Open (answer 503) when upstream failures (5xx, connect errors, cut streams) exceed
+    ``threshold`` of the requests of the last ``window`` (with at least ``min_requests``);
+    after ``open_for`` one probe request decides: closed, or open again."""
+
+    enabled: bool = True
+    threshold: Annotated[float, Field(gt=0, le=1)] = 0.5
+    window: Duration = 30.0
+    min_requests: Annotated[int, Field(ge=1)] = 10
+    open_for: Duration = 30.0
+
+
+class Concurrency(Strict):
+    """Requests in flight to the upstream. Static (``limit``), or adaptive: AIMD on the
+    upstream's P95 time to first byte, every ``interval``. Beyond the limit requests wait,
+    at most ``queue`` of them, each at most ``queue_timeout`` (then 429 / 503)."""
+
+    limit: Annotated[int, Field(ge=1)] = 64  # the static limit, or where adaptive starts
+    adaptive: bool = False
+    min_limit: Annotated[int, Field(ge=1)] = 1
+    max_limit: Annotated[int, Field(ge=1)] = 64
+    target_p95: Duration = 2.0
+    interval: Duration = 5.0
+    min_samples: Annotated[int, Field(ge=1)] = 5
+    decrease: Annotated[float, Field(gt=0, lt=1)] = 0.5
+    queue: Annotated[int, Field(ge=0)] = 256
+    queue_timeout: Duration = 30.0
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Concurrency:
+        if not self.min_limit <= self.max_limit:
+            raise ValueError(f"min_limit ({self.min_limit}) is above max_limit ({self.max_limit})")
+        if self.adaptive and not self.min_limit <= self.limit <= self.max_limit:
+            raise ValueError(
+                f"limit ({self.limit}) must be within min_limit..max_limit "
+                f"({self.min_limit}..{self.max_limit})"
+            )
+        if self.interval <= 0 or self.target_p95 <= 0:
+            raise ValueError("interval and target_p95 must be above zero")
+        return self
+
+
+class GatewayLimits(Strict):
+    max_body_bytes: Annotated[int, BeforeValidator(parse_bytes), Field(ge=1024)] = 8 << 20
+    max_header_bytes: Annotated[int, BeforeValidator(parse_bytes), Field(ge=1024)] = 16384
+    connect_timeout: Duration = 5.0
+    total_timeout: Duration = 900.0  # one proxied request, first byte to last
+
+
+class GatewaySettings(Strict):
+    """What a gateway does; a target's ``gateway:`` section (soakd starts it) or the body of
+    a ``soakd gateway`` config file (``GatewayConfig``)."""
+
+    vram_breaker: VramBreaker = VramBreaker()
+    error_breaker: ErrorBreaker = ErrorBreaker()
+    concurrency: Concurrency = Concurrency()
+    limits: GatewayLimits = GatewayLimits()
+    gpu: GpuConfig = GpuConfig()  # where VRAM readings come from (dcgm: the upstream's page)
+
+
+class GatewayModes(Strict):
+    """A phase's switches for a target's gateway (unset: left as they are)."""
+
+    vram_breaker: bool | None = None
+    error_breaker: bool | None = None
+    adaptive: bool | None = None
+
+
+class GatewayConfig(GatewaySettings):
+    """``soakd gateway --config FILE``: one upstream, one listening address."""
+
+    listen: str = "127.0.0.1:8080"
+    upstream: str
+    admin_token_env: str | None = None  # enables PUT /gateway/modes with this bearer token
+    logging: Logging = Field(default_factory=lambda: Logging())
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        return Exporter._host_port(value)
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: str) -> str:
+        checked = TargetConfig._http_url(value)
+        assert checked is not None
+        return checked.rstrip("/")
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
 class ReportConfig(Strict):
     energy_price_per_kwh: Annotated[float, Field(ge=0)] | None = None
     currency: str = "$"
@@ -415,6 +604,13 @@ class Config(Strict):
                     f"phase {phase.name!r} sets load for unknown target(s) {', '.join(unknown)}"
                     f" (known: {', '.join(names)})"
                 )
+            gated = {t.name for t in self.targets if t.gateway is not None}
+            stray = sorted(set(phase.gateway) - gated)
+            if stray:
+                raise ValueError(
+                    f"phase {phase.name!r} sets gateway modes for {', '.join(stray)}, which "
+                    f"has no gateway (targets with one: {', '.join(sorted(gated)) or 'none'})"
+                )
         if self.run.loop and self.run.duration is None:
             raise ValueError("run.loop needs run.duration, or it would never end")
         return self
@@ -429,14 +625,16 @@ class Config(Strict):
 # --- loading ----------------------------------------------------------------------------
 
 
-def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+def _apply_env(
+    raw: dict[str, Any], environ: Mapping[str, str], prefix: str = ENV_PREFIX
+) -> dict[str, Any]:
     """Overlay ``SOAKD__SECTION__KEY=value``. List items by index or by their ``name``:
     ``SOAKD__TARGETS__LOCAL__BASE_URL`` or ``SOAKD__TARGETS__0__BASE_URL``. Values are
     parsed as YAML scalars, so numbers and booleans keep their type."""
     for key in sorted(environ):
-        if not key.startswith(ENV_PREFIX):
+        if not key.startswith(prefix):
             continue
-        path = [p.lower() for p in key[len(ENV_PREFIX) :].split("__") if p]
+        path = [p.lower() for p in key[len(prefix) :].split("__") if p]
         if not path:
             continue
         node: Any = raw
@@ -504,7 +702,11 @@ def load_config(
     path: Path | str, environ: Mapping[str, str] | None = None
 ) -> Config:
     """Read, overlay env, validate. Every problem is a ConfigError with one line."""
-    path = Path(path)
+    raw = _read_yaml(Path(path))
+    return config_from_dict(raw, environ if environ is not None else os.environ)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except OSError as exc:
@@ -519,12 +721,33 @@ def load_config(
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(raw).__name__}")
-    return config_from_dict(raw, environ if environ is not None else os.environ)
+    return raw
 
 
 def config_from_dict(raw: dict[str, Any], environ: Mapping[str, str] | None = None) -> Config:
     raw = _apply_env(raw, environ or {})
     try:
         return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_error_line(exc, raw)) from None
+
+
+GATEWAY_ENV_PREFIX = "SOAKD_GATEWAY__"
+
+
+def load_gateway_config(
+    path: Path | str, environ: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """A ``soakd gateway`` config file, read like the run's (``SOAKD_GATEWAY__`` env)."""
+    raw = _read_yaml(Path(path))
+    return gateway_config_from_dict(raw, environ if environ is not None else os.environ)
+
+
+def gateway_config_from_dict(
+    raw: dict[str, Any], environ: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    raw = _apply_env(raw, environ or {}, GATEWAY_ENV_PREFIX)
+    try:
+        return GatewayConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(_error_line(exc, raw)) from None

@@ -289,13 +289,26 @@ class ResumeState:
         return diffs
 
 
+def _take_lock(run_dir: Path) -> int:
+    """One soakd per run dir: an flock on journal.lock (released by the OS on any exit)."""
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise JournalError(f"{run_dir} is in use by another soakd (pid {holder})") from None
+    return fd
+
+
 def read_resume_state(path: Path) -> ResumeState | None:
     """The state of the run journaled at ``path``; None when there is no journal yet.
 
-    Raises JournalError for a finished run, another program's file, or a schema this
-    soakd cannot continue."""
+    Raises JournalError for a finished run, a run dir another soakd is writing, another
+    program's file, or a schema this soakd cannot continue."""
     if not path.exists():
         return None
+    os.close(_take_lock(path.parent))  # fail before anything touches the run dir
     conn = _connect(path, readonly=True)
     try:
         meta = _check_schema(conn, path, writing=True)
@@ -572,8 +585,9 @@ class Journal:
 
     def start(self) -> None:
         """Open (or create) the database in the writer thread; raises JournalError."""
-        with contextlib.suppress(RuntimeError):
-            self._loop = asyncio.get_running_loop()
+        if self._loop is None:
+            with contextlib.suppress(RuntimeError):
+                self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._main, name="soakd-journal", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -622,6 +636,10 @@ class Journal:
             q.append(outcome)
             if n == self._wake_at:
                 self._wake.set()
+            return
+        if self._closed:  # after the run: nothing left to journal it
+            if self._forward is not None:
+                self._forward.record(outcome)
             return
         self._drop("request")
         o = outcome
@@ -673,7 +691,10 @@ class Journal:
         self._pump_scheduled = False
         sink = self._forward
         while self._done:
-            batch = self._done.popleft()
+            try:
+                batch = self._done.popleft()
+            except IndexError:  # emptied by a pump on another thread meanwhile
+                return
             if sink is not None:
                 for o in batch:
                     sink.record(o)
@@ -706,7 +727,8 @@ class Journal:
         try:
             interval = self.cfg.flush_interval
             while not self._stop.is_set():
-                self._wake.wait(interval)
+                if len(self._q) < MAX_BATCH or self._pending is not None:
+                    self._wake.wait(interval)  # a backlog of full batches: no pause
                 self._wake.clear()
                 self._cycle()
             self._final()
@@ -719,16 +741,7 @@ class Journal:
             self._unlock()
 
     def _lock(self) -> None:
-        lock = self.path.parent / LOCK_FILE
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise JournalError(
-                f"{self.path.parent} is in use by another soakd (pid {holder})"
-            ) from None
+        fd = _take_lock(self.path.parent)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
@@ -1402,14 +1415,9 @@ async def open_journal(
     journal = Journal(
         run_dir / JOURNAL_FILE, run, cfg, metrics=metrics, forward=forward, resume=resume
     )
-    loop = asyncio.get_running_loop()
-    await loop.run_in_executor(None, _noop)  # let the default executor exist before threads
-    journal.start()
+    journal._loop = asyncio.get_running_loop()  # committed outcomes come back to this loop
+    await asyncio.to_thread(journal.start)  # opening may fold a crashed session's rows in
     return journal
-
-
-def _noop() -> None:
-    return None
 
 
 # --- reading ----------------------------------------------------------------------------------

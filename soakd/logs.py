@@ -6,16 +6,32 @@ formats a secret: keys live in SecretStr and never reach an event.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
 from collections.abc import MutableMapping
-from typing import Any
+from typing import IO, Any
 
 import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
+
+
+_file: IO[str] | None = None
+dropped_lines = 0
+"""Log lines the run's log file could not take (disk full, read-only): the console and
+the metrics go on; the journal's own errors say what happened to the disk."""
+
+
+def close_logging() -> None:
+    """Close the run's log file (the end of a run; tests run several in one process)."""
+    global _file
+    if _file is not None:
+        with contextlib.suppress(OSError):
+            _file.close()
+        _file = None
 
 
 def setup_logging(
@@ -31,7 +47,9 @@ def setup_logging(
     (the live view owns the terminal then)."""
     stream = sys.stderr
     pretty = fmt == "console" or (fmt == "auto" and stream.isatty())
-    file = log_file.open("a", encoding="utf-8") if log_file is not None else None
+    global _file
+    close_logging()
+    file = _file = log_file.open("a", encoding="utf-8") if log_file is not None else None
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -42,10 +60,14 @@ def setup_logging(
     console_renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
 
     def render(logger: Any, name: str, event: MutableMapping[str, Any]) -> str:
+        global dropped_lines
         line = json_renderer(logger, name, dict(event))
-        if file is not None:
-            file.write(str(line) + "\n")
-            file.flush()
+        if file is not None and not file.closed:
+            try:
+                file.write(str(line) + "\n")
+                file.flush()
+            except OSError:  # a full or read-only disk must not stop the caller
+                dropped_lines += 1
         if not console:
             raise structlog.DropEvent
         return str(console_renderer(logger, name, event) if pretty else line)

@@ -80,6 +80,7 @@ class Outcome:
     usage_reported: bool = False  # output_tokens came from the server's usage
     content_chunks: int = 0
     itl_ns: array[int] = field(default_factory=lambda: array("q"))
+    retry_after_s: float | None = None  # a 429/503's Retry-After (or retry-after-ms), seconds
 
     @classmethod
     def planned(cls, spec: RequestSpec) -> Outcome:

@@ -19,6 +19,21 @@ class Target(Protocol):
     async def aclose(self) -> None: ...
 
 
+class SendGate(Protocol):
+    """Whether a target may be sent to now (spend caps, Retry-After pauses). The runner
+    asks before every send and reports what it did, in the same step (no await between)."""
+
+    def delay_s(self) -> float:
+        """0: send now; else seconds until it may (``inf``: not in this run)."""
+        ...
+
+    def sent(self) -> None: ...
+
+    def skipped(self) -> None:
+        """An open-loop send was not made because of the pause."""
+        ...
+
+
 class OutcomeSink(Protocol):
     """A reader of outcomes (metrics, journal, live view). ``record`` is called
     on the event loop for every finished request: it must not block or do IO."""

@@ -17,6 +17,8 @@ import errno
 import re
 import ssl
 import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
 from json import dumps, loads
 from typing import Any, Final
 
@@ -374,7 +376,9 @@ class OpenAITarget:
             body = b""  # the status already says what happened
         out.end_ns = _perf_ns()
         out.oom, fields = _error_fields(body)
-        self._fail(out, _status_kind(status), f"http {status} {fields}".rstrip())
+        if status in (429, 503):
+            out.retry_after_s = retry_after(resp.headers)
+        self._fail(out, _status_kind(status, fields), f"http {status} {fields}".rstrip())
 
     async def _not_sse(self, resp: aiohttp.ClientResponse, out: Outcome, ctype: str) -> None:
         """A stream was asked for, something else came (often a JSON error with 200)."""
@@ -415,8 +419,8 @@ class OpenAITarget:
     def _scrub(self, text: str) -> str:
         if self._secret is not None:
             key = self._secret.get_secret_value()
-            if key and key in text:
-                text = text.replace(key, "***")
+            if key:
+                text = redact(text, key)
         return text[:200]
 
 
@@ -433,8 +437,14 @@ async def open_target(cfg: TargetConfig) -> OpenAITarget:
     }
     if cfg.stream:
         headers["Accept-Encoding"] = "identity"  # compression would batch tokens
-    if key is not None:
+    if key is not None and cfg.kind == "azure":
+        headers["api-key"] = key.get_secret_value()
+    elif key is not None:
         headers["Authorization"] = f"Bearer {key.get_secret_value()}"
+    if cfg.organization:
+        headers["OpenAI-Organization"] = cfg.organization
+    if cfg.project:
+        headers["OpenAI-Project"] = cfg.project
     headers.update(cfg.headers)
     connector = TCPConnector(limit=cfg.max_connections, ssl=ssl_arg)
     session: ClientSession | None = None
@@ -528,6 +538,23 @@ def _error_fields(body: bytes) -> tuple[bool, str]:
     return oom, " ".join(p for p in parts if p)
 
 
+REDACT_WINDOW: Final = 8
+"""A word of a detail holding any this many consecutive characters of the key is masked."""
+
+
+def redact(text: str, key: str) -> str:
+    """``text`` without the key, whole or in part. A server that echoes the key in an
+    error's type or code gets it cut to 48 characters by ``_clean``: that prefix is no
+    longer the key, so plain replacement would let most of it through."""
+    if key in text:
+        text = text.replace(key, "***")
+    n = min(len(key), REDACT_WINDOW)
+    parts = {key[i : i + n] for i in range(len(key) - n + 1)}
+    if not any(p in text for p in parts):
+        return text
+    return " ".join("***" if any(p in w for p in parts) else w for w in text.split(" "))
+
+
 def _clean(value: object) -> str:
     """A short token safe for logs: letters, digits and ``_.:/-`` only."""
     if value is None or isinstance(value, dict | list):
@@ -535,8 +562,44 @@ def _clean(value: object) -> str:
     return _UNSAFE.sub("", str(value))[:48]
 
 
-def _status_kind(status: int) -> ErrorKind:
+AUTH_ERROR_WORDS: Final = frozenset(
+    {"auth_error", "authentication_error", "invalid_api_key", "no_db_connection"}
+)
+"""Error ``type``/``code`` values that make a 400 an auth failure. ``no_db_connection`` is
+LiteLLM's answer to any key but its master key when it runs without a database (it
+cannot look the key up): in practice a wrong key (docs/gateway.md)."""
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` (OpenAI, Azure) or ``Retry-After``
+    (seconds or an HTTP date); None when absent or unreadable."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            value = float(ms) / 1000.0
+        except ValueError:
+            value = -1.0
+        if 0 <= value < 1e7:
+            return value
+    text = headers.get("Retry-After")
+    if text is None:
+        return None
+    text = text.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _status_kind(status: int, fields: str = "") -> ErrorKind:
     if status in (401, 403):
+        return ErrorKind.HTTP_AUTH
+    if status == 400 and fields and not AUTH_ERROR_WORDS.isdisjoint(fields.split()):
         return ErrorKind.HTTP_AUTH
     if status == 429:
         return ErrorKind.HTTP_429

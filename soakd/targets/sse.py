@@ -46,7 +46,9 @@ class SSEDecoder:
     an ``SSEError`` the decoder's state is undefined: stop feeding it.
     """
 
-    __slots__ = ("_after_cr", "_at_start", "_data", "_max_line", "_pending", "_pending_len")
+    __slots__ = (
+        "_after_cr", "_at_start", "_data", "_data_len", "_max_line", "_pending", "_pending_len"
+    )
 
     def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
         if max_line < 1:
@@ -55,6 +57,7 @@ class SSEDecoder:
         self._pending: list[bytes] = []  # pieces of the line not yet ended
         self._pending_len = 0
         self._data: list[bytes] = []  # data lines of the event not yet dispatched
+        self._data_len = 0  # their bytes: an event never ended grows no further than a line
         self._after_cr = False  # the last chunk ended in CR: a leading LF belongs to it
         self._at_start = True  # a BOM may still start the first line
 
@@ -111,20 +114,31 @@ class SSEDecoder:
                 lines[0] = lines[0][3:]
         events: list[str] = []
         data = self._data
+        size = self._data_len
         for line in lines:
             if not line:  # blank line: dispatch
                 if data:
                     events.append(self._emit(data, events))
                     data.clear()
+                size = 0
             elif check and len(line) > self._max_line:
                 raise SSELineTooLong(self._too_long(), events)
-            elif line.startswith(b"data: "):
-                data.append(line[6:])
-            elif line.startswith(b"data:"):
-                data.append(line[5:])
-            elif line == b"data":
-                data.append(b"")
+            elif line.startswith(b"data"):
+                if line.startswith(b"data: "):
+                    data.append(line[6:])
+                elif line.startswith(b"data:"):
+                    data.append(line[5:])
+                elif line == b"data":
+                    data.append(b"")
+                else:
+                    continue  # "dataX...": an unknown field
+                # Short data lines without a blank line between them (a hostile server)
+                # would grow one event without end: the event obeys the line limit too.
+                size += len(line)
+                if size > self._max_line:
+                    raise SSELineTooLong(f"SSE event longer than {self._max_line} bytes", events)
             # Else a comment (":..."), event/id/retry, or an unknown field: ignored.
+        self._data_len = size
         return events
 
     def _emit(self, data: list[bytes], events: list[str]) -> str:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 import structlog
 
 from soakd.model import ErrorKind, LoadShape, Outcome, Phase, Plan, RequestSpec
-from soakd.types import OutcomeSink, Target
+from soakd.types import OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
 from soakd.workload.prompts import PromptSource
 
@@ -57,6 +57,7 @@ class Runner:
         seed: int = 0,
         on_phase: Callable[[Phase | None], None] | None = None,
         start_seq: dict[str, int] | None = None,
+        gates: Mapping[str, SendGate] | None = None,
     ) -> None:
         self.plan = plan
         self.targets = targets
@@ -76,6 +77,7 @@ class Runner:
         self._pools = {name: _Pool() for name in targets}  # closed-loop workers
         self._drivers: set[asyncio.Task[None]] = set()  # open-loop dispatchers
         self._requests: set[asyncio.Task[Any]] = set()  # requests and closed-loop workers
+        self._gates = dict(gates or {})  # spend caps and Retry-After pauses, per target
 
     # --- clock --------------------------------------------------------------------------
 
@@ -217,8 +219,15 @@ class Runner:
         next send: a dead target is then probed a few times a second, not hammered
         thousands of times (every failure is still recorded)."""
         pause = 0.0
+        gate = self._gates.get(name)
         try:
             while not self.stopping and pool.workers <= pool.want and pool.phase is not None:
+                if gate is not None:
+                    wait = gate.delay_s()
+                    if wait > 0:  # paused: look again within a second (or at the phase end)
+                        await self._sleep_until(now_ns() + int(min(wait, 1.0) * 1e9))
+                        continue
+                    gate.sent()
                 outcome = await self._one(name, self._spec(name, pool.phase, now_ns()))
                 if outcome.error in _UNREACHABLE:
                     pause = min(1.0, pause * 2 or 0.05)
@@ -237,6 +246,7 @@ class Runner:
         # the same instants for every target with the same shape: a fair A/B
         rng = random.Random(f"{self.seed}/{phase.index}")
         cap = shape.max_in_flight
+        gate = self._gates.get(name)
         for offset in arrivals(shape, phase.duration_ns, rng):
             if offset < skip_before:
                 continue
@@ -247,4 +257,9 @@ class Runner:
             if cap:
                 while self._busy[name] >= cap:
                     await asyncio.sleep(0.001)
+            if gate is not None:
+                if gate.delay_s() > 0:  # paused: this send is not made, and counted as such
+                    gate.skipped()
+                    continue
+                gate.sent()
             self._spawn(self._requests, self._one(name, self._spec(name, phase, due)))

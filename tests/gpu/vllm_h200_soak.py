@@ -143,9 +143,10 @@ def main() -> int:
                 continue
             phase = active_phase(text)
             ok = metric(text, "soakd_requests_total", outcome="ok")
+            proc_mib = metric(text, "soakd_gpu_process_memory_bytes", target="vllm-edge") / 2**20
             print(f"{time.monotonic() - start:5.0f} {phase:>5} "
                   f"{metric(text, 'soakd_gpu_memory_used_bytes') / 2**20:8.0f} "
-                  f"{metric(text, 'soakd_gpu_process_memory_bytes', target='vllm-edge') / 2**20:8.0f} "
+                  f"{proc_mib:8.0f} "
                   f"{metric(text, 'soakd_server_requests_running'):7.0f} "
                   f"{metric(text, 'soakd_server_requests_waiting'):7.0f} "
                   f"{metric(text, 'soakd_server_kv_cache_usage_ratio') * 100:5.1f} "

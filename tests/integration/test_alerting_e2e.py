@@ -330,6 +330,8 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
             yield Stack(soakd, vllm, webhook, prom, am, soakd_addr, started_wall, http)
     finally:
         feeder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feeder
         for daemon in reversed(daemons):
             await asyncio.to_thread(daemon.stop)
         for runner, _ in runners:

@@ -298,6 +298,8 @@ def test_one_writer_per_run_dir(tmp_path: Path) -> None:
     try:
         with pytest.raises(JournalError, match="in use by another soakd"):
             open_test_journal(tmp_path, config(), clock)
+        with pytest.raises(JournalError, match=r"in use by another soakd \(pid \d+\)"):
+            read_resume_state(tmp_path / "journal.db")  # refused before touching the dir
     finally:
         j.close()
 

@@ -1,0 +1,272 @@
+"""Workload room, send guard: when a target may be sent to (spend caps, Retry-After pauses).
+
+One ``TargetGuard`` per target. The runner asks ``delay_s()`` before each send and says
+``sent()`` / ``skipped()``; as an OutcomeSink the guard reads every finished request for
+its tokens, its 429s and its auth failures. Pauses are never silent: each start and end is
+logged, handed to ``on_event`` (the journal) and exported (``GuardMetrics``). A cap that can
+never free up again (a total) pauses the target for the rest of the run.
+
+Pure apart from the clock, which is injected (tests pass a fake one).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Final, Protocol
+
+import structlog
+
+from soakd.config import RateLimit, SpendGuard
+from soakd.model import ErrorKind, Outcome
+
+log = structlog.get_logger()
+
+HOUR_S: Final = 3600.0
+BUCKETS_PER_HOUR: Final = 360
+"""The sliding hour is kept in 10 s buckets: it may count up to 10 s too much, never less."""
+AUTH_LOG_EVERY_S: Final = 60.0
+"""While a target keeps refusing the key, one summary line this often (not one a request)."""
+
+SPEND = "spend_cap"
+RATE_LIMITED = "rate_limited"
+PAUSE_REASONS: Final = (SPEND, RATE_LIMITED)
+CAPS: Final = ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
+
+EventFn = Callable[..., None]
+"""``(kind, **data)``: a run event for the journal (``Journal.event``)."""
+
+
+class GuardGauges(Protocol):
+    """Where a guard reports (``soakd.metrics.GuardMetrics`` for one target)."""
+
+    def paused(self, reason: str, on: bool) -> None: ...
+    def cap_hit(self, cap: str) -> None: ...
+    def skipped(self, reason: str) -> None: ...
+
+
+class SlidingCount:
+    """Requests and tokens of the last ``span_s`` seconds, in fixed buckets (bounded memory)."""
+
+    def __init__(self, span_s: float = HOUR_S, buckets: int = BUCKETS_PER_HOUR) -> None:
+        self.span_s = span_s
+        self.width_s = span_s / buckets
+        self._buckets: deque[list[float]] = deque()  # [start, requests, tokens]
+        self.requests = 0.0
+        self.tokens = 0.0
+
+    def add(self, now: float, requests: float = 0.0, tokens: float = 0.0) -> None:
+        self._prune(now)
+        start = math.floor(now / self.width_s) * self.width_s
+        if not self._buckets or self._buckets[-1][0] != start:
+            self._buckets.append([start, 0.0, 0.0])
+        bucket = self._buckets[-1]
+        bucket[1] += requests
+        bucket[2] += tokens
+        self.requests += requests
+        self.tokens += tokens
+
+    def totals(self, now: float) -> tuple[float, float]:
+        self._prune(now)
+        return self.requests, self.tokens
+
+    def below_at(self, now: float, cap: float, index: int) -> float:
+        """The earliest instant at which the count (1: requests, 2: tokens) is below ``cap``,
+        as old buckets leave the window (``now`` when it already is)."""
+        self._prune(now)
+        total = self.requests if index == 1 else self.tokens
+        for bucket in self._buckets:
+            if total < cap:
+                break
+            total -= bucket[index]
+            now = max(now, bucket[0] + self.width_s + self.span_s)
+        return now
+
+    def _prune(self, now: float) -> None:
+        buckets = self._buckets
+        while buckets and buckets[0][0] + self.width_s + self.span_s <= now:
+            _, requests, tokens = buckets.popleft()
+            self.requests -= requests
+            self.tokens -= tokens
+        if not buckets:
+            self.requests = self.tokens = 0.0  # no float residue
+
+
+class TargetGuard:
+    """When one target may be sent to. See the module docstring."""
+
+    def __init__(
+        self,
+        target: str,
+        spend: SpendGuard,
+        rate: RateLimit,
+        *,
+        key_ref: str = "",
+        gauges: GuardGauges | None = None,
+        on_event: EventFn | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.target = target
+        self.spend = spend
+        self.rate = rate
+        self.key_ref = key_ref  # "api_key_env NAME": where the key comes from, never the key
+        self._gauges = gauges
+        self._on_event = on_event
+        self._clock = clock
+        self.hour = SlidingCount()
+        self.requests = 0  # sent, whole run
+        self.tokens = 0  # prompt + output, whole run
+        self._rate_until = 0.0  # honouring a Retry-After until this instant
+        self._paused: dict[str, float] = {}  # reason -> since
+        self._cap: str | None = None  # the spend cap holding the target now
+        self._auth_failures = 0  # in the current streak
+        self._auth_logged_at = -math.inf
+        self._auth_total = 0
+
+    # --- the runner's side ------------------------------------------------------------------
+
+    def delay_s(self) -> float:
+        """0 when a request may go now; else how long to wait (``inf``: not in this run)."""
+        now = self._clock()
+        spend_at, cap = self._spend_free_at(now)
+        self._set_paused(SPEND, spend_at > now, now, cap=cap, until=spend_at)
+        rate_at = self._rate_until
+        self._set_paused(RATE_LIMITED, rate_at > now, now, until=rate_at)
+        return max(0.0, spend_at - now, rate_at - now)
+
+    def sent(self) -> None:
+        self.requests += 1
+        self.hour.add(self._clock(), requests=1)
+
+    def skipped(self) -> None:
+        """An open-loop send not made because the target is paused."""
+        if self._gauges is not None:
+            for reason in self._paused:
+                self._gauges.skipped(reason)
+
+    @property
+    def paused(self) -> tuple[str, ...]:
+        return tuple(self._paused)
+
+    def used(self) -> dict[str, float]:
+        """The spend counts the caps compare against (for the gauges)."""
+        requests, tokens = self.hour.totals(self._clock())
+        return {"requests_per_hour": requests, "tokens_per_hour": tokens,
+                "requests": float(self.requests), "tokens": float(self.tokens)}
+
+    # --- OutcomeSink ------------------------------------------------------------------------
+
+    def record(self, outcome: Outcome) -> None:
+        now = self._clock()
+        tokens = (outcome.prompt_tokens or 0) + outcome.output_tokens
+        if tokens:
+            self.tokens += tokens
+            self.hour.add(now, tokens=tokens)
+        error = outcome.error
+        if error is ErrorKind.HTTP_AUTH:
+            self._auth_failed(outcome, now)
+        elif self._auth_failures and outcome.status and outcome.status < 400:
+            log.info("auth_recovered", target=self.target, failures=self._auth_failures)
+            self._auth_failures = 0
+        if error is ErrorKind.HTTP_429 or (
+            outcome.retry_after_s is not None and outcome.status == 503
+        ):
+            self._rate_limited(outcome, now)
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _spend_free_at(self, now: float) -> tuple[float, str | None]:
+        s = self.spend
+        if s.max_requests is not None and self.requests >= s.max_requests:
+            return math.inf, "requests"
+        if s.max_tokens is not None and self.tokens >= s.max_tokens:
+            return math.inf, "tokens"
+        at, cap = now, None
+        if s.max_requests_per_hour is not None:
+            free = self.hour.below_at(now, s.max_requests_per_hour, 1)
+            if free > at:
+                at, cap = free, "requests_per_hour"
+        if s.max_tokens_per_hour is not None:
+            free = self.hour.below_at(now, s.max_tokens_per_hour, 2)
+            if free > at:
+                at, cap = free, "tokens_per_hour"
+        return at, cap
+
+    def _set_paused(
+        self, reason: str, on: bool, now: float, *, cap: str | None = None, until: float = 0.0
+    ) -> None:
+        since = self._paused.get(reason)
+        if on and since is None:
+            self._paused[reason] = now
+            resume = None if math.isinf(until) else round(until - now, 3)
+            data: dict[str, Any] = {"reason": reason, "resume_in_s": resume}
+            if reason == SPEND and cap is not None:
+                self._cap = cap
+                data |= {"cap": cap, "limit": self._limit(cap), "used": self.used()[cap]}
+                if self._gauges is not None:
+                    self._gauges.cap_hit(cap)
+            log.warning("target_paused", target=self.target, **data,
+                        note="until the end of the run" if resume is None else None)
+            self._event("target_paused", **data)
+            if self._gauges is not None:
+                self._gauges.paused(reason, True)
+        elif not on and since is not None:
+            del self._paused[reason]
+            log.info("target_resumed", target=self.target, reason=reason,
+                     paused_s=round(now - since, 3))
+            self._event("target_resumed", reason=reason, paused_s=round(now - since, 3))
+            if self._gauges is not None:
+                self._gauges.paused(reason, False)
+
+    def _limit(self, cap: str) -> int | None:
+        value: int | None = getattr(self.spend, f"max_{cap}")
+        return value
+
+    def _rate_limited(self, outcome: Outcome, now: float) -> None:
+        r = self.rate
+        if not r.honour_retry_after:
+            return
+        asked = outcome.retry_after_s
+        pause = min(r.max_pause, r.default_pause if asked is None else asked)
+        if pause > 0:
+            self._rate_until = max(self._rate_until, now + pause)
+
+    def _auth_failed(self, outcome: Outcome, now: float) -> None:
+        self._auth_failures += 1
+        self._auth_total += 1
+        if self._auth_failures == 1 or now - self._auth_logged_at >= AUTH_LOG_EVERY_S:
+            self._auth_logged_at = now
+            log.error(
+                "auth_failed",
+                target=self.target,
+                status=outcome.status,
+                detail=outcome.error_detail,
+                key=self.key_ref or "no key configured",
+                failures=self._auth_failures,
+                hint="the endpoint refused the key: check that it is set and valid for "
+                "this endpoint (the key itself is never logged)",
+            )
+            if self._auth_failures == 1:
+                self._event("auth_failed", status=outcome.status, key=self.key_ref or None)
+
+    def _event(self, kind: str, **data: Any) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(kind, target=self.target, **data)
+        except Exception as exc:  # a journal problem must not stop the sends
+            log.warning("guard_event_dropped", kind=kind, reason=type(exc).__name__)
+
+
+class Guards:
+    """Every target's guard; the runner's gates and one OutcomeSink for them all."""
+
+    def __init__(self, guards: Iterable[TargetGuard]) -> None:
+        self.by_target = {g.target: g for g in guards}
+
+    def record(self, outcome: Outcome) -> None:
+        guard = self.by_target.get(outcome.target)
+        if guard is not None:
+            guard.record(outcome)

@@ -1,0 +1,183 @@
+"""A hostile OpenAI-compatible server (tests/hostile_server.py): every misbehaviour maps
+to its error kind, memory stays bounded (line, event and body limits), the run goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from soakd.config import TargetConfig
+from soakd.model import Outcome, RequestSpec
+from soakd.sim.spawn import free_port
+from soakd.targets import open_target
+from tests.faults.conftest import (
+    figure,
+    http_get,
+    rss_bytes,
+    samples,
+    start_soakd,
+    write_config,
+)
+from tests.hostile_server import HUGE_LINE_BYTES, MODES, HostileServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+TIMEOUTS = {"connect": "1s", "ttft": "1s", "total": "2s"}
+HUGE = ("huge_line", "many_lines", "gzip_bomb", "json_huge")
+# tracemalloc peak of one request (client and, in the same process, the server's buffers)
+PEAK_LIMIT = {"json_huge": 24 << 20}  # the 8 MiB body limit, read and joined once
+DEFAULT_PEAK_LIMIT = 4 << 20
+
+
+async def send_one(server: HostileServer, mode: str) -> tuple[Outcome, float, int]:
+    cfg = TargetConfig(name="h", base_url=server.url(mode), stream=mode != "json_huge",
+                       timeouts=TIMEOUTS)  # fmt: skip
+    target = await open_target(cfg)
+    spec = RequestSpec("h", "p", 0, "hello", 1, 8, 0.0, 0)
+    tracemalloc.start()
+    try:
+        t0 = time.perf_counter()
+        out = await target.send(spec)
+        took = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        await target.aclose()
+    return out, took, peak
+
+
+@pytest.mark.parametrize("mode", sorted(m for m in MODES if m != "echo_key"))
+async def test_each_misbehaviour_maps_to_its_kind(hostile: HostileServer, mode: str) -> None:
+    out, took, peak = await send_one(hostile, mode)
+    assert out.outcome == (MODES[mode] or "ok"), out.error_detail
+    assert peak < PEAK_LIMIT.get(mode, DEFAULT_PEAK_LIMIT), f"{peak / 1e6:.1f} MB"
+    if mode in HUGE:
+        figure(f"hostile.{mode}.tracemalloc_peak_mb", peak / 1e6)
+        figure(f"hostile.{mode}.detect_s", took)
+    if out.error is not None and out.error.value.startswith("timeout"):
+        deadline = 1.0 if out.error.value == "timeout_ttft" else 2.0
+        assert deadline <= took < deadline + 0.3, took  # on time, not late
+        figure(f"hostile.{mode}.detect_s", took)
+    elif mode not in ("gzip_bomb",):
+        assert took < 1.0, took  # everything else is recognised at once
+    if mode in ("huge_line", "many_lines", "json_huge"):
+        # soakd hung up long before the 100 MB were out: the server saw its writes fail
+        await asyncio.sleep(0.3)
+        assert hostile.stats.bytes_sent[mode] < HUGE_LINE_BYTES / 4
+
+
+async def test_random_resets_never_raise(hostile: HostileServer) -> None:
+    """``random``: ok, resets before and after the headers, cuts, closes, mixed."""
+    cfg = TargetConfig(name="h", base_url=hostile.url("random"), timeouts=TIMEOUTS)
+    target = await open_target(cfg)
+    try:
+        outs = await asyncio.gather(*(
+            target.send(RequestSpec("h", "p", i, "hi", 1, 8, 0.0, 0)) for i in range(200)
+        ))  # fmt: skip
+    finally:
+        await target.aclose()
+    kinds = {o.outcome for o in outs}
+    assert kinds <= {"ok", "stream_truncated"}, kinds
+    assert {"ok", "stream_truncated"} <= kinds
+
+
+# --- the whole daemon against every mode at once --------------------------------------------
+
+
+def hostile_config(server: HostileServer, seconds: float) -> dict[str, Any]:
+    modes = [m for m in MODES if m not in ("echo_key",)] + ["random"]
+    return {
+        "run": {"name": "hostile", "drain_timeout": "5s"},
+        "targets": [
+            {"name": m.replace("_", "-"), "base_url": server.url(m), "model": "m",
+             "stream": m != "json_huge", "timeouts": TIMEOUTS, "scrape": False}
+            for m in modes
+        ],  # fmt: skip
+        "workload": {"max_tokens": 8, "prompts": {"input_tokens": {"mean": 8}}},
+        "gpu": {"source": "none"},
+        "phases": [{"name": "storm", "duration": f"{seconds}s",
+                    "load": {"mode": "poisson", "rate": 4, "max_in_flight": 4}}],  # fmt: skip
+    }
+
+
+@pytest.mark.timeout(180)
+def test_daemon_survives_every_misbehaviour_at_once(hostile: HostileServer, tmp_path: Path) -> None:
+    """soakd as a process, one target per hostile mode, all at once for 20 s: each target
+    records only its own kind, RSS stays flat while 100 MB lines, endless streams and
+    gzip bombs arrive, the run completes and exits 0."""
+    seconds = 20.0
+    cfg = hostile_config(hostile, seconds)
+    path = write_config(tmp_path / "hostile.yaml", cfg)
+    port = free_port()
+    proc = start_soakd(path, tmp_path / "run", port)
+    rss: list[tuple[float, int]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        t0 = time.monotonic()
+        while not stop.is_set() and proc.poll() is None:
+            try:
+                rss.append((time.monotonic() - t0, rss_bytes(proc.pid)))
+            except OSError:
+                break
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    metrics = ""
+    try:
+        deadline = time.monotonic() + seconds + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+            try:
+                status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            except OSError:
+                continue
+            if status == 200:
+                metrics = body.decode()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in out + err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed"] is True
+    for mode in [t["name"] for t in cfg["targets"]]:
+        row = summary["targets"][mode]
+        kinds = set(row["errors_by_kind"])
+        want = MODES.get(mode.replace("-", "_"))
+        assert row["requests"] >= 0.4 * 4 * seconds, (mode, row["requests"])  # load went on
+        if mode == "random":
+            assert kinds <= {"stream_truncated"}, kinds
+        elif want is None:
+            assert kinds == set(), (mode, row["errors_by_kind"])
+        else:
+            assert kinds == {want}, (mode, row["errors_by_kind"])
+            assert row["errors"] == row["requests"], (mode, row)
+    # the exporter went on answering and counted them too
+    assert samples(metrics, "soakd_requests_total", target="huge-line", outcome="too_large") > 0
+
+    # memory: after start-up (imports, pools) RSS stays flat however hostile the answers
+    warm = [r for t, r in rss if t >= 5.0]
+    assert len(warm) > 50
+    base, peak = warm[0], max(warm)
+    figure("hostile.daemon.rss_start_mb", base / 1e6)
+    figure("hostile.daemon.rss_peak_mb", peak / 1e6)
+    figure("hostile.daemon.rss_growth_mb", (peak - base) / 1e6)
+    figure("hostile.daemon.targets", len(cfg["targets"]))
+    figure("hostile.daemon.requests", sum(t["requests"] for t in summary["targets"].values()))
+    huge_sent = sum(hostile.stats.requests[m] for m in HUGE)
+    figure("hostile.daemon.huge_answers_started", huge_sent)
+    assert peak - base < 48 << 20, f"RSS grew {(peak - base) / 1e6:.1f} MB"
+    assert os.path.exists(tmp_path / "run" / "journal.db")
