@@ -21,10 +21,12 @@ demo: $(STAMP)
 setup-vllm:
 	bash scripts/setup-vllm.sh
 
-## Debian packages the tests drive for real: Prometheus + Alertmanager, Chromium (HTML report)
+## Debian packages the tests drive for real: Prometheus + Alertmanager, Chromium (HTML report),
+## libfaketime (the fault suite's wall-clock steps)
 setup-system:
 	bash scripts/setup-prometheus.sh
 	bash scripts/setup-chromium.sh
+	bash scripts/setup-faults.sh
 
 ## test: install everything the tests need (venv, vLLM CPU server, tiny model,
 ## Prometheus, Alertmanager, Chromium), then lint, type-check and run every test
@@ -41,6 +43,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check soakd tests
 	$(BIN)/ruff format --check soakd tests
 	$(BIN)/mypy
+
+## bench: soakd vs GuideLLM, AIPerf and vllm bench serve (~40 min, not part of test);
+## installs the peers in their own venvs under .cache/bench, writes docs/benchmarks.md
+bench: $(STAMP) setup-vllm
+	bash bench/setup_peers.sh
+	$(BIN)/python bench/suite.py all
 
 clean:
 	rm -rf $(VENV) .venv-vllm .cache runs

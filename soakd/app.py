@@ -19,13 +19,15 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 import structlog
 import yaml
 
 from soakd import __version__
-from soakd.config import Config
+from soakd.config import Config, TargetConfig
+from soakd.gateway.spawn import GatewayProcess, spawn_gateway
 from soakd.http import HttpServer, start_http
 from soakd.journal import (
     JOURNAL_FILE,
@@ -38,7 +40,7 @@ from soakd.journal import (
     rollup_window_ns,
 )
 from soakd.logs import close_logging, setup_logging
-from soakd.metrics import JournalMetrics, Metrics, ProbeMetrics
+from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
 from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.probes import Probes, make_probes
@@ -46,6 +48,7 @@ from soakd.stats import RunStats
 from soakd.targets.openai import open_target
 from soakd.types import Target
 from soakd.workload.plan import build_plan, describe_plan
+from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.prompts import make_prompt_source
 from soakd.workload.runner import Runner
 
@@ -120,6 +123,10 @@ class Soak:
         self.http: HttpServer | None = None
         self._signals = 0
         self._sims: list[SimProcess] = []
+        self._gateways: dict[str, GatewayProcess] = {}  # target -> the gateway soakd started
+        self._mode_tasks: set[asyncio.Task[Any]] = set()
+        self.guard_metrics = GuardMetrics(self.metrics.registry)
+        self.guards = Guards(())
         self._force = asyncio.Event()
 
     # --- status ---------------------------------------------------------------------------
@@ -169,17 +176,21 @@ class Soak:
                                           self.run_dir / f"sim-{tcfg.name}.log")
                     self._sims.append(sim)
                     tcfg = tcfg.model_copy(update={"base_url": sim.base_url})  # noqa: PLW2901
-                urls[tcfg.name] = tcfg.base_url
+                urls[tcfg.name] = tcfg.base_url  # probes watch the server, not a gateway
+                if tcfg.gateway is not None:
+                    tcfg = await self._front_with_gateway(tcfg)  # noqa: PLW2901
                 self.targets[tcfg.name] = await open_target(tcfg)
+                self._add_guard(tcfg)
             self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
             self.runner = Runner(
                 self.plan, self.targets, make_prompt_source(self.cfg.workload),
                 # the journal hands outcomes on to Metrics once committed: Prometheus
                 # never counts a request the journal could lose (docs/journal.md)
-                [self.journal, self.stats, self.probes.outcome_sink], max_tokens=self.cfg.workload.max_tokens,
+                [self.journal, self.stats, self.probes.outcome_sink, self.guards], max_tokens=self.cfg.workload.max_tokens,
                 temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
                 on_phase=self._on_phase,
-                start_seq=self.resume.next_seq if self.resume else None)
+                start_seq=self.resume.next_seq if self.resume else None,
+                gates=self.guards.by_target)
             self.journal.attach(self.runner)
             self.metrics.watch_in_flight(self.runner.in_flight)
             host, port = self._listen()
@@ -200,6 +211,10 @@ class Soak:
                 await target.aclose()
             if self.probes is not None:
                 await self.probes.aclose()
+            for task in self._mode_tasks:
+                task.cancel()
+            for gateway in self._gateways.values():
+                await gateway.aclose()
             for sim in self._sims:
                 await sim.aclose()
             elapsed = time.monotonic() - started
@@ -292,12 +307,61 @@ class Soak:
         structlog.contextvars.bind_contextvars(phase=phase.name)
         if self.journal is not None:
             self.journal.event("phase", name=phase.name, index=phase.index)
+        self._gateway_modes(phase)
         m.phase_info.labels(phase.name).set(1)
         m.phase_index.set(phase.index)
         for name in self.names:
             shape = phase.loads.get(name)
             m.offered_concurrency.labels(name).set(
                 shape.concurrency if shape and shape.mode == "closed" else 0)
+
+    # --- cloud targets and gateways (docs/gateway.md) ---------------------------------------
+
+    async def _front_with_gateway(self, tcfg: TargetConfig) -> TargetConfig:
+        """Start ``soakd gateway`` in front of the target; the client then talks to it, the
+        probes still to the server itself."""
+        assert tcfg.gateway is not None
+        parts = urlsplit(tcfg.base_url)
+        origin = f"{parts.scheme}://{parts.netloc}"
+        gateway = await spawn_gateway(tcfg.name, tcfg.gateway, origin, self.run_dir)
+        self._gateways[tcfg.name] = gateway
+        root = tcfg.base_url.rstrip("/").removesuffix("/v1")
+        return tcfg.model_copy(update={
+            "base_url": gateway.url + parts.path,
+            "metrics_url": tcfg.metrics_url or root + "/metrics",
+            "health_url": tcfg.health_url or root + "/health",
+        })
+
+    def _add_guard(self, tcfg: TargetConfig) -> None:
+        if tcfg.api_key_env:
+            key_ref = f"api_key_env {tcfg.api_key_env}"
+        elif tcfg.api_key_file:
+            key_ref = f"api_key_file {tcfg.api_key_file}"
+        else:
+            key_ref = ""
+        spend = tcfg.spend
+        limits = {cap: getattr(spend, f"max_{cap}") for cap in
+                  ("requests_per_hour", "tokens_per_hour", "requests", "tokens")}
+        guard = TargetGuard(tcfg.name, spend, tcfg.rate_limit, key_ref=key_ref,
+                            on_event=self.journal.event if self.journal is not None else None)
+        guard.report_to(self.guard_metrics.add_target(tcfg.name, limits, guard.used))
+        self.guards.by_target[tcfg.name] = guard
+
+    def _gateway_modes(self, phase: Phase) -> None:
+        """Switch the phase's gateway features (a PUT to each gateway soakd started)."""
+        pcfg = next((p for p in self.cfg.phases if p.name == phase.name), None)
+        if pcfg is None or not pcfg.gateway:
+            return
+        for target, modes in pcfg.gateway.items():
+            gateway = self._gateways.get(target)
+            if gateway is None:
+                continue
+            if self.journal is not None:
+                self.journal.event("gateway_modes", target=target,
+                                   **modes.model_dump(exclude_none=True))
+            task = asyncio.get_running_loop().create_task(gateway.set_modes(modes))
+            self._mode_tasks.add(task)
+            task.add_done_callback(self._mode_tasks.discard)
 
     def _update_gauges(self) -> None:
         runner = self.runner

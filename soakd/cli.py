@@ -1,10 +1,11 @@
-"""CLI: parse, call, print. ``soakd run | check | report | export | sim``. Exit 2 on bad input,
-one line each."""
+"""CLI: parse, call, print. ``soakd run | check | report | export | sim | gateway``.
+Exit 2 on bad input, one line each."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -87,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--port", type=int, default=8000)
     sim.add_argument("--profile", default="edge-4gb")
     sim.add_argument("--model", default="soakd-sim")
+
+    gw = sub.add_parser("gateway", help="serve the guard gateway in front of a model server")
+    gw.add_argument("--config", type=Path, metavar="FILE",
+                    help="gateway config (docs/gateway.md); without it, the defaults")
+    gw.add_argument("--upstream", metavar="URL", help="the model server (overrides the config)")
+    gw.add_argument("--listen", type=_addr, metavar="HOST:PORT",
+                    help="where to listen (default from config, 127.0.0.1:8080)")
     return parser
 
 
@@ -169,7 +177,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     from soakd.export import export
 
     if args.output is None:
-        export(args.run_dir, args.format, sys.stdout, itl=args.itl)
+        try:
+            export(args.run_dir, args.format, sys.stdout, itl=args.itl)
+            sys.stdout.flush()
+        except BrokenPipeError:  # `soakd export DIR | head`: the reader had enough
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     tmp = args.output.with_name(args.output.name + ".tmp")
     with tmp.open("w", encoding="utf-8", newline="") as out:
@@ -194,10 +206,39 @@ def cmd_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gateway(args: argparse.Namespace) -> int:
+    import os
+
+    from soakd.config import gateway_config_from_dict, load_gateway_config
+    from soakd.gateway import run_gateway
+    from soakd.logs import setup_logging
+
+    if args.config is None and args.upstream is None:
+        _fail("gateway: give --config FILE or --upstream URL")
+    overrides = {k: v for k, v in (("upstream", args.upstream), ("listen", args.listen)) if v}
+    if args.config is not None:
+        cfg = load_gateway_config(args.config)
+        if overrides:
+            cfg = gateway_config_from_dict(cfg.model_dump(mode="json") | overrides)
+    else:
+        cfg = gateway_config_from_dict(dict(overrides), os.environ)
+    token = None
+    if cfg.admin_token_env:
+        token = os.environ.get(cfg.admin_token_env) or None
+        if token is None:
+            _fail(f"admin_token_env: environment variable {cfg.admin_token_env} is not set")
+    setup_logging(cfg.logging.level, cfg.logging.format)
+    try:
+        asyncio.run(run_gateway(cfg, admin_token=token))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     commands = {"run": cmd_run, "check": cmd_check, "report": cmd_report, "export": cmd_export,
-                "sim": cmd_sim}
+                "sim": cmd_sim, "gateway": cmd_gateway}
     try:
         return commands[args.command](args)
     except (ConfigError, JournalError) as exc:

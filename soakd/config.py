@@ -38,6 +38,10 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
+MAX_DURATION_S = 100 * 365 * 86400
+"""Longest duration accepted (100 years): beyond it calendar arithmetic overflows."""
+
+
 def parse_duration(value: Any) -> float:
     """``"72h"``, ``"1h30m"``, ``"500ms"``, ``"2.5s"`` or a number of seconds -> seconds."""
     if isinstance(value, bool):
@@ -64,8 +68,12 @@ def parse_duration(value: Any) -> float:
                 ) from None
     else:
         raise ValueError(f"not a duration: {value!r}")
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):  # nan, 1e400
+        raise ValueError(f"not a finite duration: {value!r}")
     if seconds < 0:
         raise ValueError(f"negative duration {value!r}")
+    if seconds > MAX_DURATION_S:  # past what a calendar (datetime) can add up
+        raise ValueError(f"duration {value!r} is over {MAX_DURATION_S // 86400}d")
     return seconds
 
 
@@ -415,7 +423,7 @@ class JournalConfig(Strict):
     """The run's durable journal (``journal.db``, SQLite WAL): docs/journal.md."""
 
     synchronous: Literal["full", "normal"] = "full"  # full: a power cut loses <= 1 flush
-    flush_interval: Duration = 0.25
+    flush_interval: Duration = 0.5  # a commit at least this often: a kill loses < 1 s
     queue_size: Annotated[int, Field(ge=100)] = 10_000  # records waiting; beyond: dropped
     keep_samples: Duration | None = None  # delete probe samples older than this
     keep_requests: Duration | None = None  # delete request rows older than this
@@ -625,6 +633,13 @@ class Config(Strict):
 # --- loading ----------------------------------------------------------------------------
 
 
+def _env_value(key: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{key}: not a YAML value: {getattr(exc, 'problem', None) or exc}")
+
+
 def _apply_env(
     raw: dict[str, Any], environ: Mapping[str, str], prefix: str = ENV_PREFIX
 ) -> dict[str, Any]:
@@ -645,12 +660,12 @@ def _apply_env(
                 if idx is None:
                     raise ConfigError(f"{key}: no list item {part!r} in {'.'.join(path[:i])}")
                 if last:
-                    node[idx] = yaml.safe_load(environ[key])
+                    node[idx] = _env_value(key, environ[key])
                 else:
                     node = node[idx]
             elif isinstance(node, dict):
                 if last:
-                    node[part] = yaml.safe_load(environ[key])
+                    node[part] = _env_value(key, environ[key])
                 else:
                     node = node.setdefault(part, {})
             else:
@@ -669,6 +684,9 @@ def _list_index(items: list[Any], part: str) -> int | None:
     return None
 
 
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
 def _error_line(exc: ValidationError, raw: Any) -> str:
     """First pydantic error -> ``field.path: message (got VALUE)``; list items by name."""
     err = exc.errors(include_url=False)[0]
@@ -678,6 +696,8 @@ def _error_line(exc: ValidationError, raw: Any) -> str:
         if isinstance(loc, int) and isinstance(node, list) and loc < len(node):
             item = node[loc]
             name = item.get("name") if isinstance(item, dict) else None
+            if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+                name = None  # a name that is itself the problem (a newline...): the index
             parts.append(f"{parts.pop() if parts else ''}[{name or loc}]")
             node = item
             continue
@@ -694,7 +714,8 @@ def _error_line(exc: ValidationError, raw: Any) -> str:
     if "input" in err and err["type"] not in ("value_error",) and not isinstance(
         err["input"], dict | list
     ):
-        return f"{where}: {msg} (got {err['input']!r})"
+        got = repr(err["input"])
+        return f"{where}: {msg} (got {got if len(got) <= 80 else got[:77] + '...'})"
     return f"{where}: {msg}"
 
 
@@ -711,6 +732,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -6,7 +6,7 @@ Labels are bounded: target and phase names come from config, outcome from ErrorK
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -355,3 +355,163 @@ class ProbeMetrics:
             "soakd_server_resident_memory_leak_slope_bytes_per_hour",
             "Robust slope of the server process's resident memory over the leak window.",
             target, registry=r)
+
+
+SPEND_CAPS = ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
+PAUSE_REASONS = ("spend_cap", "rate_limited")
+
+
+class GuardMetrics:
+    """Send guards (soakd/workload/guard.py): pauses, spend caps, skipped open-loop sends."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        target_reason = ["target", "reason"]
+        self.paused = Gauge(
+            "soakd_target_paused", "1 while the target's sends are paused, by reason.",
+            target_reason, registry=r)
+        self.pauses = Counter(
+            "soakd_target_pauses", "Times the target's sends were paused, by reason.",
+            target_reason, registry=r)
+        self.skipped = Counter(
+            "soakd_requests_skipped", "Open-loop sends not made because the target was paused.",
+            target_reason, registry=r)
+        self.cap_hits = Counter(
+            "soakd_spend_cap_hits", "Times a spend cap paused the target.", ["target", "cap"],
+            registry=r)
+        self.used = Gauge(
+            "soakd_spend_used", "What the spend caps compare against: requests or tokens in "
+            "the last hour, or in the whole run.", ["target", "cap"], registry=r)
+        self.limit = Gauge(
+            "soakd_spend_limit", "Configured spend caps (absent when not set).",
+            ["target", "cap"], registry=r)
+
+    def add_target(
+        self, target: str, limits: Mapping[str, int | None], used: Callable[[], Mapping[str, float]]
+    ) -> TargetGuardGauges:
+        """Series of one target, zero from the start; ``used`` is read at scrape time."""
+        for reason in PAUSE_REASONS:
+            self.paused.labels(target, reason).set(0)
+            self.pauses.labels(target, reason)
+            self.skipped.labels(target, reason)
+        for cap in SPEND_CAPS:
+            limit = limits.get(cap)
+            if limit is None:
+                continue
+            self.limit.labels(target, cap).set(limit)
+            self.cap_hits.labels(target, cap)
+            self.used.labels(target, cap).set_function(partial(_used_of, used, cap))
+        return TargetGuardGauges(self, target)
+
+
+def _used_of(used: Callable[[], Mapping[str, float]], cap: str) -> float:
+    return used().get(cap, 0.0)
+
+
+@dataclass(slots=True)
+class TargetGuardGauges:
+    """One target's guard series (the ``GuardGauges`` a TargetGuard reports to)."""
+
+    m: GuardMetrics
+    target: str
+
+    def paused(self, reason: str, on: bool) -> None:
+        self.m.paused.labels(self.target, reason).set(1 if on else 0)
+        if on:
+            self.m.pauses.labels(self.target, reason).inc()
+
+    def cap_hit(self, cap: str) -> None:
+        self.m.cap_hits.labels(self.target, cap).inc()
+
+    def skipped(self, reason: str) -> None:
+        self.m.skipped.labels(self.target, reason).inc()
+
+
+GATEWAY_BREAKERS = ("vram", "error_rate")
+GATEWAY_BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+GATEWAY_REJECTIONS = ("vram_breaker_open", "error_breaker_open", "queue_full", "queue_timeout",
+                      "body_too_large", "headers_too_large")
+GATEWAY_UPSTREAM_ERRORS = ("connect", "timeout", "truncated")
+GATEWAY_FEATURES = ("vram_breaker", "error_breaker", "adaptive")
+GATEWAY_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0,
+                           1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class GatewayMetrics:
+    """``soakd gateway`` (soakd/gateway/): admission, breakers, concurrency, the upstream."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry if registry is not None else CollectorRegistry()
+        self.build_info = Info("soakd_gateway_build", "soakd gateway version.", registry=r)
+        self.build_info.info({"version": __version__})
+        self.responses = Counter(
+            "soakd_gateway_upstream_responses", "Upstream answers passed on, by status class.",
+            ["status_class"], registry=r)
+        self.upstream_errors = Counter(
+            "soakd_gateway_upstream_errors",
+            "Upstream failures with no (whole) answer: connect, timeout, truncated.",
+            ["kind"], registry=r)
+        self.rejections = Counter(
+            "soakd_gateway_rejections", "Requests the gateway answered itself, by reason.",
+            ["reason"], registry=r)
+        self.in_flight = Gauge(
+            "soakd_gateway_in_flight_requests", "Requests in flight to the upstream.", registry=r)
+        self.queue_depth = Gauge(
+            "soakd_gateway_queue_depth", "Requests waiting for a concurrency slot.", registry=r)
+        self.limit = Gauge(
+            "soakd_gateway_concurrency_limit", "Requests allowed in flight to the upstream now.",
+            registry=r)
+        self.limit_changes = Counter(
+            "soakd_gateway_concurrency_limit_changes",
+            "Adaptive limit changes, by direction (up, down).", ["direction"], registry=r)
+        self.ttfb_p95 = Gauge(
+            "soakd_gateway_upstream_ttfb_p95_seconds",
+            "The adaptive controller's last P95 of upstream time to first byte.", registry=r)
+        self.latency_target = Gauge(
+            "soakd_gateway_latency_target_seconds",
+            "Configured P95 upstream time-to-first-byte target.", registry=r)
+        self.breaker_state = Gauge(
+            "soakd_gateway_breaker_state", "0 closed, 1 half-open, 2 open.", ["breaker"],
+            registry=r)
+        self.transitions = Counter(
+            "soakd_gateway_breaker_transitions", "Breaker state changes, by the state entered.",
+            ["breaker", "to"], registry=r)
+        self.feature = Gauge(
+            "soakd_gateway_feature_enabled", "1 when the feature is on.", ["feature"], registry=r)
+        self.vram_used = Gauge(
+            "soakd_gateway_vram_used_bytes", "The VRAM reading the breaker compares.", registry=r)
+        self.vram_limit = Gauge(
+            "soakd_gateway_vram_limit_bytes", "VRAM breaker: open above this (for hold).",
+            registry=r)
+        self.vram_lower = Gauge(
+            "soakd_gateway_vram_lower_mark_bytes", "VRAM breaker: close below this.", registry=r)
+        self.vram_up = Gauge(
+            "soakd_gateway_vram_probe_up", "1 when the VRAM source answers.", registry=r)
+        self.ttfb = Histogram(
+            "soakd_gateway_upstream_ttfb_seconds",
+            "Upstream time to first response byte (headers and the first body chunk).",
+            buckets=GATEWAY_LATENCY_BUCKETS, registry=r)
+        self.duration = Histogram(
+            "soakd_gateway_upstream_duration_seconds",
+            "Upstream request duration, send to last byte passed on.",
+            buckets=GATEWAY_LATENCY_BUCKETS, registry=r)
+        self.queue_wait = Histogram(
+            "soakd_gateway_queue_wait_seconds", "Time admitted requests waited for a slot.",
+            buckets=GATEWAY_LATENCY_BUCKETS, registry=r)
+        for sc in ("2xx", "3xx", "4xx", "5xx"):
+            self.responses.labels(sc)
+        for kind in GATEWAY_UPSTREAM_ERRORS:
+            self.upstream_errors.labels(kind)
+        for reason in GATEWAY_REJECTIONS:
+            self.rejections.labels(reason)
+        for direction in ("up", "down"):
+            self.limit_changes.labels(direction)
+        for breaker in GATEWAY_BREAKERS:
+            self.breaker_state.labels(breaker).set(0)
+            for state in GATEWAY_BREAKER_STATES:
+                self.transitions.labels(breaker, state)
+
+    def set_breaker(self, breaker: str, state: str, transition: bool = True) -> None:
+        self.breaker_state.labels(breaker).set(GATEWAY_BREAKER_STATES[state])
+        if transition:
+            self.transitions.labels(breaker, state).inc()

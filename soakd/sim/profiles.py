@@ -205,6 +205,18 @@ PROFILES: dict[str, Profile] = {
             description="edge-4gb failing with CUDA out of memory past 12 running sequences",
             oom_above_running=12,
         ),
+        # The same card at max_num_seqs 4 with heavy activations (60 MiB a sequence): VRAM
+        # used is 3.67 GB idle and passes 3.9 GB with 4 running, so a VRAM breaker in front
+        # (soakd gateway) opens under load and closes when the batch drains.
+        dataclasses.replace(
+            _EDGE_4GB,
+            name="edge-4gb-surge",
+            description="edge-4gb at max_num_seqs 4, VRAM rising 60 MiB a running sequence "
+            "(3.67 GB idle, 3.92 GB at 4 running)",
+            max_num_seqs=4,
+            vram_used_mib=3500.0,
+            vram_mib_per_running_seq=60.0,
+        ),
         _H200,
         _FAST,
         # Random 500s and early EOS, for exercising error accounting quickly.

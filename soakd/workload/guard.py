@@ -125,6 +125,10 @@ class TargetGuard:
         self._auth_logged_at = -math.inf
         self._auth_total = 0
 
+    def report_to(self, gauges: GuardGauges) -> None:
+        """Where pauses, cap hits and skipped sends are exported (set once, before the run)."""
+        self._gauges = gauges
+
     # --- the runner's side ------------------------------------------------------------------
 
     def delay_s(self) -> float:
@@ -153,8 +157,12 @@ class TargetGuard:
     def used(self) -> dict[str, float]:
         """The spend counts the caps compare against (for the gauges)."""
         requests, tokens = self.hour.totals(self._clock())
-        return {"requests_per_hour": requests, "tokens_per_hour": tokens,
-                "requests": float(self.requests), "tokens": float(self.tokens)}
+        return {
+            "requests_per_hour": requests,
+            "tokens_per_hour": tokens,
+            "requests": float(self.requests),
+            "tokens": float(self.tokens),
+        }
 
     # --- OutcomeSink ------------------------------------------------------------------------
 
@@ -207,15 +215,20 @@ class TargetGuard:
                 data |= {"cap": cap, "limit": self._limit(cap), "used": self.used()[cap]}
                 if self._gauges is not None:
                     self._gauges.cap_hit(cap)
-            log.warning("target_paused", target=self.target, **data,
-                        note="until the end of the run" if resume is None else None)
+            log.warning(
+                "target_paused",
+                target=self.target,
+                **data,
+                note="until the end of the run" if resume is None else None,
+            )
             self._event("target_paused", **data)
             if self._gauges is not None:
                 self._gauges.paused(reason, True)
         elif not on and since is not None:
             del self._paused[reason]
-            log.info("target_resumed", target=self.target, reason=reason,
-                     paused_s=round(now - since, 3))
+            log.info(
+                "target_resumed", target=self.target, reason=reason, paused_s=round(now - since, 3)
+            )
             self._event("target_resumed", reason=reason, paused_s=round(now - since, 3))
             if self._gauges is not None:
                 self._gauges.paused(reason, False)

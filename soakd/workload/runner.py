@@ -68,6 +68,7 @@ class Runner:
         self.seed = seed
         self._on_phase = on_phase
         self.origin_ns = 0  # monotonic instant of plan offset 0
+        self._start_offset_ns = 0  # plan offset this session started at (a resume: > 0)
         self.phase: Phase | None = None
         self.finished = False
         self._stop = asyncio.Event()
@@ -111,6 +112,7 @@ class Runner:
     async def run(self, start_offset_ns: int = 0) -> None:
         """Run the plan from ``start_offset_ns`` (0, or where a resumed run stopped)."""
         self.origin_ns = now_ns() - start_offset_ns
+        self._start_offset_ns = start_offset_ns
         for phase in self.plan.phases:
             if phase.end_ns <= start_offset_ns:
                 continue
@@ -242,7 +244,9 @@ class Runner:
         requests go out late and the lag is measured (no coordinated omission)."""
         start_abs = self.origin_ns + phase.start_ns
         # a resumed run enters mid-phase: skip the instants already past
-        skip_before = max(0, now_ns() - start_abs)
+        # (the resume point, not "now": the driver task starts a little after the phase,
+        # and a busy loop later still; an instant it finds past is sent late, not skipped)
+        skip_before = max(0, self.origin_ns + self._start_offset_ns - start_abs)
         # the same instants for every target with the same shape: a fair A/B
         rng = random.Random(f"{self.seed}/{phase.index}")
         cap = shape.max_in_flight

@@ -165,7 +165,7 @@ async def test_refused_is_immediate(proxy: tuple[FaultProxy, LoopThread]) -> Non
 async def test_soak_through_a_failing_network_recovers_by_itself(
     hostile: HostileServer, tmp_path: Path
 ) -> None:
-    """A 9 s in-process run through the proxy: 1.5 s latency spike, resets, a blackhole,
+    """A 10 s in-process run through the proxy: 1.5 s latency spike, resets, a blackhole,
     the port refusing; after each fault the target is answered again without help, and
     the run leaves no task and no fd behind."""
     fds0, tasks0 = open_fds(), tasks()
@@ -176,7 +176,7 @@ async def test_soak_through_a_failing_network_recovers_by_itself(
                          "timeouts": TIMEOUTS, "scrape": False}],
             "workload": {"max_tokens": 8},
             "gpu": {"source": "none"},
-            "phases": [{"name": "p", "duration": "9s",
+            "phases": [{"name": "p", "duration": "10s",
                         "load": {"mode": "closed", "concurrency": 4}}],
         })  # fmt: skip
         soak = Soak(cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0",
@@ -200,8 +200,8 @@ async def test_soak_through_a_failing_network_recovers_by_itself(
             faults.append(("latency", await wait_ok()))
             await asyncio.to_thread(lt.call, p.reset_all)
             faults.append(("reset", await wait_ok()))
-            p.blackhole = True
-            await asyncio.sleep(1.2)
+            p.blackhole = True  # longer than the total deadline: every kind of timeout
+            await asyncio.sleep(TOTAL_S + 0.5)
             p.blackhole = False
             faults.append(("blackhole", await wait_ok()))
             await asyncio.to_thread(lt.call, p.refuse)
