@@ -253,7 +253,7 @@ class Soak:
 
     def _prepare_dir(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        effective = self.cfg.model_dump(mode="json")
+        effective = config_doc(self.cfg)  # the same redacted copy the journal keeps
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(effective, sort_keys=False))
         (self.run_dir / "plan.txt").write_text(describe_plan(self.plan, self.cfg) + "\n")
 

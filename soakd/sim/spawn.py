@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import signal
 import socket
 import sys
 import time
@@ -18,6 +20,16 @@ import aiohttp
 import structlog
 
 log = structlog.get_logger()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when soakd dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -53,6 +65,7 @@ async def spawn_sim(
             sys.executable, "-m", "soakd", "sim", "--host", "127.0.0.1", "--port", str(port),
             "--profile", profile, "--model", model,
             stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+            preexec_fn=_die_with_parent,
         )
     sim = SimProcess(proc, f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + timeout_s
