@@ -22,11 +22,13 @@ setup-vllm:
 	bash scripts/setup-vllm.sh
 
 ## Debian packages the tests drive for real: Prometheus + Alertmanager, Chromium (HTML report),
-## libfaketime (the fault suite's wall-clock steps)
+## libfaketime (the fault suite's wall-clock steps); and llama.cpp's llama-server, built
+## once from source (~10 min on 2 cores, then reused from .cache/ or /var/cache/soakd)
 setup-system:
 	bash scripts/setup-prometheus.sh
 	bash scripts/setup-chromium.sh
 	bash scripts/setup-faults.sh
+	bash scripts/setup-llama-server.sh
 
 ## test: install everything the tests need (venv, vLLM CPU server, tiny model,
 ## Prometheus, Alertmanager, Chromium), then lint, type-check and run every test

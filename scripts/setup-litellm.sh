@@ -9,7 +9,7 @@
 #   2. installs litellm[proxy]==1.108.7, prisma and prometheus_client there unless present
 #      (1.108.8 and later pin companion packages this machine's registry does not serve;
 #      prisma, the Python package only, makes a wrong key a proper JSON error, not a 500)
-#   3. checks that the proxy's entry point imports
+#   3. checks that the proxy's entry point imports (once; remembered in .soakd-setup-ok)
 #
 # Environment:
 #   PYTHON               interpreter used to create the venv (default: python3)
@@ -24,6 +24,7 @@ VENV="${SOAKD_LITELLM_VENV:-$ROOT/.venv-litellm}"
 CACHE="$ROOT/.cache"
 PIP_LOG="$CACHE/setup-litellm-pip.log"
 VPY="$VENV/bin/python"
+STAMP="$VENV/.soakd-setup-ok"
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 LITELLM_LOCAL_MODEL_COST_MAP=True
 unset PYTHONPATH PYTHONHOME
@@ -55,6 +56,7 @@ installed_version() { "$VPY" -c "import importlib.metadata as m; print(m.version
 if [[ "$(installed_version litellm)" != "$LITELLM_VERSION" || -z "$(installed_version prisma)" \
       || -z "$(installed_version prometheus_client)" ]]; then
     say "installing litellm[proxy]==$LITELLM_VERSION (about a minute; log: $PIP_LOG)"
+    rm -f "$STAMP"
     if ! "$VPY" -m pip install "litellm[proxy]==$LITELLM_VERSION" prisma prometheus_client \
             >"$PIP_LOG" 2>&1; then
         tail_log "$PIP_LOG"
@@ -62,11 +64,14 @@ if [[ "$(installed_version litellm)" != "$LITELLM_VERSION" || -z "$(installed_ve
     fi
 fi
 
-# 3. the import the proxy needs
-if ! out="$("$VPY" -c 'import litellm.proxy.proxy_server, prisma; import importlib.metadata as m; print(m.version("litellm"))' 2>&1)"; then
-    printf '%s\n' "$out" | tail -n 20 >&2
-    die "'import litellm.proxy.proxy_server' fails in $VENV; remove it (rm -rf $VENV) and run this again"
+# 3. the import the proxy needs (slow, ~20 s on 2 cores: done once, then remembered)
+if [[ "$(cat "$STAMP" 2>/dev/null)" != "$LITELLM_VERSION" ]]; then
+    if ! out="$("$VPY" -c 'import litellm.proxy.proxy_server, prisma, openai' 2>&1)"; then
+        printf '%s\n' "$out" | tail -n 20 >&2
+        die "'import litellm.proxy.proxy_server' fails in $VENV; remove it (rm -rf $VENV) and run this again"
+    fi
+    printf '%s\n' "$LITELLM_VERSION" >"$STAMP"
 fi
 [[ -x "$VENV/bin/litellm" ]] || die "no litellm entry point in $VENV/bin"
 
-say "ready: litellm $(printf '%s\n' "$out" | tail -n 1), venv $VENV ($((SECONDS - T0)) s)"
+say "ready: litellm $LITELLM_VERSION, venv $VENV ($((SECONDS - T0)) s)"

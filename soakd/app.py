@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import secrets
@@ -28,7 +29,7 @@ import yaml
 from soakd import __version__
 from soakd.config import Config, TargetConfig
 from soakd.gateway.spawn import GatewayProcess, spawn_gateway
-from soakd.http import HttpServer, start_http
+from soakd.http import HttpServer, start_http, tls_context
 from soakd.journal import (
     JOURNAL_FILE,
     Journal,
@@ -47,8 +48,8 @@ from soakd.probes import Probes, make_probes
 from soakd.stats import RunStats
 from soakd.targets.openai import open_target
 from soakd.types import Target
-from soakd.workload.plan import build_plan, describe_plan
 from soakd.workload.guard import Guards, TargetGuard
+from soakd.workload.plan import build_plan, describe_plan
 from soakd.workload.prompts import make_prompt_source
 from soakd.workload.runner import Runner
 
@@ -82,6 +83,13 @@ class RunResult:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def new_run_id(name: str) -> str:
@@ -178,7 +186,7 @@ class Soak:
                     tcfg = tcfg.model_copy(update={"base_url": sim.base_url})  # noqa: PLW2901
                 urls[tcfg.name] = tcfg.base_url  # probes watch the server, not a gateway
                 if tcfg.gateway is not None:
-                    tcfg = await self._front_with_gateway(tcfg)  # noqa: PLW2901
+                    tcfg = await self._front_with_gateway(tcfg)
                 self.targets[tcfg.name] = await open_target(tcfg)
                 self._add_guard(tcfg)
             self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
@@ -186,7 +194,8 @@ class Soak:
                 self.plan, self.targets, make_prompt_source(self.cfg.workload),
                 # the journal hands outcomes on to Metrics once committed: Prometheus
                 # never counts a request the journal could lose (docs/journal.md)
-                [self.journal, self.stats, self.probes.outcome_sink, self.guards], max_tokens=self.cfg.workload.max_tokens,
+                [self.journal, self.stats, self.probes.outcome_sink, self.guards],
+                max_tokens=self.cfg.workload.max_tokens,
                 temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
                 on_phase=self._on_phase,
                 start_seq=self.resume.next_seq if self.resume else None,
@@ -195,7 +204,7 @@ class Soak:
             self.metrics.watch_in_flight(self.runner.in_flight)
             host, port = self._listen()
             self.http = await start_http(host, port, self.metrics.registry, self.status,
-                                         self._ready)
+                                         self._ready, **self._exporter_security(host))
             log.info("exporter_listening", url=self.http.url)
             self._install_signals()
             async with asyncio.TaskGroup() as tg:
@@ -288,6 +297,18 @@ class Soak:
                         config_changes=self.config_changes or None,
                         not_restored=missing or None)
         return journal
+
+    def _exporter_security(self, host: str) -> dict[str, Any]:
+        """exporter.basic_auth and exporter.tls, read; a warning when /metrics and /status
+        are open beyond this machine without a password."""
+        exp = self.cfg.exporter
+        auth = (exp.basic_auth.username, exp.basic_auth.password()) if exp.basic_auth else None
+        ctx = tls_context(exp.tls) if exp.tls else None
+        if auth is None and not _loopback(host):
+            log.warning("exporter_exposed", host=host,
+                        note="/metrics and /status answer anyone who can reach this address; "
+                        "set exporter.basic_auth (and exporter.tls) or bind 127.0.0.1")
+        return {"auth": auth, "ssl_context": ctx}
 
     def _listen(self) -> tuple[str, int]:
         listen = self.opts.metrics_addr or self.cfg.exporter.listen
@@ -445,6 +466,7 @@ class Soak:
             tmp.write_text(json.dumps(doc, indent=2, default=str))
             os.replace(tmp, self.run_dir / "summary.json")
         except OSError as exc:  # a full disk at the end: the journal and the metrics have it
-            log.error("summary_write_failed", error=f"{type(exc).__name__}: {exc.strerror}")
+            log.error(  # noqa: TRY400 (one line: the cause is known, no traceback)
+                "summary_write_failed", error=f"{type(exc).__name__}: {exc.strerror}")
             with contextlib.suppress(OSError):
                 tmp.unlink()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from soakd import __version__
-from soakd.config import ConfigError, load_config, parse_duration
+from soakd.config import Config, ConfigError, load_config, parse_duration
 from soakd.journal import JournalError
 
 EXIT_USAGE = 2
@@ -103,12 +103,23 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
+def _check_exporter(cfg: Config) -> None:
+    """exporter.basic_auth's password and exporter.tls's files load (ConfigError if not)."""
+    if cfg.exporter.basic_auth is not None:
+        cfg.exporter.basic_auth.password()
+    if cfg.exporter.tls is not None:
+        from soakd.http import tls_context
+
+        tls_context(cfg.exporter.tls)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from soakd.workload.plan import build_plan, describe_plan
 
     cfg = load_config(args.config)
     for target in cfg.targets:
         target.api_key()  # a missing key reference is a config error too
+    _check_exporter(cfg)
     plan = build_plan(cfg, datetime.now(UTC), rehearse_s=args.rehearse,
                       duration_cap_s=args.duration)
     print(f"{args.config}: ok")
@@ -126,6 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     for target in cfg.targets:
         target.api_key()
+    _check_exporter(cfg)
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(run_dir=args.run_dir, duration_s=args.duration, rehearse_s=args.rehearse,
                       metrics_addr=args.metrics_addr, live=live, console_logs=not live,
@@ -207,6 +219,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
+    import contextlib
     import os
 
     from soakd.config import gateway_config_from_dict, load_gateway_config
@@ -228,10 +241,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         if token is None:
             _fail(f"admin_token_env: environment variable {cfg.admin_token_env} is not set")
     setup_logging(cfg.logging.level, cfg.logging.format)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_gateway(cfg, admin_token=token))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -222,7 +222,9 @@ class TargetConfig(Strict):
             if not self.api_version:
                 raise ValueError("kind 'azure' needs api_version (e.g. \"2024-06-01\")")
             if self.organization or self.project:
-                raise ValueError("organization and project are OpenAI headers: not for kind 'azure'")
+                raise ValueError(
+                    "organization and project are OpenAI headers: not for kind 'azure'"
+                )
             if self.path:
                 raise ValueError("kind 'azure' builds its own path: use kind 'openai' with path")
         elif self.api_version or self.deployment:
@@ -352,11 +354,58 @@ class Thresholds(Strict):
     p99_ttft_seconds: Annotated[float, Field(gt=0)] = 2.0
     jitter_ratio: Annotated[float, Field(ge=0)] = 0.15
     dispatch_lag_seconds: Annotated[float, Field(gt=0)] = 0.1
+    p99_e2e_drift_seconds_per_hour: Annotated[float, Field(gt=0)] = 1.0
+
+
+class ExporterBasicAuth(Strict):
+    """HTTP basic auth on /metrics and /status (not on /healthz and /readyz, which say
+    nothing and serve container health checks). The password is read by reference."""
+
+    username: Annotated[str, Field(min_length=1, pattern=r"^[^:\s]+$")]
+    password_file: Path | None = None
+    password_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExporterBasicAuth:
+        if (self.password_file is None) == (self.password_env is None):
+            raise ValueError("set password_file or password_env (one of them)")
+        return self
+
+    def password(self) -> SecretStr:
+        """Read it. Raises ConfigError naming the reference, never the password."""
+        if self.password_env:
+            value = os.environ.get(self.password_env, "").strip()
+            if not value:
+                raise ConfigError(
+                    f"exporter.basic_auth.password_env: environment variable "
+                    f"{self.password_env} is not set"
+                )
+            return SecretStr(value)
+        assert self.password_file is not None
+        try:
+            value = self.password_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise ConfigError(
+                f"exporter.basic_auth.password_file: cannot read {self.password_file}: {why}"
+            ) from None
+        if not value:
+            raise ConfigError(f"exporter.basic_auth.password_file: {self.password_file} is empty")
+        return SecretStr(value)
+
+
+class ExporterTls(Strict):
+    """Serve /metrics, /status... over HTTPS with this certificate (PEM files)."""
+
+    cert_file: Path
+    key_file: Path
 
 
 class Exporter(Strict):
-    listen: str = "127.0.0.1:9464"
+    listen: str = "127.0.0.1:9464"  # loopback: anything wider is an explicit choice
     thresholds: Thresholds = Thresholds()
+    basic_auth: ExporterBasicAuth | None = None
+    tls: ExporterTls | None = None
 
     @field_validator("listen")
     @classmethod
@@ -401,6 +450,18 @@ class GpuConfig(Strict):
 class Probes(Strict):
     scrape_interval: Duration = 5.0  # target /metrics
     health_interval: Duration = 5.0
+    # P99 E2E drift: one P99 per drift_interval, a Theil-Sen slope over drift_window
+    drift_interval: Duration = 60.0
+    drift_window: Duration = 3600.0
+
+    @model_validator(mode="after")
+    def _drift(self) -> Probes:
+        if self.drift_interval < 1 or self.drift_window < 2 * self.drift_interval:
+            raise ValueError(
+                "drift_interval must be at least 1s and drift_window at least twice it, "
+                f"got {self.drift_interval:g}s and {self.drift_window:g}s"
+            )
+        return self
 
 
 _BYTE_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
@@ -468,7 +529,8 @@ class VramBreaker(Strict):
 
     @property
     def lower_mark(self) -> float:
-        return self.lower_mark_bytes if self.lower_mark_bytes is not None else 0.97 * self.limit_bytes
+        mark = self.lower_mark_bytes
+        return mark if mark is not None else 0.97 * self.limit_bytes
 
 
 class ErrorBreaker(Strict):
@@ -637,7 +699,8 @@ def _env_value(key: str, text: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{key}: not a YAML value: {getattr(exc, 'problem', None) or exc}")
+        why = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"{key}: not a YAML value: {why}") from None
 
 
 def _apply_env(

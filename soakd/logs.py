@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from pathlib import Path
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import IO, Any
 
 import structlog

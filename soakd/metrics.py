@@ -127,6 +127,9 @@ class Metrics:
             "soakd_jitter_ratio_limit", "Configured limit on P99 jitter.", registry=r)
         self.threshold_lag = Gauge(
             "soakd_dispatch_lag_limit_seconds", "Configured dispatch lag limit.", registry=r)
+        self.threshold_e2e_drift = Gauge(
+            "soakd_e2e_p99_drift_limit_seconds_per_hour",
+            "Configured limit on the drift of P99 end-to-end latency.", registry=r)
 
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, int], Counter] = {}
@@ -139,6 +142,7 @@ class Metrics:
         self.threshold_ttft.set(t.p99_ttft_seconds)
         self.threshold_jitter.set(t.jitter_ratio)
         self.threshold_lag.set(t.dispatch_lag_seconds)
+        self.threshold_e2e_drift.set(t.p99_e2e_drift_seconds_per_hour)
 
     def add_target(self, target: str, phases: list[str]) -> None:
         """Create every series of a target up front, so rates start at zero, not absent."""
@@ -355,6 +359,29 @@ class ProbeMetrics:
             "soakd_server_resident_memory_leak_slope_bytes_per_hour",
             "Robust slope of the server process's resident memory over the leak window.",
             target, registry=r)
+        self.server_means = {
+            "ttft": Gauge("soakd_server_time_to_first_token_mean_seconds",
+                          "Server-side mean TTFT over the last scrape interval "
+                          "(vllm:time_to_first_token_seconds).", target, registry=r),
+            "e2e": Gauge("soakd_server_request_duration_mean_seconds",
+                         "Server-side mean end-to-end latency over the last scrape interval "
+                         "(vllm:e2e_request_latency_seconds).", target, registry=r),
+            "queue": Gauge("soakd_server_queue_time_mean_seconds",
+                           "Server-side mean queue time over the last scrape interval "
+                           "(vllm:request_queue_time_seconds).", target, registry=r),
+            "itl": Gauge("soakd_server_inter_token_latency_mean_seconds",
+                         "Server-side mean time per generated token over the last scrape "
+                         "interval (vllm:inter_token_latency_seconds, llama.cpp's "
+                         "tokens_predicted_seconds / tokens_predicted).", target, registry=r),
+        }
+        self.e2e_p99_interval = Gauge(
+            "soakd_e2e_p99_interval_seconds",
+            "Client-side P99 end-to-end latency of the last closed drift interval.", target,
+            registry=r)
+        self.e2e_p99_drift = Gauge(
+            "soakd_e2e_p99_drift_seconds_per_hour",
+            "Robust (Theil-Sen) slope of the per-interval P99 end-to-end latency over the "
+            "drift window.", target, registry=r)
 
 
 SPEND_CAPS = ("requests_per_hour", "tokens_per_hour", "requests", "tokens")

@@ -320,8 +320,11 @@ class HostileServer:
 
     async def _m_gzip_bomb(self, req: Request, w: asyncio.StreamWriter) -> None:
         bomb = _gzip_bomb()
-        head = {"Content-Type": "text/event-stream", "Content-Encoding": "gzip",
-                "Content-Length": str(len(bomb))}  # fmt: skip
+        head = {
+            "Content-Type": "text/event-stream",
+            "Content-Encoding": "gzip",
+            "Content-Length": str(len(bomb)),
+        }
         await self._send(w, "gzip_bomb", _head(200, head))
         for i in range(0, len(bomb), PIECE):
             await self._send(w, "gzip_bomb", bomb[i : i + PIECE])
@@ -396,11 +399,17 @@ class HostileServer:
 
     async def _m_echo_key(self, req: Request, w: asyncio.StreamWriter) -> None:
         key = req.key
-        body = json.dumps({
-            "error": {"message": f"Incorrect API key provided: {key}", "type": key,
-                      "code": key, "param": req.headers.get("authorization", "")},
-            key: key,
-        }).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"Incorrect API key provided: {key}",
+                    "type": key,
+                    "code": key,
+                    "param": req.headers.get("authorization", ""),
+                },
+                key: key,
+            }
+        ).encode()
         await self._send(w, "echo_key", _response(401, body, **{"WWW-Authenticate": key}))
 
     async def _m_redirect_key(self, req: Request, w: asyncio.StreamWriter) -> None:
@@ -409,9 +418,11 @@ class HostileServer:
 
     async def _m_oom_key(self, req: Request, w: asyncio.StreamWriter) -> None:
         key = req.key
-        body = json.dumps({
-            "error": {"message": f"CUDA out of memory (key {key})", "type": key, "code": key},
-        }).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "error": {"message": f"CUDA out of memory (key {key})", "type": key, "code": key},
+            }
+        ).encode()
         await self._send(w, "oom_key", _response(500, body))
 
     async def _m_key_stream(self, req: Request, w: asyncio.StreamWriter) -> None:

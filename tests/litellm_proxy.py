@@ -8,6 +8,7 @@ Its venv also holds the ``openai`` SDK, which the gateway tests use as an outsid
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -73,9 +74,9 @@ class LiteLLM:
 
     def start(self, timeout: float = 90.0) -> LiteLLM:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", SOAKD_TEST_LITELLM_MASTER_KEY=self.master_key,
-                   NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
-                   PYTHONUNBUFFERED="1", LITELLM_LOG="ERROR")  # fmt: skip
+        env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", PYTHONUNBUFFERED="1",
+                   SOAKD_TEST_LITELLM_MASTER_KEY=self.master_key, LITELLM_LOG="ERROR",
+                   NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")  # fmt: skip
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [str(VENV / "bin" / "litellm"), "--config", str(self.config_path),
@@ -87,13 +88,33 @@ class LiteLLM:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"litellm exited ({self.proc.returncode}): {self.tail()}")
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with _OPENER.open(self.base_url + "/health/liveliness", timeout=2) as resp:
-                    if resp.status == 200:
-                        return self
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                _OPENER.open(self.base_url + "/health/liveliness", timeout=2) as resp,
+            ):
+                if resp.status == 200:
+                    return self
             time.sleep(0.25)
         self.stop()
         raise RuntimeError(f"litellm not ready after {timeout:g} s: {self.tail()}")
+
+    def warm_up(self, model: str) -> None:
+        """One request on the OpenAI route and one on the Azure route: LiteLLM's first
+        request of a route is slow (over a second: lazy set-up), and a soak measures the
+        steady state."""
+        body = json.dumps(
+            {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "warm up"}]}
+        ).encode()
+        for path, header in (
+            ("/v1/chat/completions", ("Authorization", f"Bearer {self.master_key}")),
+            (f"/openai/deployments/{model}/chat/completions?api-version=2024-06-01",
+             ("api-key", self.master_key)),
+        ):  # fmt: skip
+            request = urllib.request.Request(self.base_url + path, data=body, method="POST",
+                                             headers={"Content-Type": "application/json",
+                                                      header[0]: header[1]})  # fmt: skip
+            with _OPENER.open(request, timeout=120) as resp:
+                resp.read()
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:

@@ -43,6 +43,8 @@ HOP_BY_HOP: Final = frozenset({
 })  # fmt: skip
 OWN_PATHS: Final = ("/healthz", "/metrics", "/gateway/status", "/gateway/modes")
 READ_CHUNK: Final = 64 << 10
+AUTO_HEADERS: Final = ("Accept-Encoding", "User-Agent", "Content-Type")
+"""Headers aiohttp would add on its own (compression the client never asked for...)."""
 
 
 def error_response(
@@ -328,7 +330,12 @@ class Gateway:
             async with (
                 asyncio.timeout(self.cfg.limits.total_timeout),
                 self._session.request(
-                    request.method, url, data=body or None, headers=headers, allow_redirects=False
+                    request.method,
+                    url,
+                    data=body or None,
+                    headers=headers,
+                    allow_redirects=False,
+                    skip_auto_headers=AUTO_HEADERS,  # only what the client sent
                 ) as up,
             ):
                 await self._pass_back(request, up, passing, admitted)

@@ -1,5 +1,6 @@
 """Probes room: watches the GPU and the servers (NVML or DCGM, target /metrics, health,
-restarts, OOMs, leaks) and exports what it sees; the composition root calls ``make_probes``.
+restarts, OOMs, leaks, P99 drift) and exports what it sees; the composition root calls
+``make_probes``.
 
 Every probe loop is its own task, survives its own failures (logged, retried), and only
 ever ends by cancellation; ``Probes.outcome_sink`` lets request outcomes count as
@@ -24,6 +25,7 @@ from soakd.model import Outcome, Sample
 from soakd.probes._http import Endpoint, base_root, endpoint_for, resolve_proxy
 from soakd.probes._ticks import sleep_until_next
 from soakd.probes.dcgm import DcgmSource
+from soakd.probes.drift import LatencyDrift
 from soakd.probes.gpu import GpuProbe, GpuSource, NvmlApi, NvmlSource, ProcFs
 from soakd.probes.health import TargetState, health_loop
 from soakd.probes.oom import COUNTED_SOURCES, LogTail, OomWatch, tail_loop
@@ -57,14 +59,17 @@ class _SafeEmit:
 
 
 class ProbeSink:
-    """The probes' OutcomeSink: OOM error bodies and error bursts, refused connects."""
+    """The probes' OutcomeSink: OOM error bodies and error bursts, refused connects,
+    latencies for the P99 drift."""
 
-    def __init__(self, oom: OomWatch, states: dict[str, TargetState]) -> None:
+    def __init__(self, oom: OomWatch, states: dict[str, TargetState], drift: LatencyDrift) -> None:
         self._oom = oom
         self._states = states
+        self._drift = drift
 
     def record(self, outcome: Outcome) -> None:
         self._oom.record(outcome)
+        self._drift.record(outcome)
         state = self._states.get(outcome.target)
         if state is not None:
             state.record(outcome)
@@ -95,7 +100,14 @@ class Probes:
         for name, state in self.states.items():
             state.listeners.append(self.oom.on_restart)
             metrics.restarts.labels(name)  # zero, not absent, until the first restart
-        self.outcome_sink = ProbeSink(self.oom, self.states)
+        self.drift = LatencyDrift(
+            [t.name for t in cfg.targets],
+            metrics,
+            emit,
+            interval_s=probes.drift_interval,
+            window_s=probes.drift_window,
+        )
+        self.outcome_sink = ProbeSink(self.oom, self.states, self.drift)
         self.scrapers: list[ServerScraper] = []
         self.health: list[tuple[TargetState, Endpoint]] = []
         self.tails: list[tuple[str, LogTail]] = []
@@ -214,6 +226,7 @@ class Probes:
                         )
                     )
                 tg.create_task(self._guard("journal", self._journal_loop))
+                tg.create_task(self._guard("drift", self.drift.run))
         finally:
             self._session = None
             await session.close()

@@ -7,6 +7,12 @@ server's view on one time axis. Several series of one name (vLLM data-parallel e
 several models) are summed, except the KV-cache ratio, where the fullest one is kept:
 it is the one that preempts.
 
+The server's own latency histograms (vLLM's TTFT, E2E, queue time and inter-token
+latency; llama.cpp's generation time per token) are re-exported as the mean over each
+scrape interval: the change of the sum over the change of the count. Their buckets
+differ from soakd's and between engines; a mean over the same 5 s that soakd's own
+histograms can be rated over is what lines up on one dashboard.
+
 Only the lines of the wanted names reach prometheus_client's parser, so a 60 kB page
 costs well under a millisecond on the event loop.
 """
@@ -45,9 +51,26 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "preemptions": ("vllm:num_preemptions",),
     "rss": ("process_resident_memory_bytes",),
     "start_time": ("process_start_time_seconds",),
+    # cumulative sums and counts behind the server-side latency means
+    "ttft_sum": ("vllm:time_to_first_token_seconds_sum",),
+    "ttft_count": ("vllm:time_to_first_token_seconds_count",),
+    "e2e_sum": ("vllm:e2e_request_latency_seconds_sum",),
+    "e2e_count": ("vllm:e2e_request_latency_seconds_count",),
+    "queue_sum": ("vllm:request_queue_time_seconds_sum",),
+    "queue_count": ("vllm:request_queue_time_seconds_count",),
+    "itl_sum": ("vllm:inter_token_latency_seconds_sum", "llamacpp:tokens_predicted_seconds"),
+    "itl_count": ("vllm:inter_token_latency_seconds_count", "llamacpp:tokens_predicted"),
 }
 _MAX_FIELDS = frozenset({"kv_cache"})
 _WANTED = frozenset(n for names in FIELDS.values() for n in names)
+
+MEANS: dict[str, str] = {
+    "ttft": "soakd_server_time_to_first_token_mean_seconds",
+    "e2e": "soakd_server_request_duration_mean_seconds",
+    "queue": "soakd_server_queue_time_mean_seconds",
+    "itl": "soakd_server_inter_token_latency_mean_seconds",
+}
+"""Server-side latency -> the soakd gauge of its mean over each scrape interval."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +83,36 @@ class ServerReading:
     preemptions: float | None = None  # cumulative, since the server started
     rss: float | None = None  # bytes
     start_time: float | None = None  # Unix seconds
+    # cumulative since the server started: seconds and observations
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
+    e2e_sum: float | None = None
+    e2e_count: float | None = None
+    queue_sum: float | None = None
+    queue_count: float | None = None
+    itl_sum: float | None = None
+    itl_count: float | None = None
+
+    def histogram(self, kind: str) -> tuple[float, float] | None:
+        """(sum, count) of a server-side latency in MEANS, None if the server lacks it."""
+        total = getattr(self, f"{kind}_sum")
+        count = getattr(self, f"{kind}_count")
+        if total is None or count is None:
+            return None
+        return float(total), float(count)
+
+
+def interval_delta(
+    last: tuple[float, float] | None, now: tuple[float, float]
+) -> tuple[float, float]:
+    """(sum, count) observed between two readings of one cumulative histogram. A smaller
+    count or sum than last time is a new server process: all of its readings are new."""
+    if last is None:
+        return 0.0, 0.0
+    total, count = now
+    if count < last[1] or total < last[0]:
+        return total, count
+    return total - last[0], count - last[1]
 
 
 def _base(name: str) -> str:
@@ -131,6 +184,9 @@ class ServerScraper:
         self._clock = clock
         self._wall = wall
         self._preempt_last: float | None = None
+        self._hist_last: dict[str, tuple[float, float]] = {}  # kind -> (sum, count)
+        self._means = metrics.server_means  # a series once there is a mean: none for
+        # what the server does not measure (llama.cpp has no TTFT)
         self._failing = False
         t = (target,)
         self._running = metrics.running.labels(*t)
@@ -167,6 +223,16 @@ class ServerScraper:
         if r.start_time is not None:
             self._start.set(r.start_time)
         self.state.saw_start_time(r.start_time)  # may count a restart (resets the RSS slope)
+        for kind, name in MEANS.items():  # after a restart: its baselines are gone
+            now = r.histogram(kind)
+            if now is None:
+                continue
+            total, count = interval_delta(self._hist_last.get(kind), now)
+            self._hist_last[kind] = now
+            if count > 0:
+                mean = total / count
+                self._means[kind].labels(self.target).set(mean)
+                samples.append(Sample(wall, name, mean, labels))
         if r.rss is not None:
             self.rss_slope.add(self._clock(), r.rss)
             slope = self.rss_slope.slope_per_hour()
@@ -190,6 +256,7 @@ class ServerScraper:
             log.warning("scrape_failed", target=self.target, url=self.ep.shown, error=why)
 
     def _on_restart(self, target: str, reason: str, down_since: float | None) -> None:
+        self._hist_last.clear()  # the new process counts from zero
         if self.rss_slope.slope_per_hour() is not None:
             self._rss_leak_family.labels(self.target).set(0)
         self.rss_slope.reset()

@@ -70,9 +70,9 @@ def tasks() -> int:
     return len(asyncio.all_tasks())
 
 
-async def settle(baseline_fds: int, timeout: float = 5.0) -> int:
-    """Open fds once what a run left closing has closed (up to ``timeout``)."""
-    deadline = time.monotonic() + timeout
+async def settle(baseline_fds: int, wait_s: float = 5.0) -> int:
+    """Open fds once what a run left closing has closed (up to ``wait_s``)."""
+    deadline = time.monotonic() + wait_s
     while True:
         n = open_fds()
         if n <= baseline_fds or time.monotonic() > deadline:
@@ -106,8 +106,19 @@ def http_get(url: str, timeout: float = 5.0, **headers: str) -> tuple[int, bytes
 
 
 def soakd_cmd(cfg: Path, run_dir: Path, port: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "soakd", "run", str(cfg), "--no-live",
-            "--metrics-addr", f"127.0.0.1:{port}", "--run-dir", str(run_dir), *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "soakd",
+        "run",
+        str(cfg),
+        "--no-live",
+        "--metrics-addr",
+        f"127.0.0.1:{port}",
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
 
 
 def write_config(path: Path, cfg: dict[str, Any]) -> Path:

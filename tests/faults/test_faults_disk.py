@@ -82,15 +82,19 @@ def ext4(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
 
 
 def soak_for(hostile: HostileServer, run_dir: Path, seconds: float) -> Soak:
-    cfg = config_from_dict({
-        "run": {"name": "disk", "drain_timeout": "3s"},
-        "targets": [{"name": "t", "base_url": hostile.url("ok"), "model": "m",
-                     "scrape": False}],
-        "workload": {"max_tokens": 8},
-        "gpu": {"source": "none"},
-        "phases": [{"name": "p", "duration": f"{seconds}s",
-                    "load": {"mode": "constant", "rate": 150}}],
-    })  # fmt: skip
+    cfg = config_from_dict(
+        {
+            "run": {"name": "disk", "drain_timeout": "3s"},
+            "targets": [
+                {"name": "t", "base_url": hostile.url("ok"), "model": "m", "scrape": False}
+            ],
+            "workload": {"max_tokens": 8},
+            "gpu": {"source": "none"},
+            "phases": [
+                {"name": "p", "duration": f"{seconds}s", "load": {"mode": "constant", "rate": 150}}
+            ],
+        }
+    )
     return Soak(cfg, RunOptions(run_dir=run_dir, metrics_addr="127.0.0.1:0", console_logs=True))
 
 
@@ -128,7 +132,7 @@ async def test_disk_full_then_space_returns(
     seen: dict[str, float] = {}
 
     async def fault() -> None:
-        while soak.http is None or soak.stats.total["t"].requests < 200:
+        while soak.http is None or soak.stats.total["t"].requests < 200:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)
         seen["rows_before"] = rows(run_dir / "journal.db")
@@ -201,18 +205,20 @@ async def test_disk_turns_read_only_mid_run(
     run_dir = where / "run"
     soak = soak_for(hostile, run_dir, 6.0)
     seen: dict[str, float] = {}
-    dev = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(where)], capture_output=True,
-                         text=True, check=True).stdout.strip()  # fmt: skip
+    dev = subprocess.run(  # noqa: ASYNC221 (set-up, before the run)
+        ["findmnt", "-n", "-o", "SOURCE", str(where)], capture_output=True, text=True, check=True
+    ).stdout.strip()
     trigger = Path(f"/sys/fs/ext4/{Path(dev).name}/trigger_fs_error")
-    if not trigger.exists():
+    if not trigger.exists():  # noqa: ASYNC240
         pytest.skip(f"{trigger} is missing: cannot force the filesystem read-only")
 
     async def fault() -> None:
-        while soak.http is None or soak.stats.total["t"].requests < 200:
+        while soak.http is None or soak.stats.total["t"].requests < 200:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)
         seen["rows_before"] = rows(run_dir / "journal.db")
-        trigger.write_text("soakd fault test\n")  # ext4: error -> remounted read-only
+        # ext4: an error -> remounted read-only at once
+        trigger.write_text("soakd fault test\n")  # noqa: ASYNC240
         t0 = time.monotonic()
         requests0 = soak.stats.total["t"].requests
         while time.monotonic() - t0 < 5:

@@ -38,8 +38,9 @@ DEFAULT_PEAK_LIMIT = 4 << 20
 
 
 async def send_one(server: HostileServer, mode: str) -> tuple[Outcome, float, int]:
-    cfg = TargetConfig(name="h", base_url=server.url(mode), stream=mode != "json_huge",
-                       timeouts=TIMEOUTS)  # fmt: skip
+    cfg = TargetConfig(
+        name="h", base_url=server.url(mode), stream=mode != "json_huge", timeouts=TIMEOUTS
+    )
     target = await open_target(cfg)
     spec = RequestSpec("h", "p", 0, "hello", 1, 8, 0.0, 0)
     tracemalloc.start()
@@ -79,9 +80,9 @@ async def test_random_resets_never_raise(hostile: HostileServer) -> None:
     cfg = TargetConfig(name="h", base_url=hostile.url("random"), timeouts=TIMEOUTS)
     target = await open_target(cfg)
     try:
-        outs = await asyncio.gather(*(
-            target.send(RequestSpec("h", "p", i, "hi", 1, 8, 0.0, 0)) for i in range(200)
-        ))  # fmt: skip
+        outs = await asyncio.gather(
+            *(target.send(RequestSpec("h", "p", i, "hi", 1, 8, 0.0, 0)) for i in range(200))
+        )
     finally:
         await target.aclose()
     kinds = {o.outcome for o in outs}
@@ -97,14 +98,25 @@ def hostile_config(server: HostileServer, seconds: float) -> dict[str, Any]:
     return {
         "run": {"name": "hostile", "drain_timeout": "5s"},
         "targets": [
-            {"name": m.replace("_", "-"), "base_url": server.url(m), "model": "m",
-             "stream": m != "json_huge", "timeouts": TIMEOUTS, "scrape": False}
+            {
+                "name": m.replace("_", "-"),
+                "base_url": server.url(m),
+                "model": "m",
+                "stream": m != "json_huge",
+                "timeouts": TIMEOUTS,
+                "scrape": False,
+            }
             for m in modes
-        ],  # fmt: skip
+        ],
         "workload": {"max_tokens": 8, "prompts": {"input_tokens": {"mean": 8}}},
         "gpu": {"source": "none"},
-        "phases": [{"name": "storm", "duration": f"{seconds}s",
-                    "load": {"mode": "poisson", "rate": 4, "max_in_flight": 4}}],  # fmt: skip
+        "phases": [
+            {
+                "name": "storm",
+                "duration": f"{seconds}s",
+                "load": {"mode": "poisson", "rate": 4, "max_in_flight": 4},
+            }
+        ],
     }
 
 

@@ -57,7 +57,8 @@ async def test_added_latency_shows_in_ttft_not_in_itl(proxy: tuple[FaultProxy, L
         slow, _ = await send(target, 1)
     finally:
         await target.aclose()
-    assert base.ok and slow.ok
+    assert base.ok
+    assert slow.ok
     added = ms(slow.ttft_ns) - ms(base.ttft_ns)
     # request and answer both cross the delay line: 2 x 300 ms (plus a new connection)
     assert 550 < added < 900, added
@@ -170,17 +171,29 @@ async def test_soak_through_a_failing_network_recovers_by_itself(
     the run leaves no task and no fd behind."""
     fds0, tasks0 = open_fds(), tasks()
     with fault_proxy(hostile.port) as (p, lt):
-        cfg = config_from_dict({
-            "run": {"name": "net", "drain_timeout": "3s"},
-            "targets": [{"name": "net", "base_url": f"{p.url}/paced", "model": "m",
-                         "timeouts": TIMEOUTS, "scrape": False}],
-            "workload": {"max_tokens": 8},
-            "gpu": {"source": "none"},
-            "phases": [{"name": "p", "duration": "10s",
-                        "load": {"mode": "closed", "concurrency": 4}}],
-        })  # fmt: skip
-        soak = Soak(cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0",
-                                    console_logs=False))  # fmt: skip
+        cfg = config_from_dict(
+            {
+                "run": {"name": "net", "drain_timeout": "3s"},
+                "targets": [
+                    {
+                        "name": "net",
+                        "base_url": f"{p.url}/paced",
+                        "model": "m",
+                        "timeouts": TIMEOUTS,
+                        "scrape": False,
+                    }
+                ],
+                "workload": {"max_tokens": 8},
+                "gpu": {"source": "none"},
+                "phases": [
+                    {"name": "p", "duration": "10s", "load": {"mode": "closed", "concurrency": 4}}
+                ],
+            }
+        )
+        soak = Soak(
+            cfg,
+            RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False),
+        )
         faults: list[tuple[str, float]] = []
 
         def ok_count() -> int:
@@ -188,7 +201,7 @@ async def test_soak_through_a_failing_network_recovers_by_itself(
 
         async def wait_ok(n: int = 4) -> float:
             t0, start = time.monotonic(), ok_count()
-            while ok_count() < start + n:
+            while ok_count() < start + n:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)
             return time.monotonic() - t0
 
@@ -215,8 +228,12 @@ async def test_soak_through_a_failing_network_recovers_by_itself(
     assert result.completed
     assert [name for name, _ in faults] == ["latency", "reset", "blackhole", "refused"]
     errors = soak.stats.total["net"].errors
-    assert set(errors) <= {"stream_truncated", "timeout_ttft", "timeout_total",
-                           "connect_refused"}, errors  # fmt: skip
+    assert set(errors) <= {
+        "stream_truncated",
+        "timeout_ttft",
+        "timeout_total",
+        "connect_refused",
+    }, errors
     assert errors.get("stream_truncated", 0) >= 1
     assert errors.get("connect_refused", 0) >= 1
     assert errors.get("timeout_ttft", 0) + errors.get("timeout_total", 0) >= 1

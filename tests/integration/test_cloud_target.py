@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from email.utils import format_datetime
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from typing import Any
 
 import pytest
@@ -30,15 +30,24 @@ class Fake:
         self.answer: web.Response | None = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        self.seen.append({"path": request.path_qs, "headers": dict(request.headers),
-                          "body": await request.json()})
+        self.seen.append(
+            {
+                "path": request.path_qs,
+                "headers": dict(request.headers),
+                "body": await request.json(),
+            }
+        )
         if self.answer is not None:
             return self.answer
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for part in ({"choices": [{"index": 0, "delta": {"content": "hi"}}]},
-                     {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                      "usage": {"prompt_tokens": 2, "completion_tokens": 1}}):
+        for part in (
+            {"choices": [{"index": 0, "delta": {"content": "hi"}}]},
+            {
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+            },
+        ):
             await resp.write(b"data: " + json.dumps(part).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -77,13 +86,19 @@ async def test_azure_path_query_and_api_key_header(fake: tuple[Fake, str]) -> No
     assert seen["path"] == "/openai/deployments/prod-4o/chat/completions?api-version=2024-06-01"
     assert seen["headers"]["api-key"] == KEY
     assert "Authorization" not in seen["headers"]
-    assert out.output_tokens == 1 and out.prompt_tokens == 2
+    assert out.output_tokens == 1
+    assert out.prompt_tokens == 2
 
 
 async def test_openai_compatible_cloud_path_and_org_headers(fake: tuple[Fake, str]) -> None:
     f, base = fake
-    out = await send(base, path="/gw/openai/chat", organization="org-1", project="proj-9",
-                     headers={"X-Team": "edge"})
+    out = await send(
+        base,
+        path="/gw/openai/chat",
+        organization="org-1",
+        project="proj-9",
+        headers={"X-Team": "edge"},
+    )
     assert out.ok, out.error_detail
     seen = f.seen[0]
     assert seen["path"] == "/gw/openai/chat"
@@ -117,7 +132,8 @@ async def test_auth_failures(
     f.answer = error(status, type_, code)
     out = await send(base)
     assert out.error is kind
-    assert KEY not in out.error_detail and KEY[:12] not in out.error_detail
+    assert KEY not in out.error_detail
+    assert KEY[:12] not in out.error_detail
 
 
 async def test_retry_after_reaches_the_outcome(fake: tuple[Fake, str]) -> None:

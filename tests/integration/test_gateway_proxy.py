@@ -34,8 +34,9 @@ class Upstream:
         self.seen_headers.append(dict(request.headers))
         await request.read()
         if self.mode == "fail":
-            return web.json_response({"error": {"message": "boom", "type": "x", "code": 500}},
-                                     status=500)
+            return web.json_response(
+                {"error": {"message": "boom", "type": "x", "code": 500}}, status=500
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(3):
@@ -83,8 +84,9 @@ async def test_sse_passes_through_chunk_by_chunk(upstream: tuple[Upstream, str])
         arrivals: list[float] = []
         async with aiohttp.ClientSession() as s:
             t0 = time.monotonic()
-            async with s.post(gw.url + CHAT, data=b"{}",
-                              headers={"Authorization": "Bearer sk-x", "X-Team": "a"}) as resp:
+            async with s.post(
+                gw.url + CHAT, data=b"{}", headers={"Authorization": "Bearer sk-x", "X-Team": "a"}
+            ) as resp:
                 assert resp.status == 200
                 assert resp.content_type == "text/event-stream"
                 async for chunk in resp.content.iter_any():
@@ -106,11 +108,13 @@ async def test_size_limits_give_clear_openai_errors(upstream: tuple[Upstream, st
         async with aiohttp.ClientSession() as s:
             status, doc, _ = await post(s, gw, b"x" * 5000)
             assert status == 413
-            assert doc is not None and doc["error"]["code"] == "body_too_large"
+            assert doc is not None
+            assert doc["error"]["code"] == "body_too_large"
             assert "2048" in doc["error"]["message"]
             status, doc, _ = await post(s, gw, headers={"X-Big": "y" * 5000})
             assert status == 431
-            assert doc is not None and doc["error"]["code"] == "headers_too_large"
+            assert doc is not None
+            assert doc["error"]["code"] == "headers_too_large"
             status, _, _ = await post(s, gw, b"x" * 2000)
             assert status == 200
         assert up.calls == 1  # the refused ones never reached the upstream
@@ -128,7 +132,8 @@ async def test_error_breaker_opens_probes_and_closes(upstream: tuple[Upstream, s
             codes = [(await post(s, gw))[0] for _ in range(6)]
             assert codes[:4] == [500] * 4  # passed on as the upstream said
             status, doc, headers = await post(s, gw)
-            assert status == 503 and doc is not None
+            assert status == 503
+            assert doc is not None
             assert doc["error"]["code"] == "error_breaker_open"
             assert int(headers["Retry-After"]) >= 1
             assert gw.gateway.errors.state == "open"
@@ -160,8 +165,10 @@ async def test_queue_bound_and_timeout(upstream: tuple[Upstream, str]) -> None:
         codes = sorted(r[0] for r in results)
         assert codes == [200, 429, 503]  # one runs, one waits and times out, one finds it full
         by_code = {r[0]: r[1] for r in results}
-        assert by_code[429] is not None and by_code[429]["error"]["code"] == "queue_full"
-        assert by_code[503] is not None and by_code[503]["error"]["code"] == "queue_timeout"
+        assert by_code[429] is not None
+        assert by_code[429]["error"]["code"] == "queue_full"
+        assert by_code[503] is not None
+        assert by_code[503]["error"]["code"] == "queue_timeout"
         assert gw.gateway.limiter.in_flight == 0
     finally:
         await gw.aclose()
@@ -178,13 +185,19 @@ async def test_own_endpoints_and_admin_modes(upstream: tuple[Upstream, str]) -> 
                 assert (await resp.json())["data"][0]["id"] == "m"
             async with s.put(gw.url + "/gateway/modes", json={"adaptive": True}) as resp:
                 assert resp.status == 401
-            async with s.put(gw.url + "/gateway/modes", json={"adaptive": True, "vram_breaker":
-                             False}, headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+            async with s.put(
+                gw.url + "/gateway/modes",
+                json={"adaptive": True, "vram_breaker": False},
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            ) as resp:
                 assert resp.status == 200
                 assert await resp.json() == {"vram_breaker": False, "error_breaker": True,
                                              "adaptive": True}  # fmt: skip
-            async with s.put(gw.url + "/gateway/modes", json={"turbo": True},
-                             headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+            async with s.put(
+                gw.url + "/gateway/modes",
+                json={"turbo": True},
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            ) as resp:
                 assert resp.status == 400
             async with s.get(gw.url + "/metrics") as resp:
                 text = await resp.text()
@@ -207,7 +220,17 @@ async def test_dead_upstream_is_a_502_and_counts_as_failure() -> None:
         async with aiohttp.ClientSession() as s:
             status, doc, _ = await post(s, gw)
         assert status == 502
-        assert doc is not None and doc["error"]["code"] == "upstream_unreachable"
+        assert doc is not None
+        assert doc["error"]["code"] == "upstream_unreachable"
         assert gw.gateway.errors.failures == 1
     finally:
         await gw.aclose()
+
+
+def test_cli_needs_an_upstream(capsys: pytest.CaptureFixture[str]) -> None:
+    from soakd.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["gateway"])
+    assert exc.value.code == 2
+    assert "give --config FILE or --upstream URL" in capsys.readouterr().err

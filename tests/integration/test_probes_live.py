@@ -88,7 +88,7 @@ async def running(probes: Probes) -> AsyncIterator[None]:
         await probes.aclose()
 
 
-async def until(check: Callable[[], bool], within_s: float = 3.0) -> None:
+async def until(check: Callable[[], bool], within_s: float = 10.0) -> None:
     deadline = time.monotonic() + within_s
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
@@ -291,6 +291,7 @@ async def test_the_simulator_drives_the_gpu_and_server_gauges() -> None:
         async with running(probes):
             await until(lambda: get("soakd_gpu_memory_used_bytes", gpu="0") is not None)
             await until(lambda: get("soakd_server_kv_cache_usage_ratio", target="sim") is not None)
+            await until(lambda: get("soakd_target_up", target="sim") is not None)  # own loop
             total = get("soakd_gpu_memory_total_bytes", gpu="0")
             assert total == pytest.approx(profile.vram_total_mib * (1 << 20), rel=1e-3)
             used = get("soakd_gpu_memory_used_bytes", gpu="0")

@@ -61,8 +61,10 @@ def test_bad_cloud_targets(target: dict[str, Any], message: str) -> None:
 
 def test_spend_and_rate_limit_defaults() -> None:
     t: TargetConfig = cfg({"spend": {"max_tokens_per_hour": 10_000}}).targets[0]
-    assert t.spend.enabled and t.spend.max_tokens_per_hour == 10_000
-    assert t.rate_limit.honour_retry_after and t.rate_limit.max_pause == 300
+    assert t.spend.enabled
+    assert t.spend.max_tokens_per_hour == 10_000
+    assert t.rate_limit.honour_retry_after
+    assert t.rate_limit.max_pause == 300
     assert not cfg({}).targets[0].spend.enabled
 
 
@@ -83,8 +85,9 @@ def test_gateway_config_file_and_env(tmp_path: Path) -> None:
         "concurrency: {adaptive: true, limit: 8, target_p95: 500ms}\n"
         "gpu: {source: dcgm}\n"
     )
-    gw = load_gateway_config(path, {"SOAKD_GATEWAY__VRAM_BREAKER__HOLD": "2s",
-                                    "SOAKD__IGNORED": "x"})
+    gw = load_gateway_config(
+        path, {"SOAKD_GATEWAY__VRAM_BREAKER__HOLD": "2s", "SOAKD__IGNORED": "x"}
+    )
     assert gw.upstream == "http://127.0.0.1:8000"
     assert (gw.host, gw.port) == ("0.0.0.0", 9000)
     assert gw.vram_breaker.limit_bytes == 3.9e9
@@ -93,5 +96,5 @@ def test_gateway_config_file_and_env(tmp_path: Path) -> None:
     assert gw.limits.max_body_bytes == 8 << 20
     with pytest.raises(ConfigError, match="upstream: required"):
         gateway_config_from_dict({})
-    with pytest.raises(ConfigError, match="concurrency.queu: unknown key"):
+    with pytest.raises(ConfigError, match=r"concurrency\.queu: unknown key"):
         gateway_config_from_dict({"upstream": "http://h", "concurrency": {"queu": 1}})

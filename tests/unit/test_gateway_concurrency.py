@@ -97,8 +97,8 @@ async def test_limiter_queues_fifo_and_times_out() -> None:
     assert saturated  # the limit was reached
     order: list[str] = []
 
-    async def wait(name: str, timeout: float) -> str | None:
-        why = await lim.acquire(timeout)
+    async def wait(name: str, wait_s: float) -> str | None:
+        why = await lim.acquire(wait_s)
         order.append(f"{name}:{why}")
         return why
 

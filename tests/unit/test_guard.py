@@ -40,11 +40,19 @@ def guard(
     clock = Clock()
     events: list[tuple[str, dict[str, Any]]] = []
     spend = spend or SpendGuard()
-    g = TargetGuard("cloud", spend, rate or RateLimit(), clock=clock,
-                    on_event=lambda kind, **data: events.append((kind, data)), **kw)
+    g = TargetGuard(
+        "cloud",
+        spend,
+        rate or RateLimit(),
+        clock=clock,
+        on_event=lambda kind, **data: events.append((kind, data)),
+        **kw,
+    )
     registry = CollectorRegistry()
-    limits = {c: getattr(spend, f"max_{c}") for c in
-              ("requests_per_hour", "tokens_per_hour", "requests", "tokens")}
+    limits = {
+        c: getattr(spend, f"max_{c}")
+        for c in ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
+    }
     g.report_to(GuardMetrics(registry).add_target("cloud", limits, g.used))
     return g, clock, events, registry
 
@@ -66,9 +74,11 @@ def test_total_request_cap_is_exact_and_final() -> None:
     assert g.delay_s() == math.inf
     paused = [e for e in logs if e["event"] == "target_paused"]
     assert len(paused) == 1  # logged once, not per refused send
-    assert paused[0]["cap"] == "requests" and paused[0]["limit"] == 3
+    assert paused[0]["cap"] == "requests"
+    assert paused[0]["limit"] == 3
     assert paused[0]["note"] == "until the end of the run"
-    assert events[0][0] == "target_paused" and events[0][1]["cap"] == "requests"
+    assert events[0][0] == "target_paused"
+    assert events[0][1]["cap"] == "requests"
     assert value(registry, "soakd_target_paused", reason="spend_cap") == 1
     assert value(registry, "soakd_spend_cap_hits_total", cap="requests") == 1
     assert value(registry, "soakd_spend_used", cap="requests") == 3

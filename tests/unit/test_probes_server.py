@@ -65,6 +65,14 @@ def test_vllm_page_as_captured() -> None:
         preemptions=0.0,
         rss=7.54118656e8,
         start_time=1.79596457106e9,
+        ttft_sum=8.008665800094604,
+        ttft_count=149.0,
+        e2e_sum=198.80682754516602,
+        e2e_count=149.0,
+        queue_sum=0.008799197002076653,
+        queue_count=149.0,
+        itl_sum=189.00370669900292,
+        itl_count=21675.0,
     )
 
 
@@ -79,7 +87,7 @@ def test_vllm_page_under_load() -> None:
 
 def test_llama_server_page() -> None:
     r = parse_server_metrics(LLAMA)
-    assert r == ServerReading(running=0.0, waiting=0.0)
+    assert r == ServerReading(running=0.0, waiting=0.0, itl_sum=0.001218, itl_count=16.0)
     busy = with_value(
         with_value(LLAMA, "llamacpp:requests_processing", "4"), "llamacpp:requests_deferred", "2"
     )
@@ -159,3 +167,74 @@ def test_rss_leak_slope() -> None:
         s.apply(ServerReading(rss=1e9 + 36e6 * clock.t / 3600, start_time=1.7e9))
     slope = get(reg, "soakd_server_resident_memory_leak_slope_bytes_per_hour")
     assert slope == pytest.approx(36e6, rel=0.01)
+
+
+def _bump(text: str, name: str, by: float) -> str:
+    """The page with every ``name`` sample (a _sum or _count) increased by ``by``."""
+
+    def up(m: re.Match[str]) -> str:
+        return f"{m.group(1)} {float(m.group(2)) + by!r}"
+
+    return re.sub(rf"^({re.escape(name)}(?:{{[^}}]*}})?) (\S+)$", up, text, flags=re.MULTILINE)
+
+
+def test_server_latency_means_over_the_scrape_interval() -> None:
+    """vLLM's own TTFT/E2E/queue/ITL histograms -> soakd gauges of the interval's mean."""
+    s, reg, samples = scraper()
+    s.apply(parse_server_metrics(VLLM))  # the capture: 149 requests since vLLM started
+    for kind in ("time_to_first_token", "request_duration", "queue_time", "inter_token_latency"):
+        assert get(reg, f"soakd_server_{kind}_mean_seconds") is None  # a baseline, no mean
+    # 10 more requests: TTFT 0.05 s each, E2E 1.2 s each; 300 more tokens at 4 ms
+    text = _bump(VLLM, "vllm:time_to_first_token_seconds_count", 10)
+    text = _bump(text, "vllm:time_to_first_token_seconds_sum", 0.5)
+    text = _bump(text, "vllm:e2e_request_latency_seconds_count", 10)
+    text = _bump(text, "vllm:e2e_request_latency_seconds_sum", 12.0)
+    text = _bump(text, "vllm:request_queue_time_seconds_count", 10)
+    text = _bump(text, "vllm:request_queue_time_seconds_sum", 0.25)
+    text = _bump(text, "vllm:inter_token_latency_seconds_count", 300)
+    text = _bump(text, "vllm:inter_token_latency_seconds_sum", 1.2)
+    s.apply(parse_server_metrics(text))
+    assert get(reg, "soakd_server_time_to_first_token_mean_seconds") == pytest.approx(0.05)
+    assert get(reg, "soakd_server_request_duration_mean_seconds") == pytest.approx(1.2)
+    assert get(reg, "soakd_server_queue_time_mean_seconds") == pytest.approx(0.025)
+    assert get(reg, "soakd_server_inter_token_latency_mean_seconds") == pytest.approx(0.004)
+    assert "soakd_server_request_duration_mean_seconds" in {x.name for x in samples}
+    # an idle interval: no request finished, the last mean stays
+    s.apply(parse_server_metrics(text))
+    assert get(reg, "soakd_server_request_duration_mean_seconds") == pytest.approx(1.2)
+
+
+def test_server_latency_means_across_a_restart() -> None:
+    s, reg, _ = scraper()
+    s.apply(parse_server_metrics(VLLM))
+    # a new process (new start time) that has served 4 requests of 2 s each
+    fresh = with_value(VLLM, "process_start_time_seconds", "1.7959650e+09")
+    fresh = with_value(fresh, "vllm:e2e_request_latency_seconds_count", "4.0")
+    fresh = with_value(fresh, "vllm:e2e_request_latency_seconds_sum", "8.0")
+    s.apply(parse_server_metrics(fresh))
+    assert get(reg, "soakd_target_restarts_total") == 1
+    # the restart dropped the old baselines: this page is the new one, no mean yet
+    assert get(reg, "soakd_server_request_duration_mean_seconds") is None
+    more = with_value(fresh, "vllm:e2e_request_latency_seconds_count", "6.0")
+    more = with_value(more, "vllm:e2e_request_latency_seconds_sum", "11.0")
+    s.apply(parse_server_metrics(more))
+    assert get(reg, "soakd_server_request_duration_mean_seconds") == pytest.approx(1.5)
+
+
+def test_a_smaller_count_without_a_start_time_is_a_new_process() -> None:
+    s, reg, _ = scraper()
+    s.apply(ServerReading(e2e_sum=100.0, e2e_count=50.0))
+    s.apply(ServerReading(e2e_sum=3.0, e2e_count=2.0))  # llama.cpp exports no start time
+    assert get(reg, "soakd_server_request_duration_mean_seconds") == pytest.approx(1.5)
+
+
+def test_llama_server_time_per_token() -> None:
+    """llama.cpp has no latency histograms; its generation seconds per generated token
+    is the server-side inter-token latency."""
+    s, reg, _ = scraper()
+    s.apply(parse_server_metrics(LLAMA))  # 16 tokens in 1.218 ms
+    busy = with_value(LLAMA, "llamacpp:tokens_predicted_total", "116")
+    busy = with_value(busy, "llamacpp:tokens_predicted_seconds_total", "0.201218")
+    s.apply(parse_server_metrics(busy))
+    assert get(reg, "soakd_server_inter_token_latency_mean_seconds") == pytest.approx(0.002)
+    assert get(reg, "soakd_server_time_to_first_token_mean_seconds") is None

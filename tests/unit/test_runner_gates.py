@@ -25,8 +25,15 @@ def run_with(
 ) -> tuple[Runner, Sink]:
     guards, sink = Guards([guard]), Sink()
     plan = plan_of(("p", ms, {target.name: shape}))
-    runner = Runner(plan, {target.name: target}, Prompts(), [sink, guards], max_tokens=8,
-                    temperature=0.7, gates=guards.by_target)
+    runner = Runner(
+        plan,
+        {target.name: target},
+        Prompts(),
+        [sink, guards],
+        max_tokens=8,
+        temperature=0.7,
+        gates=guards.by_target,
+    )
     return runner, sink
 
 
@@ -55,7 +62,8 @@ async def test_request_cap_in_open_loop_skips_and_counts() -> None:
     await runner.run()
     await runner.drain(1.0)
     assert len(sink.outcomes) == 5
-    assert len(skipped) >= 20 and set(skipped) == {"spend_cap"}
+    assert len(skipped) >= 20
+    assert set(skipped) == {"spend_cap"}
 
 
 async def test_retry_after_pauses_closed_loop_workers() -> None:

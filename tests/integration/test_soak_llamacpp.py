@@ -1,0 +1,201 @@
+"""soakd soaks a real llama.cpp ``llama-server`` beside the real vLLM CPU server.
+
+llama-server is built by scripts/setup-llama-server.sh (``make test`` runs it) and serves
+the tiny GGUF that tests/make_tiny_gguf.py writes, as ``-t 1 -np 4 --metrics``. soakd
+must read its ``llamacpp:*`` page through the same probes as vLLM's, and count exactly
+the tokens it says it generated. Without the binary the test is skipped, except in CI
+(``CI`` set), where a missing binary is a failure: ``make test`` should have built it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from soakd.app import RunOptions, Soak
+from soakd.config import config_from_dict
+from tests import make_tiny_gguf
+from tests.llama_server import LlamaServer, LlamaServerNotSetUp
+from tests.vllm_server import VllmServer, sum_samples
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+MAX_TOKENS = 16
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_gguf.write(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_gguf: Path) -> Iterator[LlamaServer]:
+    try:
+        server = LlamaServer(tiny_gguf, parallel=SLOTS, threads=1)
+    except LlamaServerNotSetUp as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI: {exc}")
+        pytest.skip(str(exc))
+    with server:
+        yield server
+
+
+def count(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+def llama_counters(server: LlamaServer) -> dict[str, float]:
+    text = server.metrics_text()
+    return {
+        name: sum_samples(text, f"llamacpp:{name}")
+        for name in ("tokens_predicted_total", "prompt_tokens_total", "prompt_tokens_cached_total")
+    }
+
+
+def vllm_tokens(server: VllmServer) -> float:
+    return server.metric("vllm:generation_tokens_total", model_name=server.model)
+
+
+class Watch:
+    """Reads soakd's server gauges while the run goes, as a dashboard would."""
+
+    NAMES = ("soakd_server_requests_running", "soakd_server_requests_waiting")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.seen: dict[tuple[str, str], list[float]] = {}
+
+    async def run(self) -> None:
+        while True:
+            for target in ("llamacpp", "vllm"):
+                for name in self.NAMES:
+                    value = self.registry.get_sample_value(name, {"target": target})
+                    if value is not None:
+                        self.seen.setdefault((name, target), []).append(value)
+            await asyncio.sleep(0.1)
+
+
+@pytest.mark.vllm
+async def test_llama_server_beside_vllm(
+    llama: LlamaServer, vllm: VllmServer, tmp_path: Path
+) -> None:
+    cfg = config_from_dict(
+        {
+            "run": {"name": "llamacpp", "drain_timeout": "30s"},
+            "targets": [
+                {"name": "llamacpp", "base_url": llama.api_url, "model": llama.model},
+                {"name": "vllm", "base_url": vllm.base_url, "model": vllm.model},
+            ],
+            "workload": {"max_tokens": MAX_TOKENS, "prompts": {"input_tokens": {"mean": 32}}},
+            "phases": [
+                # more workers than llama-server has slots: some requests are deferred
+                {"name": "over", "duration": "8s", "load": {"mode": "closed", "concurrency": 6}},
+                {"name": "open", "duration": "6s", "load": {"mode": "poisson", "rate": 3}},
+            ],
+            "probes": {
+                "scrape_interval": "0.5s",
+                "health_interval": "1s",
+                "drift_interval": "2s",
+                "drift_window": "20s",
+            },
+            "gpu": {"source": "none"},
+        }
+    )
+    llama_before = llama_counters(llama)
+    vllm_before = vllm_tokens(vllm)
+    soak = Soak(
+        cfg,
+        RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False),
+    )
+    watch = Watch(soak.metrics.registry)
+    watcher = asyncio.create_task(watch.run())
+    try:
+        result = await soak.run()
+    finally:
+        watcher.cancel()
+    llama_after = llama_counters(llama)
+    vllm_after = vllm_tokens(vllm)
+    assert result.completed
+    text = generate_latest(soak.metrics.registry).decode()
+
+    for name in ("llamacpp", "vllm"):
+        summary = result.summary[name]
+        assert summary["errors"] == 0, summary["errors_by_kind"]
+        assert summary["requests"] >= 10
+        ok = count(text, "soakd_requests_total", target=name, outcome="ok")
+        assert ok == summary["requests"]
+        assert count(text, "soakd_target_up", target=name) == 1
+        assert count(text, "soakd_target_restarts_total", target=name) == 0
+        assert count(text, "soakd_target_scrape_errors_total", target=name) == 0
+
+    # soakd's token counts are the servers' own, exactly
+    soakd_llama = count(text, "soakd_output_tokens_total", target="llamacpp")
+    llama_predicted = llama_after["tokens_predicted_total"] - llama_before["tokens_predicted_total"]
+    assert soakd_llama == llama_predicted
+    assert soakd_llama > 0
+    soakd_vllm = count(text, "soakd_output_tokens_total", target="vllm")
+    assert soakd_vllm == vllm_after - vllm_before
+    # llama.cpp counts a prompt's reused (cached) tokens apart; the usage soakd reads has both
+    llama_prompt = sum(llama_after[k] - llama_before[k] for k in llama_after) - llama_predicted
+    assert count(text, "soakd_prompt_tokens_total", target="llamacpp") == llama_prompt
+
+    # the llamacpp:* page drove soakd's server gauges for that target
+    running = watch.seen[("soakd_server_requests_running", "llamacpp")]
+    waiting = watch.seen[("soakd_server_requests_waiting", "llamacpp")]
+    assert 1 <= max(running) <= SLOTS  # never more than its slots
+    assert min(running) >= 0
+    assert max(waiting) >= 0
+    itl = count(text, "soakd_server_inter_token_latency_mean_seconds", target="llamacpp")
+    assert 0 < itl < 1.0
+    # llama.cpp has no TTFT/E2E histograms: no series rather than a made-up zero
+    assert 'soakd_server_request_duration_mean_seconds{target="llamacpp"}' not in text
+    # vLLM's own TTFT/E2E re-exported beside soakd's client-side view
+    server_e2e = count(text, "soakd_server_request_duration_mean_seconds", target="vllm")
+    server_ttft = count(text, "soakd_server_time_to_first_token_mean_seconds", target="vllm")
+    client = soak.stats.total["vllm"]
+    assert 0 < server_ttft <= server_e2e
+    assert server_e2e <= client.e2e.max / 1e9  # the server sees less than the client
+    # the per-interval P99 feeding the drift
+    assert count(text, "soakd_e2e_p99_interval_seconds", target="llamacpp") > 0
+
+    stats = soak.stats.total["llamacpp"]
+    figures = {
+        "llamacpp": {
+            "requests": stats.requests,
+            "rps": round(stats.requests / result.elapsed_s, 2),
+            "output_tokens": int(soakd_llama),
+            "server_tokens_predicted": int(llama_predicted),
+            "prompt_tokens": int(llama_prompt),
+            "ttft_p50_ms": round((stats.ttft.quantile(0.5) or 0) / 1e6, 1),
+            "e2e_p50_ms": round((stats.e2e.quantile(0.5) or 0) / 1e6, 1),
+            "e2e_p99_ms": round((stats.e2e.quantile(0.99) or 0) / 1e6, 1),
+            "server_running_max": max(running),
+            "server_waiting_max": max(waiting),
+            "server_itl_mean_ms": round(itl * 1e3, 3),
+            "e2e_p99_drift_s_per_h": soak.probes.drift.slope_per_hour("llamacpp")
+            if soak.probes
+            else None,
+        },
+        "vllm": {
+            "requests": client.requests,
+            "output_tokens": int(soakd_vllm),
+            "server_ttft_mean_ms": round(server_ttft * 1e3, 1),
+            "server_e2e_mean_ms": round(server_e2e * 1e3, 1),
+            "client_e2e_p50_ms": round((client.e2e.quantile(0.5) or 0) / 1e6, 1),
+        },
+    }
+    print("llamacpp soak figures:", json.dumps(figures))
+    (tmp_path / "figures.json").write_text(json.dumps(figures, indent=2))
