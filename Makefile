@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 setup-vllm:
 	bash scripts/setup-vllm.sh
+	bash scripts/setup-litellm.sh
 
 ## Debian packages the tests drive for real: Prometheus + Alertmanager, Chromium (HTML report),
 ## libfaketime (the fault suite's wall-clock steps); and llama.cpp's llama-server, built

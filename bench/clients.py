@@ -89,6 +89,67 @@ async def bare(url: str, n: int, conc: int, tokens: int, max_s: float,
     return {"requests": state["done"], "tokens": state["tokens"], "errors": state["errors"]}
 
 
+async def bare_open(url: str, n: int, rate: float, mode: str, tokens: int, max_s: float,
+                    ttft: array[int], itl: array[int], lag: array[int]) -> dict[str, object]:
+    """The floor for an open loop: sleep until each planned instant (absolute, from one
+    start), then start the request as a task; lag = actual minus planned send."""
+    import random
+
+    import aiohttp
+
+    body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hello " * 20}],
+                       "max_tokens": tokens, "stream": True}).encode()
+    endpoint = url.rstrip("/") + "/v1/chat/completions"
+    rng = random.Random(0)
+    state = {"tokens": 0, "errors": 0}
+    loads = json.loads
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one() -> None:
+            t0 = _perf_ns()
+            last = 0
+            try:
+                async with session.post(endpoint, data=body,
+                                        headers={"Content-Type": "application/json"}) as resp:
+                    buf = b""
+                    async for chunk in resp.content.iter_any():
+                        now = _perf_ns()
+                        buf += chunk
+                        *lines, buf = buf.split(b"\n")
+                        for line in lines:
+                            if line.startswith(b"data: ") and line[6:7] == b"{":
+                                obj = loads(line[6:])
+                                for ch in obj.get("choices") or ():
+                                    if ch.get("delta", {}).get("content"):
+                                        state["tokens"] += 1
+                                        if last:
+                                            itl.append(now - last)
+                                        else:
+                                            ttft.append(now - t0)
+                                        last = now
+            except aiohttp.ClientError:
+                state["errors"] += 1
+
+        tasks = set()
+        start = _perf_ns()
+        t = 0.0
+        for k in range(n):
+            t = t + rng.expovariate(rate) if mode == "poisson" else k / rate
+            due = start + int(t * 1e9)
+            delay = due - _perf_ns()
+            if delay > 0:
+                await asyncio.sleep(delay / 1e9)
+            lag.append(max(0, _perf_ns() - due))
+            task = asyncio.get_running_loop().create_task(one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if t > max_s:
+                break
+        if tasks:
+            await asyncio.wait(tasks, timeout=30)
+    return {"requests": len(lag), "tokens": state["tokens"], "errors": state["errors"]}
+
+
 async def soakd_hot(url: str, n: int, conc: int, tokens: int, max_s: float,
                     ttft: array[int], itl: array[int]) -> dict[str, object]:
     from soakd.config import TargetConfig, Workload
@@ -141,6 +202,8 @@ def main() -> None:
     ap.add_argument("--max-seconds", type=float, default=300)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--timings", action="store_true")
+    ap.add_argument("--rate", type=float, default=0, help="bare only: open loop at this req/s")
+    ap.add_argument("--arrival", choices=["poisson", "constant"], default="poisson")
     ap.add_argument("--uvloop", action="store_true")
     a = ap.parse_args()
     if not a.url.startswith(("http://127.", "http://localhost")):
@@ -148,8 +211,13 @@ def main() -> None:
     fn = bare if a.mode == "bare" else soakd_hot
     ttft: array[int] = array("q")
     itl: array[int] = array("q")
+    lag: array[int] = array("q")
     c0, t0 = cpu_s(), time.perf_counter()
-    coro = fn(a.url, a.requests, a.concurrency, a.tokens, a.max_seconds, ttft, itl)
+    if a.rate and a.mode == "bare":
+        coro = bare_open(a.url, a.requests, a.rate, a.arrival, a.tokens, a.max_seconds, ttft, itl,
+                         lag)
+    else:
+        coro = fn(a.url, a.requests, a.concurrency, a.tokens, a.max_seconds, ttft, itl)
     if a.uvloop:
         import uvloop
 
@@ -165,6 +233,9 @@ def main() -> None:
                 ttft.tofile(f)
             with open(f"{a.out}.itl", "wb") as f:
                 itl.tofile(f)
+            if lag:
+                with open(f"{a.out}.lag", "wb") as f:
+                    lag.tofile(f)
     print(json.dumps(result))
 
 

@@ -21,13 +21,18 @@ _perf = time.perf_counter_ns
 pauses: dict[int, list[int]] = {0: [], 1: [], 2: []}
 stalls: list[int] = []
 _start: list[int] = [0]
+_explicit = [False]
+gen2: list[tuple[float, float, int]] = []  # (t s, pause ms, objects collected) of automatic full GCs
 
 
 def _gc_cb(phase: str, info: dict[str, int]) -> None:
     if phase == "start":
         _start[0] = _perf()
-    else:
-        pauses[info["generation"]].append(_perf() - _start[0])
+    elif not _explicit[0]:
+        d = _perf() - _start[0]
+        pauses[info["generation"]].append(d)
+        if info["generation"] == 2:
+            gen2.append((time.monotonic(), d / 1e6, info.get("collected", 0)))
 
 
 _beat = [0]
@@ -61,9 +66,14 @@ _orig_run = asyncio.runners.Runner.run
 
 def _run(self: asyncio.runners.Runner, coro, *, context=None):  # type: ignore[no-untyped-def]
     async def wrapped():  # type: ignore[no-untyped-def]
+        _explicit[0] = True
+        tracked = len(gc.get_objects())
         if os.environ.get("DIAG_FREEZE"):
             gc.collect()
             gc.freeze()
+        _explicit[0] = False
+        print(f"diag: {tracked} objects tracked by the GC at the start of the run"
+              f"{' (frozen)' if os.environ.get('DIAG_FREEZE') else ''}", file=sys.stderr)
         hb = asyncio.get_running_loop().create_task(_heartbeat())
         try:
             return await coro
@@ -82,6 +92,7 @@ def _dump(path: str) -> None:
 
     doc = {"gc": {g: {"n": len(v), "p50_ms": q(v, 0.5), "p99_ms": q(v, 0.99),
                       "max_ms": max(v) / 1e6 if v else None} for g, v in pauses.items()},
+           "gen2": gen2,
            "stall_stacks": sorted(((n, k) for k, n in stacks.items()), reverse=True)[:8],
            "stall": {"n": len(stalls), "p50_ms": q(stalls, 0.5), "p99_ms": q(stalls, 0.99),
                      "p999_ms": q(stalls, 0.999), "max_ms": max(stalls) / 1e6 if stalls else None,

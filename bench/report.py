@@ -179,7 +179,7 @@ def openloop_table(doc: dict[str, Any], lines: list[str], goals: list[str]) -> N
               "Arrivals as the stub saw them (its clock, when it had read each request): achieved "
               "rate, inter-arrival CV (Poisson should give 1.0, constant 0), largest gap. "
               "`lag` is what the tool itself records between the planned and the actual send "
-              "(soakd: `soakd_dispatch_lag_seconds`, journal `lag_ns`; GuideLLM: "
+              "(bare: an asyncio loop sleeping to each planned instant, the floor; soakd: `soakd_dispatch_lag_seconds`, journal `lag_ns`; GuideLLM: "
               "targeted_start → request_start; AIPerf: credit issued → request start, which is "
               "not a schedule; `vllm bench serve` records none). Stub: TTFT 50 ms, ITL 5 ms, 16 "
               "tokens.", "",

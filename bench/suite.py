@@ -236,6 +236,8 @@ def command(case: Case, url: str, out: Path) -> tuple[list[str], str | None]:
                 "--timings", "--max-seconds", str(case.timeout_s)]
         if case.extra.get("uvloop"):
             argv.append("--uvloop")
+        if case.mode != "closed":
+            argv += ["--rate", f"{case.rate:g}", "--arrival", case.mode]
         return argv, None
     if case.tool == "soakd":
         cfg = out / "soak.yaml"
@@ -297,6 +299,8 @@ def timings(case: Case, out: Path) -> dict[str, Any]:
     if case.tool in ("bare", "soakd-hot"):
         t["ttft"] = _arr(out / "client.json.ttft")
         t["itl"] = _arr(out / "client.json.itl")
+        if (out / "client.json.lag").exists():
+            t["lag"] = _arr(out / "client.json.lag")
     elif case.tool == "soakd":
         db = out / "run" / "journal.db"
         if db.exists():
@@ -532,7 +536,7 @@ def section_openloop(a: argparse.Namespace) -> None:
     runs = []
     seconds = a.openloop_seconds
     for mode, rate in (("poisson", 50), ("poisson", 200), ("poisson", 1000), ("constant", 200)):
-        for tool in ("soakd", "vllm", "aiperf", "guidellm"):
+        for tool in ("bare", "soakd", "vllm", "aiperf", "guidellm"):
             if tool in skipped or tool not in a.tools or (tool == "vllm" and mode == "constant"):
                 continue
             n = int(rate * seconds)

@@ -32,10 +32,14 @@ SETUP_HINT = "run scripts/setup-litellm.sh first (it installs litellm[proxy] int
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+def litellm_ready() -> bool:
+    return (VENV / "bin" / "litellm").exists() and (VENV / "bin" / "python").exists()
+
+
 def litellm_python() -> Path:
     """The LiteLLM venv's python; skips the test (fails it in CI) when it is not set up."""
     python = VENV / "bin" / "python"
-    if not (VENV / "bin" / "litellm").exists() or not python.exists():
+    if not litellm_ready():
         message = f"no LiteLLM venv at {VENV}: {SETUP_HINT}"
         if os.environ.get("CI"):
             pytest.fail(message)

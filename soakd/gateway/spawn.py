@@ -23,7 +23,7 @@ import structlog
 import yaml
 
 from soakd.config import GatewayModes, GatewaySettings
-from soakd.sim.spawn import free_port
+from soakd.sim.spawn import _die_with_parent, free_port
 
 log = structlog.get_logger()
 
@@ -102,6 +102,7 @@ async def spawn_gateway(
             stdout=log_file,
             stderr=log_file,
             env=env,
+            preexec_fn=_die_with_parent,  # a SIGKILLed soakd leaves no gateway behind
         )
     gw = GatewayProcess(proc, f"http://127.0.0.1:{port}", target, token)
     deadline = time.monotonic() + timeout_s

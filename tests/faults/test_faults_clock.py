@@ -62,6 +62,7 @@ def test_wall_clock_steps_under_a_soakd_process(hostile: HostileServer, tmp_path
         "FAKETIME_TIMESTAMP_FILE": str(stamp),
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         "FAKETIME_NO_CACHE": "1",
+        "FAKETIME_FORCE_MONOTONIC_FIX": "0",
     }
     # libfaketime is active at all: the same environment shifts `date`
     shifted = subprocess.run(
@@ -114,7 +115,7 @@ def test_wall_clock_steps_under_a_soakd_process(hostile: HostileServer, tmp_path
     # ...and nothing that is timed moved: phases at 0, 3, 6 s of plan time
     assert [p for p, _ in phases] == ["a", "b", "c"]
     for (_, offset), want in zip(phases, (0.0, PHASE_S, 2 * PHASE_S), strict=True):
-        assert abs(offset / S - want) < 0.3, phases
+        assert abs(offset / S - want) < 0.5, phases  # (entered late only on a busy box)
     assert by_phase["b"] == RATE * PHASE_S  # the open-loop schedule kept every instant
     assert e2e_min > 0  # durations: seconds, never negative...
     assert e2e_max < 5 * S  # ...nor hours

@@ -5,6 +5,7 @@ the right kind at the right time, and a soakd run through the proxy recovers by 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,7 +64,7 @@ async def test_added_latency_shows_in_ttft_not_in_itl(proxy: tuple[FaultProxy, L
     # request and answer both cross the delay line: 2 x 300 ms (plus a new connection)
     assert 550 < added < 900, added
     # a constant delay moves every token alike: the gaps between tokens stay ~20 ms
-    assert max(slow.itl_ns) / 1e6 < 80, max(slow.itl_ns)
+    assert statistics.median(slow.itl_ns) / 1e6 < 50, list(slow.itl_ns)
     figure("network.latency_300ms.ttft_added_ms", added)
 
 

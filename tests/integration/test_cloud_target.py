@@ -1,5 +1,6 @@
 """Cloud dialects of the OpenAI client against a local fake: Azure paths and ``api-key``,
-organisation/project headers, custom paths, Retry-After, and which 400s are auth failures."""
+organisation/project headers, custom paths, Retry-After, which 400s are auth failures; and
+a spend cap in a real run (the simulator as the paid endpoint)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -155,3 +157,34 @@ def test_retry_after_forms() -> None:
     assert retry_after({"Retry-After": "soon"}) is None
     assert retry_after({"retry-after-ms": "x", "Retry-After": "2"}) == 2.0
     assert retry_after({}) is None
+
+
+async def test_spend_cap_in_a_real_run_is_exact_logged_journaled_exported(
+    tmp_path: Path,
+) -> None:
+    from soakd.app import RunOptions, Soak
+    from soakd.config import config_from_dict
+    from soakd.journal import JournalReader
+
+    cfg = config_from_dict({
+        "run": {"name": "cap", "drain_timeout": "5s"},
+        "targets": [{"name": "cloud", "simulator": "fast", "spend": {"max_requests": 25}}],
+        "workload": {"max_tokens": 8, "prompts": {"input_tokens": {"mean": 8}}},
+        "phases": [{"name": "p", "duration": "3s", "load": {"mode": "closed", "concurrency": 4}}],
+        "gpu": {"source": "none"},
+    })  # fmt: skip
+    soak = Soak(cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0",
+                                console_logs=False))  # fmt: skip
+    result = await soak.run()
+    assert result.completed
+    assert result.summary["cloud"]["requests"] == 25  # four workers, not one more
+    get = soak.metrics.registry.get_sample_value
+    assert get("soakd_target_paused", {"target": "cloud", "reason": "spend_cap"}) == 1
+    assert get("soakd_spend_cap_hits_total", {"target": "cloud", "cap": "requests"}) == 1
+    assert get("soakd_spend_used", {"target": "cloud", "cap": "requests"}) == 25
+    with JournalReader(tmp_path / "run") as reader:
+        paused = [e for e in reader.events() if e["kind"] == "target_paused"]
+    assert len(paused) == 1
+    log = (tmp_path / "run" / "soakd.log").read_text()
+    assert '"event": "target_paused"' in log
+    assert '"cap": "requests"' in log

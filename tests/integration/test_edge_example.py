@@ -38,7 +38,10 @@ async def test_rehearse_the_three_stages(tmp_path: Path) -> None:
     assert result.completed
     for name in ("edge", "cloud"):
         assert result.summary[name]["requests"] >= 5, result.summary[name]
-        assert result.summary[name]["errors"] == 0, result.summary[name]
+    assert result.summary["cloud"]["errors"] == 0, result.summary["cloud"]
+    # the edge server's VRAM passes 3.9 GB at 4 running: once the breaker is on (from 3 s)
+    # and the 5 s hold is over, its 429s may show; nothing else may
+    assert set(result.summary["edge"]["errors_by_kind"]) <= {"http_429"}, result.summary
 
     with JournalReader(tmp_path / "run") as reader:
         modes = [e for e in reader.events() if e["kind"] == "gateway_modes"]

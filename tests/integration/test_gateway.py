@@ -117,7 +117,7 @@ async def test_vram_breaker_opens_under_load_and_closes_after(tmp_path: Path) ->
     assert opened["breaker"] == "vram"
     assert opened["used_bytes"] > 3.9e9
     open_delay = opened["t"] - above["t"]
-    assert HOLD_S - 0.01 <= open_delay <= HOLD_S + INTERVAL_S + 0.15, open_delay
+    assert HOLD_S - 0.01 <= open_delay <= HOLD_S + INTERVAL_S + 0.3, open_delay  # + slack
     # soakd's first 429 came right after the opening (the next request that arrived)
     with JournalReader(tmp_path / "run") as reader:
         rows = list(records(reader))
@@ -159,7 +159,7 @@ async def test_adaptive_limit_steps_down_under_a_latency_rise_and_back_up(tmp_pa
         settings = GatewaySettings.model_validate({
             "vram_breaker": {"enabled": False},
             "concurrency": {"adaptive": True, "limit": 8, "min_limit": 1, "max_limit": 16,
-                            "target_p95": "300ms", "interval": "1s", "min_samples": 2},
+                            "target_p95": "500ms", "interval": "1s", "min_samples": 2},
             "gpu": {"source": "none"},
         })  # fmt: skip
         gw = await spawn_gateway("guarded", settings, sim.base_url, tmp_path)
@@ -198,7 +198,7 @@ async def test_adaptive_limit_steps_down_under_a_latency_rise_and_back_up(tmp_pa
     lowest = path.index(low)
     downs = [c for c in changes[:lowest] if c[1] < c[0]]
     assert len(downs) >= 2
-    assert all(c[2] > 0.3 for c in downs)
+    assert all(c[2] > 0.5 for c in downs)
     ups = [c for c in changes[lowest:] if c[1] > c[0]]
     assert len(ups) >= 2, path  # and climbed back once the server recovered
     assert path[-1] > low
