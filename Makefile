@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint setup setup-vllm setup-system clean
+.PHONY: demo test test-fast lint setup setup-servers setup-system clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,7 +18,9 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/soakd run examples/demo.yaml
 
-setup-vllm:
+## the real servers the integration tests soak: vLLM (CPU) with a tiny local model, and
+## LiteLLM's proxy as the gateway to the "cloud" path; each in its own venv
+setup-servers:
 	bash scripts/setup-vllm.sh
 	bash scripts/setup-litellm.sh
 
@@ -31,9 +33,9 @@ setup-system:
 	bash scripts/setup-faults.sh
 	bash scripts/setup-llama-server.sh
 
-## test: install everything the tests need (venv, vLLM CPU server, tiny model,
-## Prometheus, Alertmanager, Chromium), then lint, type-check and run every test
-test: $(STAMP) setup-vllm setup-system
+## test: install everything the tests need (the servers and system packages above),
+## then lint, type-check and run every test
+test: $(STAMP) setup-servers setup-system
 	$(BIN)/ruff check soakd tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q
@@ -49,7 +51,7 @@ lint: $(STAMP)
 
 ## bench: soakd vs GuideLLM, AIPerf and vllm bench serve (~40 min, not part of test);
 ## installs the peers in their own venvs under .cache/bench, writes docs/benchmarks.md
-bench: $(STAMP) setup-vllm
+bench: $(STAMP) setup-servers
 	bash bench/setup_peers.sh
 	$(BIN)/python bench/suite.py all
 
