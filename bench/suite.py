@@ -556,11 +556,14 @@ def section_endurance(a: argparse.Namespace) -> None:
     case = Case("soakd", "closed", concurrency=64, requests=a.endurance_requests,
                 timeout_s=a.endurance_minutes * 60)
     argv, _ = command(case, stub.url, out)
+    metrics_url = "http://" + argv[argv.index("--metrics-addr") + 1] + "/metrics"
     log = open(out / "tool.log", "wb")  # noqa: SIM115
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, cwd=out, env=_env(), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     points: list[dict[str, Any]] = []
+    queue_max = 0.0
+    last_scrape = 0.0
     marks = sorted({10_000, 100_000, 250_000, 500_000, 1_000_000, a.endurance_requests})
     last = 0.0
     stopped = False
@@ -568,13 +571,19 @@ def section_endurance(a: argparse.Namespace) -> None:
         while proc.poll() is None:
             now = time.monotonic() - t0
             done, _ = stub.done()
+            if now - last_scrape >= 0.5:
+                last_scrape = now
+                depth = _scrape(metrics_url, "soakd_journal_queue_depth")
+                if depth is not None:
+                    queue_max = max(queue_max, depth)
             if now - last >= 2.0 or (marks and done >= marks[0]):
                 last = now
                 cpu, rss, _ = tree_usage(proc.pid, proc_table())
                 st = _status_fields(proc.pid)
                 sm = {f"smaps_{k}": v for k, v in smaps_breakdown(proc.pid).items()}
                 points.append({"t": now, "done": done, "cpu_s": cpu, "rss_mb": rss / 2**20,
-                               **st, **sm})
+                               "journal_queue_max": queue_max, **st, **sm})
+                queue_max = 0.0
                 while marks and done >= marks[0]:
                     marks.pop(0)
             if not stopped and (done >= a.endurance_requests or now > a.endurance_minutes * 60):
@@ -594,7 +603,22 @@ def section_endurance(a: argparse.Namespace) -> None:
     save("endurance", doc)
     for p in points[:: max(1, len(points) // 20)]:
         print(f"  t={p['t']:.0f}s done={p['done']} rss={p['rss_mb']:.1f}MB "
-              f"anon={p.get('rss_anon_mb')} file={p.get('rss_file_mb')}")
+              f"anon={p.get('rss_anon_mb')} file={p.get('rss_file_mb')} "
+              f"journal queue max={p.get('journal_queue_max')}")
+
+
+def _scrape(url: str, name: str) -> float | None:
+    """One unlabelled sample from a Prometheus text page (None when unreachable)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 (loopback only)
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def smaps_breakdown(pid: int) -> dict[str, float]:

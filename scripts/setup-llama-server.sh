@@ -77,10 +77,24 @@ if works "$SHARED"; then
     exit 0
 fi
 
-for tool in cmake c++ cc make; do
-    command -v "$tool" >/dev/null 2>&1 \
-        || die "'$tool' not found; on Debian/Ubuntu: apt-get install cmake build-essential"
-done
+# The toolchain, from Debian's packages when missing (a fresh machine).
+missing=()
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+command -v c++ >/dev/null 2>&1 || missing+=(g++)
+command -v cc >/dev/null 2>&1 || missing+=(gcc)
+command -v make >/dev/null 2>&1 || missing+=(make)
+if ((${#missing[@]})); then
+    SUDO=()
+    if [[ $(id -u) -ne 0 ]]; then
+        command -v sudo >/dev/null 2>&1 || die "not root and no sudo; install ${missing[*]}"
+        SUDO=(sudo)
+    fi
+    say "installing ${missing[*]}"
+    { "${SUDO[@]}" apt-get update -qq \
+        && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >/dev/null \
+        || die "apt-get install ${missing[*]} failed"
+fi
 
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi

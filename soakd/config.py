@@ -168,6 +168,9 @@ class TargetConfig(Strict):
     proxy: str | None = None  # an http(s) proxy URL; None: honour HTTP(S)_PROXY / NO_PROXY
     tls: Tls = Tls()
     max_connections: Annotated[int, Field(ge=1)] = 1024
+    # False: a new connection per request, for servers that drop kept-alive connections
+    # unannounced (llama-server, llama.cpp's cpp-httplib 0.58: after each streamed answer)
+    keep_alive: bool = True
     metrics_url: str | None = None  # the server's own /metrics (default: base_url/metrics)
     health_url: str | None = None  # default: base_url/health
     scrape: bool = True  # scrape metrics_url and probe health_url

@@ -3,12 +3,19 @@
     .venv/bin/python tests/make_tiny_gguf.py OUT.gguf
 
 Nothing is downloaded. A ``llama`` architecture (2 layers, 64 wide, 2 heads of 32,
-FFN 128, F32, about 1.6 MB) with a sentencepiece-style (``llama``/SPM) vocabulary:
-the special tokens, ``▁`` and the printable ASCII characters, then every prefix of
-``▁word`` for the 1024 words soakd's prompts are made of, so a prompt of n words is
-about n tokens, as with a real tokenizer. No byte tokens: every token the random
-model generates is valid text (an unknown character reads as ``<unk>``). The weights
-are seeded: every run writes the same bytes.
+FFN 128, F32, about 1.8 MB) with a sentencepiece-style (``llama``/SPM) vocabulary:
+the special tokens, the 256 byte-fallback tokens ``<0x00>``..``<0xFF>`` (llama.cpp's
+SPM tokenizer needs them: a newline or any character not in the vocabulary is spelled
+in bytes), ``▁`` and the printable ASCII characters, then every prefix of ``▁word`` for
+the 1024 words soakd's prompts are made of, so a prompt of n words is about n tokens,
+as with a real tokenizer.
+
+The weights are random but seeded (every run writes the same bytes), with one rigged
+dimension: hidden dimension 0 carries a constant through every layer (its embedding
+column is constant and no layer writes to it), and the output rows of the special and
+byte tokens weigh it strongly negative. So the model never generates an end of text
+(every request runs to its ``max_tokens``, so token counts are exact), nor a lone byte
+(no invalid UTF-8 in a response); it samples among the text pieces.
 """
 
 from __future__ import annotations
@@ -50,15 +57,21 @@ CHAT_TEMPLATE = (
 )
 
 
+N_BYTES = 256
+FIRST_TEXT = 3 + N_BYTES  # ids below are special or byte tokens: never generated
+CARRIER = 8.0  # the constant of hidden dimension 0, in embedding units
+SUPPRESS = -40.0  # output weight on it of the tokens never generated
+
+
 def vocabulary() -> tuple[list[str], list[float], list[int]]:
     """Tokens, scores and token types. A longer piece scores higher, so SPM's greedy
     merges build ``▁w``, ``▁wo``, ``▁wor``, ``▁word`` and stop at the whole word."""
-    tokens = ["<unk>", "<s>", "</s>"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(N_BYTES)]
     types = [
         gguf.TokenType.UNKNOWN,
         gguf.TokenType.CONTROL,
         gguf.TokenType.CONTROL,
-    ]
+    ] + [gguf.TokenType.BYTE] * N_BYTES
     seen = set(tokens)
 
     def add(piece: str) -> None:
@@ -74,7 +87,7 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
         piece = SPACE + word
         for end in range(2, len(piece) + 1):
             add(piece[:end])
-    scores = [0.0, 0.0, 0.0] + [float(len(t)) for t in tokens[3:]]
+    scores = [0.0] * FIRST_TEXT + [float(len(t)) for t in tokens[FIRST_TEXT:]]
     return tokens, scores, [int(t) for t in types]
 
 
@@ -84,8 +97,11 @@ def write(path: Path, seed: int = SEED) -> Path:
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
 
-    def weight(*shape: int, std: float = 0.02) -> np.ndarray:
-        return (rng.standard_normal(shape) * std).astype(np.float32)
+    def weight(*shape: int, std: float = 0.02, writes_hidden: bool = False) -> np.ndarray:
+        w = (rng.standard_normal(shape) * std).astype(np.float32)
+        if writes_hidden:
+            w[0, :] = 0.0  # no layer writes hidden dimension 0: it stays the carrier
+        return w
 
     def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
@@ -120,21 +136,28 @@ def write(path: Path, seed: int = SEED) -> Path:
         w.add_chat_template(CHAT_TEMPLATE)
 
         # numpy shapes are (rows, cols) = (out, in); GGUF stores them reversed
-        w.add_tensor("token_embd.weight", weight(n_vocab, N_EMBD))
+        embd = weight(n_vocab, N_EMBD)
+        embd[:, 0] = CARRIER * 0.02
+        w.add_tensor("token_embd.weight", embd)
         for i in range(N_LAYER):
             b = f"blk.{i}"
             w.add_tensor(f"{b}.attn_norm.weight", ones(N_EMBD))
             w.add_tensor(f"{b}.attn_q.weight", weight(N_HEAD * HEAD_DIM, N_EMBD))
             w.add_tensor(f"{b}.attn_k.weight", weight(N_HEAD_KV * HEAD_DIM, N_EMBD))
             w.add_tensor(f"{b}.attn_v.weight", weight(N_HEAD_KV * HEAD_DIM, N_EMBD))
-            w.add_tensor(f"{b}.attn_output.weight", weight(N_EMBD, N_HEAD * HEAD_DIM))
+            w.add_tensor(
+                f"{b}.attn_output.weight", weight(N_EMBD, N_HEAD * HEAD_DIM, writes_hidden=True)
+            )
             w.add_tensor(f"{b}.ffn_norm.weight", ones(N_EMBD))
             w.add_tensor(f"{b}.ffn_gate.weight", weight(N_FF, N_EMBD))
             w.add_tensor(f"{b}.ffn_up.weight", weight(N_FF, N_EMBD))
-            w.add_tensor(f"{b}.ffn_down.weight", weight(N_EMBD, N_FF))
+            w.add_tensor(f"{b}.ffn_down.weight", weight(N_EMBD, N_FF, writes_hidden=True))
         w.add_tensor("output_norm.weight", ones(N_EMBD))
         # wider than the rest: the logits spread, so sampling is not a uniform draw
-        w.add_tensor("output.weight", weight(n_vocab, N_EMBD, std=0.5))
+        out = weight(n_vocab, N_EMBD, std=0.2)
+        out[:, 0] = 0.0
+        out[:FIRST_TEXT, 0] = SUPPRESS
+        w.add_tensor("output.weight", out)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()

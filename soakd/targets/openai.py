@@ -446,7 +446,7 @@ async def open_target(cfg: TargetConfig) -> OpenAITarget:
     if cfg.project:
         headers["OpenAI-Project"] = cfg.project
     headers.update(cfg.headers)
-    connector = TCPConnector(limit=cfg.max_connections, ssl=ssl_arg)
+    connector = TCPConnector(limit=cfg.max_connections, ssl=ssl_arg, force_close=not cfg.keep_alive)
     session: ClientSession | None = None
     try:
         session = ClientSession(

@@ -96,7 +96,14 @@ async def test_llama_server_beside_vllm(
         {
             "run": {"name": "llamacpp", "drain_timeout": "30s"},
             "targets": [
-                {"name": "llamacpp", "base_url": llama.api_url, "model": llama.model},
+                {
+                    "name": "llamacpp",
+                    "base_url": llama.api_url,
+                    "model": llama.model,
+                    # it closes a kept-alive connection after each streamed answer without
+                    # saying so: the next request on it would fail (see the test below)
+                    "keep_alive": False,
+                },
                 {"name": "vllm", "base_url": vllm.base_url, "model": vllm.model},
             ],
             "workload": {"max_tokens": MAX_TOKENS, "prompts": {"input_tokens": {"mean": 32}}},
