@@ -80,11 +80,8 @@ class Digest:
         for key in sorted(self._buckets):
             seen += self._buckets[key]
             if seen > rank:
-                if key == 0:
-                    value = float(_MIN_NS)
-                else:
-                    # geometric middle of the bucket (lo, hi]
-                    value = _MIN_NS * _GAMMA ** (key - 0.5)
+                # the geometric middle of the bucket (lo, hi]
+                value = float(_MIN_NS) if key == 0 else _MIN_NS * _GAMMA ** (key - 0.5)
                 return min(max(value, float(self.min)), float(self.max))
         return float(self.max)
 

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 import yaml
@@ -43,8 +43,8 @@ from soakd.journal import (
 from soakd.logs import close_logging, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
-from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.probes import Probes, make_probes
+from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.stats import RunStats
 from soakd.targets.openai import open_target
 from soakd.types import Target
@@ -183,7 +183,7 @@ class Soak:
                     sim = await spawn_sim(tcfg.simulator, tcfg.model,
                                           self.run_dir / f"sim-{tcfg.name}.log")
                     self._sims.append(sim)
-                    tcfg = tcfg.model_copy(update={"base_url": sim.base_url})  # noqa: PLW2901
+                    tcfg = tcfg.model_copy(update={"base_url": sim.base_url})
                 urls[tcfg.name] = tcfg.base_url  # probes watch the server, not a gateway
                 if tcfg.gateway is not None:
                     tcfg = await self._front_with_gateway(tcfg)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -211,10 +212,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
     if args.profile not in PROFILES:
         _fail(f"--profile: unknown profile {args.profile!r} (known: {', '.join(PROFILES)})")
     setup_logging()
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_sim(args.host, args.port, args.profile, args.model))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -45,7 +45,8 @@ MAX_DURATION_S = 100 * 365 * 86400
 def parse_duration(value: Any) -> float:
     """``"72h"``, ``"1h30m"``, ``"500ms"``, ``"2.5s"`` or a number of seconds -> seconds."""
     if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
+        # ValueError, not TypeError: pydantic turns only ValueError into a field error
+        raise ValueError(f"not a duration: {value!r}")  # noqa: TRY004
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
@@ -67,7 +68,7 @@ def parse_duration(value: Any) -> float:
                     "e.g. 72h or 1h30m"
                 ) from None
     else:
-        raise ValueError(f"not a duration: {value!r}")
+        raise ValueError(f"not a duration: {value!r}")  # noqa: TRY004 (as above)
     if seconds != seconds or seconds in (float("inf"), float("-inf")):  # nan, 1e400
         raise ValueError(f"not a finite duration: {value!r}")
     if seconds < 0:
@@ -805,7 +806,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"
-        raise ConfigError(f"{path}: not valid YAML at {where}: {getattr(exc, 'problem', exc)}")
+        raise ConfigError(
+            f"{path}: not valid YAML at {where}: {getattr(exc, 'problem', exc)}"
+        ) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -72,7 +72,8 @@ async def spawn_sim(
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             if proc.returncode is not None:
-                tail = log_path.read_text(errors="replace").strip()[-300:]
+                # once, on the way out with an error: blocking is fine here
+                tail = log_path.read_text(errors="replace").strip()[-300:]  # noqa: ASYNC240
                 raise RuntimeError(f"simulator exited ({proc.returncode}): {tail}")
             with contextlib.suppress(aiohttp.ClientError, OSError):
                 async with session.get(sim.base_url + "/health") as resp:

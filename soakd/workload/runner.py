@@ -9,6 +9,7 @@ stops new sends, not the requests in flight.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -75,6 +76,7 @@ class Runner:
         self._seq = dict.fromkeys(targets, 0)  # a resumed run continues its numbers
         self._seq.update({k: v for k, v in (start_seq or {}).items() if k in targets})
         self._busy = dict.fromkeys(targets, 0)  # in flight per target
+        self._freed = {name: asyncio.Event() for name in targets}  # a request of it ended
         self._pools = {name: _Pool() for name in targets}  # closed-loop workers
         self._drivers: set[asyncio.Task[None]] = set()  # open-loop dispatchers
         self._requests: set[asyncio.Task[Any]] = set()  # requests and closed-loop workers
@@ -149,10 +151,8 @@ class Runner:
         """Sleep until the instant; False when stopped first."""
         delay = (deadline_ns - now_ns()) / 1e9
         if delay > 0:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
-            except TimeoutError:
-                pass
         return not self.stopping
 
     def _enter(self, phase: Phase | None) -> None:
@@ -210,6 +210,7 @@ class Runner:
             raise
         finally:
             self._busy[name] -= 1
+            self._freed[name].set()
         for record in self._record:
             record(outcome)
         return outcome
@@ -258,9 +259,10 @@ class Runner:
             delay = due - now_ns()
             if delay > 0:
                 await asyncio.sleep(delay / 1e9)
-            if cap:
-                while self._busy[name] >= cap:
-                    await asyncio.sleep(0.001)
+            while cap and self._busy[name] >= cap:  # late, and the lag will say so
+                freed = self._freed[name]
+                freed.clear()
+                await freed.wait()
             if gate is not None:
                 if gate.delay_s() > 0:  # paused: this send is not made, and counted as such
                     gate.skipped()

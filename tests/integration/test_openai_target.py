@@ -20,7 +20,6 @@ from aiohttp import web
 
 from soakd.config import ConfigError, TargetConfig
 from soakd.model import ErrorKind, Outcome, RequestSpec
-from soakd.model import Outcome
 from soakd.targets import open_target
 from soakd.targets import openai as openai_target
 

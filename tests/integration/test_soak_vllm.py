@@ -1,4 +1,4 @@
-"""soakd soaks a real vLLM (CPU) and the simulator side by side; and keeps going when a target dies."""
+"""soakd soaks a real vLLM (CPU) and the simulator side by side, and survives a dying target."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ async def test_target_dies_mid_run_and_soakd_keeps_going(tmp_path: Path) -> None
                                 console_logs=False))
 
     async def kill_doomed() -> None:
-        while not soak._sims or soak.stats.total["doomed"].requests < 1:
+        while not soak._sims or soak.stats.total["doomed"].requests < 1:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         os.kill(soak._sims[0].proc.pid, signal.SIGKILL)
 
