@@ -66,6 +66,11 @@ def _load(results: Path, name: str) -> dict[str, Any] | None:
     return json.loads(p.read_text()) if p.exists() else None
 
 
+def _conns(r: dict[str, Any]) -> float | None:
+    c = r.get("stub", {}).get("connections")
+    return c / r["answers"] if c is not None and r.get("answers") else None
+
+
 def closed_tables(doc: dict[str, Any], lines: list[str], goals: list[str]) -> None:
     runs = doc["runs"]
     by: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -102,8 +107,8 @@ def closed_tables(doc: dict[str, Any], lines: list[str], goals: list[str]) -> No
               "round, then the median (min–max) over rounds. Peers ran once and are compared "
               "with the median bare run.", ""]
     lines += ["| client | streams | CPU / request (ms) | CPU / token (µs) | × bare (req) | "
-              "peak RSS (MB) | req/s | start-up CPU (s) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+              "peak RSS (MB) | req/s | start-up CPU (s) | TCP connections / request |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for conc in concs:
         for tool in ORDER:
             rs = by.get((tool, conc))
@@ -115,7 +120,8 @@ def closed_tables(doc: dict[str, Any], lines: list[str], goals: list[str]) -> No
                 f"{'1' if tool == 'bare' else _spread(ratio.get((tool, conc), []))} | "
                 f"{_f(_med([r.get('peak_rss_mb') for r in rs]), 0)} | "
                 f"{_f(_med([r.get('window_rps') for r in rs]), 0)} | "
-                f"{_f(_med([r.get('startup_cpu_s') for r in rs]), 1)} |")
+                f"{_f(_med([r.get('startup_cpu_s') for r in rs]), 1)} | "
+                f"{_f(_med([_conns(r) for r in rs]), 3)} |")
     lines.append("")
     for conc in concs:
         for tool in ("soakd-hot", "soakd"):
@@ -215,8 +221,9 @@ def endurance_table(doc: dict[str, Any], lines: list[str], goals: list[str]) -> 
               f"process's VmRSS, split into anonymous memory (heap) and file-backed pages "
               f"(shared libraries, SQLite's mapped pages). Journal on disk at the end: "
               f"{_f(doc.get('journal_mb'), 1)} MB.", "",
-              "| requests | elapsed (s) | RSS (MB) | anon (MB) | file (MB) | CPU / request since "
-              "the previous row (ms) |", "|---:|---:|---:|---:|---:|---:|"]
+              "| requests | elapsed (s) | RSS (MB) | anon (MB) | file (MB) | journal queue, max "
+              "since the previous row | CPU / request since the previous row (ms) |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]
     marks = [10_000, 50_000, 100_000, 250_000, 500_000, 750_000, 1_000_000]
     chosen, prev = [], None
     for m in marks:
@@ -228,8 +235,12 @@ def endurance_table(doc: dict[str, Any], lines: list[str], goals: list[str]) -> 
     for p in chosen:
         cpr = ((p["cpu_s"] - prev["cpu_s"]) / (p["done"] - prev["done"]) * 1e3
                if prev and p["done"] > prev["done"] else None)
+        lo = prev["t"] if prev else -1
+        qmax = max((q.get("journal_queue_max") or 0 for q in pts if lo < q["t"] <= p["t"]),
+                   default=None)
         lines.append(f"| {p['done']:,} | {p['t']:.0f} | {p['rss_mb']:.1f} | "
-                     f"{_f(p.get('rss_anon_mb'), 1)} | {_f(p.get('rss_file_mb'), 1)} | {_f(cpr, 3)} |")
+                     f"{_f(p.get('rss_anon_mb'), 1)} | {_f(p.get('rss_file_mb'), 1)} | "
+                     f"{_f(qmax, 0)} | {_f(cpr, 3)} |")
         prev = p
     lines.append("")
     peak = max(p["rss_mb"] for p in pts)

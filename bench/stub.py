@@ -170,6 +170,7 @@ class State:
                  arrivals: bool = False) -> None:
         self.requests = 0
         self.tokens = 0
+        self.connections = 0  # TCP connections accepted: keep-alive reuse shows here
         self.done = 0  # answers finished (a streamed one at its [DONE])
         self.counter = counter  # shared with the bench harness: (done, tokens) per worker
         self.slot = slot * 16
@@ -217,6 +218,7 @@ class Conn(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.st.connections += 1
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -461,6 +463,7 @@ async def _serve(cfg: Config, sock: socket.socket, stats_path: str | None,
         server.close()
         if stats_path:
             doc = {"pid": os.getpid(), "timerfd": timers.fd >= 0, "requests": st.requests,
+                   "connections": st.connections,
                    "tokens": st.tokens, "late": st.late.doc(), "ttft_late": st.ttft_late.doc()}
             if st.arrivals is not None:
                 with open(stats_path[:-5] + ".arrivals", "wb") as f:
@@ -493,7 +496,7 @@ def read_counter(path: str) -> tuple[int, int]:
 
 def merge_stats(paths: list[str]) -> dict[str, object]:
     """Sum the workers' stats files: requests, tokens, write lateness mean/p50/p99/max (ms)."""
-    req = tok = 0
+    req = tok = conns = 0
     out: dict[str, object] = {}
     agg: dict[str, Lateness] = {"late": Lateness(), "ttft_late": Lateness()}
     for p in paths:
@@ -501,12 +504,13 @@ def merge_stats(paths: list[str]) -> dict[str, object]:
             d = json.load(f)
         req += d["requests"]
         tok += d["tokens"]
+        conns += d.get("connections", 0)
         for k, lat in agg.items():
             lat.n += d[k]["n"]
             lat.total_ns += d[k]["total_ns"]
             lat.max_ns = max(lat.max_ns, d[k]["max_ns"])
             lat.buckets = [a + b for a, b in zip(lat.buckets, d[k]["buckets_10us"], strict=True)]
-    out["requests"], out["tokens"] = req, tok
+    out["requests"], out["tokens"], out["connections"] = req, tok, conns
     for k, lat in agg.items():
         out[k] = {"n": lat.n, "mean_ms": lat.total_ns / lat.n / 1e6 if lat.n else None,
                   "p50_ms": lat.quantile_ms(0.5), "p99_ms": lat.quantile_ms(0.99),
