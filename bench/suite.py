@@ -532,6 +532,7 @@ def section_closed(a: argparse.Namespace) -> None:
 
 
 def section_openloop(a: argparse.Namespace) -> None:
+    ensure_hf_cache()
     skipped = {t: why for t in TOOLS if (why := available(t))}
     runs = []
     seconds = a.openloop_seconds

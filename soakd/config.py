@@ -754,6 +754,9 @@ def _list_index(items: list[Any], part: str) -> int | None:
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
+_KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def _error_line(exc: ValidationError, raw: Any) -> str:
     """First pydantic error -> ``field.path: message (got VALUE)``; list items by name."""
     err = exc.errors(include_url=False)[0]
@@ -770,7 +773,8 @@ def _error_line(exc: ValidationError, raw: Any) -> str:
             continue
         if isinstance(loc, str) and loc.startswith(("function-", "literal[", "nullable")):
             continue
-        parts.append(str(loc))
+        # a key that is not plain text (a CR, a space...) is shown quoted, on one line
+        parts.append(str(loc) if _KEY_RE.fullmatch(str(loc)) else repr(loc))
         node = node.get(loc) if isinstance(node, dict) else None
     where = ".".join(parts) or "config"
     msg = err["msg"].removeprefix("Value error, ")

@@ -280,12 +280,18 @@ def free_port(host: str = HOST) -> int:
         return int(sock.getsockname()[1])
 
 
+TEST_NODE = "edge-test"
+"""The node name the tests' Prometheus puts on every alert (external label)."""
+
+
 def local_prometheus_config(hosts: dict[str, str], alertmanager: str) -> dict[str, Any]:
     """The shipped prometheus.yml with its compose hosts swapped for local addresses.
 
     Intervals, job names, labels and the rules are kept (rule files by absolute path);
     a job whose hosts are not all in ``hosts`` is dropped (e.g. dcgm-exporter)."""
     cfg = load_yaml(PROM_CONFIG)
+    # the node name compose fills in from ${SOAKD_NODE}: here a fixed one the tests expect
+    cfg.setdefault("global", {})["external_labels"] = {"node": TEST_NODE}
     cfg["rule_files"] = [str(PROM_DIR / pattern) for pattern in cfg["rule_files"]]
     cfg["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager]}]}]
     jobs = []

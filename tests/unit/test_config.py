@@ -158,3 +158,9 @@ def test_load_config_file_errors(tmp_path: Path) -> None:
 def test_demo_config_is_valid() -> None:
     cfg = load_config(Path(__file__).parents[2] / "examples" / "demo.yaml", environ={})
     assert [t.name for t in cfg.targets] == ["edge-4gb", "datacenter"]
+
+
+def test_odd_key_is_quoted_on_one_line() -> None:
+    raw = base()
+    raw["run"] = {"\r": 0}  # found by the fuzzer: a bare CR split the message in two
+    assert error_of(raw) == "run.'\\r': unknown key (check the spelling)"
