@@ -106,6 +106,7 @@ class Strict(BaseModel):
 class Timeouts(Strict):
     connect: Duration = 10.0
     ttft: Duration = 60.0
+    idle: Duration | None = 60.0  # longest silence between content chunks; None: no limit
     total: Duration = 600.0
 
 

@@ -17,6 +17,7 @@ class ErrorKind(enum.StrEnum):
 
     TIMEOUT_CONNECT = "timeout_connect"
     TIMEOUT_TTFT = "timeout_ttft"
+    TIMEOUT_IDLE = "timeout_idle"  # the stream went silent after its first token
     TIMEOUT_TOTAL = "timeout_total"
     CONNECT_REFUSED = "connect_refused"
     CONNECT_ERROR = "connect_error"  # DNS, unreachable, TLS handshake, proxy refused

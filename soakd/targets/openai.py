@@ -62,22 +62,63 @@ class _Fault(Exception):
         self.oom = oom
 
 
+def idle_cut(out: Outcome, idle_s: float | None, total_at: float) -> bool:
+    """Did the deadline that fired belong to the idle limit (not the total one)?"""
+    if idle_s is None or out.last_token_ns is None:
+        return False
+    return out.last_token_ns / 1e9 + idle_s < total_at
+
+
 class _StreamParser:
     """Per-request state of one SSE stream: turns each ``data`` payload into Outcome
     fields. Lives only during ``send``; keeps counters, never text."""
 
-    __slots__ = ("chat", "choices_seen", "cm", "done", "finished", "out", "resched_at")
+    __slots__ = (
+        "armed",
+        "chat",
+        "choices_seen",
+        "cm",
+        "done",
+        "finished",
+        "idle_s",
+        "out",
+        "resched_at",
+        "total_at",
+    )
 
     def __init__(
-        self, out: Outcome, chat: bool, cm: asyncio.Timeout, resched_at: float | None
+        self,
+        out: Outcome,
+        chat: bool,
+        cm: asyncio.Timeout,
+        resched_at: float | None,
+        idle_s: float | None = None,
+        total_at: float = float("inf"),
     ) -> None:
         self.out = out
         self.chat = chat
         self.cm = cm
         self.resched_at = resched_at  # the total deadline, applied at the first token
+        self.idle_s = idle_s  # after the first token: the deadline is min(total, last + idle)
+        self.armed = 0.0  # when the idle deadline was last moved (monotonic s)
+        self.total_at = total_at
         self.done = False  # saw [DONE]
         self.finished = False  # saw a finish_reason
         self.choices_seen = False
+
+    def _rearm(self, now_ns: int) -> None:
+        """Move the idle deadline to ``now + idle``, capped by the total deadline.
+
+        Moved at most ten times per idle window (a timer re-armed per token would cost
+        more than the rest of the token's handling), so a silence is cut between 0.9 and
+        1.0 times ``idle`` after the last chunk. perf_counter and the loop's clock are
+        both CLOCK_MONOTONIC here."""
+        idle = self.idle_s
+        assert idle is not None
+        t = now_ns / 1e9
+        if t - self.armed >= idle * 0.1:
+            self.armed = t
+            self.cm.reschedule(min(self.total_at, t + idle))
 
     def event(self, payload: str, now: int) -> None:
         """Apply one event's payload received at ``now``; raises ``_Fault``."""
@@ -115,6 +156,8 @@ class _StreamParser:
                             self.cm.reschedule(self.resched_at)  # ttft met: now the total
                     else:
                         out.itl_ns.append(now - last)
+                    if self.idle_s is not None:
+                        self._rearm(now)
                     out.last_token_ns = now
                     out.content_chunks += 1
                 if c0.get("finish_reason"):
@@ -150,6 +193,7 @@ class OpenAITarget:
         self._stream = cfg.stream
         self._model = cfg.model
         self._ttft_s = cfg.timeouts.ttft
+        self._idle_s = cfg.timeouts.idle
         self._total_s = cfg.timeouts.total
         self._proxy = proxy
         self._proxy_auth = proxy_auth
@@ -228,7 +272,9 @@ class OpenAITarget:
                     await self._read_error(resp, out)
                 elif stream:
                     await self._read_stream(
-                        resp, out, _StreamParser(out, self._chat, cm, resched_at)
+                        resp,
+                        out,
+                        _StreamParser(out, self._chat, cm, resched_at, self._idle_s, total_at),
                     )
                 else:
                     await self._read_json(resp, out)
@@ -243,6 +289,8 @@ class OpenAITarget:
                     ttft = stream and out.first_token_ns is None and self._ttft_s < self._total_s
                     if ttft:
                         self._fail(out, ErrorKind.TIMEOUT_TTFT, f"no token in {self._ttft_s:g}s")
+                    elif idle_cut(out, self._idle_s, total_at):
+                        self._fail(out, ErrorKind.TIMEOUT_IDLE, f"silent for {self._idle_s:g}s")
                     else:
                         self._fail(out, ErrorKind.TIMEOUT_TOTAL, f"over {self._total_s:g}s")
             elif isinstance(exc, aiohttp.ServerTimeoutError):  # only sock_connect is set

@@ -168,6 +168,13 @@ async def endless(request: web.Request, body: dict[str, Any]) -> web.StreamRespo
     )
 
 
+async def stalls(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    """Three tokens, then silence: a server that hangs mid-generation."""
+    parts: list[bytes | float] = [chunk({"content": "a"}), chunk({"content": "b"}), 0.05,
+                                  chunk({"content": "c"}), 5.0, DONE]
+    return await sse(request, parts)
+
+
 async def huge_line(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
     line = b"data: " + b"x" * (1 << 20) + b"\n\n"
     return await sse(request, [chunk({"content": "a"}), line, DONE])
@@ -188,7 +195,7 @@ SCENARIOS: dict[str, Scenario] = {
     f.__name__: f
     for f in (
         good, no_done, no_usage, completions, plain, oom, too_many, unauthorized, bad_request,
-        malformed, stream_error, json_200_error, html, slow_first, endless, huge_line, cut,
+        malformed, stream_error, json_200_error, html, slow_first, endless, stalls, huge_line, cut,
     )
 }  # fmt: skip
 
@@ -512,6 +519,20 @@ async def test_total_timeout_after_the_first_token(server: Server) -> None:
     assert out.content_chunks >= 3
     assert len(out.itl_ns) == out.content_chunks - 1
     assert 0.39e9 <= out.e2e_ns < 1.5e9
+
+
+async def test_a_silent_stream_is_cut_at_the_idle_limit(server: Server) -> None:
+    out = await scenario(server, "stalls", timeouts={"ttft": 1, "idle": 0.3, "total": 4})
+    assert out.error is ErrorKind.TIMEOUT_IDLE
+    assert out.content_chunks == 3  # what arrived is kept
+    assert out.last_token_ns is not None
+    silence = out.end_ns - out.last_token_ns
+    assert 0.27e9 <= silence < 1.5e9  # cut between 0.9x and 1x idle after the last chunk
+
+
+async def test_idle_limit_off_leaves_the_total(server: Server) -> None:
+    out = await scenario(server, "stalls", timeouts={"ttft": 1, "idle": None, "total": 0.5})
+    assert out.error is ErrorKind.TIMEOUT_TOTAL
 
 
 async def test_line_over_the_limit(server: Server) -> None:
