@@ -15,6 +15,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import time
 
 _perf = time.perf_counter_ns
@@ -48,16 +49,19 @@ async def _heartbeat() -> None:
 
 
 def _watchdog(main_id: int) -> None:
-    """Every 20 ms: when the loop has not beaten for 50 ms, record the main thread's stack."""
+    """Every 1 ms: when the loop has not beaten for 4 ms, record where every thread is
+    (innermost frames): a thread other than the loop's running Python then holds the GIL."""
     import traceback
 
     while True:
-        time.sleep(0.02)
+        time.sleep(0.001)
         b = _beat[0]
-        if b and _perf() - b > 50_000_000:
-            frame = sys._current_frames().get(main_id)
-            if frame is not None:
-                key = "".join(traceback.format_stack(frame)[-12:])
+        if b and _perf() - b > 4_000_000:
+            for tid, frame in sys._current_frames().items():
+                if tid == threading.get_ident():
+                    continue
+                who = "loop" if tid == main_id else "other"
+                key = who + ":\n" + "".join(traceback.format_stack(frame)[-3:])
                 stacks[key] = stacks.get(key, 0) + 1
 
 
@@ -66,6 +70,8 @@ _orig_run = asyncio.runners.Runner.run
 
 def _run(self: asyncio.runners.Runner, coro, *, context=None):  # type: ignore[no-untyped-def]
     async def wrapped():  # type: ignore[no-untyped-def]
+        if os.environ.get("DIAG_QUIET"):
+            return await coro
         _explicit[0] = True
         tracked = len(gc.get_objects())
         if os.environ.get("DIAG_FREEZE"):
@@ -105,12 +111,68 @@ def _dump(path: str) -> None:
 if __name__ == "__main__":
     out = sys.argv[1]
     atexit.register(_dump, out)
-    gc.callbacks.append(_gc_cb)
+    if not os.environ.get("DIAG_QUIET"):  # QUIET: no GC hook, no heartbeat (CPU A/B)
+        gc.callbacks.append(_gc_cb)
+    if os.environ.get("DIAG_SWITCH"):  # GIL switch interval (s): how soon the loop gets it back
+        sys.setswitchinterval(float(os.environ["DIAG_SWITCH"]))
+        sys.setswitchinterval = lambda _s: None  # type: ignore[assignment]  # soakd's own: not now
+    if os.environ.get("DIAG_NOGC"):
+        gc.disable()
     if os.environ.get("DIAG_STACKS"):
-        import threading
-
         threading.Thread(target=_watchdog, args=(threading.get_ident(),), daemon=True).start()
     asyncio.runners.Runner.run = _run  # type: ignore[method-assign]
+    if os.environ.get("DIAG_COARSE"):  # A/B: the open loop's sleep as it was (asyncio.sleep)
+        import soakd.workload.runner as runner_mod
+
+        async def _coarse(deadline_ns: int) -> None:
+            delay = deadline_ns - time.perf_counter_ns()
+            if delay > 0:
+                await asyncio.sleep(delay / 1e9)
+
+        runner_mod.sleep_until_ns = _coarse  # type: ignore[assignment]
+    pumps: list[int] = []
+    if os.environ.get("DIAG_SLICED_PUMP"):  # prototype: hand back at most N outcomes a callback
+        import soakd.journal as journal_mod
+
+        slice_n = int(os.environ["DIAG_SLICED_PUMP"])
+
+        def _sliced_pump(self):  # type: ignore[no-untyped-def]
+            self._pump_scheduled = False
+            sink = self._forward
+            while self._done:
+                try:
+                    batch = self._done.popleft()
+                except IndexError:
+                    return
+                head, rest = batch[:slice_n], batch[slice_n:]
+                if sink is not None:
+                    for o in head:
+                        sink.record(o)
+                if rest or self._done:
+                    if rest:
+                        self._done.appendleft(rest)
+                    loop = self._loop
+                    if loop is not None and not loop.is_closed():
+                        self._pump_scheduled = True
+                        loop.call_soon(self._pump)
+                        return
+
+        journal_mod.Journal._pump = _sliced_pump  # type: ignore[method-assign]
+    if os.environ.get("DIAG_PUMP"):  # time the journal's hand-back of committed outcomes
+        import soakd.journal as journal_mod
+
+        _orig_pump = journal_mod.Journal._pump
+
+        def _timed_pump(self):  # type: ignore[no-untyped-def]
+            t = _perf()
+            _orig_pump(self)
+            pumps.append(_perf() - t)
+
+        journal_mod.Journal._pump = _timed_pump  # type: ignore[method-assign]
+        atexit.register(lambda: print(
+            f"diag: journal _pump: n={len(pumps)} p50={sorted(pumps)[len(pumps) // 2] / 1e6:.2f} ms "
+            f"p99={sorted(pumps)[int(len(pumps) * 0.99)] / 1e6:.2f} ms max={max(pumps) / 1e6:.2f} ms",
+            file=sys.stderr) if pumps else None)
     from soakd.cli import main
 
     sys.exit(main(sys.argv[2:]))

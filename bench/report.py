@@ -210,6 +210,39 @@ def openloop_table(doc: dict[str, Any], lines: list[str], goals: list[str]) -> N
     lines.append("")
 
 
+def ab_table(rows: list[dict[str, Any]], lines: list[str]) -> None:
+    lines += ["## Open-loop sleep: timerfd against asyncio.sleep (the change this work made)", "",
+              "`soakd run` with the runner's `sleep_until_ns` (soakd/workload/timer.py: a "
+              "timerfd armed at the instant) against the `asyncio.sleep` it replaced (patched "
+              "back in by bench/diag_soakd.py), interleaved, 15 s each, stub TTFT 50 ms / ITL "
+              "5 ms. Reproduce: `.venv/bin/python bench/ab_dispatch.py` (then "
+              "`bench/report.py`).", "",
+              "| load | sleep | round | lag p50 (ms) | lag p99 (ms) | lag max (ms) | CV at the "
+              "stub | max gap (ms) | load avg |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['mode']} {r['rate']:g}/s | {r['variant']} | {r['round']} | "
+                     f"{_f(r['lag_p50'])} | {_f(r['lag_p99'])} | {_f(r['lag_max'], 1)} | "
+                     f"{_f(r['cv'], 3)} | {_f(r['gap_max'], 1)} | {_f(r['load'], 1)} |")
+    lines.append("")
+
+
+def switch_table(rows: list[dict[str, Any]], lines: list[str]) -> None:
+    lines += ["## GIL switch interval in `soakd run`: 0.5 ms against the default 5 ms (change "
+              "made)", "",
+              "`soakd run` (journal on) with `sys.setswitchinterval(0.0005)` (soakd/cli.py, as "
+              "shipped) against Python's default 0.005, interleaved, closed loop, stub TTFT 50 "
+              "ms / ITL 5 ms. Reproduce: `.venv/bin/python bench/ab_switch.py`.", "",
+              "| streams | switch interval | round | CPU / request (ms) | TTFT err mean | TTFT "
+              "err p99 | ITL err p99 | stub late p99 |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['streams']} | {r['variant']} | {r['round']} | "
+                     f"{_f(r['cpu_ms_per_req'], 3)} | {_f(r['ttft_err'].get('mean'))} | "
+                     f"{_f(r['ttft_err'].get('p99'))} | {_f(r['itl_err'].get('p99'))} | "
+                     f"{_f(r['stub_late_p99'])} |")
+    lines.append("")
+
+
 def endurance_table(doc: dict[str, Any], lines: list[str], goals: list[str]) -> None:
     pts = doc["points"]
     if not pts:
@@ -290,6 +323,12 @@ def render(results: Path, dest: Path, notes: Path | None = None) -> None:
         openloop_table(openloop, lines, goals)
     if endurance:
         endurance_table(endurance, lines, goals)
+    sw = results / "ab_switch.json"
+    if sw.exists():
+        switch_table(json.loads(sw.read_text()), lines)
+    ab = results / "ab_dispatch.json"
+    if ab.exists():
+        ab_table(json.loads(ab.read_text()), lines)
     if notes and notes.exists():
         lines += [notes.read_text().rstrip(), ""]
     notes_default = ROOT / "bench" / "NOTES.md"

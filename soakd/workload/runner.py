@@ -21,6 +21,7 @@ from soakd.model import ErrorKind, LoadShape, Outcome, Phase, Plan, RequestSpec
 from soakd.types import OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
 from soakd.workload.prompts import PromptSource
+from soakd.workload.timer import sleep_until_ns
 
 log = structlog.get_logger()
 
@@ -256,9 +257,7 @@ class Runner:
             if offset < skip_before:
                 continue
             due = start_abs + offset
-            delay = due - now_ns()
-            if delay > 0:
-                await asyncio.sleep(delay / 1e9)
+            await sleep_until_ns(due)  # sub-ms (timerfd); asyncio.sleep wakes 0-1 ms late
             while cap and self._busy[name] >= cap:  # late, and the lag will say so
                 freed = self._freed[name]
                 freed.clear()

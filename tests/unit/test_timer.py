@@ -1,0 +1,62 @@
+"""sleep_until_ns: on time, never early, cancellable, no file descriptor left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from soakd.workload import timer
+from soakd.workload.timer import sleep_until_ns
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+
+
+async def test_wakes_at_the_instant_never_before() -> None:
+    lates = []
+    for _ in range(20):
+        due = time.perf_counter_ns() + 3_000_000
+        await sleep_until_ns(due)
+        lates.append(time.perf_counter_ns() - due)
+    assert min(lates) >= 0
+    assert sorted(lates)[10] < 20_000_000  # median: generous for a busy CI machine
+
+
+async def test_a_past_instant_returns_at_once() -> None:
+    t0 = time.perf_counter_ns()
+    await sleep_until_ns(t0 - 1_000_000)
+    await sleep_until_ns(0)
+    assert time.perf_counter_ns() - t0 < 50_000_000
+
+
+async def test_cancel_leaves_no_fd_and_no_reader() -> None:
+    before = _fds()
+    task = asyncio.ensure_future(sleep_until_ns(time.perf_counter_ns() + 10_000_000_000))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert _fds() == before
+
+
+async def test_many_concurrent_sleeps_all_wake() -> None:
+    base = time.perf_counter_ns() + 5_000_000
+    dues = [base + i * 100_000 for i in range(50)]
+
+    async def one(due: int) -> int:
+        await sleep_until_ns(due)
+        return time.perf_counter_ns() - due
+
+    lates = await asyncio.gather(*(one(d) for d in dues))
+    assert min(lates) >= 0
+
+
+async def test_falls_back_to_asyncio_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timer, "_TIMERFD", None)
+    due = time.perf_counter_ns() + 2_000_000
+    await sleep_until_ns(due)
+    assert time.perf_counter_ns() >= due
