@@ -86,7 +86,7 @@ def value(text: str, name: str) -> float:
     raise AssertionError(f"{name} not exported")
 
 
-def wait_until(port: int, pred: Any, timeout: float = 40.0) -> tuple[str, dict[str, Any]]:
+def wait_until(port: int, pred: Any, timeout: float = 90.0) -> tuple[str, dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.2)
