@@ -150,6 +150,10 @@ REQUEST_COLUMNS = (
 )
 
 
+PUMP_SLICE = 64
+"""Committed outcomes handed to Metrics per event-loop callback."""
+
+
 class JournalError(Exception):
     """A journal that cannot be used as asked, phrased for the user as one line."""
 
@@ -708,6 +712,25 @@ class Journal:
                 for o in batch:
                     sink.record(o)
 
+    def _pump_slice(self) -> None:
+        """On the loop: one slice of committed outcomes to Metrics, then yield.
+
+        A whole commit (up to half a second of outcomes) in one callback held the loop
+        ~5-10 ms at 500 req/s, stamping tokens read meanwhile late; slices of
+        ``PUMP_SLICE`` keep each callback well under a millisecond."""
+        self._pump_scheduled = False
+        try:
+            batch = self._done.popleft()
+        except IndexError:
+            return
+        sink = self._forward
+        if sink is not None:
+            for o in batch:
+                sink.record(o)
+        if self._done and not self._pump_scheduled and self._loop is not None:
+            self._pump_scheduled = True
+            self._loop.call_soon(self._pump_slice)
+
     def _hand_back(self, outcomes: list[Outcome]) -> None:
         """From the writer thread: give committed outcomes back to the loop."""
         early = self._early
@@ -721,7 +744,8 @@ class Journal:
             outcomes = kept
         if not outcomes or self._forward is None:
             return
-        self._done.append(outcomes)
+        for i in range(0, len(outcomes), PUMP_SLICE):
+            self._done.append(outcomes[i : i + PUMP_SLICE])
         loop = self._loop
         if loop is None:
             self._pump()
@@ -729,7 +753,7 @@ class Journal:
         if not self._pump_scheduled:
             self._pump_scheduled = True
             with contextlib.suppress(RuntimeError):  # the loop is closed: close() pumps
-                loop.call_soon_threadsafe(self._pump)
+                loop.call_soon_threadsafe(self._pump_slice)
 
     # --- the writer thread ---------------------------------------------------------------------
 
