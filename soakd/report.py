@@ -156,25 +156,6 @@ METRIC_COLUMNS: list[tuple[str, str, str | None]] = [
     ("tokens_per_joule", "tokens per joule", "max"),
     ("cost_per_mtok", "cost per M output tokens", "min"),
 ]
-PHASE_COLUMNS = {
-    "requests",
-    "success_rate",
-    "errors",
-    "oom_events",
-    "restarts",
-    "ttft.p50",
-    "ttft.p99",
-    "itl.p50",
-    "itl.p99",
-    "tpot.p50",
-    "e2e.p50",
-    "e2e.p99",
-    "jitter",
-    "rps",
-    "output_tps",
-    "tokens_per_joule",
-    "cost_per_mtok",
-}
 TERMINAL_COLUMNS = (
     "requests",
     "success_rate",
@@ -195,6 +176,8 @@ TERMINAL_COLUMNS = (
     "tokens_per_joule",
     "cost_per_mtok",
 )
+# per phase: the same, less what only the whole run has (a GPU's VRAM peak)
+PHASE_COLUMNS = frozenset(TERMINAL_COLUMNS) - {"vram_peak_bytes"}
 
 
 def value_of(row: Row, key: str) -> float | None:
