@@ -1,4 +1,4 @@
-"""Analysis: pure statistics over outcomes (percentiles, windows, summaries). No IO.
+"""Analysis: pure statistics over outcomes (percentiles, windows, jitter, summaries). No IO.
 
 Percentiles over days without keeping per-request lists: a log-bucketed histogram
 (``Digest``) with 1 % relative precision and a fixed footprint, in the spirit of
@@ -8,9 +8,10 @@ HdrHistogram/DDSketch. Windowed views keep a ring of short digests.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter as CounterDict
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from soakd.model import OK, Outcome
@@ -181,6 +182,47 @@ class Window:
         return merged, float(max(1, min(covered, self.span_s)))
 
 
+# --- P99 jitter: the one definition (docs/metrics.md; prometheus/rules/soakd-recording.yml) ---
+
+JITTER_WINDOW_S = 3600.0
+"""One jitter is measured over an hour ..."""
+JITTER_SLICES = 12
+"""... of twelve consecutive slices (5 minutes), one P99 each."""
+JITTER_MIN_OK = 20
+"""A slice's P99 counts only with this many successful requests in it."""
+JITTER_MIN_SLICES = 3
+"""Fewer counted slices in a window: no jitter."""
+
+
+def slice_p99(stats: TargetStats) -> float | None:
+    """The end-to-end P99 (ns) of one slice, or None below ``JITTER_MIN_OK`` successes."""
+    return stats.e2e.quantile(0.99) if stats.e2e.count >= JITTER_MIN_OK else None
+
+
+def jitter(p99s: Sequence[float]) -> float | None:
+    """P99 jitter: the coefficient of variation (population standard deviation / mean) of
+    the P99s of consecutive slices, normally the twelve 5-minute P99s of one hour. None
+    with fewer than ``JITTER_MIN_SLICES`` P99s or a zero mean. The alert computes the same
+    thing in PromQL (``stddev_over_time / avg_over_time`` of ``p99_5m[59m59s:5m]``)."""
+    if len(p99s) < JITTER_MIN_SLICES:
+        return None
+    mean = statistics.fmean(p99s)
+    return statistics.pstdev(p99s) / mean if mean > 0 else None
+
+
+def worst_window_jitter(
+    p99_by_slice: Mapping[int, float], slices_per_window: int = JITTER_SLICES
+) -> tuple[float | None, int]:
+    """The highest ``jitter`` of any window of ``slices_per_window`` consecutive slices
+    (slice index // slices_per_window: whole hours of plan time for 5-minute slices), and
+    the number of slice P99s used in all. The alert would have fired on that window."""
+    windows: dict[int, list[float]] = {}
+    for index in sorted(p99_by_slice):
+        windows.setdefault(index // slices_per_window, []).append(p99_by_slice[index])
+    values = [j for p99s in windows.values() if (j := jitter(p99s)) is not None]
+    return (max(values) if values else None), len(p99_by_slice)
+
+
 def ms(value_ns: float | None) -> float | None:
     return None if value_ns is None else value_ns / 1e6
 
@@ -206,4 +248,18 @@ def summary_row(stats: TargetStats, seconds: float) -> dict[str, float | int | N
     }
 
 
-__all__ = ["OK", "Digest", "TargetStats", "Window", "ms", "summary_row"]
+__all__ = [
+    "JITTER_MIN_OK",
+    "JITTER_MIN_SLICES",
+    "JITTER_SLICES",
+    "JITTER_WINDOW_S",
+    "OK",
+    "Digest",
+    "TargetStats",
+    "Window",
+    "jitter",
+    "ms",
+    "slice_p99",
+    "summary_row",
+    "worst_window_jitter",
+]

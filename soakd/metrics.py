@@ -10,13 +10,25 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+)
 
 from soakd import __version__
 from soakd.config import Thresholds
 from soakd.model import OK, ErrorKind, Outcome, status_class
 
 NS = 1e-9
+
+# No `*_created` series: one per counter and histogram child, undocumented and unused by
+# the rules and dashboards (a counter's reset shows in the counter itself). A process-wide
+# switch of prometheus_client, thrown when this module is imported.
+disable_created_metrics()
 
 # Buckets in seconds, chosen for LLM serving: a TTFT from 5 ms (a warm GPU, short prompt)
 # to a minute (a queue on a 4 GB card); an E2E of up to 10 minutes (long generations).
@@ -131,8 +143,14 @@ class Metrics:
             "soakd_e2e_p99_drift_limit_seconds_per_hour",
             "Configured limit on the drift of P99 end-to-end latency.", registry=r)
 
+        self.run_5xx_ratio = Gauge(
+            "soakd_run_5xx_ratio",
+            "Share of this run's finished requests answered with HTTP 5xx (since the run "
+            "started, across resumes); 0 before the first request.", ["target"], registry=r)
+
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, int], Counter] = {}
+        self._run_counts: dict[str, list[int]] = {}  # target -> [requests, 5xx] of the run
 
     def set_thresholds(self, t: Thresholds) -> None:
         self.threshold_vram.set(t.vram_limit_bytes)
@@ -153,6 +171,8 @@ class Metrics:
             prompt_tokens=self.prompt_tokens.labels(target),
             in_flight=self.in_flight.labels(target))
         self.oom_errors.labels(target)
+        counts = self._run_counts.setdefault(target, [0, 0])
+        self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts))
         self.offered_rate.labels(target)
         self.offered_concurrency.labels(target)
         for phase in phases:
@@ -175,6 +195,11 @@ class Metrics:
             counter = self.requests.labels(o.target, o.phase, o.outcome, status_class(o.status))
             self._counters[key] = counter
         counter.inc()
+        counts = self._run_counts.get(o.target)
+        if counts is not None:
+            counts[0] += 1
+            if o.status // 100 == 5:
+                counts[1] += 1
         if o.sent_ns:
             c.lag.observe(o.dispatch_lag_ns * NS)
         if o.output_tokens:
@@ -210,6 +235,10 @@ class Metrics:
         for target, phase, outcome, sclass, n, out_tokens, in_tokens, oom in totals:
             if n:
                 self.requests.labels(target, phase, outcome, sclass).inc(n)
+                counts = self._run_counts.setdefault(target, [0, 0])
+                counts[0] += n
+                if sclass == "5xx":
+                    counts[1] += n
             if out_tokens:
                 self.output_tokens.labels(target).inc(out_tokens)
             if in_tokens:
@@ -235,6 +264,10 @@ class Metrics:
 
 def _count_of(busy: dict[str, int], target: str) -> float:
     return busy.get(target, 0)
+
+
+def _ratio_of(counts: list[int]) -> float:
+    return counts[1] / counts[0] if counts[0] else 0.0
 
 
 JOURNAL_KINDS = ("request", "sample", "event")
@@ -309,6 +342,10 @@ class ProbeMetrics:
             "soakd_gpu_memory_leak_slope_bytes_per_hour",
             "Robust (Theil-Sen) slope of GPU memory used over the leak window.", gpu,
             registry=r)
+        self.leak_window_fill = Gauge(
+            "soakd_gpu_memory_leak_window_fill_ratio",
+            "How much of the leak window the slope's readings span (0-1): the VramLeak alert "
+            "waits for 0.8.", gpu, registry=r)
         self.proc_leak_slope = Gauge(
             "soakd_gpu_process_memory_leak_slope_bytes_per_hour",
             "Robust slope of the target's GPU process memory over the leak window.",

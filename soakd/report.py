@@ -7,9 +7,10 @@ only format it. Definitions (docs/journal.md has them in full):
 
 - Percentiles come from the journal's rollups (``Digest``, within ~1 %), whole run and
   per phase; latency percentiles count successful requests only, as the histograms do.
-- P99 jitter: coefficient of variation (stdev / mean) of the P99 E2E over hourly slices
-  of plan time, or over twelve equal slices when the run is shorter than 2 h; a slice
-  counts with >= 20 successful requests, and at least 3 slices are needed.
+- P99 jitter: ``analysis.jitter``, the one definition the alert uses too: stdev / mean of
+  the twelve 5-minute P99 E2Es of an hour of plan time, the worst hour shown; a run
+  shorter than 2 h is one window of twelve equal slices. A slice counts with >= 20
+  successful requests, and at least 3 slices are needed.
 - Leak slope: Theil-Sen slope of the memory series over plan time (bytes/hour).
 - Energy: the increase of ``soakd_gpu_energy_joules_total`` (or power integrated) of the
   GPUs charged to a target: ``cost.gpus``, else the GPUs its process was seen on, else
@@ -31,14 +32,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from soakd.analysis import TargetStats
+from soakd.analysis import (
+    JITTER_MIN_OK,
+    JITTER_MIN_SLICES,
+    JITTER_SLICES,
+    JITTER_WINDOW_S,
+    TargetStats,
+    slice_p99,
+    worst_window_jitter,
+)
 from soakd.journal import JournalReader, Rollup
 from soakd.probes.leak import theil_sen
 
 NS = 1e9
 HOUR_S = 3600.0
-JITTER_MIN_OK = 20
-JITTER_MIN_SLICES = 3
 PLOT_POINTS = 200
 LEAK_POINTS = 120
 
@@ -264,7 +271,8 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
         if e["kind"] == "downtime"
     ]
     completed = any(e["kind"] == "run_stopped" and e["data"].get("completed") for e in events)
-    slice_s = HOUR_S if active_s >= 2 * HOUR_S else max(window_s, active_s / 12)
+    jitter_window_s = JITTER_WINDOW_S if active_s >= 2 * JITTER_WINDOW_S else active_s
+    slice_s = max(window_s, jitter_window_s / JITTER_SLICES)
     slice_s = max(window_s, round(slice_s / window_s) * window_s)
 
     # requests: rollups merged per target, per (target, phase), per window
@@ -388,15 +396,8 @@ def _row(
             q: None if (v := digest.quantile(x)) is None else v / 1e6
             for q, x in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
         }
-    p99s = [
-        v
-        for s in slices.values()
-        if s.e2e.count >= JITTER_MIN_OK and (v := s.e2e.quantile(0.99)) is not None
-    ]
-    row.jitter_slices = len(p99s)
-    if len(p99s) >= JITTER_MIN_SLICES:
-        mean = statistics.fmean(p99s)
-        row.jitter = statistics.pstdev(p99s) / mean if mean > 0 else None
+    p99s = {i: v for i, s in slices.items() if (v := slice_p99(s)) is not None}
+    row.jitter, row.jitter_slices = worst_window_jitter(p99s, JITTER_SLICES)
     return row
 
 
@@ -770,13 +771,14 @@ def _cell(rep: Report, row: Row, key: str, marked: bool) -> str:
 
 
 def _definitions(rep: Report) -> list[str]:
-    slices = "hourly" if rep.slice_s >= HOUR_S else f"{_duration(rep.slice_s)}"
+    slices = _duration(rep.slice_s)
     return [
         "Latency percentiles: successful requests only; from the journal's digests "
         "(within ~1 %). TTFT: send to the first content token; ITL: gaps between content "
         "chunks; TPOT: (E2E - TTFT) / (output tokens - 1).",
-        f"P99 jitter: stdev / mean of the P99 E2E over {slices} slices of plan time "
-        f"(slices with >= {JITTER_MIN_OK} successful requests, at least {JITTER_MIN_SLICES}).",
+        f"P99 jitter: stdev / mean of the P99 E2E of {JITTER_SLICES} consecutive {slices} "
+        f"slices of plan time, the worst hour (slices with >= {JITTER_MIN_OK} successful "
+        f"requests, at least {JITTER_MIN_SLICES}); the P99E2EJitterHigh alert's definition.",
         "Throughput: over active plan time (downtime excluded). ✓ marks the better value.",
     ]
 

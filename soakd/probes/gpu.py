@@ -594,6 +594,7 @@ class GpuProbe:
         self._up = metrics.probe_up.labels(source.name)
         self._state: bool | None = None
         self._named: set[tuple[str, str, str]] = set()
+        self._xid_ready: set[str] = set()
         self._energy_last: dict[str, float] = {}
         self._energy_total: dict[str, float] = {}
         self._slopes: dict[tuple[str, str], LeakSlope] = {}  # (gpu, "" or target)
@@ -660,6 +661,11 @@ class GpuProbe:
         m, g = self._m, str(r.index)
         lg = (("gpu", g),)
         out: list[Sample] = []
+        if g not in self._xid_ready:
+            # the XID codes soakd knows, at 0 from the first reading: "no XID" is a value
+            self._xid_ready.add(g)
+            for code in XID_MEANINGS:
+                m.xid.labels(g, str(code))
         if r.uuid or r.name:
             ident = (g, r.uuid, r.name)
             if ident not in self._named:
@@ -688,6 +694,7 @@ class GpuProbe:
             self.peak[g] = peak
             m.mem_peak.labels(g).set(peak)
             slope = self._slope((g, ""), now, r.used)
+            m.leak_window_fill.labels(g).set(self._slopes[(g, "")].fill_ratio)
             if slope is not None:
                 m.leak_slope.labels(g).set(slope)
                 out.append(Sample(wall, "soakd_gpu_memory_leak_slope_bytes_per_hour", slope, lg))

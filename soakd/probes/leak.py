@@ -83,6 +83,16 @@ class LeakSlope:
     def points(self) -> int:
         return len(self._points)
 
+    @property
+    def fill_ratio(self) -> float:
+        """How much of the window the closed buckets span, 0-1: a slope fitted over a
+        window only minutes full extrapolates a load step to an hourly rate, so alerts
+        wait for most of it (VramLeak: 0.8)."""
+        if not self._points:
+            return 0.0
+        span = self._points[-1][0] - self._points[0][0] + self.bucket_s
+        return min(1.0, span / self.window_s)
+
     def _close(self) -> None:
         if self._n:
             t = self._sum_t / self._n

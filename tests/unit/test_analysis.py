@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from soakd.analysis import Digest, TargetStats, Window
+from soakd.analysis import Digest, TargetStats, Window, jitter, worst_window_jitter
 from soakd.model import ErrorKind, Outcome
 
 
@@ -50,8 +50,17 @@ def test_digest_merge_equals_single() -> None:
 
 
 def outcome(e2e_ms: int, error: ErrorKind | None = None) -> Outcome:
-    o = Outcome("t", "p", 0, scheduled_ns=0, sent_ns=1_000_000, end_ns=1_000_000 + e2e_ms * 10**6,
-                first_token_ns=2_000_000, output_tokens=10, error=error)
+    o = Outcome(
+        "t",
+        "p",
+        0,
+        scheduled_ns=0,
+        sent_ns=1_000_000,
+        end_ns=1_000_000 + e2e_ms * 10**6,
+        first_token_ns=2_000_000,
+        output_tokens=10,
+        error=error,
+    )
     return o
 
 
@@ -76,3 +85,24 @@ def test_window_forgets_old_seconds() -> None:
     assert seconds == 10
     stats, _ = window.snapshot(200)
     assert stats.requests == 0
+
+
+# --- P99 jitter: the same numbers as prometheus/tests/jitter.yml -----------------------------
+
+
+def test_jitter_is_the_coefficient_of_variation_of_the_hours_twelve_p99s() -> None:
+    # six 5-minute P99s at 1 s and six at 1.36 s: the hour promtool's test feeds the rule
+    assert jitter([1.0] * 6 + [1.36] * 6) == pytest.approx(0.1525, abs=5e-5)  # above 0.15
+    assert jitter([1.0] * 6 + [1.35] * 6) == pytest.approx(0.1489, abs=5e-5)  # just below
+    assert jitter([1.0, 2.0]) is None  # fewer than 3 slices: no jitter
+    assert jitter([0.0, 0.0, 0.0]) is None
+
+
+def test_the_report_shows_the_worst_hour() -> None:
+    steady = {i: 1.0 for i in range(12)}  # hour 0: flat
+    wobbly = {12 + i: (1.0 if i < 6 else 1.36) for i in range(12)}  # hour 1: 15.25 %
+    sparse = {24: 1.0, 25: 5.0}  # hour 2: two slices only, no jitter
+    value, used = worst_window_jitter({**steady, **wobbly, **sparse})
+    assert value == pytest.approx(0.1525, abs=5e-5)
+    assert used == 26
+    assert worst_window_jitter({}) == (None, 0)

@@ -315,7 +315,7 @@ async def test_xid_events_are_counted_by_code() -> None:
     for gpu, xid in ((0, 79), (0, 79), (1, 31)):
         nvml.xids.put((gpu, xid))
     deadline = time.monotonic() + 3
-    while value(reg, "soakd_gpu_xid_errors_total", gpu="1", xid="31") is None:
+    while not value(reg, "soakd_gpu_xid_errors_total", gpu="1", xid="31"):
         assert time.monotonic() < deadline, "XID events never arrived"
         await asyncio.sleep(0.02)
     task.cancel()
@@ -330,6 +330,8 @@ async def test_xid_events_are_counted_by_code() -> None:
     assert not source._thread.is_alive()
     xid = [s for s in samples if s.name == "soakd_gpu_xid_errors_total"]
     assert xid[-1].labels == (("gpu", "1"), ("xid", "31"))
+    # the codes soakd knows exist at 0 from the first reading: "no XID" is a value
+    assert value(reg, "soakd_gpu_xid_errors_total", gpu="0", xid="13") == 0
 
 
 def test_processes_map_to_targets_and_vanish() -> None:
