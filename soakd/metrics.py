@@ -28,7 +28,7 @@ NS = 1e-9
 # No `*_created` series: one per counter and histogram child, undocumented and unused by
 # the rules and dashboards (a counter's reset shows in the counter itself). A process-wide
 # switch of prometheus_client, thrown when this module is imported.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
 # Buckets in seconds, chosen for LLM serving: a TTFT from 5 ms (a warm GPU, short prompt)
 # to a minute (a queue on a 4 GB card); an E2E of up to 10 minutes (long generations).
@@ -235,10 +235,10 @@ class Metrics:
         for target, phase, outcome, sclass, n, out_tokens, in_tokens, oom in totals:
             if n:
                 self.requests.labels(target, phase, outcome, sclass).inc(n)
-                counts = self._run_counts.setdefault(target, [0, 0])
-                counts[0] += n
+                tally = self._run_counts.setdefault(target, [0, 0])
+                tally[0] += n
                 if sclass == "5xx":
-                    counts[1] += n
+                    tally[1] += n
             if out_tokens:
                 self.output_tokens.labels(target).inc(out_tokens)
             if in_tokens:
