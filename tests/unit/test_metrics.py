@@ -75,3 +75,36 @@ def test_in_flight_is_read_from_the_runner_tally() -> None:
     m.watch_in_flight(busy)
     busy["a"] = 7
     assert m.registry.get_sample_value("soakd_in_flight_requests", {"target": "a"}) == 7
+
+
+def test_run_5xx_ratio_counts_the_whole_run_across_a_resume() -> None:
+    m = full_registry()
+    m.add_target("a", ["steady"])
+    get = m.registry.get_sample_value
+    assert get("soakd_run_5xx_ratio", {"target": "a"}) == 0  # present at 0 before a request
+    for _ in range(3):
+        m.record(outcome())
+    m.record(outcome(error=ErrorKind.HTTP_5XX, status=500, output_tokens=0))
+    m.record(outcome(error=ErrorKind.TIMEOUT_TTFT, status=0, output_tokens=0))  # not a 5xx
+    assert get("soakd_run_5xx_ratio", {"target": "a"}) == 1 / 5
+    # a resumed run starts from the journal's totals: 995 ok and 5 5xx before the crash
+    resumed = full_registry()
+    resumed.add_target("a", ["steady"])
+    resumed.restore(
+        [
+            ("a", "steady", "ok", "2xx", 995, 0, 0, 0),
+            ("a", "steady", "http_5xx", "5xx", 5, 0, 0, 0),
+        ],
+        {},
+    )
+    resumed.record(outcome(error=ErrorKind.HTTP_5XX, status=502, output_tokens=0))
+    assert resumed.registry.get_sample_value("soakd_run_5xx_ratio", {"target": "a"}) == 6 / 1001
+
+
+def test_no_created_series() -> None:
+    from prometheus_client import generate_latest
+
+    m = full_registry()
+    m.add_target("a", ["steady"])
+    m.record(outcome())
+    assert b"_created" not in generate_latest(m.registry)
