@@ -44,6 +44,7 @@ from soakd.logs import close_logging, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
 from soakd.probes import Probes, make_probes
+from soakd.probes.gateways import export_gateways
 from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.stats import RunStats
 from soakd.targets.openai import open_target
@@ -190,6 +191,10 @@ class Soak:
                 self.targets[tcfg.name] = await open_target(tcfg)
                 self._add_guard(tcfg)
             self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
+            # the gateways soakd started, on soakd's own /metrics (their ports are random)
+            gateway_export = export_gateways(
+                {t: g.url for t, g in self._gateways.items()},
+                self.cfg.probes.scrape_interval, self.metrics.registry)
             self.runner = Runner(
                 self.plan, self.targets, make_prompt_source(self.cfg.workload),
                 # the journal hands outcomes on to Metrics once committed: Prometheus
@@ -210,10 +215,12 @@ class Soak:
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(self._tick())
                 probing = tg.create_task(self.probes.run())
+                gateways = tg.create_task(gateway_export.run())
                 await self.runner.run(self.resume.offset_ns if self.resume else 0)
                 cancelled = await self._drain()
                 ticker.cancel()
                 probing.cancel()
+                gateways.cancel()
         finally:
             self._remove_signals()
             for target in self.targets.values():

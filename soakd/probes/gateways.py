@@ -1,0 +1,103 @@
+"""Probes room, gateways: the guard gateways soakd runs, re-exported on soakd's /metrics.
+
+A gateway soakd starts (a target with ``gateway:``) listens on a random loopback port, so
+Prometheus cannot scrape it. soakd reads each one's ``/metrics`` every
+``probes.scrape_interval`` and serves what it read from a custom collector, every sample
+with a ``target`` label added (client_python's pattern: families built from the last
+snapshot on each scrape; no IO in ``collect()``, which runs on the event loop). A gateway
+that stops answering drops out, and ``soakd_gateway_up`` says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator, Mapping
+
+import aiohttp
+import structlog
+from prometheus_client import CollectorRegistry, Metric
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
+
+from soakd.probes._http import Endpoint, fetch
+from soakd.probes._ticks import sleep_until_next
+
+log = structlog.get_logger()
+
+GATEWAY_PREFIX = "soakd_gateway_"
+UP = "soakd_gateway_up"
+
+
+class GatewayExport:
+    """The last ``/metrics`` of each gateway, re-exported with ``target``; a Collector."""
+
+    def __init__(self, urls: Mapping[str, str], interval: float) -> None:
+        self.urls = dict(urls)  # target -> the gateway's /metrics URL
+        self.interval = interval
+        self._families: dict[str, list[Metric]] = {}  # target -> families last read
+        self._up: dict[str, bool] = dict.fromkeys(self.urls, False)
+
+    def ingest(self, target: str, text: str | None) -> None:
+        """One read of a gateway: its exposition text, or None when it did not answer."""
+        if text is None:
+            self._families.pop(target, None)
+            self._up[target] = False
+            return
+        try:
+            families = [
+                f for f in text_string_to_metric_families(text) if f.name.startswith(GATEWAY_PREFIX)
+            ]
+        except ValueError:
+            self._families.pop(target, None)
+            self._up[target] = False
+            return
+        self._families[target] = families
+        self._up[target] = True
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            UP, "1 when soakd's last read of the gateway's /metrics answered.", labels=["target"]
+        )
+        for target in sorted(self._up):
+            up.add_metric([target], 1.0 if self._up[target] else 0.0)
+        yield up
+        merged: dict[str, Metric] = {}
+        for target in sorted(self._families):
+            for family in self._families[target]:
+                out = merged.get(family.name)
+                if out is None:
+                    out = merged[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                for s in family.samples:
+                    if s.name.endswith("_created"):
+                        continue
+                    out.add_sample(s.name, {**s.labels, "target": target}, s.value)
+        yield from merged.values()
+
+    async def run(self) -> None:
+        """Read every gateway on a fixed grid until cancelled."""
+        if not self.urls:
+            return
+        async with aiohttp.ClientSession(trust_env=False) as session:
+            next_t = time.monotonic()
+            while True:
+                await asyncio.gather(*(self._read(session, t) for t in self.urls))
+                next_t = await sleep_until_next(next_t, self.interval)
+
+    async def _read(self, session: aiohttp.ClientSession, target: str) -> None:
+        got = await fetch(session, Endpoint(self.urls[target]), max(0.5, self.interval), attempts=1)
+        was_up = self._up.get(target, False)
+        self.ingest(target, got.text if got.ok else None)
+        if was_up and not got.ok:
+            log.warning("gateway_metrics_unreadable", target=target, reason=got.error)
+
+
+def export_gateways(
+    urls: Mapping[str, str], interval: float, registry: CollectorRegistry
+) -> GatewayExport:
+    """A ``GatewayExport`` for ``urls`` (target -> gateway root URL), registered."""
+    export = GatewayExport({t: u.rstrip("/") + "/metrics" for t, u in urls.items()}, interval)
+    registry.register(export)
+    return export
