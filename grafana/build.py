@@ -25,6 +25,10 @@ G = 'gpu=~"$gpu"'
 
 Json = dict[str, Any]
 
+# Panels whose series only the NVML source produces say so first in their description
+# (docs/metrics.md marks the same series "NVML only").
+NVML = "NVML only (gpu.source: nvml): a dcgm-exporter, and the simulator, do not report this. "
+
 
 # --- queries and panels -------------------------------------------------------------------
 
@@ -353,11 +357,11 @@ def overview() -> Dashboard:
             "Requests per second",
             [
                 q(f"target:soakd_requests:rate1m{{{T}}}", "{{target}} done"),
-                q(f"soakd_offered_rate_rps{{{T}}} > 0", "{{target}} offered"),
+                q(f"soakd_offered_rate_rps{{{T}}}", "{{target}} offered"),
             ],
             "reqps",
             desc="Finished requests (any outcome) per second over 1m; the offered "
-            "open-loop rate for comparison.",
+            "open-loop rate for comparison (0 for a closed-loop target: see In flight).",
         ),
         8,
     )
@@ -367,12 +371,14 @@ def overview() -> Dashboard:
             [
                 q(f"target:soakd_requests_errors:ratio_rate1m{{{T}}}", "{{target}} any error (1m)"),
                 q(f"target:soakd_requests_5xx:ratio_rate5m{{{T}}}", "{{target}} 5xx (5m)"),
+                q(f"soakd_run_5xx_ratio{{{T}}}", "{{target}} 5xx (whole run)"),
                 q("max(soakd_error_ratio_limit)", "5xx limit"),
             ],
             "percentunit",
             limit_series="5xx limit",
             desc="Share of finished requests that failed; ErrorRatioHigh compares the 5xx "
-            "share with soakd_error_ratio_limit.",
+            "share of 5m (100 requests or more) and ErrorBudgetExceeded the whole run's "
+            "with soakd_error_ratio_limit.",
         ),
         8,
     )
@@ -396,9 +402,10 @@ def overview() -> Dashboard:
             "In flight",
             [
                 q(f"soakd_in_flight_requests{{{T}}}", "{{target}} in flight"),
-                q(f"soakd_offered_concurrency{{{T}}} > 0", "{{target}} offered concurrency"),
+                q(f"soakd_offered_concurrency{{{T}}}", "{{target}} offered concurrency"),
             ],
-            desc="Requests sent and not yet finished.",
+            desc="Requests sent and not yet finished; the closed-loop concurrency asked for "
+            "(0 for an open-loop target).",
         ),
         8,
     )
@@ -450,6 +457,65 @@ def overview() -> Dashboard:
             ],
             "s",
             limit_series="P99 SLO",
+        ),
+        12,
+    )
+    d.row("Guard gateway (targets with gateway:, re-exported by soakd)")
+    gw = "soakd runs a guard gateway in front of targets with a gateway: section and "
+    gw += "re-exports its /metrics with the target's name (docs/gateway.md). "
+    d.add(
+        state_timeline(
+            "Breaker state",
+            [q(f"soakd_gateway_breaker_state{{{T}}}", "{{target}} {{breaker}}")],
+            desc=gw + "closed: requests pass; open: the gateway answers 429 (vram) or 503 "
+            "(error_rate) itself; half-open: one probe request passes. GatewayBreakerOpen "
+            "warns after 1m open.",
+            mapping={
+                "0": ("closed", "green"),
+                "1": ("half-open", "orange"),
+                "2": ("open", "red"),
+            },
+        ),
+        12,
+    )
+    d.add(
+        timeseries(
+            "Gateway rejections by reason",
+            [
+                q(
+                    "sum by (target, reason) "
+                    f"(rate(soakd_gateway_rejections_total{{{T}}}[$__rate_interval]))",
+                    "{{target}} {{reason}}",
+                ),
+            ],
+            "reqps",
+            stack=True,
+            desc=gw + "Requests the gateway answered itself (not the server): open breakers, "
+            "a full queue, a queue timeout, oversized requests.",
+        ),
+        12,
+    )
+    d.add(
+        timeseries(
+            "Gateway concurrency limit",
+            [
+                q(f"soakd_gateway_concurrency_limit{{{T}}}", "{{target}} limit"),
+                q(f"soakd_gateway_in_flight_requests{{{T}}}", "{{target}} in flight"),
+            ],
+            desc=gw + "Requests allowed in flight to the server now (the adaptive limit "
+            "steps down when the upstream's P95 time to first byte passes its target).",
+        ),
+        12,
+    )
+    d.add(
+        timeseries(
+            "Gateway queue",
+            [
+                q(f"soakd_gateway_queue_depth{{{T}}}", "{{target}} waiting"),
+                q(f"soakd_gateway_up{{{T}}}", "{{target}} gateway read by soakd"),
+            ],
+            desc=gw + "Requests waiting for a concurrency slot; 'read by soakd' is 0 when "
+            "soakd could not read the gateway's /metrics.",
         ),
         12,
     )
@@ -637,7 +703,9 @@ def gpu() -> Dashboard:
             ],
             "decbytes",
             limit_series="limit",
-            desc="VramAboveLimit fires when used stays above the limit for 5s.",
+            desc="VramAboveLimit fires when the median of 10s stays above the limit for 5s, "
+            "and stays until it has been below for a minute (docs/alerting.md: what the "
+            "line means under vLLM's reservation).",
         ),
         12,
     )
@@ -649,7 +717,8 @@ def gpu() -> Dashboard:
             ],
             "decbytes",
             stack=True,
-            desc="Per process, named by the soakd target it belongs to ('other' for the rest).",
+            desc=NVML + "Per process, named by the soakd target it belongs to ('other' for "
+            "the rest).",
         ),
         12,
     )
@@ -687,6 +756,7 @@ def gpu() -> Dashboard:
                 q(f"soakd_gpu_memory_reserved_bytes{{{G}}}", "GPU {{gpu}}"),
             ],
             "decbytes",
+            desc=NVML + "Memory the driver keeps for itself (NVML's memory info v2).",
         ),
         6,
         5,
@@ -706,19 +776,30 @@ def gpu() -> Dashboard:
             "VRAM leak slope (bytes per hour)",
             [
                 q(f"soakd_gpu_memory_leak_slope_bytes_per_hour{{{G}}}", "GPU {{gpu}}"),
-                q(
-                    f"soakd_gpu_process_memory_leak_slope_bytes_per_hour{{{G}}}",
-                    "GPU {{gpu}} {{target}}",
-                ),
                 q("max(soakd_vram_leak_limit_bytes_per_hour)", "limit"),
             ],
             "decbytes",
             min_=None,
             limit_series="limit",
-            desc="Robust slope of VRAM used, per GPU and per target process, over soakd's "
-            "leak window; VramLeak compares the per-GPU slope with the limit.",
+            desc="Robust slope of VRAM used per GPU over soakd's leak window; VramLeak "
+            "compares it with the limit once the window is 80 % full.",
         ),
-        24,
+        12,
+    )
+    d.add(
+        timeseries(
+            "VRAM leak slope per process (bytes per hour)",
+            [
+                q(
+                    f"soakd_gpu_process_memory_leak_slope_bytes_per_hour{{{G}}}",
+                    "GPU {{gpu}} {{target}}",
+                ),
+            ],
+            "decbytes",
+            min_=None,
+            desc=NVML + "The same slope for each target's GPU processes.",
+        ),
+        12,
     )
     d.row("Health")
     d.add(
@@ -777,6 +858,8 @@ def gpu() -> Dashboard:
                     "GPU {{gpu}} {{reason}}",
                 ),
             ],
+            desc=NVML + "Why the clocks are held back; GpuThrottling warns on the thermal "
+            "and hardware reasons.",
             mapping={"0": ("no", "green"), "1": ("active", "orange")},
         ),
         16,

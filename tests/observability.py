@@ -241,21 +241,27 @@ def label_values_metric(query: str) -> str:
 
 
 def soakd_sample_names() -> set[str]:
-    """Every sample name soakd can put on /metrics (both metric classes, one registry)."""
-    from soakd.metrics import Metrics, ProbeMetrics
+    """Every sample name soakd can put on /metrics: its own metric classes, and the
+    gateways it runs, re-exported (soakd/probes/gateways.py). No ``*_created``: soakd
+    switches them off."""
+    from soakd.metrics import GatewayMetrics, GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
+    from soakd.probes.gateways import UP
 
     registry = CollectorRegistry()
     Metrics(registry)
     ProbeMetrics(registry)
+    JournalMetrics(registry)
+    GuardMetrics(registry)
     suffixes = {
-        "counter": ("_total", "_created"),
+        "counter": ("_total",),
         "gauge": ("",),
         "info": ("_info",),
-        "histogram": ("_bucket", "_sum", "_count", "_created"),
-        "summary": ("", "_sum", "_count", "_created"),
+        "histogram": ("_bucket", "_sum", "_count"),
+        "summary": ("", "_sum", "_count"),
     }
-    return {
-        family.name + suffix for family in registry.collect() for suffix in suffixes[family.type]
+    families = [*registry.collect(), *GatewayMetrics().registry.collect()]
+    return {UP} | {
+        family.name + suffix for family in families for suffix in suffixes[family.type]
     }
 
 
