@@ -260,9 +260,7 @@ def soakd_sample_names() -> set[str]:
         "summary": ("", "_sum", "_count"),
     }
     families = [*registry.collect(), *GatewayMetrics().registry.collect()]
-    return {UP} | {
-        family.name + suffix for family in families for suffix in suffixes[family.type]
-    }
+    return {UP} | {family.name + suffix for family in families for suffix in suffixes[family.type]}
 
 
 def external_metric_names() -> dict[str, str]:
