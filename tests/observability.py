@@ -129,6 +129,7 @@ class PanelQuery:
     panel: str
     ref: str
     expr: str
+    description: str = ""
 
     def __str__(self) -> str:
         return f"{self.dashboard} / {self.panel} [{self.ref}]: {self.expr}"
@@ -140,7 +141,13 @@ def dashboard_queries() -> list[PanelQuery]:
     for path in sorted(DASHBOARD_DIR.glob("*.json")):
         dash = json.loads(path.read_text())
         out.extend(
-            PanelQuery(path.stem, panel.get("title", "?"), target.get("refId", "?"), target["expr"])
+            PanelQuery(
+                path.stem,
+                panel.get("title", "?"),
+                target.get("refId", "?"),
+                target["expr"],
+                panel.get("description", ""),
+            )
             for panel in _panels(dash.get("panels", []))
             for target in panel.get("targets", [])
             if target.get("expr")
