@@ -236,3 +236,11 @@ def test_invariants_under_random_traffic(ops: list[tuple[str, int, int]]) -> Non
     for sid, n in want.items():
         if sid not in aborted:
             assert got[sid] == n
+
+
+def test_every_profile_is_documented() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "simulator.md").read_text()
+    missing = [name for name in PROFILES if f"| `{name}` |" not in doc]
+    assert not missing, f"docs/simulator.md has no row for: {missing}"
