@@ -645,7 +645,13 @@ def _soak_config(vllm_url: str, spare_url: str) -> dict[str, Any]:
             },
             {"name": "after", "duration": "5m", "load": {"mode": "closed", "concurrency": 1}},
         ],
-        "gpu": {"source": "dcgm", "dcgm_url": vllm_url + "/metrics", "interval": "0.5s"},
+        # a 2-minute leak window: slopes (and their panels) within seconds, not minutes
+        "gpu": {
+            "source": "dcgm",
+            "dcgm_url": vllm_url + "/metrics",
+            "interval": "0.5s",
+            "leak_window": "2m",
+        },
         "probes": {"scrape_interval": "1s", "health_interval": "1s"},
     }
 
