@@ -806,6 +806,10 @@ async def test_real_soakd_against_the_simulator(tmp_path: Path) -> None:
             await asyncio.gather(vram_and_oom(), spare_down())
         finally:
             watcher.cancel()
+        print(
+            "\nreal soakd, seen on soakd's /metrics -> webhook (s):",
+            {k: round(v, 1) for k, v in measured.items()},
+        )
         # the dashboards against what a real soakd exported (GPU from DCGM, no gateway)
         allowed = await _check_dashboards(
             http,
@@ -819,10 +823,6 @@ async def test_real_soakd_against_the_simulator(tmp_path: Path) -> None:
         }
         assert nvml_panels <= {q.panel for q in allowed}, (
             "a panel that says NVML only has data from the DCGM source: fix its description"
-        )
-        print(
-            "\nreal soakd, seen on soakd's /metrics -> webhook (s):",
-            {k: round(v, 1) for k, v in measured.items()},
         )
         for what, bound in (
             ("VramAboveLimit fire", FIRE_BOUND_S["VramAboveLimit"]),
