@@ -601,7 +601,7 @@ def latency() -> Dashboard:
     )
     d.add(
         timeseries(
-            "P99 jitter (stddev / mean of the 5m P99 over 1h)",
+            "P99 jitter (stddev / mean of the hour's twelve 5m P99s)",
             [
                 q(
                     f"target:soakd_request_duration_seconds:p99_5m_jitter1h{{{T}}}",
@@ -615,8 +615,10 @@ def latency() -> Dashboard:
             ],
             "percentunit",
             limit_series="limit",
-            desc="How much the 5-minute P99 moves within the hour; the jitter alerts wait "
-            "for one hour of run.",
+            desc="Jitter as docs/metrics.md defines it (the report uses the same): the "
+            "coefficient of variation of the twelve 5-minute P99s of the last hour (those of "
+            "20 requests or more). Drawn from 15 minutes of run on (3 P99s); the jitter "
+            "alerts wait for one hour.",
         ),
         24,
     )
