@@ -27,7 +27,8 @@ group_interval 30 s; docs/alerting.md has the measured values):
 - TargetOOM (any increase, 1 m window): firing <= 15 s after the event, resolved <= 100 s
   after it (the minute of the window, then the next group flush);
 - TargetDown (for 10s): firing <= 25 s after the health gauge drops, resolved <= 40 s after
-  it is back.
+  it is back;
+- SoakdDown (for 1m, a soakd seen up): firing <= 120 s after the real soakd is stopped.
 
 The first test also runs every query of every dashboard panel, and every template
 variable, against that Prometheus: each must return data. Needs the Debian prometheus and
@@ -71,7 +72,7 @@ except ModuleNotFoundError:  # tests/integration is not a package
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from tests import observability as obs
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 # "vllm" is the `target` label the shipped prometheus.yml gives its vLLM scrape job.
 TARGETS = ("vllm", "edge")
@@ -83,6 +84,7 @@ DIP_PERIOD_S = 4.0  # one second in four: one 1 s scrape in four lands in the di
 FIRE_BOUND_S = {"VramAboveLimit": 20.0, "TargetOOM": 15.0, "TargetDown": 25.0}
 RESOLVE_BOUND_S = {"VramAboveLimit": 100.0, "TargetOOM": 100.0, "TargetDown": 40.0}
 EXPECTED_ALERTS = set(FIRE_BOUND_S)
+SOAKD_DOWN_BOUND_S = 120.0  # a soakd that was up and went away pages within 2 minutes
 
 
 # --- the metrics source -------------------------------------------------------------------
@@ -824,7 +826,18 @@ async def test_real_soakd_against_the_simulator(tmp_path: Path) -> None:
         assert nvml_panels <= {q.panel for q in allowed}, (
             "a panel that says NVML only has data from the DCGM source: fix its description"
         )
+        # soakd goes away mid-run (SIGTERM before the plan's end): SoakdDown within 2 minutes
+        gone = time.monotonic()
+        await _stop_process(soakd)
+        t, receiver, alert = await webhook.wait_for(
+            _alert("SoakdDown", "firing", instance=soakd_addr), SOAKD_DOWN_BOUND_S + 10
+        )
+        measured["SoakdDown fire"] = t - gone
+        assert receiver == "page"
+        assert alert["labels"] == {"alertname": "SoakdDown", "severity": "page", **common}
+        print("SoakdDown after soakd stopped (s):", round(measured["SoakdDown fire"], 1))
         for what, bound in (
+            ("SoakdDown fire", SOAKD_DOWN_BOUND_S),
             ("VramAboveLimit fire", FIRE_BOUND_S["VramAboveLimit"]),
             ("TargetOOM fire", FIRE_BOUND_S["TargetOOM"]),
             ("VramAboveLimit resolve", RESOLVE_BOUND_S["VramAboveLimit"]),
