@@ -417,6 +417,8 @@ async def test_alerts_reach_the_webhook_and_resolve(stack: Stack) -> None:
     common = {"job": "soakd", "instance": stack.soakd_addr, "node": obs.TEST_NODE}
 
     async def vram() -> None:
+        # a full 10 s window of normal readings first, as on a card that ran a while
+        await asyncio.sleep(11)
         crossed = time.monotonic()
         stack.soakd.vram_surge = True  # above, one reading in four in a dip
         t, receiver, alert = await hook.wait_for(
