@@ -92,3 +92,14 @@ def test_needs_a_few_points_then_resets() -> None:
     est.reset()
     assert est.slope_per_hour() is None
     assert est.points == 0
+
+
+def test_fill_ratio_says_how_much_of_the_window_the_readings_span() -> None:
+    est = LeakSlope(window_s=3600.0)  # 120 buckets of 30 s
+    assert est.fill_ratio == 0.0
+    for t in range(0, 3 * 60 + 1):  # 3 minutes of readings, one a second
+        est.add(float(t), 1e9)
+    assert est.fill_ratio == pytest.approx(180 / 3600, abs=0.01)  # VramLeak waits for 0.8
+    for t in range(181, 2 * 3600):
+        est.add(float(t), 1e9)
+    assert est.fill_ratio == 1.0  # a full window (older buckets dropped)
