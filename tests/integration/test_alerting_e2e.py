@@ -858,3 +858,77 @@ async def _stop_process(proc: asyncio.subprocess.Process) -> None:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+# --- the GPU dashboard against a real NVML capture ------------------------------------------
+
+NVML_CAPTURE = Path(__file__).resolve().parents[1] / "data" / "soakd-nvml-metrics.txt"
+
+
+class Replay:
+    """A captured soakd /metrics page served as if the run went on at the same rates:
+    counters and histograms grow by their captured value per minute (buckets in
+    proportion, so quantiles are the capture's), gauges stay as captured."""
+
+    def __init__(self, text: str) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        self.families = list(text_string_to_metric_families(text))
+        self.started = time.monotonic()
+
+    def collect(self) -> Any:
+        from prometheus_client import Metric
+
+        grow = 1.0 + (time.monotonic() - self.started) / 60.0
+        for family in self.families:
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            scale = grow if family.type in ("counter", "histogram", "summary") else 1.0
+            for s in family.samples:
+                if s.name.endswith("_created"):
+                    continue
+                out.add_sample(s.name, s.labels, s.value * scale)
+            yield out
+
+
+async def test_gpu_dashboard_on_a_real_nvml_capture(tmp_path: Path) -> None:
+    """Every GPU panel, the "NVML only" ones included, has data from what a real soakd
+    exported with NVML on a GPU (tests/data/soakd-nvml-metrics.txt, made on the GPU
+    machine by tests/gpu/soakd_nvml_capture.py), replayed to a real Prometheus."""
+    if not NVML_CAPTURE.exists():
+        pytest.skip(
+            f"no NVML capture at {NVML_CAPTURE}: run tests/gpu/soakd_nvml_capture.py on a "
+            "GPU machine and commit its output"
+        )
+    obs.prometheus_bin()
+    registry = CollectorRegistry()
+    registry.register(Replay(NVML_CAPTURE.read_text()))  # type: ignore[arg-type]
+
+    async def serve(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve)
+    runner, port = await _serve(app)
+    prom: obs.Daemon | None = None
+    try:
+        cfg = obs.local_prometheus_config({"soakd:9464": f"{obs.HOST}:{port}"}, "127.0.0.1:9")
+        prom = obs.prometheus_daemon(cfg, tmp_path)
+        started = time.time()
+        await asyncio.to_thread(prom.start)
+        await asyncio.sleep(25)  # rates over [$__rate_interval] need a few scrapes
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            empty = []
+            for q in obs.dashboard_queries():
+                if q.dashboard != "soakd-gpu":
+                    continue
+                result = await _range_query(
+                    http, prom, obs.expand_grafana(q.expr), started, time.time()
+                )
+                if not [v for r in result for _, v in r["values"] if math.isfinite(float(v))]:
+                    empty.append(str(q))
+        assert not empty, "GPU panels without data on a real NVML capture:\n" + "\n".join(empty)
+    finally:
+        if prom is not None:
+            await asyncio.to_thread(prom.stop)
+        await runner.cleanup()
