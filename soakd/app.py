@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import json
 import os
@@ -27,7 +28,7 @@ import structlog
 import yaml
 
 from soakd import __version__
-from soakd.config import Config, TargetConfig
+from soakd.config import Config, ConfigError, TargetConfig
 from soakd.gateway.spawn import GatewayProcess, spawn_gateway
 from soakd.http import HttpServer, start_http, tls_context
 from soakd.journal import (
@@ -49,6 +50,7 @@ from soakd.stats import RunStats
 from soakd.targets.openai import open_target
 from soakd.types import Target
 from soakd.workload.guard import Guards, TargetGuard
+from soakd.workload.ledger import SendLedger
 from soakd.workload.plan import build_plan, describe_plan
 from soakd.workload.prompts import make_prompt_source
 from soakd.workload.runner import Runner
@@ -135,6 +137,7 @@ class Soak:
         self._mode_tasks: set[asyncio.Task[Any]] = set()
         self.guard_metrics = GuardMetrics(self.metrics.registry)
         self.guards = Guards(())
+        self.ledger = SendLedger()
         self._force = asyncio.Event()
 
     # --- status ---------------------------------------------------------------------------
@@ -173,7 +176,20 @@ class Soak:
                  targets=self.names, phases=len(self.plan.phases),
                  plan_s=self.plan.duration_ns / 1e9)
         self._setup_metrics()
-        self.journal = await self._open_journal()
+        # the exporter binds first: a busy address must fail before a journal exists (or
+        # the next try in this directory would "resume" a run that never ran)
+        self.http = await self._start_http()
+        log.info("exporter_listening", url=self.http.url)
+        try:
+            self.journal = await self._open_journal()
+        except BaseException:
+            await self.http.aclose()
+            close_logging()
+            raise
+        self.ledger = SendLedger(self.journal.restored.missed if self.resume and
+                                 self.journal.restored else None, on_miss=self.metrics.missed)
+        for key, n in self.ledger.counts.items():
+            self.metrics.missed(*key, n)  # continue the counter
         started = time.monotonic()
         cancelled = 0
         try:
@@ -199,13 +215,9 @@ class Soak:
                 temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
                 on_phase=self._on_phase,
                 start_seq=self.resume.next_seq if self.resume else None,
-                gates=self.guards.by_target)
+                gates=self.guards.by_target, ledger=self.ledger)
             self.journal.attach(self.runner)
             self.metrics.watch_in_flight(self.runner.in_flight)
-            host, port = self._listen()
-            self.http = await start_http(host, port, self.metrics.registry, self.status,
-                                         self._ready, **self._exporter_security(host))
-            log.info("exporter_listening", url=self.http.url)
             self._install_signals()
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(self._tick())
@@ -297,6 +309,17 @@ class Soak:
                         config_changes=self.config_changes or None,
                         not_restored=missing or None)
         return journal
+
+    async def _start_http(self) -> HttpServer:
+        host, port = self._listen()
+        try:
+            return await start_http(host, port, self.metrics.registry, self.status,
+                                    self._ready, **self._exporter_security(host))
+        except OSError as exc:
+            where = "--metrics-addr" if self.opts.metrics_addr else "exporter.listen"
+            why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+            hint = " (another soakd running?)" if exc.errno == errno.EADDRINUSE else ""
+            raise ConfigError(f"{where}: cannot listen on {host}:{port}: {why}{hint}") from None
 
     def _exporter_security(self, host: str) -> dict[str, Any]:
         """exporter.basic_auth and exporter.tls, read; a warning when /metrics and /status

@@ -263,7 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(exc))
     except OSError as exc:
         if exc.errno is not None and exc.strerror:
-            _fail(f"{exc.strerror}: {getattr(exc, 'filename', None) or exc}")
+            where = getattr(exc, "filename", None)
+            _fail(f"{where}: {exc.strerror}" if where else exc.strerror)
         raise
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -39,6 +40,16 @@ _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
 MAX_DURATION_S = 100 * 365 * 86400
+MAX_CONCURRENCY = 28_000
+"""The most requests one soakd can hold open to one server: each needs its own source
+port, and Linux hands out about 28,000 of them (net.ipv4.ip_local_port_range) per
+destination. A larger closed-loop concurrency or in-flight cap is a config error."""
+
+_YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 (a safe loader)
 """Longest duration accepted (100 years): beyond it calendar arithmetic overflows."""
 
 
@@ -92,6 +103,8 @@ def format_duration(seconds: float) -> str:
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """Seconds, written in YAML as ``72h``, ``5m``, ``500ms``... ."""
+PositiveDuration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+"""A Duration that must be above zero (a deadline of 0 s would fail every request)."""
 
 PositiveRate = Annotated[float, Field(ge=0)]
 
@@ -104,10 +117,10 @@ class Strict(BaseModel):
 
 
 class Timeouts(Strict):
-    connect: Duration = 10.0
-    ttft: Duration = 60.0
-    idle: Duration | None = 60.0  # longest silence between content chunks; None: no limit
-    total: Duration = 600.0
+    connect: PositiveDuration = 10.0
+    ttft: PositiveDuration = 60.0
+    idle: PositiveDuration | None = 60.0  # longest silence between content chunks; None: none
+    total: PositiveDuration = 600.0
 
 
 class Tls(Strict):
@@ -169,7 +182,7 @@ class TargetConfig(Strict):
     timeouts: Timeouts = Timeouts()
     proxy: str | None = None  # an http(s) proxy URL; None: honour HTTP(S)_PROXY / NO_PROXY
     tls: Tls = Tls()
-    max_connections: Annotated[int, Field(ge=1)] = 1024
+    max_connections: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)] = 1024
     # False: a new connection per request, for servers that drop kept-alive connections
     # unannounced (llama-server, llama.cpp's cpp-httplib 0.58: after each streamed answer)
     keep_alive: bool = True
@@ -307,10 +320,14 @@ class Load(Strict):
     """The load shape of one target in one phase."""
 
     mode: Literal["closed", "constant", "poisson", "ramp", "idle"] = "closed"
-    concurrency: Annotated[int, Field(ge=0)] = 1
+    concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 1
     rate: PositiveRate = 0.0
     rate_end: PositiveRate | None = None
-    max_in_flight: Annotated[int, Field(ge=0)] = 0
+    # open loop: sends out at once (0: the target's max_connections); a send that finds
+    # them all out is not made and is counted (soakd_sends_missed_total, in_flight_cap)
+    max_in_flight: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 0
+    # open loop: a send whose instant is more than this past is not made (counted, late)
+    max_lateness: PositiveDuration = 1.0
 
     @model_validator(mode="after")
     def _shape(self) -> Load:
@@ -669,17 +686,18 @@ class Config(Strict):
     @model_validator(mode="after")
     def _names(self) -> Config:
         names = [t.name for t in self.targets]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        known = set(names)
+        if len(known) != len(names):
+            dupes = sorted(n for n, count in Counter(names).items() if count > 1)
             raise ValueError(f"duplicate target names: {', '.join(dupes)}")
+        gated = {t.name for t in self.targets if t.gateway is not None}
         for phase in self.phases:
-            unknown = sorted(set(phase.targets) - set(names))
+            unknown = sorted(set(phase.targets) - known)
             if unknown:
                 raise ValueError(
                     f"phase {phase.name!r} sets load for unknown target(s) {', '.join(unknown)}"
                     f" (known: {', '.join(names)})"
                 )
-            gated = {t.name for t in self.targets if t.gateway is not None}
             stray = sorted(set(phase.gateway) - gated)
             if stray:
                 raise ValueError(
@@ -702,7 +720,7 @@ class Config(Strict):
 
 def _env_value(key: str, text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return _yaml_load(text)
     except yaml.YAMLError as exc:
         why = getattr(exc, "problem", None) or type(exc).__name__
         raise ConfigError(f"{key}: not a YAML value: {why}") from None
@@ -807,7 +825,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = _yaml_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"

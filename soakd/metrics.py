@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from soakd import __version__
 from soakd.config import Thresholds
 from soakd.model import OK, ErrorKind, Outcome, status_class
+from soakd.workload.ledger import MISSED_REASONS
 
 NS = 1e-9
 
@@ -66,6 +67,14 @@ class Metrics:
             "soakd_output_tokens", "Generated tokens received.", ["target"], registry=r)
         self.prompt_tokens = Counter(
             "soakd_prompt_tokens", "Prompt tokens sent (as the server counted them).",
+            ["target"], registry=r)
+        self.sends_missed = Counter(
+            "soakd_sends_missed", "Planned open-loop sends not made, by reason: late (the "
+            "instant was past max_lateness), in_flight_cap, spend_cap, rate_limited.",
+            ["target", "phase", "reason"], registry=r)
+        self.resends = Counter(
+            "soakd_connection_resends", "Requests sent again on a fresh connection because a "
+            "reused keep-alive one was dead before any response byte (not an outcome).",
             ["target"], registry=r)
         self.oom_errors = Counter(
             "soakd_oom_errors", "Requests whose error body said the device ran out of memory.",
@@ -153,10 +162,17 @@ class Metrics:
             prompt_tokens=self.prompt_tokens.labels(target),
             in_flight=self.in_flight.labels(target))
         self.oom_errors.labels(target)
+        self.resends.labels(target)
         self.offered_rate.labels(target)
         self.offered_concurrency.labels(target)
         for phase in phases:
             self.requests.labels(target, phase, OK, "2xx")
+            for reason in MISSED_REASONS:
+                self.sends_missed.labels(target, phase, reason)
+
+    def missed(self, target: str, phase: str, reason: str, n: int) -> None:
+        """A SendLedger's ``on_miss``: planned sends not made."""
+        self.sends_missed.labels(target, phase, reason).inc(n)
 
     def add_phases(self, phases: list[str]) -> None:
         for phase in phases:
@@ -175,6 +191,8 @@ class Metrics:
             counter = self.requests.labels(o.target, o.phase, o.outcome, status_class(o.status))
             self._counters[key] = counter
         counter.inc()
+        if o.resends:
+            self.resends.labels(o.target).inc(o.resends)
         if o.sent_ns:
             c.lag.observe(o.dispatch_lag_ns * NS)
         if o.output_tokens:
@@ -389,7 +407,8 @@ PAUSE_REASONS = ("spend_cap", "rate_limited")
 
 
 class GuardMetrics:
-    """Send guards (soakd/workload/guard.py): pauses, spend caps, skipped open-loop sends."""
+    """Send guards (soakd/workload/guard.py): pauses and spend caps (the open-loop sends not
+    made while paused are ``soakd_sends_missed_total``)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
@@ -399,9 +418,6 @@ class GuardMetrics:
             target_reason, registry=r)
         self.pauses = Counter(
             "soakd_target_pauses", "Times the target's sends were paused, by reason.",
-            target_reason, registry=r)
-        self.skipped = Counter(
-            "soakd_requests_skipped", "Open-loop sends not made because the target was paused.",
             target_reason, registry=r)
         self.cap_hits = Counter(
             "soakd_spend_cap_hits", "Times a spend cap paused the target.", ["target", "cap"],
@@ -420,7 +436,6 @@ class GuardMetrics:
         for reason in PAUSE_REASONS:
             self.paused.labels(target, reason).set(0)
             self.pauses.labels(target, reason)
-            self.skipped.labels(target, reason)
         for cap in SPEND_CAPS:
             limit = limits.get(cap)
             if limit is None:
@@ -449,9 +464,6 @@ class TargetGuardGauges:
 
     def cap_hit(self, cap: str) -> None:
         self.m.cap_hits.labels(self.target, cap).inc()
-
-    def skipped(self, reason: str) -> None:
-        self.m.skipped.labels(self.target, reason).inc()
 
 
 GATEWAY_BREAKERS = ("vram", "error_rate")

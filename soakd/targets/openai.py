@@ -31,7 +31,7 @@ from yarl import URL
 
 from soakd import __version__
 from soakd.config import ConfigError, TargetConfig
-from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.model import SHED_BY_CODE, ErrorKind, Outcome, RequestSpec
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
@@ -645,6 +645,11 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 def _status_kind(status: int, fields: str = "") -> ErrorKind:
+    if status in (429, 503) and fields:  # the guard's own refusal, by its error code
+        for word in fields.split():
+            shed = SHED_BY_CODE.get(word)
+            if shed is not None:
+                return shed
     if status in (401, 403):
         return ErrorKind.HTTP_AUTH
     if status == 400 and fields and not AUTH_ERROR_WORDS.isdisjoint(fields.split()):
