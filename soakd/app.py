@@ -158,6 +158,8 @@ class Soak:
             "plan_scale": self.plan.scale,
             "stopping": bool(runner and runner.stopping),
             "in_flight": dict(runner.in_flight) if runner else {},
+            "missed": self.ledger.by_target(session=True),
+            "lag_limit_s": self.cfg.exporter.thresholds.dispatch_lag_seconds,
             "metrics_url": self.http.url if self.http else None,
             "targets": self.stats.recent(),
         }
@@ -239,10 +241,11 @@ class Soak:
             for sim in self._sims:
                 await sim.aclose()
             elapsed = time.monotonic() - started
-            summary = self.stats.overall(elapsed)
+            active = self.runner.active_s() if self.runner is not None else 0.0
+            summary = self.stats.overall(active, self.ledger.by_target(session=True))
             completed = bool(self.runner and self.runner.finished)
             await self.journal.aclose(completed=completed)
-            self._write_summary(summary, completed, elapsed, cancelled)
+            self._write_summary(summary, completed, elapsed, active, cancelled)
             log.info("run_finished", completed=completed, elapsed_s=round(elapsed, 3),
                      cancelled=cancelled,
                      requests={k: v["requests"] for k, v in summary.items()},
@@ -435,15 +438,15 @@ class Soak:
 
             from soakd.live import live_panel
 
-            live = Live(console=Console(file=sys.stdout), refresh_per_second=2,
-                        transient=True)
+            console = Console(file=sys.stdout)
+            live = Live(console=console, refresh_per_second=2, transient=True)
             live.start()
         last_progress = time.monotonic()
         try:
             while True:
                 self._update_gauges()
                 if live is not None:
-                    live.update(live_panel(self.status()))
+                    live.update(live_panel(self.status(), console.width))
                 elif time.monotonic() - last_progress >= PROGRESS_LOG_S:
                     last_progress = time.monotonic()
                     st = self.status()
@@ -481,9 +484,12 @@ class Soak:
             self._force.set()
 
     def _write_summary(self, summary: dict[str, Any], completed: bool, elapsed: float,
-                       cancelled: int) -> None:
+                       active: float, cancelled: int) -> None:
         doc = {"run_id": self.run_id, "version": __version__, "completed": completed,
-               "elapsed_s": round(elapsed, 3), "cancelled": cancelled, "targets": summary}
+               "elapsed_s": round(elapsed, 3), "active_s": round(active, 3),
+               "rate_basis": "active plan time (active_s): rates count the time soakd was "
+                             "sending, not start-up or the drain",
+               "cancelled": cancelled, "targets": summary}
         tmp = self.run_dir / "summary.json.tmp"
         try:
             tmp.write_text(json.dumps(doc, indent=2, default=str))

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from soakd.analysis import TargetStats
+from soakd.analysis import TargetStats, fmt_ms
 from soakd.journal import JournalReader, Rollup
 from soakd.probes.leak import theil_sen
 
@@ -61,8 +61,12 @@ class Row:
     target: str
     phase: str | None
     active_s: float = 0.0
-    requests: int = 0
+    offered: int = 0  # open-loop instants planned (sent or not) + closed-loop sends
+    missed: int = 0  # planned sends not made (soakd_sends_missed_total)
+    missed_by_reason: dict[str, int] = field(default_factory=dict)
+    requests: int = 0  # sent: each one ends as one outcome
     ok: int = 0
+    shed: int = 0  # refused by the guard gateway (shed_* outcomes), not the server's failure
     success_rate: float | None = None
     errors: int = 0
     errors_by_kind: dict[str, int] = field(default_factory=dict)
@@ -73,6 +77,7 @@ class Row:
     rps: float | None = None
     output_tps: float | None = None
     latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    lag_p99_ms: float | None = None  # soakd's own dispatch lag: high = client-limited
     jitter: float | None = None
     jitter_slices: int = 0
     vram_peak_bytes: float | None = None
@@ -130,9 +135,12 @@ class Report:
 
 METRIC_COLUMNS: list[tuple[str, str, str | None]] = [
     # key, title, better: "min" | "max" | None
-    ("requests", "requests", None),
+    ("offered", "offered", None),
+    ("missed", "sends not made", None),
+    ("requests", "sent", None),
     ("success_rate", "success rate", "max"),
     ("errors", "errors", "min"),
+    ("shed", "shed by the guard", None),
     ("oom_events", "OOM events", "min"),
     ("oom_responses", "OOM error responses", "min"),
     ("restarts", "restarts", "min"),
@@ -151,15 +159,19 @@ METRIC_COLUMNS: list[tuple[str, str, str | None]] = [
     ("jitter", "P99 jitter", "min"),
     ("rps", "throughput (req/s)", "max"),
     ("output_tps", "output tokens/s", "max"),
+    ("lag_p99_ms", "dispatch lag p99", None),
     ("vram_peak_bytes", "VRAM peak", "min"),
     ("leak_bytes_per_hour", "VRAM leak slope", "min"),
     ("tokens_per_joule", "tokens per joule", "max"),
     ("cost_per_mtok", "cost per M output tokens", "min"),
 ]
 TERMINAL_COLUMNS = (
+    "offered",
+    "missed",
     "requests",
     "success_rate",
     "errors",
+    "shed",
     "oom_events",
     "restarts",
     "ttft.p50",
@@ -227,6 +239,7 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
         events = reader.events()
         totals = reader.totals()
         rollups = reader.rollups()
+        missed = reader.missed()
         series = reader.series()
         samples = reader.samples(SAMPLE_NAMES)
         window_s = reader.window_ns / NS
@@ -288,6 +301,15 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
             )
             row.oom_responses = oom_rows.get((target, phase), 0)
             by_phase[phase][target] = row
+        for (t, phase, reason), n in missed.items():
+            if t != target or not n:
+                continue
+            for hit in (overall[target], by_phase.get(phase, {}).get(target)):
+                if hit is not None:
+                    hit.missed += n
+                    hit.missed_by_reason[reason] = hit.missed_by_reason.get(reason, 0) + n
+        for row in (overall[target], *(by_phase[p][target] for p in phase_names)):
+            row.offered = row.requests + row.missed
 
     # probes: restarts, OOM events, VRAM, energy
     notes: list[str] = []
@@ -332,6 +354,7 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
             "the whole run (rollups are kept), the export does not"
         )
 
+    notes += _client_limits(overall, targets, config)
     best = _best(overall, targets)
     plots = _plots(rollups, targets, window_s, probe, gpus)
     return Report(
@@ -378,6 +401,9 @@ def _row(
     row.success_rate = stats.ok / stats.requests if stats.requests else None
     row.errors = stats.requests - stats.ok
     row.errors_by_kind = dict(sorted(stats.errors.items()))
+    row.shed = sum(n for kind, n in row.errors_by_kind.items() if kind.startswith("shed_"))
+    lag = stats.lag.quantile(0.99)
+    row.lag_p99_ms = None if lag is None else lag / 1e6
     row.output_tokens = stats.output_tokens
     if active_s > 0:
         row.rps = stats.requests / active_s
@@ -398,6 +424,44 @@ def _row(
         mean = statistics.fmean(p99s)
         row.jitter = statistics.pstdev(p99s) / mean if mean > 0 else None
     return row
+
+
+DEFAULT_LAG_LIMIT_S = 0.1
+
+
+def _client_limits(
+    overall: dict[str, Row], targets: list[str], config: dict[str, Any]
+) -> list[str]:
+    """Say so when soakd itself was the bottleneck: its dispatch lag past the limit, or
+    planned sends it could not make in time. Those latency figures are the client's."""
+    thresholds = config.get("exporter", {}).get("thresholds", {})
+    limit_s = float(thresholds.get("dispatch_lag_seconds", DEFAULT_LAG_LIMIT_S))
+    notes = []
+    for t in targets:
+        row = overall[t]
+        late = row.missed_by_reason.get("late", 0)
+        lagged = row.lag_p99_ms is not None and row.lag_p99_ms > limit_s * 1e3
+        if lagged or late:
+            why = []
+            if lagged:
+                lag = _ms(row.lag_p99_ms or 0)
+                why.append(f"dispatch lag p99 {lag} (limit {_ms(limit_s * 1e3)})")
+            if late:
+                why.append(f"{late:,} planned sends too late to make")
+            notes.append(
+                f"CLIENT-LIMITED: soakd could not keep up with {t}'s schedule "
+                f"({'; '.join(why)}): its latency and rate figures measure soakd as much as "
+                "the target (give soakd more CPU, or lower the load)"
+            )
+    for t in targets:
+        row = overall[t]
+        if row.missed_by_reason.get("in_flight_cap"):
+            notes.append(
+                f"{t}: {row.missed_by_reason['in_flight_cap']:,} planned sends found "
+                "max_in_flight requests already out and were not made (the target could "
+                "not keep up with the offered rate)"
+            )
+    return notes
 
 
 class _Probes:
@@ -698,11 +762,12 @@ def _binned(
 def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
     if value is None:
         return "-"
-    if key in ("requests", "errors", "oom_events", "oom_responses", "restarts"):
+    if key in ("offered", "missed", "requests", "errors", "shed", "oom_events", "oom_responses",
+               "restarts"):
         return f"{value:,.0f}"
     if key == "success_rate":
         return f"{value * 100:.2f} %" if value < 1 else "100 %"
-    if "." in key:
+    if "." in key or key == "lag_p99_ms":
         return _ms(value)
     if key == "jitter":
         return f"{value * 100:.1f} %"
@@ -720,13 +785,7 @@ def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
 
 
 def _ms(value: float) -> str:
-    if value >= 1000:
-        return f"{value / 1000:.2f} s"
-    if value >= 100:
-        return f"{value:.0f} ms"
-    if value >= 10:
-        return f"{value:.1f} ms"
-    return f"{value:.2f} ms"
+    return fmt_ms(value)
 
 
 def _bytes(value: float, signed: bool = False) -> str:

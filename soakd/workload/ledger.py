@@ -34,19 +34,21 @@ class SendLedger:
     session's. ``on_miss`` (the exporter's counter) hears each increment."""
 
     def __init__(self, base: Mapping[Key, int] | None = None, on_miss: MissFn | None = None):
-        self.counts: dict[Key, int] = dict(base or {})
+        self.counts: dict[Key, int] = dict(base or {})  # whole run
+        self.session: dict[Key, int] = {}  # this session only
         self._on_miss = on_miss
 
     def miss(self, target: str, phase: str, reason: str, n: int = 1) -> None:
         key = (target, phase, reason)
         self.counts[key] = self.counts.get(key, 0) + n
+        self.session[key] = self.session.get(key, 0) + n
         if self._on_miss is not None:
             self._on_miss(target, phase, reason, n)
 
-    def by_target(self) -> dict[str, dict[str, int]]:
-        """{target: {reason: count}} over every phase."""
+    def by_target(self, *, session: bool = False) -> dict[str, dict[str, int]]:
+        """{target: {reason: count}} over every phase (the whole run, or this session)."""
         out: dict[str, dict[str, int]] = {}
-        for (target, _, reason), n in list(self.counts.items()):
+        for (target, _, reason), n in list((self.session if session else self.counts).items()):
             per = out.setdefault(target, {})
             per[reason] = per.get(reason, 0) + n
         return out

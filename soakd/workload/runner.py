@@ -77,6 +77,7 @@ class Runner:
         self._on_phase = on_phase
         self.origin_ns = 0  # monotonic instant of plan offset 0
         self._start_offset_ns = 0  # plan offset this session started at (a resume: > 0)
+        self._ended_ns = 0  # plan offset when sending ended (0: not yet)
         self.phase: Phase | None = None
         self.finished = False
         self._stop = asyncio.Event()
@@ -94,6 +95,14 @@ class Runner:
     def offset_ns(self) -> int:
         """Plan time elapsed (real ns since offset 0; resumes start past 0)."""
         return now_ns() - self.origin_ns if self.origin_ns else 0
+
+    def active_s(self) -> float:
+        """Plan time this session sent for: from its start (or resume point) to the end of
+        sending, within the plan. The one basis of every rate soakd reports."""
+        if not self.origin_ns:
+            return 0.0
+        end = self._ended_ns or self.offset_ns()
+        return max(0, min(end, self.plan.duration_ns) - self._start_offset_ns) / 1e9
 
     @property
     def stopping(self) -> bool:
@@ -138,6 +147,7 @@ class Runner:
             if not await self._sleep_until(self.origin_ns + phase.end_ns):
                 break
         self.finished = not self.stopping
+        self._ended_ns = self.offset_ns()
         self._enter(None)
 
     async def drain(self, timeout_s: float) -> int:

@@ -218,7 +218,10 @@ def _num(text: str) -> float:
 def _check_table(cells: dict[str, list[str]], rows: list[dict[str, Any]]) -> None:
     for i, target in enumerate(("alpha", "beta")):
         want = expected(rows, target, None)
-        assert _num(cells["requests"][i]) == want["requests"]
+        assert _num(cells["sent"][i]) == want["requests"]
+        # no open-loop instant went unsent in this journal: offered = sent
+        assert _num(cells["offered"][i]) == want["requests"]
+        assert _num(cells["sends not made"][i]) == 0
         assert _num(cells["errors"][i]) == want["requests"] - want["ok"]
         assert _num(cells["success rate"][i]) == pytest.approx(
             want["ok"] / want["requests"], abs=0.0001
