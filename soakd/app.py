@@ -139,6 +139,7 @@ class Soak:
         self.guards = Guards(())
         self.ledger = SendLedger()
         self._force = asyncio.Event()
+        self._starting: asyncio.Future[None] | None = None
 
     # --- status ---------------------------------------------------------------------------
 
@@ -195,39 +196,24 @@ class Soak:
         started = time.monotonic()
         cancelled = 0
         try:
-            urls: dict[str, str] = {}
-            for tcfg in self.cfg.targets:
-                if tcfg.simulator:
-                    sim = await spawn_sim(tcfg.simulator, tcfg.model,
-                                          self.run_dir / f"sim-{tcfg.name}.log")
-                    self._sims.append(sim)
-                    tcfg = tcfg.model_copy(update={"base_url": sim.base_url})
-                urls[tcfg.name] = tcfg.base_url  # probes watch the server, not a gateway
-                if tcfg.gateway is not None:
-                    tcfg = await self._front_with_gateway(tcfg)
-                self.targets[tcfg.name] = await open_target(tcfg)
-                self._add_guard(tcfg)
-            self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
-            self.runner = Runner(
-                self.plan, self.targets, make_prompt_source(self.cfg.workload),
-                # the journal hands outcomes on to Metrics once committed: Prometheus
-                # never counts a request the journal could lose (docs/journal.md)
-                [self.journal, self.stats, self.probes.outcome_sink, self.guards],
-                max_tokens=self.cfg.workload.max_tokens,
-                temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
-                on_phase=self._on_phase,
-                start_seq=self.resume.next_seq if self.resume else None,
-                gates=self.guards.by_target, ledger=self.ledger)
-            self.journal.attach(self.runner)
-            self.metrics.watch_in_flight(self.runner.in_flight)
+            # signals from here on: one during the start-up (a simulator, a gateway, a
+            # slow target) stops the run before it sends, journal closed as usual
             self._install_signals()
-            async with asyncio.TaskGroup() as tg:
-                ticker = tg.create_task(self._tick())
-                probing = tg.create_task(self.probes.run())
-                await self.runner.run(self.resume.offset_ns if self.resume else 0)
-                cancelled = await self._drain()
-                ticker.cancel()
-                probing.cancel()
+            self._starting = asyncio.ensure_future(self._start_parts())
+            try:
+                await self._starting
+            except asyncio.CancelledError:
+                if not self._signals:
+                    raise
+                log.warning("stopped_before_start")
+            if self.runner is not None and self.probes is not None:
+                async with asyncio.TaskGroup() as tg:
+                    ticker = tg.create_task(self._tick())
+                    probing = tg.create_task(self.probes.run())
+                    await self.runner.run(self.resume.offset_ns if self.resume else 0)
+                    cancelled = await self._drain()
+                    ticker.cancel()
+                    probing.cancel()
         finally:
             self._remove_signals()
             for target in self.targets.values():
@@ -255,6 +241,35 @@ class Soak:
             close_logging()
         return RunResult(self.run_id, self.run_dir, completed, elapsed, cancelled, summary,
                          session=self.journal.session)
+
+    async def _start_parts(self) -> None:
+        """Simulators, gateways, target clients, guards, probes, then the runner."""
+        assert self.journal is not None
+        urls: dict[str, str] = {}
+        for tcfg in self.cfg.targets:
+            if tcfg.simulator:
+                sim = await spawn_sim(tcfg.simulator, tcfg.model,
+                                      self.run_dir / f"sim-{tcfg.name}.log")
+                self._sims.append(sim)
+                tcfg = tcfg.model_copy(update={"base_url": sim.base_url})
+            urls[tcfg.name] = tcfg.base_url  # probes watch the server, not a gateway
+            if tcfg.gateway is not None:
+                tcfg = await self._front_with_gateway(tcfg)
+            self.targets[tcfg.name] = await open_target(tcfg)
+            self._add_guard(tcfg)
+        self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
+        self.runner = Runner(
+            self.plan, self.targets, make_prompt_source(self.cfg.workload),
+            # the journal hands outcomes on to Metrics once committed: Prometheus
+            # never counts a request the journal could lose (docs/journal.md)
+            [self.journal, self.stats, self.probes.outcome_sink, self.guards],
+            max_tokens=self.cfg.workload.max_tokens,
+            temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
+            on_phase=self._on_phase,
+            start_seq=self.resume.next_seq if self.resume else None,
+            gates=self.guards.by_target, ledger=self.ledger)
+        self.journal.attach(self.runner)
+        self.metrics.watch_in_flight(self.runner.in_flight)
 
     async def _drain(self) -> int:
         assert self.runner is not None
@@ -479,6 +494,8 @@ class Soak:
                         hint="draining in-flight requests; signal again to stop now")
             if self.runner is not None:
                 self.runner.stop()
+            elif self._starting is not None:
+                self._starting.cancel()  # still starting: stop before the first send
         else:
             log.warning("stop_forced", signal=sig.name)
             self._force.set()

@@ -285,11 +285,13 @@ class Runner:
         """Send at the planned instants, or count why not.
 
         A send goes out late when soakd is behind, and its dispatch lag says by how much
-        (no coordinated omission). One whose instant is already more than
-        ``max_lateness`` past, one that finds ``max_in_flight`` sends out, and one that
-        falls while the target is paused is not made: the ledger counts it (offered =
-        sent + missed). A schedule far past what soakd can send is skipped forward in one
-        step, and the loop yields at every instant, so soakd stays responsive at any rate."""
+        (no coordinated omission). When an instant is already more than ``max_lateness``
+        past, soakd drops its backlog: that instant and every one up to now are not made
+        (``late``), and sending goes on from the present. A send that finds
+        ``max_in_flight`` sends out, and one that falls while the target is paused, is not
+        made either. The ledger counts each (offered = sent + missed). The backlog is
+        skipped in one step, and the loop yields at every instant, so soakd stays
+        responsive at any rate."""
         start_abs = self.origin_ns + phase.start_ns
         # the same instants for every target with the same shape: a fair A/B
         schedule = arrivals(shape, phase.duration_ns, random.Random(f"{self.seed}/{phase.index}"))
@@ -307,8 +309,8 @@ class Runner:
                 due = start_abs + offset
                 await sleep_until_ns(due)  # sub-ms (timerfd); yields even when already past
                 behind = now_ns() - due
-                if behind > late:  # this one and every instant up to `late` ago: not made
-                    miss(name, pname, LATE, 1 + schedule.skip_to(offset + behind - late))
+                if behind > late:  # too far behind: drop the backlog up to now, go on fresh
+                    miss(name, pname, LATE, 1 + schedule.skip_to(offset + behind + 1))
                 elif cap and busy[name] >= cap:
                     miss(name, pname, IN_FLIGHT_CAP, 1)
                 elif gate is not None and gate.delay_s() > 0:
