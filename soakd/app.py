@@ -14,6 +14,7 @@ import errno
 import ipaddress
 import json
 import os
+import resource
 import secrets
 import signal
 import sys
@@ -58,6 +59,8 @@ from soakd.workload.runner import Runner
 log = structlog.get_logger()
 
 TICK_S = 1.0
+STALL_S = 30.0  # /healthz says 503 when the run loop has not ticked for this long
+FD_RESERVE = 256  # files beyond the requests: the journal, logs, probes, the exporter
 PROGRESS_LOG_S = 10.0
 
 
@@ -140,6 +143,8 @@ class Soak:
         self.ledger = SendLedger()
         self._force = asyncio.Event()
         self._starting: asyncio.Future[None] | None = None
+        self._status: dict[str, Any] | None = None  # /status, refreshed by the ticker
+        self._last_tick: float | None = None
 
     # --- status ---------------------------------------------------------------------------
 
@@ -165,12 +170,46 @@ class Soak:
             "targets": self.stats.recent(),
         }
 
+    def _status_snapshot(self) -> dict[str, Any]:
+        """/status, as the run loop last computed it (read on the exporter's thread)."""
+        return self._status or {"run_id": self.run_id, "version": __version__, "phase": None,
+                                "starting": True}
+
+    def _alive(self) -> str | None:
+        """None while the run loop turns; else why /healthz should say 503."""
+        if self._last_tick is None:
+            return None  # starting: the run loop is busy opening things, not stuck
+        stalled = time.monotonic() - self._last_tick
+        if stalled > STALL_S:
+            return f"run loop stalled for {stalled:.0f} s"
+        return None
+
     def _ready(self) -> bool:
         return self.runner is not None and self.runner.origin_ns > 0 and not self.runner.stopping
 
     # --- the run --------------------------------------------------------------------------
 
+    def _raise_fd_limit(self) -> None:
+        """Every request in flight holds a socket: make sure the open-file limit allows the
+        busiest phase (raising the soft limit up to the hard one), or say so before the run."""
+        need = FD_RESERVE + max(
+            (sum(s.concurrency if s.mode == "closed" else s.max_in_flight
+                 for s in phase.loads.values()) for phase in self.plan.phases),
+            default=0,
+        )
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < need:
+            if hard != resource.RLIM_INFINITY and hard < need:
+                raise ConfigError(
+                    f"the busiest phase can hold {need - FD_RESERVE} requests open, and this "
+                    f"process may open only {hard} files (hard limit): raise it (ulimit -n, "
+                    "LimitNOFILE= in the systemd unit, ulimits in compose) or lower the "
+                    "concurrency / max_in_flight / max_connections"
+                )
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
     async def run(self) -> RunResult:
+        self._raise_fd_limit()
         self._prepare_dir()
         setup_logging(self.cfg.logging.level, self.cfg.logging.format,
                       log_file=self.run_dir / "soakd.log", console=self.opts.console_logs)
@@ -331,8 +370,9 @@ class Soak:
     async def _start_http(self) -> HttpServer:
         host, port = self._listen()
         try:
-            return await start_http(host, port, self.metrics.registry, self.status,
-                                    self._ready, **self._exporter_security(host))
+            return await start_http(host, port, self.metrics.registry, self._status_snapshot,
+                                    self._ready, alive=self._alive,
+                                    **self._exporter_security(host))
         except OSError as exc:
             where = "--metrics-addr" if self.opts.metrics_addr else "exporter.listen"
             why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
@@ -457,19 +497,24 @@ class Soak:
             live = Live(console=console, refresh_per_second=2, transient=True)
             live.start()
         last_progress = time.monotonic()
+        due = time.monotonic()
         try:
             while True:
+                now = time.monotonic()
+                self.metrics.loop_delay.set(max(0.0, now - due))  # how late this tick woke
+                self._last_tick = now
                 self._update_gauges()
+                st = self._status = self.status()
                 if live is not None:
-                    live.update(live_panel(self.status(), console.width))
-                elif time.monotonic() - last_progress >= PROGRESS_LOG_S:
-                    last_progress = time.monotonic()
-                    st = self.status()
+                    live.update(live_panel(st, console.width))
+                elif now - last_progress >= PROGRESS_LOG_S:
+                    last_progress = now
                     log.info("progress", elapsed_s=st["elapsed_s"], remaining_s=st["remaining_s"],
                              targets={k: {"rps": round(v["rps"], 2), "errors": v["errors"],
                                           "ttft_p99_ms": _round(v["ttft_p99_ms"]),
                                           "e2e_p99_ms": _round(v["e2e_p99_ms"])}
                                       for k, v in st["targets"].items()})
+                due = time.monotonic() + TICK_S
                 await asyncio.sleep(TICK_S)
         finally:
             self._update_gauges()

@@ -698,6 +698,16 @@ class Config(Strict):
                     f"phase {phase.name!r} sets load for unknown target(s) {', '.join(unknown)}"
                     f" (known: {', '.join(names)})"
                 )
+            for t in self.targets:
+                load = phase.targets.get(t.name, phase.load)
+                if load.mode == "closed" and load.concurrency > t.max_connections:
+                    raise ValueError(
+                        f"phase {phase.name!r}: concurrency {load.concurrency} for "
+                        f"{t.name!r} is above its max_connections ({t.max_connections}): the "
+                        "requests past it would wait inside soakd for a connection, and the "
+                        "wait would count as TTFT; raise targets[].max_connections (at most "
+                        f"{MAX_CONCURRENCY}) or lower the concurrency"
+                    )
             stray = sorted(set(phase.gateway) - gated)
             if stray:
                 raise ValueError(

@@ -118,6 +118,10 @@ class Metrics:
             "soakd_run_elapsed_seconds", "Plan time elapsed.", registry=r)
         self.remaining = Gauge(
             "soakd_run_remaining_seconds", "Plan time remaining.", registry=r)
+        self.loop_delay = Gauge(
+            "soakd_event_loop_delay_seconds", "How late soakd's run loop woke for its last "
+            "1 s tick: above a few ms, soakd is short of CPU and its timings suffer.",
+            registry=r)
         self.run_start = Gauge(
             "soakd_run_start_time_seconds", "Unix time the run started.", registry=r)
 

@@ -72,6 +72,11 @@ class SlidingCount:
         self._prune(now)
         return self.requests, self.tokens
 
+    def peek(self, now: float) -> tuple[float, float]:
+        """``totals`` without pruning: safe to call from another thread (the exporter's)."""
+        live = [b for b in list(self._buckets) if b[0] + self.width_s + self.span_s > now]
+        return sum(b[1] for b in live), sum(b[2] for b in live)
+
     def below_at(self, now: float, cap: float, index: int) -> float:
         """The earliest instant at which the count (1: requests, 2: tokens) is below ``cap``,
         as old buckets leave the window (``now`` when it already is)."""
@@ -154,8 +159,9 @@ class TargetGuard:
         return tuple(self._paused)
 
     def used(self) -> dict[str, float]:
-        """The spend counts the caps compare against (for the gauges)."""
-        requests, tokens = self.hour.totals(self._clock())
+        """The spend counts the caps compare against (for the gauges: read at scrape time
+        on the exporter's thread, so it changes nothing)."""
+        requests, tokens = self.hour.peek(self._clock())
         return {
             "requests_per_hour": requests,
             "tokens_per_hour": tokens,

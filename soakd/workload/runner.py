@@ -81,6 +81,7 @@ class Runner:
         self.phase: Phase | None = None
         self.finished = False
         self._stop = asyncio.Event()
+        self._stopped_at = 0.0  # monotonic s of the stop: the drain deadline counts from it
         self._seq = dict.fromkeys(targets, 0)  # a resumed run continues its numbers
         self._seq.update({k: v for k, v in (start_seq or {}).items() if k in targets})
         self._busy = dict.fromkeys(targets, 0)  # in flight per target, counted at the spawn
@@ -129,6 +130,7 @@ class Runner:
         """Stop sending. In-flight requests go on; ``drain`` waits for them."""
         if not self._stop.is_set():
             self._stop.set()
+            self._stopped_at = time.monotonic()
             for task in self._drivers:
                 task.cancel()
 
@@ -153,8 +155,10 @@ class Runner:
     async def drain(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for in-flight requests, then cancel the rest.
 
+        The deadline counts from the stop (a signal), not from when a busy loop got here.
         Returns how many had to be cancelled (they are recorded as ``cancelled``)."""
         self.stop()
+        timeout_s = max(0.0, timeout_s - (time.monotonic() - self._stopped_at))
         if self._drivers:
             await asyncio.gather(*self._drivers, return_exceptions=True)
         pending = set(self._requests)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ LOADS: dict[str, dict[str, Any]] = {
     "poisson-1e9": {"mode": "poisson", "rate": 1e9, "max_lateness": "200ms"},
     "constant-20k": {"mode": "constant", "rate": 20000},
     "ramp-to-1e9": {"mode": "ramp", "rate": 10, "rate_end": 1e9},
-    "closed-20k": {"mode": "closed", "concurrency": 20000},
+    "closed-2000": {"mode": "closed", "concurrency": 2000},
 }
 
 
@@ -38,7 +39,7 @@ LOADS: dict[str, dict[str, Any]] = {
 def test_overload_stays_responsive_bounded_and_counted(tmp_path: Path, name: str) -> None:
     cfg = write_config(tmp_path / "soak.yaml", {
         "run": {"name": "overload", "drain_timeout": f"{DRAIN_S}s"},
-        "targets": [{"name": "sim", "simulator": "fast",
+        "targets": [{"name": "sim", "simulator": "fast", "max_connections": 2000,
                      "timeouts": {"connect": "2s", "ttft": "5s", "total": "10s"}}],
         "workload": {"max_tokens": 8},
         "gpu": {"source": "none"},
@@ -58,10 +59,10 @@ def test_overload_stays_responsive_bounded_and_counted(tmp_path: Path, name: str
             assert status == 200
             peak_rss = max(peak_rss, rss_bytes(proc.pid))
             time.sleep(0.2)
-        t_term = time.monotonic()
+        t_term, wall_term = time.monotonic(), time.time()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=DRAIN_S + 30)
-        stop_s = time.monotonic() - t_term
+        exit_s = time.monotonic() - t_term
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -69,10 +70,16 @@ def test_overload_stays_responsive_bounded_and_counted(tmp_path: Path, name: str
     out = proc.stderr.read() if proc.stderr else ""
     assert proc.returncode == 0, out[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # the run ended (drained, journal closed, summary written) at its run_finished line;
+    # the process then prints the whole-run report from the journal
+    finished = next(json.loads(line) for line in (tmp_path / "run" / "soakd.log").open()
+                    if '"run_finished"' in line)
+    stop_s = datetime.fromisoformat(finished["timestamp"]).timestamp() - wall_term
     row = summary["targets"]["sim"]
     figure(f"overload.{name}.healthz_max_s", max(health_s))
     figure(f"overload.{name}.peak_rss_mb", peak_rss / 2**20)
-    figure(f"overload.{name}.sigterm_to_exit_s", stop_s)
+    figure(f"overload.{name}.sigterm_to_run_end_s", stop_s)
+    figure(f"overload.{name}.sigterm_to_exit_s", exit_s)
     figure(f"overload.{name}.sent", row["requests"])
     figure(f"overload.{name}.missed", row["missed_by_reason"])
     assert max(health_s) < 1.0, health_s
@@ -82,3 +89,19 @@ def test_overload_stays_responsive_bounded_and_counted(tmp_path: Path, name: str
     assert row["offered"] == row["requests"] + row["missed"]
     if LOADS[name]["mode"] != "closed":
         assert row["missed"] > row["requests"]  # most of the offer could not be made: said
+
+
+def test_a_concurrency_no_process_can_hold_is_a_one_line_error(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path / "soak.yaml", {
+        "targets": [{"name": "sim", "simulator": "fast", "max_connections": 28000}],
+        "phases": [{"name": "wide", "duration": "10s",
+                    "load": {"mode": "closed", "concurrency": 100000}}],
+    })
+    proc = start_soakd(cfg, tmp_path / "run", free_port())
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "concurrency" in lines[0]
+    assert "28000" in lines[0]
+    assert not (tmp_path / "run" / "journal.db").exists()  # nothing started, nothing to resume
