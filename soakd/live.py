@@ -18,14 +18,16 @@ def _f(value: float | None, fmt: str = "{:.0f}") -> str:
 def target_table(rows: dict[str, dict[str, Any]], title: str) -> Table:
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("target", style="bold")
-    for col in ("req/s", "tok/s", "ok", "errors", "TTFT p50", "TTFT p99", "E2E p50", "E2E p99",
-                "ITL p50", "lag p99"):
+    for col in ("req/s", "tok/s", "ok", "errors", "goodput", "TTFT p50", "TTFT p99", "E2E p50",
+                "E2E p99", "ITL p50", "lag p99"):
         table.add_column(col, justify="right")
     for name, r in rows.items():
         errors = r["errors"]
+        goodput = r.get("goodput")  # share of sent requests within every SLO (soakd/goodput.py)
         table.add_row(
             name, _f(r["rps"], "{:.2f}"), _f(r["output_tps"], "{:.1f}"), str(r["ok"]),
             Text(str(errors), style="red" if errors else ""),
+            _f(None if goodput is None else goodput * 100, "{:.1f} %"),
             _f(r["ttft_p50_ms"], "{:.0f} ms"), _f(r["ttft_p99_ms"], "{:.0f} ms"),
             _f(r["e2e_p50_ms"], "{:.0f} ms"), _f(r["e2e_p99_ms"], "{:.0f} ms"),
             _f(r["itl_p50_ms"], "{:.1f} ms"), _f(r["lag_p99_ms"], "{:.1f} ms"),
