@@ -14,8 +14,10 @@ only format it. Definitions (docs/journal.md has them in full):
 - Energy: the increase of ``soakd_gpu_energy_joules_total`` (or power integrated) of the
   GPUs charged to a target: ``cost.gpus``, else the GPUs its process was seen on, else
   every GPU when there is only one target.
-- Cost per million output tokens: ``cost.per_hour`` x active hours, else energy x
-  ``report.energy_price_per_kwh``.
+- Cost: soakd/cost.py (hourly price or energy, hardware amortisation, token prices);
+  per million output tokens and per month at the measured load.
+- Goodput, verdicts and the baseline comparison: soakd/goodput.py and soakd/verdicts.py
+  (docs/slo.md); this module only wires and renders them.
 """
 
 from __future__ import annotations
@@ -31,9 +33,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from soakd.analysis import TargetStats
+from soakd.config import Compare, Slo, TargetCost
+from soakd.cost import cost_line
+from soakd.goodput import Tally, journal_tallies
 from soakd.journal import JournalReader, Rollup
 from soakd.probes.leak import theil_sen
+from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
+from soakd.verdicts import overall as overall_verdict
 
 NS = 1e9
 HOUR_S = 3600.0
@@ -70,8 +79,12 @@ class Row:
     oom_events: int | None = None
     restarts: int | None = None
     output_tokens: int = 0
+    prompt_tokens: int = 0
     rps: float | None = None
     output_tps: float | None = None
+    goodput: float | None = None  # share of sent requests within every SLO (soakd/goodput.py)
+    goodput_rps: float | None = None
+    error_ratio: float | None = None  # as slo.error_ratio counts it
     latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
     jitter: float | None = None
     jitter_slices: int = 0
@@ -82,6 +95,7 @@ class Row:
     tokens_per_joule: float | None = None
     cost: float | None = None
     cost_per_mtok: float | None = None
+    cost_per_month: float | None = None
     cost_basis: str | None = None
 
 
@@ -126,13 +140,20 @@ class Report:
     notes: list[str]
     currency: str
     slice_s: float
+    verdicts: dict[str, Verdict] = field(default_factory=dict)  # by target, whole run
+    phase_verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)
+    comparison: CompareVerdict | None = None
+    passed: bool | None = None  # None: nothing judged (no slo, no compare)
 
 
 METRIC_COLUMNS: list[tuple[str, str, str | None]] = [
     # key, title, better: "min" | "max" | None
     ("requests", "requests", None),
+    ("goodput", "goodput (within SLO)", "max"),
+    ("goodput_rps", "goodput (req/s)", "max"),
     ("success_rate", "success rate", "max"),
     ("errors", "errors", "min"),
+    ("error_ratio", "error ratio (SLO)", "min"),
     ("oom_events", "OOM events", "min"),
     ("oom_responses", "OOM error responses", "min"),
     ("restarts", "restarts", "min"),
@@ -155,9 +176,12 @@ METRIC_COLUMNS: list[tuple[str, str, str | None]] = [
     ("leak_bytes_per_hour", "VRAM leak slope", "min"),
     ("tokens_per_joule", "tokens per joule", "max"),
     ("cost_per_mtok", "cost per M output tokens", "min"),
+    ("cost_per_month", "cost per month at this load", "min"),
 ]
 TERMINAL_COLUMNS = (
     "requests",
+    "goodput",
+    "goodput_rps",
     "success_rate",
     "errors",
     "oom_events",
@@ -175,9 +199,13 @@ TERMINAL_COLUMNS = (
     "vram_peak_bytes",
     "tokens_per_joule",
     "cost_per_mtok",
+    "cost_per_month",
 )
-# per phase: the same, less what only the whole run has (a GPU's VRAM peak)
-PHASE_COLUMNS = frozenset(TERMINAL_COLUMNS) - {"vram_peak_bytes"}
+# per phase: the same, less what only the whole run has (a GPU's VRAM peak, a monthly bill)
+PHASE_COLUMNS = frozenset(TERMINAL_COLUMNS) - {"vram_peak_bytes", "cost_per_month"}
+NOT_RANKED = frozenset({"goodput", "goodput_rps", "success_rate", "errors", "error_ratio"})
+"""Rows where any target may be marked best; on every other row only targets that pass the
+error criterion and succeeded on most requests compete (soakd/verdicts.py)."""
 
 
 def value_of(row: Row, key: str) -> float | None:
@@ -230,11 +258,13 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
         series = reader.series()
         samples = reader.samples(SAMPLE_NAMES)
         window_s = reader.window_ns / NS
-    config = meta.get("config", {})
-    targets = [t["name"] for t in config.get("targets", [])]
-    for r in rollups:
-        if r.target not in targets:
-            targets.append(r.target)
+        config = meta.get("config", {})
+        targets = [t["name"] for t in config.get("targets", [])]
+        for r in rollups:
+            if r.target not in targets:
+                targets.append(r.target)
+        slos, spec, slo_note = _decision_config(config, targets)
+        tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
     plan_phases = [
         (p["name"], p["start_ns"] / NS, p["end_ns"] / NS) for p in meta["plan"]["phases"]
     ]
@@ -314,6 +344,19 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
         price = config.get("report", {}).get("energy_price_per_kwh")
     currency = str(config.get("report", {}).get("currency", "$"))
     _energy_and_cost(overall, by_phase, targets, config, gpus, probe, price, notes)
+    if slo_note:
+        notes.append(slo_note)
+    verdicts, phase_verdicts = _verdicts(overall, by_phase, targets, slos, tallies)
+    comparison = compare(spec, overall, verdicts) if spec is not None else None
+    journaled = {t: tallies[t][0] for t in targets}
+    short = {t: n for t in targets
+             if (n := overall[t].requests - _counted(journaled[t])) > 0}
+    if short:
+        notes.append(
+            "goodput and the error ratio count the journaled request rows: "
+            + ", ".join(f"{t} has {n} fewer (retention or dropped records)"
+                        for t, n in short.items())
+        )
     if not samples or not any(samples.values()):
         notes.append(
             "no probe samples in the journal: OOM events, restarts, VRAM and "
@@ -332,7 +375,8 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
             "the whole run (rollups are kept), the export does not"
         )
 
-    best = _best(overall, targets)
+    eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}
+    best = _best(overall, targets, eligible)
     plots = _plots(rollups, targets, window_s, probe, gpus)
     return Report(
         run_id=meta["run_id"],
@@ -354,7 +398,62 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
         notes=notes,
         currency=currency,
         slice_s=slice_s,
+        verdicts=verdicts,
+        phase_verdicts=phase_verdicts,
+        comparison=comparison,
+        passed=overall_verdict(verdicts.values(), comparison),
     )
+
+
+
+def _counted(t: Tally) -> int:
+    return t.sent + t.excluded + t.unsent
+
+
+def _decision_config(
+    config: dict[str, Any], targets: list[str]
+) -> tuple[dict[str, Slo], Compare | None, str | None]:
+    """The stored config's slo (per target, overrides applied) and compare sections."""
+    try:
+        base = Slo.model_validate(config.get("slo") or {})
+        by_name = {t["name"]: t for t in config.get("targets", [])}
+        slos = {
+            t: Slo.model_validate(by_name.get(t, {}).get("slo") or {}).over(base) for t in targets
+        }
+        raw = config.get("compare")
+        spec = Compare.model_validate(raw) if raw else None
+    except ValidationError as exc:
+        return ({t: Slo() for t in targets}, None,
+                f"the run's slo/compare config could not be read ({exc.error_count()} error(s)): "
+                "no verdicts")
+    if spec is not None and not {spec.baseline, spec.candidate} <= set(targets):
+        return slos, None, "compare names a target the run does not have: no comparison"
+    return slos, spec, None
+
+
+def _verdicts(
+    overall: dict[str, Row],
+    by_phase: dict[str, dict[str, Row]],
+    targets: list[str],
+    slos: dict[str, Slo],
+    tallies: dict[str, tuple[Tally, dict[str, Tally]]],
+) -> tuple[dict[str, Verdict], dict[str, dict[str, Verdict]]]:
+    """Goodput into the rows, and each target judged over the run and per phase."""
+    verdicts: dict[str, Verdict] = {}
+    phase_verdicts: dict[str, dict[str, Verdict]] = {p: {} for p in by_phase}
+    for t in targets:
+        whole, phases = tallies[t]
+        pairs = [(overall[t], whole)] + [
+            (by_phase[p][t], phases.get(p, Tally())) for p in by_phase
+        ]
+        for row, tally in pairs:
+            v = judge(t, row.phase, slos[t], row, tally)
+            row.goodput, row.goodput_rps, row.error_ratio = v.goodput, v.goodput_rps, v.error_ratio
+            if row.phase is None:
+                verdicts[t] = v
+            else:
+                phase_verdicts[row.phase][t] = v
+    return verdicts, phase_verdicts
 
 
 def _row(
@@ -379,6 +478,7 @@ def _row(
     row.errors = stats.requests - stats.ok
     row.errors_by_kind = dict(sorted(stats.errors.items()))
     row.output_tokens = stats.output_tokens
+    row.prompt_tokens = stats.prompt_tokens
     if active_s > 0:
         row.rps = stats.requests / active_s
         row.output_tps = stats.output_tokens / active_s
@@ -563,7 +663,13 @@ def _energy_and_cost(
     price: float | None,
     notes: list[str],
 ) -> None:
-    per_hour = {t["name"]: (t.get("cost") or {}).get("per_hour") for t in config.get("targets", [])}
+    costs: dict[str, TargetCost] = {}
+    for t in config.get("targets", []):
+        try:
+            costs[t["name"]] = TargetCost.model_validate(t.get("cost") or {})
+        except ValidationError:
+            costs[t["name"]] = TargetCost()
+            notes.append(f"targets[{t['name']}].cost could not be read: not costed")
     shared = False
     for target in targets:
         mine = [g for g in gpus if target in g.targets and g.energy_j is not None]
@@ -583,15 +689,13 @@ def _energy_and_cost(
                 row.energy_shared = len(sharers) > 1
                 shared = shared or row.energy_shared
                 row.tokens_per_joule = tokens / joules if joules > 0 else None
-            hourly = per_hour.get(target)
-            if hourly is not None:
-                row.cost = hourly * row.active_s / HOUR_S
-                row.cost_basis = f"{hourly:g}/h"
-            elif price is not None and row.energy_j is not None and not row.energy_shared:
-                row.cost = row.energy_j / 3.6e6 * price
-                row.cost_basis = f"energy at {price:g}/kWh"
-            if row.cost is not None and row.output_tokens:
-                row.cost_per_mtok = row.cost / row.output_tokens * 1e6
+            energy = None
+            if price is not None and row.energy_j is not None and not row.energy_shared:
+                energy = (row.energy_j / 3.6e6 * price, f"energy at {price:g}/kWh")
+            line = cost_line(costs.get(target, TargetCost()), row.active_s, row.prompt_tokens,
+                             row.output_tokens, energy)
+            row.cost, row.cost_basis = line.total, line.basis
+            row.cost_per_mtok, row.cost_per_month = line.per_mtok, line.per_month
     if shared:
         notes.append(
             "targets sharing a GPU share its energy: their tokens per joule is the "
@@ -603,13 +707,20 @@ LATENCY_TIE = 0.02
 """Percentiles closer than this (relative) are a tie: each digest is within ~1 %."""
 
 
-def _best(overall: dict[str, Row], targets: list[str]) -> dict[str, list[str]]:
-    """Per metric, the target(s) with the better value, when there is a contest."""
+def _best(
+    overall: dict[str, Row], targets: list[str], eligible: set[str] | None = None
+) -> dict[str, list[str]]:
+    """Per metric, the target(s) with the better value, when there is a contest. Outside
+    NOT_RANKED only ``eligible`` targets compete (a target that failed most requests is
+    never best on latency)."""
     best: dict[str, list[str]] = {}
     for key, _, better in METRIC_COLUMNS:
         if better is None:
             continue
-        values = {t: v for t in targets if (v := value_of(overall[t], key)) is not None}
+        pool = targets if eligible is None or key in NOT_RANKED else [
+            t for t in targets if t in eligible
+        ]
+        values = {t: v for t in pool if (v := value_of(overall[t], key)) is not None}
         if len(values) < 2 or len(set(values.values())) < 2:
             continue
         ranked = sorted(values.values(), reverse=better == "max")
