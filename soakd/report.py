@@ -811,13 +811,15 @@ def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
         return "-"
     if key in ("requests", "errors", "oom_events", "oom_responses", "restarts"):
         return f"{value:,.0f}"
-    if key == "success_rate":
+    if key in ("success_rate", "goodput"):
         return f"{value * 100:.2f} %" if value < 1 else "100 %"
+    if key == "error_ratio":
+        return f"{value * 100:.3g} %"
     if "." in key:
         return _ms(value)
     if key == "jitter":
         return f"{value * 100:.1f} %"
-    if key in ("rps", "output_tps"):
+    if key in ("rps", "output_tps", "goodput_rps"):
         return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
     if key == "vram_peak_bytes":
         return _bytes(value)
@@ -825,7 +827,7 @@ def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
         return f"{_bytes(value, signed=True)}/h"
     if key == "tokens_per_joule":
         return f"{value:.3g}"
-    if key == "cost_per_mtok":
+    if key in ("cost_per_mtok", "cost_per_month"):
         return f"{currency}{value:,.3g}" if value < 1000 else f"{currency}{value:,.0f}"
     return f"{value:g}"
 
@@ -875,7 +877,7 @@ def _cell(rep: Report, row: Row, key: str, marked: bool) -> str:
     text = fmt_value(key, value_of(row, key), rep.currency)
     if key == "tokens_per_joule" and row.energy_shared and text != "-":
         text += " (shared)"
-    if key == "cost_per_mtok" and row.cost_basis and text != "-":
+    if key == "cost_per_mtok" and row.cost_basis and text != "-" and not marked:
         text += f" ({row.cost_basis})"
     return text + (" ✓" if marked else "")
 
@@ -888,15 +890,152 @@ def _definitions(rep: Report) -> list[str]:
         "chunks; TPOT: (E2E - TTFT) / (output tokens - 1).",
         f"P99 jitter: stdev / mean of the P99 E2E over {slices} slices of plan time "
         f"(slices with >= {JITTER_MIN_OK} successful requests, at least {JITTER_MIN_SLICES}).",
-        "Throughput: over active plan time (downtime excluded). ✓ marks the better value.",
+        "Throughput: over active plan time (downtime excluded). ✓ marks the better value; "
+        "outside goodput, success and errors, only targets that pass the error criterion "
+        "and succeeded on most of their requests compete.",
+        "Goodput: requests sent (less those soakd cut at the drain deadline) that succeeded "
+        "within every latency SLO of the target, over all of them; error ratio (SLO): 5xx, "
+        "transport errors, timeouts and broken streams over the requests that reached the "
+        "server (429 and 4xx refusals count against goodput only). docs/slo.md.",
+        "Cost per month: the run's cost rate at the measured load x 730 h.",
     ]
+
+
+Section = tuple[str, list[str], list[list[str]]]
+"""A titled table (title, header, rows of cells), rendered alike in md, html and terminal."""
+
+
+def _result(passed: bool | None, note: str = "") -> str:
+    if passed is None:
+        return f"not judged ({note})" if note else "not judged"
+    return "pass" if passed else "FAIL"
+
+
+def fmt_criterion(unit: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return _ms(value * 1000)
+    if unit == "ratio":
+        return f"{value * 100:.3g} %"
+    if unit == "bytes":
+        return _bytes(value)
+    return f"{value:,.0f}"
+
+
+def verdict_title(rep: Report) -> str:
+    if rep.passed is None:
+        return "Verdict: none (no slo or compare block in the run's config, or nothing measured)"
+    return "Verdict: PASS" if rep.passed else "Verdict: FAIL"
+
+
+def verdict_sections(rep: Report) -> list[Section]:
+    """The decision, first: each target against its SLO, then the baseline comparison."""
+    out: list[Section] = []
+    rows: list[list[str]] = []
+    for t in rep.targets:
+        v = rep.verdicts.get(t)
+        if v is None or not v.criteria:
+            continue
+        rows.append([t, "all criteria", "", "", _result(v.passed).upper()])
+        rows += [
+            [t, c.name, fmt_criterion(c.unit, c.measured), fmt_criterion(c.unit, c.limit),
+             _result(c.passed, c.note)]
+            for c in v.criteria
+        ]
+    out.append((verdict_title(rep), ["target", "criterion", "measured", "limit", "result"],
+                rows))
+    cmp = rep.comparison
+    if cmp is not None:
+        title = (f"Candidate {cmp.candidate} against baseline {cmp.baseline}: "
+                 f"{_result(cmp.passed).upper()}")
+        crows = []
+        for d in cmp.deltas:
+            unit = "s" if d.key.endswith(("_p99", "_p50")) else (
+                "ratio" if d.key in ("error_ratio", "goodput") else "rate")
+            value = (fmt_criterion(unit, d.baseline), fmt_criterion(unit, d.candidate)) \
+                if unit != "rate" else tuple(
+                    "-" if x is None else f"{x:.4g}/s" for x in (d.baseline, d.candidate))
+            change = "-" if d.relative is None else f"{d.relative * 100:+.1f} %"
+            if d.relative is None and d.delta is not None:
+                change = f"{d.delta:+.4g}"
+            allowed = (f"{d.limit * 100:g} %" if d.limit_kind == "relative"
+                       else f"{d.limit:g}")
+            crows.append([d.key, value[0], value[1], change, allowed,
+                          _result(d.passed, d.note)])
+        out.append((title, ["metric", "baseline", "candidate", "change",
+                            "allowed regression", "result"], crows))
+    return out
+
+
+def phase_verdict_section(rep: Report, phase: str) -> Section | None:
+    verdicts = rep.phase_verdicts.get(phase, {})
+    rows = []
+    for t in rep.targets:
+        v = verdicts.get(t)
+        if v is None or not v.criteria:
+            continue
+        failed = ", ".join(
+            f"{c.name} {fmt_criterion(c.unit, c.measured)} > {fmt_criterion(c.unit, c.limit)}"
+            for c in v.failed
+        )
+        why = "no requests" if not v.sent else "nothing measurable"
+        rows.append([t, _result(v.passed, why if v.passed is None else ""), failed or "-"])
+    if not rows:
+        return None
+    return (f"Verdicts in phase {phase}", ["target", "verdict", "failed criteria"], rows)
+
+
+def cost_section(rep: Report) -> Section | None:
+    rows = [
+        [t, r.cost_basis or "-", fmt_value("cost_per_mtok", r.cost_per_mtok, rep.currency),
+         fmt_value("cost_per_month", r.cost_per_month, rep.currency),
+         fmt_value("output_tps", r.output_tps)]
+        for t in rep.targets
+        if (r := rep.overall[t]).cost_basis
+    ]
+    if not rows:
+        return None
+    return ("Cost at the measured load", ["target", "priced as", "per M output tokens",
+                                           "per month", "output tokens/s"], rows)
+
+
+def _md_section(section: Section, level: str = "##") -> list[str]:
+    title, header, rows = section
+    out = ["", f"{level} {title}", ""]
+    if not rows:
+        return out[:-1]
+    out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+def _html_section(section: Section, level: str = "h2") -> str:
+    e = html.escape
+    title, header, rows = section
+    out = [f"<{level}>{e(title)}</{level}>"]
+    if rows:
+        out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
+        for row in rows:
+            cells = "".join(
+                f'<td class="fail">{e(c)}</td>' if c == "FAIL" else f"<td>{e(c)}</td>"
+                for c in row
+            )
+            out.append(f"<tr>{cells}</tr>")
+        out.append("</table>")
+    return "".join(out)
 
 
 def render_markdown(rep: Report) -> str:
     out = [f"# soakd report: {rep.run_id}", ""]
     out += [f"- {line}" for line in _header_lines(rep)]
+    for section in verdict_sections(rep):
+        out += _md_section(section)
     out += ["", "## Targets side by side", ""]
     out += _md_table(rep, rep.overall, _columns())
+    cost = cost_section(rep)
+    if cost is not None:
+        out += _md_section(cost)
     kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
     if kinds:
         out += [
@@ -917,6 +1056,9 @@ def render_markdown(rep: Report) -> str:
         active = next(iter(rows.values())).active_s if rows else 0.0
         out += ["", f"## Phase {phase} ({_duration(active)} active)", ""]
         out += _md_table(rep, rows, _columns(PHASE_COLUMNS), marks=False)
+        verdicts = phase_verdict_section(rep, phase)
+        if verdicts is not None:
+            out += _md_section(verdicts, "###")
     if rep.gpus:
         out += [
             "",
@@ -995,6 +1137,7 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd
 table{border-collapse:collapse;margin:8px 0}th,td{padding:3px 10px;border-bottom:1px solid #eee}
 td{text-align:right}td:first-child,th:first-child{text-align:left}
 th{background:#f5f5f5}.best{background:#e3f5e1;font-weight:600}
+.fail{background:#fbe3e1;font-weight:600}
 .meta{color:#555}.plots{display:flex;flex-wrap:wrap;gap:12px}
 svg{background:#fff;border:1px solid #e4e4e4}svg text{font-size:11px;fill:#333}
 .notes li{color:#444}
@@ -1010,8 +1153,12 @@ def render_html(rep: Report) -> str:
         f"<h1>soakd report: {e(rep.run_id)}</h1>",
     ]
     parts += [f'<p class="meta">{e(line)}</p>' for line in _header_lines(rep)]
+    parts += [_html_section(section) for section in verdict_sections(rep)]
     parts.append("<h2>Targets side by side</h2>")
     parts.append(_html_table(rep, rep.overall, _columns()))
+    cost = cost_section(rep)
+    if cost is not None:
+        parts.append(_html_section(cost))
     kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
     if kinds:
         parts.append(
@@ -1040,6 +1187,9 @@ def render_html(rep: Report) -> str:
         active = next(iter(rows.values())).active_s if rows else 0.0
         parts.append(f"<h2>Phase {e(phase)} ({_duration(active)} active)</h2>")
         parts.append(_html_table(rep, rows, _columns(PHASE_COLUMNS), marks=False))
+        verdicts = phase_verdict_section(rep, phase)
+        if verdicts is not None:
+            parts.append(_html_section(verdicts, "h3"))
     if rep.gpus:
         parts.append(
             "<h2>GPUs</h2><table><tr><th>GPU</th><th>peak used</th><th>leak slope"
@@ -1222,7 +1372,19 @@ def terminal_summary(rep: Report) -> list[Any]:
             text = _cell(rep, rep.overall[t], key, marked)
             cells.append(Text(text, style="bold green" if marked else ""))
         table.add_row(title, *cells)
-    out: list[Any] = [head, table]
+    out: list[Any] = [head]
+    for title, header, rows in verdict_sections(rep):
+        if not rows:
+            out.append(Text(title, style="bold"))
+            continue
+        vt = Table(title=title, title_justify="left", title_style="bold")
+        for i, h in enumerate(header):
+            vt.add_column(h, justify="left" if i in (0, 1) else "right")
+        for row in rows:
+            vt.add_row(*(Text(c, style="bold red" if c == "FAIL" else
+                              ("bold green" if c == "PASS" else "")) for c in row))
+        out.append(vt)
+    out.append(table)
     kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
     if kinds:
         errors = Table(title="errors by kind", title_justify="left")
@@ -1243,6 +1405,11 @@ def write_report(
 ) -> str:
     """Build and render; writes ``out`` atomically when given, returns the text."""
     rep = build_report(run_dir, energy_price_per_kwh=energy_price_per_kwh)
+    return write_built(rep, fmt, out)
+
+
+def write_built(rep: Report, fmt: str, out: Path | None) -> str:
+    """Render a built report; writes ``out`` atomically when given, returns the text."""
     render = {"md": render_markdown, "html": render_html, "json": render_json}[fmt]
     text = render(rep)
     if out is not None:
@@ -1250,6 +1417,34 @@ def write_report(
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(out)
     return text
+
+
+def check_lines(rep: Report) -> list[str]:
+    """``soakd report --check``'s plain-text verdict: one line per target and comparison,
+    each failing criterion with its measured value and limit."""
+    lines = [verdict_title(rep)]
+    for t in rep.targets:
+        v = rep.verdicts.get(t)
+        if v is None or not v.criteria:
+            continue
+        failed = "; ".join(
+            f"{c.name} {fmt_criterion(c.unit, c.measured)} (limit {fmt_criterion(c.unit, c.limit)}"
+            f"{', ' + c.note if c.note else ''})"
+            for c in v.failed
+        )
+        goodput = fmt_value("goodput", v.goodput)
+        lines.append(f"{t}: {_result(v.passed).upper()}, goodput {goodput}"
+                     + (f": {failed}" if failed else ""))
+    cmp = rep.comparison
+    if cmp is not None:
+        worse = "; ".join(
+            f"{d.key} {'-' if d.regression is None else f'{d.regression:.4g}'} "
+            f"(allowed {d.limit:g}{' relative' if d.limit_kind == 'relative' else ''})"
+            for d in cmp.deltas if d.passed is False
+        )
+        lines.append(f"compare {cmp.candidate} against {cmp.baseline}: "
+                     f"{_result(cmp.passed).upper()}" + (f": {worse}" if worse else ""))
+    return lines
 
 
 def now_iso() -> str:
