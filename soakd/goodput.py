@@ -40,8 +40,9 @@ Class = Literal["ok", "error", "refused", "guard", "excluded"]
 NOT_JUDGED = frozenset({ErrorKind.CANCELLED.value})
 """Sent, then cut by soakd itself (drain deadline): out of every denominator."""
 
-REFUSALS = frozenset({ErrorKind.HTTP_429.value, ErrorKind.HTTP_4XX.value,
-                      ErrorKind.HTTP_AUTH.value})
+REFUSALS = frozenset(
+    {ErrorKind.HTTP_429.value, ErrorKind.HTTP_4XX.value, ErrorKind.HTTP_AUTH.value}
+)
 """The server (or a cloud's front door) refused the request: against goodput, not an error."""
 
 
@@ -71,8 +72,7 @@ def _bound_ns(limit_s: float | None) -> int | None:
 
 def within(slo: Slo, ttft_ns: int | None, tpot_ns: int | None, e2e_ns: int | None) -> bool:
     """A successful request's latencies against the latency SLOs (unset: no bound)."""
-    for value, limit in ((ttft_ns, slo.ttft_p99), (tpot_ns, slo.tpot_p99),
-                         (e2e_ns, slo.e2e_p99)):
+    for value, limit in ((ttft_ns, slo.ttft_p99), (tpot_ns, slo.tpot_p99), (e2e_ns, slo.e2e_p99)):
         if value is not None and limit is not None and value > limit * NS_PER_S:
             return False
     return True

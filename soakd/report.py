@@ -349,13 +349,13 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
     verdicts, phase_verdicts = _verdicts(overall, by_phase, targets, slos, tallies)
     comparison = compare(spec, overall, verdicts) if spec is not None else None
     journaled = {t: tallies[t][0] for t in targets}
-    short = {t: n for t in targets
-             if (n := overall[t].requests - _counted(journaled[t])) > 0}
+    short = {t: n for t in targets if (n := overall[t].requests - _counted(journaled[t])) > 0}
     if short:
         notes.append(
             "goodput and the error ratio count the journaled request rows: "
-            + ", ".join(f"{t} has {n} fewer (retention or dropped records)"
-                        for t, n in short.items())
+            + ", ".join(
+                f"{t} has {n} fewer (retention or dropped records)" for t, n in short.items()
+            )
         )
     if not samples or not any(samples.values()):
         notes.append(
@@ -405,7 +405,6 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
     )
 
 
-
 def _counted(t: Tally) -> int:
     return t.sent + t.excluded + t.unsent
 
@@ -423,9 +422,12 @@ def _decision_config(
         raw = config.get("compare")
         spec = Compare.model_validate(raw) if raw else None
     except ValidationError as exc:
-        return ({t: Slo() for t in targets}, None,
-                f"the run's slo/compare config could not be read ({exc.error_count()} error(s)): "
-                "no verdicts")
+        return (
+            {t: Slo() for t in targets},
+            None,
+            f"the run's slo/compare config could not be read ({exc.error_count()} error(s)): "
+            "no verdicts",
+        )
     if spec is not None and not {spec.baseline, spec.candidate} <= set(targets):
         return slos, None, "compare names a target the run does not have: no comparison"
     return slos, spec, None
@@ -443,9 +445,7 @@ def _verdicts(
     phase_verdicts: dict[str, dict[str, Verdict]] = {p: {} for p in by_phase}
     for t in targets:
         whole, phases = tallies[t]
-        pairs = [(overall[t], whole)] + [
-            (by_phase[p][t], phases.get(p, Tally())) for p in by_phase
-        ]
+        pairs = [(overall[t], whole)] + [(by_phase[p][t], phases.get(p, Tally())) for p in by_phase]
         for row, tally in pairs:
             v = judge(t, row.phase, slos[t], row, tally)
             row.goodput, row.goodput_rps, row.error_ratio = v.goodput, v.goodput_rps, v.error_ratio
@@ -692,8 +692,13 @@ def _energy_and_cost(
             energy = None
             if price is not None and row.energy_j is not None and not row.energy_shared:
                 energy = (row.energy_j / 3.6e6 * price, f"energy at {price:g}/kWh")
-            line = cost_line(costs.get(target, TargetCost()), row.active_s, row.prompt_tokens,
-                             row.output_tokens, energy)
+            line = cost_line(
+                costs.get(target, TargetCost()),
+                row.active_s,
+                row.prompt_tokens,
+                row.output_tokens,
+                energy,
+            )
             row.cost, row.cost_basis = line.total, line.basis
             row.cost_per_mtok, row.cost_per_month = line.per_mtok, line.per_month
     if shared:
@@ -717,9 +722,11 @@ def _best(
     for key, _, better in METRIC_COLUMNS:
         if better is None:
             continue
-        pool = targets if eligible is None or key in NOT_RANKED else [
-            t for t in targets if t in eligible
-        ]
+        pool = (
+            targets
+            if eligible is None or key in NOT_RANKED
+            else [t for t in targets if t in eligible]
+        )
         values = {t: v for t in pool if (v := value_of(overall[t], key)) is not None}
         if len(values) < 2 or len(set(values.values())) < 2:
             continue
@@ -939,32 +946,46 @@ def verdict_sections(rep: Report) -> list[Section]:
             continue
         rows.append([t, "all criteria", "", "", _result(v.passed).upper()])
         rows += [
-            [t, c.name, fmt_criterion(c.unit, c.measured), fmt_criterion(c.unit, c.limit),
-             _result(c.passed, c.note)]
+            [
+                t,
+                c.name,
+                fmt_criterion(c.unit, c.measured),
+                fmt_criterion(c.unit, c.limit),
+                _result(c.passed, c.note),
+            ]
             for c in v.criteria
         ]
-    out.append((verdict_title(rep), ["target", "criterion", "measured", "limit", "result"],
-                rows))
+    out.append((verdict_title(rep), ["target", "criterion", "measured", "limit", "result"], rows))
     cmp = rep.comparison
     if cmp is not None:
-        title = (f"Candidate {cmp.candidate} against baseline {cmp.baseline}: "
-                 f"{_result(cmp.passed).upper()}")
+        title = (
+            f"Candidate {cmp.candidate} against baseline {cmp.baseline}: "
+            f"{_result(cmp.passed).upper()}"
+        )
         crows = []
         for d in cmp.deltas:
-            unit = "s" if d.key.endswith(("_p99", "_p50")) else (
-                "ratio" if d.key in ("error_ratio", "goodput") else "rate")
-            value = (fmt_criterion(unit, d.baseline), fmt_criterion(unit, d.candidate)) \
-                if unit != "rate" else tuple(
-                    "-" if x is None else f"{x:.4g}/s" for x in (d.baseline, d.candidate))
+            unit = (
+                "s"
+                if d.key.endswith(("_p99", "_p50"))
+                else ("ratio" if d.key in ("error_ratio", "goodput") else "rate")
+            )
+            value = (
+                (fmt_criterion(unit, d.baseline), fmt_criterion(unit, d.candidate))
+                if unit != "rate"
+                else tuple("-" if x is None else f"{x:.4g}/s" for x in (d.baseline, d.candidate))
+            )
             change = "-" if d.relative is None else f"{d.relative * 100:+.1f} %"
             if d.relative is None and d.delta is not None:
                 change = f"{d.delta:+.4g}"
-            allowed = (f"{d.limit * 100:g} %" if d.limit_kind == "relative"
-                       else f"{d.limit:g}")
-            crows.append([d.key, value[0], value[1], change, allowed,
-                          _result(d.passed, d.note)])
-        out.append((title, ["metric", "baseline", "candidate", "change",
-                            "allowed regression", "result"], crows))
+            allowed = f"{d.limit * 100:g} %" if d.limit_kind == "relative" else f"{d.limit:g}"
+            crows.append([d.key, value[0], value[1], change, allowed, _result(d.passed, d.note)])
+        out.append(
+            (
+                title,
+                ["metric", "baseline", "candidate", "change", "allowed regression", "result"],
+                crows,
+            )
+        )
     return out
 
 
@@ -988,16 +1009,23 @@ def phase_verdict_section(rep: Report, phase: str) -> Section | None:
 
 def cost_section(rep: Report) -> Section | None:
     rows = [
-        [t, r.cost_basis or "-", fmt_value("cost_per_mtok", r.cost_per_mtok, rep.currency),
-         fmt_value("cost_per_month", r.cost_per_month, rep.currency),
-         fmt_value("output_tps", r.output_tps)]
+        [
+            t,
+            r.cost_basis or "-",
+            fmt_value("cost_per_mtok", r.cost_per_mtok, rep.currency),
+            fmt_value("cost_per_month", r.cost_per_month, rep.currency),
+            fmt_value("output_tps", r.output_tps),
+        ]
         for t in rep.targets
         if (r := rep.overall[t]).cost_basis
     ]
     if not rows:
         return None
-    return ("Cost at the measured load", ["target", "priced as", "per M output tokens",
-                                           "per month", "output tokens/s"], rows)
+    return (
+        "Cost at the measured load",
+        ["target", "priced as", "per M output tokens", "per month", "output tokens/s"],
+        rows,
+    )
 
 
 def _md_section(section: Section, level: str = "##") -> list[str]:
@@ -1018,8 +1046,7 @@ def _html_section(section: Section, level: str = "h2") -> str:
         out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
         for row in rows:
             cells = "".join(
-                f'<td class="fail">{e(c)}</td>' if c == "FAIL" else f"<td>{e(c)}</td>"
-                for c in row
+                f'<td class="fail">{e(c)}</td>' if c == "FAIL" else f"<td>{e(c)}</td>" for c in row
             )
             out.append(f"<tr>{cells}</tr>")
         out.append("</table>")
@@ -1381,8 +1408,15 @@ def terminal_summary(rep: Report) -> list[Any]:
         for i, h in enumerate(header):
             vt.add_column(h, justify="left" if i in (0, 1) else "right")
         for row in rows:
-            vt.add_row(*(Text(c, style="bold red" if c == "FAIL" else
-                              ("bold green" if c == "PASS" else "")) for c in row))
+            vt.add_row(
+                *(
+                    Text(
+                        c,
+                        style="bold red" if c == "FAIL" else ("bold green" if c == "PASS" else ""),
+                    )
+                    for c in row
+                )
+            )
         out.append(vt)
     out.append(table)
     kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
@@ -1433,17 +1467,22 @@ def check_lines(rep: Report) -> list[str]:
             for c in v.failed
         )
         goodput = fmt_value("goodput", v.goodput)
-        lines.append(f"{t}: {_result(v.passed).upper()}, goodput {goodput}"
-                     + (f": {failed}" if failed else ""))
+        lines.append(
+            f"{t}: {_result(v.passed).upper()}, goodput {goodput}"
+            + (f": {failed}" if failed else "")
+        )
     cmp = rep.comparison
     if cmp is not None:
         worse = "; ".join(
             f"{d.key} {'-' if d.regression is None else f'{d.regression:.4g}'} "
             f"(allowed {d.limit:g}{' relative' if d.limit_kind == 'relative' else ''})"
-            for d in cmp.deltas if d.passed is False
+            for d in cmp.deltas
+            if d.passed is False
         )
-        lines.append(f"compare {cmp.candidate} against {cmp.baseline}: "
-                     f"{_result(cmp.passed).upper()}" + (f": {worse}" if worse else ""))
+        lines.append(
+            f"compare {cmp.candidate} against {cmp.baseline}: "
+            f"{_result(cmp.passed).upper()}" + (f": {worse}" if worse else "")
+        )
     return lines
 
 

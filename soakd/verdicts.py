@@ -93,27 +93,68 @@ def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) 
             out.append(Criterion(key, limit, None, "s", None, why))
     if slo.error_ratio is not None:
         ratio = tally.error_ratio
-        out.append(Criterion("error_ratio", slo.error_ratio, ratio, "ratio",
-                             None if ratio is None else ratio <= slo.error_ratio,
-                             "" if ratio is not None else "no request reached the server"))
+        out.append(
+            Criterion(
+                "error_ratio",
+                slo.error_ratio,
+                ratio,
+                "ratio",
+                None if ratio is None else ratio <= slo.error_ratio,
+                "" if ratio is not None else "no request reached the server",
+            )
+        )
     if slo.jitter is not None:
         j = row.jitter
-        out.append(Criterion("jitter", slo.jitter, j, "ratio",
-                             None if j is None else j <= slo.jitter,
-                             "" if j is not None else "too few slices with enough requests"))
+        out.append(
+            Criterion(
+                "jitter",
+                slo.jitter,
+                j,
+                "ratio",
+                None if j is None else j <= slo.jitter,
+                "" if j is not None else "too few slices with enough requests",
+            )
+        )
     if slo.oom_events is not None:
-        events = max(row.oom_events or 0, row.oom_responses)
-        out.append(Criterion("oom_events", slo.oom_events, float(events), "count",
-                             events <= slo.oom_events))
+        if row.oom_events is None and not tally.sent:  # no probe, no request: no evidence
+            out.append(
+                Criterion(
+                    "oom_events",
+                    slo.oom_events,
+                    None,
+                    "count",
+                    None,
+                    "no request and no probe readings",
+                )
+            )
+        else:
+            events = max(row.oom_events or 0, row.oom_responses)
+            out.append(
+                Criterion(
+                    "oom_events", slo.oom_events, float(events), "count", events <= slo.oom_events
+                )
+            )
     if slo.vram_peak is not None:
         peak = row.vram_peak_bytes
-        out.append(Criterion("vram_peak", slo.vram_peak, peak, "bytes",
-                             None if peak is None else peak <= slo.vram_peak,
-                             "" if peak is not None else "no GPU memory readings"))
+        out.append(
+            Criterion(
+                "vram_peak",
+                slo.vram_peak,
+                peak,
+                "bytes",
+                None if peak is None else peak <= slo.vram_peak,
+                "" if peak is not None else "no GPU memory readings",
+            )
+        )
     return Verdict(
-        target, phase, out, _all(c.passed for c in out), goodput=tally.goodput,
+        target,
+        phase,
+        out,
+        _all(c.passed for c in out),
+        goodput=tally.goodput,
         goodput_rps=tally.good / row.active_s if row.active_s > 0 else None,
-        error_ratio=tally.error_ratio, sent=tally.sent,
+        error_ratio=tally.error_ratio,
+        sent=tally.sent,
     )
 
 
@@ -129,8 +170,9 @@ def eligible_for_best(row: RowLike, verdict: Verdict | None) -> bool:
 
 # --- baseline against candidate --------------------------------------------------------------
 
-HIGHER_IS_WORSE = frozenset({"ttft_p99", "tpot_p99", "e2e_p99", "ttft_p50", "e2e_p50",
-                             "error_ratio"})
+HIGHER_IS_WORSE = frozenset(
+    {"ttft_p99", "tpot_p99", "e2e_p99", "ttft_p50", "e2e_p50", "error_ratio"}
+)
 
 
 @dataclass
@@ -180,9 +222,20 @@ def compare(
         if cand is None or base is None:
             # a candidate with no value where the baseline has one (no success at all) fails
             missing = cand is None and base is not None
-            out.deltas.append(Delta(key, base, cand, None, None, kind, limit, None,
-                                    False if missing else None,
-                                    "no value for the candidate" if missing else "no value"))
+            out.deltas.append(
+                Delta(
+                    key,
+                    base,
+                    cand,
+                    None,
+                    None,
+                    kind,
+                    limit,
+                    None,
+                    False if missing else None,
+                    "no value for the candidate" if missing else "no value",
+                )
+            )
             continue
         delta = cand - base
         worse = delta if key in HIGHER_IS_WORSE else -delta
@@ -193,8 +246,9 @@ def compare(
             relative = None
             rel_worse = math.inf if worse > 0 else 0.0
         regression = rel_worse if kind == "relative" else worse
-        out.deltas.append(Delta(key, base, cand, delta, relative, kind, limit, regression,
-                                regression <= limit))
+        out.deltas.append(
+            Delta(key, base, cand, delta, relative, kind, limit, regression, regression <= limit)
+        )
     out.passed = _all(d.passed for d in out.deltas)
     return out
 
@@ -207,5 +261,13 @@ def overall(verdicts: Iterable[Verdict], comparison: CompareVerdict | None) -> b
     return _all(results)
 
 
-__all__ = ["CompareVerdict", "Criterion", "Delta", "Verdict", "compare", "eligible_for_best",
-           "judge", "overall"]
+__all__ = [
+    "CompareVerdict",
+    "Criterion",
+    "Delta",
+    "Verdict",
+    "compare",
+    "eligible_for_best",
+    "judge",
+    "overall",
+]

@@ -87,8 +87,10 @@ class FakeSoakd:
         self.p = p = ProbeMetrics(self.registry)
         self.rng = random.Random(4)
         m.build_info.info({"version": "test", "run_id": "e2e", "node": "ci"})
-        m.set_limits(Slo(vram_peak=LIMIT, error_ratio=0.003, ttft_p99=2, e2e_p99=30,
-                         jitter=0.15), AlertLimits())
+        m.set_limits(
+            Slo(vram_peak=LIMIT, error_ratio=0.003, ttft_p99=2, e2e_p99=30, jitter=0.15),
+            AlertLimits(),
+        )
         m.add_phases(["steady", "warmup"])
         for target in TARGETS:
             m.add_target(target, ["steady", "warmup"])

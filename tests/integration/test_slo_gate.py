@@ -39,9 +39,10 @@ def gate_config(candidate_slo: dict[str, Any]) -> dict[str, Any]:
 
 async def soak(tmp_path: Path, raw: dict[str, Any]) -> Path:
     run_dir = tmp_path / "run"
-    soak = Soak(config_from_dict(raw), RunOptions(run_dir=run_dir,
-                                                  metrics_addr=f"127.0.0.1:{free_port()}",
-                                                  console_logs=False))
+    soak = Soak(
+        config_from_dict(raw),
+        RunOptions(run_dir=run_dir, metrics_addr=f"127.0.0.1:{free_port()}", console_logs=False),
+    )
     result = await soak.run()
     assert result.completed
     return run_dir
@@ -49,9 +50,23 @@ async def soak(tmp_path: Path, raw: dict[str, Any]) -> Path:
 
 def check(run_dir: Path, out: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "soakd", "report", str(run_dir), "--check", "--format", "json",
-         "-o", str(out)],
-        capture_output=True, text=True, check=False, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "soakd",
+            "report",
+            str(run_dir),
+            "--check",
+            "--format",
+            "json",
+            "-o",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
 
 
 async def test_a_target_over_its_ttft_slo_fails_the_gate(tmp_path: Path) -> None:
@@ -93,6 +108,10 @@ async def test_loose_slos_pass_the_gate(tmp_path: Path) -> None:
         verdict = doc["verdicts"][target]
         assert verdict["passed"] is True
         assert {c["name"] for c in verdict["criteria"]} == {
-            "ttft_p99", "e2e_p99", "error_ratio", "oom_events"}
+            "ttft_p99",
+            "e2e_p99",
+            "error_ratio",
+            "oom_events",
+        }
         assert doc["overall"][target]["goodput"] == 1
     assert "Verdict: PASS" in proc.stdout
