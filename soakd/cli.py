@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write to FILE (default: standard output)")
     report.add_argument("--energy-price", type=float, metavar="PER_KWH",
                         help="electricity price per kWh (default: report.energy_price_per_kwh)")
+    report.add_argument("--config", type=Path, metavar="FILE",
+                        help="judge by this config's slo, compare, costs and report sections "
+                        "(targets matched by name) instead of the run's own")
     report.add_argument("--check", action="store_true",
                         help="gate on the verdict: exit 1 when a target fails its SLO or the "
                         "candidate regresses, 0 when all pass (docs/slo.md)")
@@ -185,7 +188,12 @@ EXIT_FAILED = 1
 def cmd_report(args: argparse.Namespace) -> int:
     from soakd.report import build_report, check_lines, terminal_summary, write_built
 
-    rep = build_report(args.run_dir, energy_price_per_kwh=args.energy_price)
+    judge_by = None
+    if args.config is not None:
+        from soakd.journal import config_doc
+
+        judge_by = config_doc(load_config(args.config))
+    rep = build_report(args.run_dir, energy_price_per_kwh=args.energy_price, judge_by=judge_by)
     fmt = args.format or "md"
     # --check alone prints the verdict; with --format or -o the report goes there too
     show = not args.check or args.format is not None or args.output is not None

@@ -247,8 +247,15 @@ class _Timeline:
         return self.phases[-1][0] if self.phases and offset_s >= self.phases[-1][2] else None
 
 
-def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) -> Report:
-    """Everything the report says, from the journal in ``run_dir`` (read-only)."""
+def build_report(
+    run_dir: Path,
+    *,
+    energy_price_per_kwh: float | None = None,
+    judge_by: dict[str, Any] | None = None,
+) -> Report:
+    """Everything the report says, from the journal in ``run_dir`` (read-only).
+    ``judge_by``: another config document whose slo, compare, costs and report sections
+    replace the run's own (``soakd report --config``)."""
     with JournalReader(run_dir) as reader:
         meta = reader.meta
         sessions = reader.sessions()
@@ -259,6 +266,8 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
         samples = reader.samples(SAMPLE_NAMES)
         window_s = reader.window_ns / NS
         config = meta.get("config", {})
+        if judge_by is not None:
+            config = decisions_from(config, judge_by)
         targets = [t["name"] for t in config.get("targets", [])]
         for r in rollups:
             if r.target not in targets:
@@ -403,6 +412,27 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
         comparison=comparison,
         passed=overall_verdict(verdicts.values(), comparison),
     )
+
+
+DECISION_KEYS = ("slo", "compare", "report")
+TARGET_DECISION_KEYS = ("slo", "cost")
+
+
+def decisions_from(stored: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """The run's config with what decides (slo, compare, costs, report) taken from
+    ``other``; targets are matched by name, targets ``other`` lacks keep none of it."""
+    out = dict(stored)
+    for key in DECISION_KEYS:
+        out[key] = other.get(key)
+    theirs = {t.get("name"): t for t in other.get("targets", [])}
+    out["targets"] = [
+        {
+            **t,
+            **{k: (theirs.get(t.get("name")) or {}).get(k) for k in TARGET_DECISION_KEYS},
+        }
+        for t in stored.get("targets", [])
+    ]
+    return out
 
 
 def _counted(t: Tally) -> int:
@@ -925,8 +955,8 @@ def fmt_criterion(unit: str, value: float | None) -> str:
         return _ms(value * 1000)
     if unit == "ratio":
         return f"{value * 100:.3g} %"
-    if unit == "bytes":
-        return _bytes(value)
+    if unit == "bytes":  # decimal, as slo.vram_peak is usually written (3.9GB)
+        return f"{value / 1e9:.3g} GB" if value >= 1e8 else f"{value / 1e6:.3g} MB"
     return f"{value:,.0f}"
 
 

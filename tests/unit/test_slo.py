@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from soakd.cli import main
@@ -446,3 +447,16 @@ def test_the_guard_refusal_predicate_is_the_one_switch() -> None:
     tally.add("error", False, 1)
     assert tally.goodput == pytest.approx(6 / 10)
     assert tally.error_ratio == pytest.approx(1 / 7)  # of the requests that reached the server
+
+
+def test_judge_a_finished_run_by_another_config(
+    slo_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--config``: the same journal, judged by a looser slo (targets matched by name)."""
+    loose = json.loads(json.dumps(SLO_RUN))
+    loose["targets"][1]["slo"] = {"ttft_p99": "500ms"}
+    path = tmp_path / "loose.yaml"
+    path.write_text(yaml.safe_dump(loose))
+    assert main(["report", str(slo_run), "--check", "--config", str(path)]) == 0
+    assert "beta: PASS" in capsys.readouterr().out
+    assert main(["report", str(slo_run), "--check"]) == 1  # the run's own slo is unchanged
