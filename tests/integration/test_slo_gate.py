@@ -39,20 +39,35 @@ def gate_config(candidate_slo: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def soak(run_dir: Path, raw: dict[str, Any]) -> Path:
+@pytest.fixture(scope="module")
+def tight_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Soak]:
+    """One soak of two simulators; fast-b's own ttft_p99 is one no request can meet."""
+    run_dir = tmp_path_factory.mktemp("gate") / "run"
     addr = f"127.0.0.1:{free_port()}"
+    raw = gate_config({"ttft_p99": TIGHT_TTFT})
     soak = Soak(
         config_from_dict(raw), RunOptions(run_dir=run_dir, metrics_addr=addr, console_logs=False)
     )
     result = asyncio.run(soak.run())
     assert result.completed
-    return run_dir
+    return run_dir, soak
 
 
-@pytest.fixture(scope="module")
-def tight_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One soak of two simulators; fast-b's own ttft_p99 is one no request can meet."""
-    return soak(tmp_path_factory.mktemp("gate") / "run", gate_config({"ttft_p99": TIGHT_TTFT}))
+def test_goodput_and_limits_on_metrics(tight_run: tuple[Path, Soak]) -> None:
+    """/metrics over the last minute (first: right after the run), with each target's own SLO; the limit gauges carry
+    the run-wide values (fast-b's override judges it, it does not move the alerts)."""
+    _, soak = tight_run
+    get = soak.metrics.registry.get_sample_value
+    assert get("soakd_goodput_ratio", {"target": "fast-a"}) == 1.0
+    assert get("soakd_goodput_ratio", {"target": "fast-b"}) == 0.0
+    assert get("soakd_goodput_rps", {"target": "fast-a"}) > 0
+    assert get("soakd_goodput_rps", {"target": "fast-b"}) == 0.0
+    assert get("soakd_slo_ttft_p99_seconds") == 30.0
+    assert get("soakd_error_ratio_limit") == 0.01
+    assert get("soakd_vram_limit_bytes") is None  # slo.vram_peak not set: no gauge
+    status = soak.status()["targets"]
+    assert status["fast-a"]["goodput"] == 1.0
+    assert status["fast-b"]["goodput"] == 0.0
 
 
 def check(run_dir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -66,8 +81,10 @@ def check(run_dir: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[
     )
 
 
-def test_a_target_over_its_ttft_slo_fails_the_gate(tight_run: Path, tmp_path: Path) -> None:
-    proc = check(tight_run, tmp_path / "report.json")
+def test_a_target_over_its_ttft_slo_fails_the_gate(
+    tight_run: tuple[Path, Soak], tmp_path: Path
+) -> None:
+    proc = check(tight_run[0], tmp_path / "report.json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "report.json").read_text())
     assert doc["passed"] is False
@@ -94,10 +111,12 @@ def test_a_target_over_its_ttft_slo_fails_the_gate(tight_run: Path, tmp_path: Pa
         assert doc["phase_verdicts"][phase]["fast-a"]["passed"] is True
 
 
-def test_the_same_run_with_loose_slos_passes_the_gate(tight_run: Path, tmp_path: Path) -> None:
+def test_the_same_run_with_loose_slos_passes_the_gate(
+    tight_run: tuple[Path, Soak], tmp_path: Path
+) -> None:
     loose = tmp_path / "loose.yaml"
     loose.write_text(yaml.safe_dump(gate_config({"ttft_p99": "20s"})))
-    proc = check(tight_run, tmp_path / "report.json", "--config", str(loose))
+    proc = check(tight_run[0], tmp_path / "report.json", "--config", str(loose))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "report.json").read_text())
     assert doc["passed"] is True
