@@ -54,8 +54,9 @@ def tight_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Soak]:
 
 
 def test_goodput_and_limits_on_metrics(tight_run: tuple[Path, Soak]) -> None:
-    """/metrics over the last minute (first: right after the run), with each target's own SLO; the limit gauges carry
-    the run-wide values (fast-b's override judges it, it does not move the alerts)."""
+    """/metrics over the last minute (first test: right after the run), with each target's
+    own SLO; the limit gauges carry the run-wide values (fast-b's override judges it, it
+    does not move the alerts)."""
     _, soak = tight_run
     get = soak.metrics.registry.get_sample_value
     assert get("soakd_goodput_ratio", {"target": "fast-a"}) == 1.0
