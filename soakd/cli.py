@@ -132,6 +132,14 @@ def cmd_check(args: argparse.Namespace) -> int:
                       duration_cap_s=args.duration)
     print(f"{args.config}: ok")
     print(describe_plan(plan, cfg))
+    if not cfg.slo.empty or any(not t.slo.empty for t in cfg.targets):
+        from soakd.verdicts import describe_slo
+
+        for target in cfg.targets:  # the effective SLO: run-wide with the target's overrides
+            print(f"slo {target.name}: {describe_slo(cfg.slo_for(target.name))}")
+    if cfg.compare is not None:
+        c = cfg.compare
+        print(f"compare: {c.candidate} against baseline {c.baseline}")
     return 0
 
 

@@ -116,7 +116,7 @@ class Tls(Strict):
 
 
 class Hardware(Strict):
-    """A box bought outright, written off over ``months`` (docs/report.md: cost)."""
+    """A box bought outright, written off over ``months`` (docs/slo.md: cost)."""
 
     price: Annotated[float, Field(ge=0)]
     months: Annotated[float, Field(gt=0)] = 36.0
@@ -162,10 +162,6 @@ class Slo(Strict):
     def over(self, base: Slo) -> Slo:
         """``base`` with the keys set here replacing its own (a target's overrides)."""
         return base.model_copy(update=self.model_dump(exclude_none=True))
-
-    @property
-    def latency(self) -> bool:
-        return any(v is not None for v in (self.ttft_p99, self.tpot_p99, self.e2e_p99))
 
     @property
     def empty(self) -> bool:
@@ -714,8 +710,9 @@ def _regression(value: Any) -> Any:
     return ("absolute", float(value))
 
 
-Regression = Annotated[tuple[Literal["relative", "absolute"], Annotated[float, Field(ge=0)]],
-                       BeforeValidator(_regression)]
+Regression = Annotated[
+    tuple[Literal["relative", "absolute"], Annotated[float, Field(ge=0, allow_inf_nan=False)]],
+    BeforeValidator(_regression)]
 
 
 class Compare(Strict):

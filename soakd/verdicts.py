@@ -253,6 +253,22 @@ def compare(
     return out
 
 
+def describe_slo(slo: Slo) -> str:
+    """``ttft_p99 2s, error_ratio 0.3 %, vram_peak 3.9 GB`` (``soakd check``)."""
+    parts = []
+    for key, value in slo.model_dump(exclude_none=True).items():
+        if key.endswith("_p99"):
+            text = f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
+        elif key in ("error_ratio", "jitter"):
+            text = f"{value * 100:g} %"
+        elif key == "vram_peak":
+            text = f"{value / 1e9:g} GB"
+        else:
+            text = f"{value:g}"
+        parts.append(f"{key} {text}")
+    return ", ".join(parts) or "none"
+
+
 def overall(verdicts: Iterable[Verdict], comparison: CompareVerdict | None) -> bool | None:
     """The run: fails when any target or the comparison fails."""
     results = [v.passed for v in verdicts]

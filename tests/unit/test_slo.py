@@ -460,3 +460,14 @@ def test_judge_a_finished_run_by_another_config(
     assert main(["report", str(slo_run), "--check", "--config", str(path)]) == 0
     assert "beta: PASS" in capsys.readouterr().out
     assert main(["report", str(slo_run), "--check"]) == 1  # the run's own slo is unchanged
+
+
+def test_check_prints_each_targets_effective_slo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "soak.yaml"
+    path.write_text(yaml.safe_dump(BASE | {"slo": {"ttft_p99": "2s", "error_ratio": 0.003}}))
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "slo a: ttft_p99 2s, error_ratio 0.3 %" in out
+    assert "slo b: ttft_p99 3s, error_ratio 0.3 %" in out
