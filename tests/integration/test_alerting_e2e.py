@@ -572,6 +572,7 @@ def _soak_config(vllm_url: str, spare_url: str) -> dict[str, Any]:
         ],
         "gpu": {"source": "dcgm", "dcgm_url": vllm_url + "/metrics", "interval": "0.5s"},
         "probes": {"scrape_interval": "1s", "health_interval": "1s"},
+        "slo": {"vram_peak": LIMIT},  # exported as soakd_vram_limit_bytes
     }
 
 
