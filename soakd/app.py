@@ -435,6 +435,8 @@ class Soak:
                     st = self.status()
                     log.info("progress", elapsed_s=st["elapsed_s"], remaining_s=st["remaining_s"],
                              targets={k: {"rps": round(v["rps"], 2), "errors": v["errors"],
+                                          "goodput_pct": _round(None if v["goodput"] is None
+                                                            else v["goodput"] * 100),
                                           "ttft_p99_ms": _round(v["ttft_p99_ms"]),
                                           "e2e_p99_ms": _round(v["e2e_p99_ms"])}
                                       for k, v in st["targets"].items()})
