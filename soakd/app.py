@@ -31,6 +31,7 @@ import yaml
 from soakd import __version__
 from soakd.config import Config, ConfigError, TargetConfig
 from soakd.gateway.spawn import GatewayProcess, spawn_gateway
+from soakd.goodput import GoodputWindow
 from soakd.http import HttpServer, start_http, tls_context
 from soakd.journal import (
     JOURNAL_FILE,
@@ -131,6 +132,7 @@ class Soak:
         self.probes: Probes | None = None
         self.names = [t.name for t in cfg.targets]
         self.stats = RunStats(self.names)
+        self.goodput = GoodputWindow({name: cfg.slo_for(name) for name in self.names})
         self.targets: dict[str, Target] = {}
         self.runner: Runner | None = None
         self.http: HttpServer | None = None
@@ -165,9 +167,10 @@ class Soak:
             "stopping": bool(runner and runner.stopping),
             "in_flight": dict(runner.in_flight) if runner else {},
             "missed": self.ledger.by_target(session=True),
-            "lag_limit_s": self.cfg.exporter.thresholds.dispatch_lag_seconds,
+            "lag_limit_s": self.cfg.alert_limits.dispatch_lag,
             "metrics_url": self.http.url if self.http else None,
-            "targets": self.stats.recent(),
+            "targets": {name: row | self.goodput.row(name)
+                        for name, row in self.stats.recent().items()},
         }
 
     def _status_snapshot(self) -> dict[str, Any]:
@@ -268,6 +271,10 @@ class Soak:
             elapsed = time.monotonic() - started
             active = self.runner.active_s() if self.runner is not None else 0.0
             summary = self.stats.overall(active, self.ledger.by_target(session=True))
+            for name, row in summary.items():  # this session's goodput (the report: the run's)
+                tally = self.goodput.total[name]
+                row["goodput"] = tally.goodput
+                row["goodput_rps"] = tally.good / active if active > 0 else 0.0
             completed = bool(self.runner and self.runner.finished)
             await self.journal.aclose(completed=completed)
             self._write_summary(summary, completed, elapsed, active, cancelled)
@@ -301,7 +308,7 @@ class Soak:
             self.plan, self.targets, make_prompt_source(self.cfg.workload),
             # the journal hands outcomes on to Metrics once committed: Prometheus
             # never counts a request the journal could lose (docs/journal.md)
-            [self.journal, self.stats, self.probes.outcome_sink, self.guards],
+            [self.journal, self.stats, self.goodput, self.probes.outcome_sink, self.guards],
             max_tokens=self.cfg.workload.max_tokens,
             temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
             on_phase=self._on_phase,
@@ -339,11 +346,12 @@ class Soak:
         m = self.metrics
         m.build_info.info({"version": __version__, "run_id": self.run_id,
                            "node": self.cfg.run.node})
-        m.set_thresholds(self.cfg.exporter.thresholds)
+        m.set_limits(self.cfg.slo, self.cfg.alert_limits)
         phases = sorted({p.name for p in self.plan.phases})
         m.add_phases(phases)
         for name in self.names:
             m.add_target(name, phases)
+        m.watch_goodput(self.goodput.ratio, self.goodput.rate)
         m.run_start.set(self.resume.created_wall if self.resume else time.time())
         m.phase_index.set(-1)
 
@@ -511,6 +519,8 @@ class Soak:
                     last_progress = now
                     log.info("progress", elapsed_s=st["elapsed_s"], remaining_s=st["remaining_s"],
                              targets={k: {"rps": round(v["rps"], 2), "errors": v["errors"],
+                                          "goodput_pct": _round(None if v["goodput"] is None
+                                                            else v["goodput"] * 100),
                                           "ttft_p99_ms": _round(v["ttft_p99_ms"]),
                                           "e2e_p99_ms": _round(v["e2e_p99_ms"])}
                                       for k, v in st["targets"].items()})

@@ -70,11 +70,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = sub.add_parser("report", help="the side-by-side report of a run, from its journal")
     report.add_argument("run_dir", type=Path, metavar="DIR")
-    report.add_argument("--format", choices=("md", "html", "json", "text"), default="md")
+    report.add_argument("--format", choices=("md", "html", "json", "text"), default=None,
+                        help="md (default), html, json or text")
     report.add_argument("-o", "--output", type=Path, metavar="FILE",
                         help="write to FILE (default: standard output)")
     report.add_argument("--energy-price", type=float, metavar="PER_KWH",
                         help="electricity price per kWh (default: report.energy_price_per_kwh)")
+    report.add_argument("--config", type=Path, metavar="FILE",
+                        help="judge by this config's slo, compare, costs and report sections "
+                        "(targets matched by name) instead of the run's own")
+    report.add_argument("--check", action="store_true",
+                        help="gate on the verdict: exit 1 when a target fails its SLO or the "
+                        "candidate regresses, 0 when all pass (docs/slo.md)")
 
     export = sub.add_parser("export", help="per-request rows of a run as CSV or JSON lines")
     export.add_argument("run_dir", type=Path, metavar="DIR")
@@ -125,6 +132,14 @@ def cmd_check(args: argparse.Namespace) -> int:
                       duration_cap_s=args.duration)
     print(f"{args.config}: ok")
     print(describe_plan(plan, cfg))
+    if not cfg.slo.empty or any(not t.slo.empty for t in cfg.targets):
+        from soakd.verdicts import describe_slo
+
+        for target in cfg.targets:  # the effective SLO: run-wide with the target's overrides
+            print(f"slo {target.name}: {describe_slo(cfg.slo_for(target.name))}")
+    if cfg.compare is not None:
+        c = cfg.compare
+        print(f"compare: {c.candidate} against baseline {c.baseline}")
     return 0
 
 
@@ -175,23 +190,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from soakd.report import build_report, terminal_summary, write_report
+EXIT_FAILED = 1
 
-    if args.format == "text":
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from soakd.report import build_report, check_lines, terminal_summary, write_built
+
+    judge_by = None
+    if args.config is not None:
+        from soakd.journal import config_doc
+
+        judge_by = config_doc(load_config(args.config))
+    rep = build_report(args.run_dir, energy_price_per_kwh=args.energy_price, judge_by=judge_by)
+    fmt = args.format or "md"
+    # --check alone prints the verdict; with --format or -o the report goes there too
+    show = not args.check or args.format is not None or args.output is not None
+    if show and fmt == "text":
         from rich.console import Console
 
         console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
-        for part in terminal_summary(build_report(args.run_dir,
-                                                  energy_price_per_kwh=args.energy_price)):
+        for part in terminal_summary(rep):
             console.print(part)
+    elif show:
+        text = write_built(rep, fmt, args.output)
+        if args.output is None:
+            sys.stdout.write(text)
+        else:
+            print(f"{args.output}: {fmt} report of {args.run_dir}", file=sys.stderr)
+    if not args.check:
         return 0
-    text = write_report(args.run_dir, args.format, args.output, args.energy_price)
-    if args.output is None:
-        sys.stdout.write(text)
-    else:
-        print(f"{args.output}: {args.format} report of {args.run_dir}", file=sys.stderr)
-    return 0
+    verdict = "\n".join(check_lines(rep))
+    print(verdict, file=sys.stdout if not show or args.output is not None else sys.stderr)
+    if rep.passed is None:
+        _fail(f"{args.run_dir}: nothing to check: the run's config has no slo or compare "
+              "block, or none of its criteria could be measured")
+    return 0 if rep.passed else EXIT_FAILED
 
 
 def cmd_export(args: argparse.Namespace) -> int:

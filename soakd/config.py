@@ -128,15 +128,57 @@ class Tls(Strict):
     ca_file: Path | None = None
 
 
+class Hardware(Strict):
+    """A box bought outright, written off over ``months`` (docs/slo.md: cost)."""
+
+    price: Annotated[float, Field(ge=0)]
+    months: Annotated[float, Field(gt=0)] = 36.0
+
+
+class TokenPrice(Strict):
+    """What a cloud bills per million prompt (input) and output tokens."""
+
+    input: Annotated[float, Field(ge=0)] = 0.0
+    output: Annotated[float, Field(ge=0)] = 0.0
+
+
 class TargetCost(Strict):
-    """What the report charges a target: an all-in hourly price (a cloud endpoint, a
-    rented box) or, without one, the energy of its GPUs at ``report.energy_price_per_kwh``."""
+    """What the report charges a target, summed: an all-in hourly price (a rented box),
+    hardware amortisation, the tokens at a cloud's price, and, without ``per_hour``, the
+    energy of its GPUs at ``report.energy_price_per_kwh``."""
 
     per_hour: Annotated[float, Field(ge=0)] | None = None
+    hardware: Hardware | None = None
+    per_mtok: TokenPrice | None = None
     gpus: list[str] | None = None  # GPU indexes charged to it (default: where its process ran)
 
 
 Count = Annotated[int, Field(ge=1)]
+
+Limit = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+"""A latency limit: a duration above zero (``2s``, ``100ms``)."""
+
+
+class Slo(Strict):
+    """Service level objectives: the one source of the report's verdicts, goodput, and
+    the exporter's limit gauges (docs/slo.md). Every key is optional: unset, not judged."""
+
+    ttft_p99: Limit | None = None
+    tpot_p99: Limit | None = None
+    e2e_p99: Limit | None = None
+    error_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    jitter: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    oom_events: Annotated[int, Field(ge=0)] | None = None
+    vram_peak: Annotated[float, BeforeValidator(lambda v: parse_bytes(v)),
+                         Field(gt=0, allow_inf_nan=False)] | None = None
+
+    def over(self, base: Slo) -> Slo:
+        """``base`` with the keys set here replacing its own (a target's overrides)."""
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+    @property
+    def empty(self) -> bool:
+        return all(v is None for v in self.model_dump().values())
 
 
 class SpendGuard(Strict):
@@ -193,6 +235,7 @@ class TargetConfig(Strict):
     process_name: str | None = None  # or a substring of its command line / process name
     oom_log: Path | None = None  # a log file to tail for out-of-memory lines
     cost: TargetCost = TargetCost()
+    slo: Slo = Slo()  # overrides of the run-wide slo block for this target
     # Cloud endpoints (docs/gateway.md): the API's dialect, a spend cap, 429 handling, and
     # a `soakd gateway` that soakd starts in front of the target.
     kind: Literal["openai", "azure"] = "openai"
@@ -366,17 +409,24 @@ class Workload(Strict):
     seed: int = 0
 
 
-class Thresholds(Strict):
-    """Per-deployment limits, exported as gauges so alert rules compare against them."""
+class AlertLimits(Strict):
+    """Limits that only alert rules read (no verdict judges them), exported as gauges.
+    The SLO limits are in the ``slo`` block."""
 
-    vram_limit_bytes: Annotated[float, Field(gt=0)] = 3.9e9
-    vram_leak_bytes_per_hour: Annotated[float, Field(gt=0)] = 50e6
-    error_ratio: Annotated[float, Field(ge=0, le=1)] = 0.003
-    p99_e2e_seconds: Annotated[float, Field(gt=0)] = 30.0
-    p99_ttft_seconds: Annotated[float, Field(gt=0)] = 2.0
-    jitter_ratio: Annotated[float, Field(ge=0)] = 0.15
-    dispatch_lag_seconds: Annotated[float, Field(gt=0)] = 0.1
-    p99_e2e_drift_seconds_per_hour: Annotated[float, Field(gt=0)] = 1.0
+    vram_leak_per_hour: Annotated[float, BeforeValidator(lambda v: parse_bytes(v)),
+                                  Field(gt=0, allow_inf_nan=False)] = 50e6
+    dispatch_lag: Limit = 0.1
+    e2e_p99_drift_per_hour: Limit = 1.0
+
+
+THRESHOLDS_MOVED = (
+    "exporter.thresholds: moved: the SLO limits are now the top-level slo block "
+    "(vram_limit_bytes -> slo.vram_peak, error_ratio -> slo.error_ratio, p99_ttft_seconds -> "
+    "slo.ttft_p99, p99_e2e_seconds -> slo.e2e_p99, jitter_ratio -> slo.jitter) and the "
+    "alert-only ones alert_limits (vram_leak_bytes_per_hour -> vram_leak_per_hour, "
+    "dispatch_lag_seconds -> dispatch_lag, p99_e2e_drift_seconds_per_hour -> "
+    "e2e_p99_drift_per_hour); see docs/slo.md"
+)
 
 
 class ExporterBasicAuth(Strict):
@@ -425,7 +475,6 @@ class ExporterTls(Strict):
 
 class Exporter(Strict):
     listen: str = "127.0.0.1:9464"  # loopback: anything wider is an explicit choice
-    thresholds: Thresholds = Thresholds()
     basic_auth: ExporterBasicAuth | None = None
     tls: ExporterTls | None = None
 
@@ -657,6 +706,50 @@ class ReportConfig(Strict):
     currency: str = "$"
 
 
+REGRESSION_KEYS = ("ttft_p99", "tpot_p99", "e2e_p99", "ttft_p50", "e2e_p50", "error_ratio",
+                   "goodput", "goodput_rps", "output_tps", "rps")
+"""What ``compare.max_regression`` may bound (soakd/verdicts.py knows each one's direction)."""
+
+
+def _regression(value: Any) -> Any:
+    """``"10%"`` -> ("relative", 0.10); a number or a duration -> ("absolute", value)."""
+    if isinstance(value, list | tuple) and len(value) == 2:  # as stored: (kind, amount)
+        return tuple(value)
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return ("relative", float(value.strip()[:-1]) / 100)
+        except ValueError:
+            raise ValueError(f"bad percentage {value!r}") from None
+    if isinstance(value, str):
+        return ("absolute", parse_duration(value))
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"not a limit: {value!r} (use e.g. 10% or 0.001)")  # noqa: TRY004
+    return ("absolute", float(value))
+
+
+Regression = Annotated[
+    tuple[Literal["relative", "absolute"], Annotated[float, Field(ge=0, allow_inf_nan=False)]],
+    BeforeValidator(_regression)]
+
+
+class Compare(Strict):
+    """A candidate target against a baseline (a model version against the current one)."""
+
+    baseline: str
+    candidate: str
+    max_regression: dict[str, Regression] = Field(default_factory=dict)
+
+    @field_validator("max_regression")
+    @classmethod
+    def _keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(REGRESSION_KEYS))
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {', '.join(unknown)} (known: {', '.join(REGRESSION_KEYS)})"
+            )
+        return value
+
+
 class Logging(Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -682,6 +775,9 @@ class Config(Strict):
     logging: Logging = Logging()
     journal: JournalConfig = JournalConfig()
     report: ReportConfig = ReportConfig()
+    slo: Slo = Slo()
+    alert_limits: AlertLimits = AlertLimits()
+    compare: Compare | None = None
 
     @model_validator(mode="after")
     def _names(self) -> Config:
@@ -691,6 +787,15 @@ class Config(Strict):
             dupes = sorted(n for n, count in Counter(names).items() if count > 1)
             raise ValueError(f"duplicate target names: {', '.join(dupes)}")
         gated = {t.name for t in self.targets if t.gateway is not None}
+        if self.compare is not None:
+            for role in ("baseline", "candidate"):
+                name = getattr(self.compare, role)
+                if name not in names:
+                    raise ValueError(
+                        f"compare.{role}: unknown target {name!r} (known: {', '.join(names)})"
+                    )
+            if self.compare.baseline == self.compare.candidate:
+                raise ValueError("compare: baseline and candidate are the same target")
         for phase in self.phases:
             unknown = sorted(set(phase.targets) - known)
             if unknown:
@@ -720,6 +825,10 @@ class Config(Strict):
 
     def target(self, name: str) -> TargetConfig:
         return next(t for t in self.targets if t.name == name)
+
+    def slo_for(self, name: str) -> Slo:
+        """The run-wide slo with the target's own keys over it."""
+        return self.target(name).slo.over(self.slo)
 
     def load_for(self, phase: PhaseConfig, target: str) -> Load:
         return phase.targets.get(target, phase.load)
@@ -851,6 +960,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def config_from_dict(raw: dict[str, Any], environ: Mapping[str, str] | None = None) -> Config:
     raw = _apply_env(raw, environ or {})
+    exporter = raw.get("exporter")
+    if isinstance(exporter, dict) and "thresholds" in exporter:
+        raise ConfigError(THRESHOLDS_MOVED)
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:

@@ -24,6 +24,10 @@ def _num(fmt: str, key: str) -> Callable[[Row], str]:
     return lambda r: "-" if r.get(key) is None else fmt.format(r[key])
 
 
+def _pct(key: str) -> Callable[[Row], str]:
+    return lambda r: "-" if r.get(key) is None else f"{r[key] * 100:.1f} %"
+
+
 def _lat(key: str) -> Callable[[Row], str]:
     return lambda r: fmt_ms(r.get(key))
 
@@ -43,8 +47,9 @@ COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
     ("tok/s", _num("{:.1f}", "output_tps")),
     ("shed", _num("{}", "shed")),
 ]
-SHOWN_ORDER = ("req/s", "tok/s", "ok", "errors", "shed", "not sent", "TTFT p50", "TTFT p99",
-               "E2E p50", "E2E p99", "ITL p50", "lag p99")
+COLUMNS.insert(2, ("goodput", _pct("goodput")))  # share sent within every SLO (goodput.py)
+SHOWN_ORDER = ("req/s", "tok/s", "ok", "errors", "goodput", "shed", "not sent", "TTFT p50",
+               "TTFT p99", "E2E p50", "E2E p99", "ITL p50", "lag p99")
 
 
 def target_table(rows: dict[str, Row], title: str, width: int | None = None) -> Table:

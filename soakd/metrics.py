@@ -6,14 +6,15 @@ Labels are bounded: target and phase names come from config, outcome from ErrorK
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from soakd import __version__
-from soakd.config import Thresholds
+from soakd.config import AlertLimits, Slo
 from soakd.model import OK, ErrorKind, Outcome, status_class
 from soakd.workload.ledger import MISSED_REASONS
 
@@ -125,37 +126,46 @@ class Metrics:
         self.run_start = Gauge(
             "soakd_run_start_time_seconds", "Unix time the run started.", registry=r)
 
-        self.threshold_vram = Gauge(
-            "soakd_vram_limit_bytes", "Configured VRAM limit for alerts.", registry=r)
-        self.threshold_leak = Gauge(
-            "soakd_vram_leak_limit_bytes_per_hour", "Configured VRAM leak slope limit.",
-            registry=r)
-        self.threshold_errors = Gauge(
-            "soakd_error_ratio_limit", "Configured error (5xx) ratio limit.", registry=r)
-        self.threshold_e2e = Gauge(
-            "soakd_slo_e2e_p99_seconds", "Configured P99 end-to-end latency SLO.", registry=r)
-        self.threshold_ttft = Gauge(
-            "soakd_slo_ttft_p99_seconds", "Configured P99 TTFT SLO.", registry=r)
-        self.threshold_jitter = Gauge(
-            "soakd_jitter_ratio_limit", "Configured limit on P99 jitter.", registry=r)
-        self.threshold_lag = Gauge(
-            "soakd_dispatch_lag_limit_seconds", "Configured dispatch lag limit.", registry=r)
-        self.threshold_e2e_drift = Gauge(
-            "soakd_e2e_p99_drift_limit_seconds_per_hour",
-            "Configured limit on the drift of P99 end-to-end latency.", registry=r)
+        self.limits = _Limits()
+        r.register(self.limits)
+        self.goodput = Gauge(
+            "soakd_goodput_ratio",
+            "Share of the requests sent in the last minute that succeeded within every "
+            "latency SLO of the target (NaN: none sent).", ["target"], registry=r)
+        self.goodput_rate = Gauge(
+            "soakd_goodput_rps",
+            "Requests per second over the last minute that succeeded within every latency "
+            "SLO of the target.", ["target"], registry=r)
 
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, int], Counter] = {}
 
-    def set_thresholds(self, t: Thresholds) -> None:
-        self.threshold_vram.set(t.vram_limit_bytes)
-        self.threshold_leak.set(t.vram_leak_bytes_per_hour)
-        self.threshold_errors.set(t.error_ratio)
-        self.threshold_e2e.set(t.p99_e2e_seconds)
-        self.threshold_ttft.set(t.p99_ttft_seconds)
-        self.threshold_jitter.set(t.jitter_ratio)
-        self.threshold_lag.set(t.dispatch_lag_seconds)
-        self.threshold_e2e_drift.set(t.p99_e2e_drift_seconds_per_hour)
+    def set_limits(self, slo: Slo, alerts: AlertLimits) -> None:
+        """The run-wide SLO and the alert-only limits, as gauges; an SLO key not set is
+        not exported (no limit, no alert). Per-target overrides are not here."""
+        self.limits.values = {
+            name: value
+            for name, value in (
+                (LIMIT_VRAM, slo.vram_peak),
+                (LIMIT_ERROR_RATIO, slo.error_ratio),
+                (LIMIT_E2E, slo.e2e_p99),
+                (LIMIT_TTFT, slo.ttft_p99),
+                (LIMIT_TPOT, slo.tpot_p99),
+                (LIMIT_JITTER, slo.jitter),
+                (LIMIT_LEAK, alerts.vram_leak_per_hour),
+                (LIMIT_LAG, alerts.dispatch_lag),
+                (LIMIT_DRIFT, alerts.e2e_p99_drift_per_hour),
+            )
+            if value is not None
+        }
+
+    def watch_goodput(
+        self, ratio: Callable[[str], float], rate: Callable[[str], float]
+    ) -> None:
+        """Read each target's windowed goodput at scrape time (soakd/goodput.py)."""
+        for target in self._children:
+            self.goodput.labels(target).set_function(partial(ratio, target))
+            self.goodput_rate.labels(target).set_function(partial(rate, target))
 
     def add_target(self, target: str, phases: list[str]) -> None:
         """Create every series of a target up front, so rates start at zero, not absent."""
@@ -257,6 +267,42 @@ class Metrics:
 
 def _count_of(busy: dict[str, int], target: str) -> float:
     return busy.get(target, 0)
+
+
+LIMIT_VRAM = "soakd_vram_limit_bytes"
+LIMIT_ERROR_RATIO = "soakd_error_ratio_limit"
+LIMIT_E2E = "soakd_slo_e2e_p99_seconds"
+LIMIT_TTFT = "soakd_slo_ttft_p99_seconds"
+LIMIT_TPOT = "soakd_slo_tpot_p99_seconds"
+LIMIT_JITTER = "soakd_jitter_ratio_limit"
+LIMIT_LEAK = "soakd_vram_leak_limit_bytes_per_hour"
+LIMIT_LAG = "soakd_dispatch_lag_limit_seconds"
+LIMIT_DRIFT = "soakd_e2e_p99_drift_limit_seconds_per_hour"
+LIMIT_HELP = {
+    LIMIT_VRAM: "VRAM limit (slo.vram_peak).",
+    LIMIT_ERROR_RATIO: "Error ratio limit (slo.error_ratio).",
+    LIMIT_E2E: "P99 end-to-end latency SLO (slo.e2e_p99).",
+    LIMIT_TTFT: "P99 TTFT SLO (slo.ttft_p99).",
+    LIMIT_TPOT: "P99 TPOT SLO (slo.tpot_p99).",
+    LIMIT_JITTER: "Limit on P99 jitter (slo.jitter).",
+    LIMIT_LEAK: "VRAM leak slope limit (alert_limits.vram_leak_per_hour).",
+    LIMIT_LAG: "Dispatch lag limit (alert_limits.dispatch_lag).",
+    LIMIT_DRIFT: "Limit on the drift of P99 end-to-end latency "
+    "(alert_limits.e2e_p99_drift_per_hour).",
+}
+
+
+class _Limits:
+    """The run-wide limit gauges (no labels), from a snapshot: only the ones set."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        for name, help_text in LIMIT_HELP.items():
+            value = self.values.get(name)
+            if value is not None:
+                yield GaugeMetricFamily(name, help_text, value=value)
 
 
 JOURNAL_KINDS = ("request", "sample", "event")

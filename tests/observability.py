@@ -242,7 +242,7 @@ def label_values_metric(query: str) -> str:
 
 def soakd_sample_names() -> set[str]:
     """Every sample name soakd can put on /metrics (both metric classes, one registry)."""
-    from soakd.metrics import Metrics, ProbeMetrics
+    from soakd.metrics import LIMIT_HELP, Metrics, ProbeMetrics
 
     registry = CollectorRegistry()
     Metrics(registry)
@@ -256,7 +256,7 @@ def soakd_sample_names() -> set[str]:
     }
     return {
         family.name + suffix for family in registry.collect() for suffix in suffixes[family.type]
-    }
+    } | set(LIMIT_HELP)  # the limit gauges: exported when their slo key is set
 
 
 def external_metric_names() -> dict[str, str]:

@@ -31,6 +31,9 @@ log = structlog.get_logger()
 _UNREACHABLE = frozenset(
     {ErrorKind.CONNECT_REFUSED, ErrorKind.CONNECT_ERROR, ErrorKind.TIMEOUT_CONNECT}
 )
+DRIVERS_FINISH_S: Final = 2.0
+"""At the plan's end, how long open-loop drivers may take to deal with the instants that
+were already due (they skip a backlog older than max_lateness in one step)."""
 SPAWN_BATCH: Final = 64
 """Closed-loop workers started per event-loop turn: a pool of thousands grows without
 holding the loop (the exporter and the signal handlers keep answering)."""
@@ -157,6 +160,10 @@ class Runner:
 
         The deadline counts from the stop (a signal), not from when a busy loop got here.
         Returns how many had to be cancelled (they are recorded as ``cancelled``)."""
+        if not self.stopping and self._drivers:
+            # the plan ran out: the drivers end by themselves once the instants already
+            # due are sent or counted (a signal cuts them short instead)
+            await asyncio.wait(set(self._drivers), timeout=DRIVERS_FINISH_S)
         self.stop()
         timeout_s = max(0.0, timeout_s - (time.monotonic() - self._stopped_at))
         if self._drivers:

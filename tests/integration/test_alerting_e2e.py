@@ -54,7 +54,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from soakd.config import Thresholds
+from soakd.config import AlertLimits, Slo
 from soakd.metrics import THROTTLE_REASONS, Metrics, ProbeMetrics
 
 try:
@@ -67,7 +67,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 # "vllm" is the `target` label the shipped prometheus.yml gives its vLLM scrape job.
 TARGETS = ("vllm", "edge")
-LIMIT = Thresholds().vram_limit_bytes  # 3.9e9, the default soakd exports
+LIMIT = 3.9e9  # slo.vram_peak of a 4 GB card, as the shipped configs set it
 VRAM_NORMAL, VRAM_HIGH, VRAM_JUST_BELOW = 3.0e9, 3.95e9, LIMIT - 10e6
 
 FIRE_BOUND_S = {"VramAboveLimit": 20.0, "TargetOOM": 15.0, "TargetDown": 25.0}
@@ -87,7 +87,10 @@ class FakeSoakd:
         self.p = p = ProbeMetrics(self.registry)
         self.rng = random.Random(4)
         m.build_info.info({"version": "test", "run_id": "e2e", "node": "ci"})
-        m.set_thresholds(Thresholds())
+        m.set_limits(
+            Slo(vram_peak=LIMIT, error_ratio=0.003, ttft_p99=2, e2e_p99=30, jitter=0.15),
+            AlertLimits(),
+        )
         m.add_phases(["steady", "warmup"])
         for target in TARGETS:
             m.add_target(target, ["steady", "warmup"])
@@ -569,6 +572,7 @@ def _soak_config(vllm_url: str, spare_url: str) -> dict[str, Any]:
         ],
         "gpu": {"source": "dcgm", "dcgm_url": vllm_url + "/metrics", "interval": "0.5s"},
         "probes": {"scrape_interval": "1s", "health_interval": "1s"},
+        "slo": {"vram_peak": LIMIT},  # exported as soakd_vram_limit_bytes
     }
 
 
