@@ -43,7 +43,7 @@ from soakd.journal import (
     read_resume_state,
     rollup_window_ns,
 )
-from soakd.logs import close_logging, setup_logging
+from soakd.logs import close_logging, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
 from soakd.probes import Probes, make_probes
@@ -409,12 +409,13 @@ class Soak:
         for p in {p.name for p in self.plan.phases}:
             m.phase_info.labels(p).set(0)
         if phase is None:
+            set_phase(None)
             m.phase_index.set(len(self.plan.phases))
             for name in self.names:
                 m.offered_rate.labels(name).set(0)
                 m.offered_concurrency.labels(name).set(0)
             return
-        structlog.contextvars.bind_contextvars(phase=phase.name)
+        set_phase(phase.name)
         if self.journal is not None:
             self.journal.event("phase", name=phase.name, index=phase.index)
         self._gateway_modes(phase)
