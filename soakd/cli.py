@@ -63,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--no-live", dest="live", action="store_false",
                       help="JSON log lines instead of the live view")
 
-    check = sub.add_parser("check", help="validate a config and print the effective plan")
-    check.add_argument("config", type=Path)
+    check = sub.add_parser("check", help="validate configs and print the effective plan")
+    check.add_argument("config", type=Path, nargs="+", metavar="CONFIG",
+                       help="one or more config files; every problem of each is listed")
     check.add_argument("--duration", type=_duration, metavar="D")
     check.add_argument("--rehearse", type=_duration, metavar="D")
 
@@ -122,15 +123,39 @@ def _check_exporter(cfg: Config) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Check each file; every problem of every file is listed (exit 2 if any)."""
+    failed = 0
+    for path in args.config:
+        try:
+            _check_one(path, args)
+        except ConfigError as exc:
+            failed += 1
+            text = str(exc)
+            if len(args.config) > 1 and not text.startswith(str(path)):
+                text = f"{path}: {text}"
+            print(f"soakd: error: {text}", file=sys.stderr)
+    return EXIT_USAGE if failed else 0
+
+
+def _check_one(path: Path, args: argparse.Namespace) -> None:
     from soakd.workload.plan import build_plan, describe_plan
 
-    cfg = load_config(args.config)
+    cfg = load_config(path)
+    problems = []
     for target in cfg.targets:
-        target.api_key()  # a missing key reference is a config error too
-    _check_exporter(cfg)
+        try:
+            target.api_key()  # a missing key reference is a config error too
+        except ConfigError as exc:
+            problems += exc.problems
+    try:
+        _check_exporter(cfg)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigError.of(problems)
     plan = build_plan(cfg, datetime.now(UTC), rehearse_s=args.rehearse,
                       duration_cap_s=args.duration)
-    print(f"{args.config}: ok")
+    print(f"{path}: ok")
     print(describe_plan(plan, cfg))
     if not cfg.slo.empty or any(not t.slo.empty for t in cfg.targets):
         from soakd.verdicts import describe_slo
@@ -140,7 +165,6 @@ def cmd_check(args: argparse.Namespace) -> int:
     if cfg.compare is not None:
         c = cfg.compare
         print(f"compare: {c.candidate} against baseline {c.baseline}")
-    return 0
 
 
 GIL_SWITCH_S = 0.0005
@@ -291,14 +315,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"run": cmd_run, "check": cmd_check, "report": cmd_report, "export": cmd_export,
                 "sim": cmd_sim, "gateway": cmd_gateway}
     try:
-        return commands[args.command](args)
+        code = commands[args.command](args)
+        sys.stdout.flush()  # here, where a closed pipe is still ours to handle
     except (ConfigError, JournalError) as exc:
         _fail(str(exc))
+    except BrokenPipeError:  # `soakd check ... | head`: the reader had enough, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:
         if exc.errno is not None and exc.strerror:
             where = getattr(exc, "filename", None)
             _fail(f"{where}: {exc.strerror}" if where else exc.strerror)
         raise
+    return code
 
 
 if __name__ == "__main__":

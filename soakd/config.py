@@ -6,12 +6,13 @@ read here too, by reference, and kept out of every repr).
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import yaml
@@ -30,7 +31,19 @@ ENV_PREFIX = "SOAKD__"
 
 
 class ConfigError(Exception):
-    """A config problem, already phrased for the user as one line."""
+    """A config problem, already phrased for the user: one line per problem, the first
+    leading and the others indented under it (``str()``), each naming its field path."""
+
+    def __init__(self, message: str, more: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = [message, *(more or [])]
+
+    def __str__(self) -> str:
+        return "\n  ".join(self.problems)
+
+    @classmethod
+    def of(cls, problems: list[str]) -> ConfigError:
+        return cls(problems[0], problems[1:])
 
 
 # --- durations -------------------------------------------------------------------------
@@ -106,7 +119,7 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 PositiveDuration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 """A Duration that must be above zero (a deadline of 0 s would fail every request)."""
 
-PositiveRate = Annotated[float, Field(ge=0)]
+PositiveRate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):
@@ -298,7 +311,7 @@ class TargetConfig(Strict):
             value = os.environ.get(self.api_key_env)
             if not value:
                 raise ConfigError(
-                    f"targets.{self.name}.api_key_env: environment variable "
+                    f"targets[{self.name}].api_key_env: environment variable "
                     f"{self.api_key_env} is not set"
                 )
             return SecretStr(value.strip())
@@ -307,11 +320,13 @@ class TargetConfig(Strict):
                 value = self.api_key_file.read_text().strip()
             except OSError as exc:
                 raise ConfigError(
-                    f"targets.{self.name}.api_key_file: cannot read {self.api_key_file}: "
+                    f"targets[{self.name}].api_key_file: cannot read {self.api_key_file}: "
                     f"{exc.strerror}"
                 ) from None
             if not value:
-                raise ConfigError(f"targets.{self.name}.api_key_file: {self.api_key_file} is empty")
+                raise ConfigError(
+                    f"targets[{self.name}].api_key_file: {self.api_key_file} is empty"
+                )
             return SecretStr(value)
         return None
 
@@ -895,9 +910,13 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def _error_line(exc: ValidationError, raw: Any) -> str:
-    """First pydantic error -> ``field.path: message (got VALUE)``; list items by name."""
-    err = exc.errors(include_url=False)[0]
+def _error_lines(exc: ValidationError, raw: Any, model: type[BaseModel]) -> list[str]:
+    """Every pydantic error -> ``field.path: message (got VALUE)``, list items by name."""
+    return list(dict.fromkeys(_one_error(err, raw, model)
+                              for err in exc.errors(include_url=False)))
+
+
+def _one_error(err: Any, raw: Any, model: type[BaseModel]) -> str:
     parts: list[str] = []
     node: Any = raw
     for loc in err["loc"]:
@@ -917,7 +936,8 @@ def _error_line(exc: ValidationError, raw: Any) -> str:
     where = ".".join(parts) or "config"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        return f"{where}: unknown key (check the spelling)"
+        hint = _did_you_mean(model, err["loc"])
+        return f"{where}: unknown key ({hint or 'check the spelling'})"
     if err["type"] == "missing":
         return f"{where}: required, but missing"
     if "input" in err and err["type"] not in ("value_error",) and not isinstance(
@@ -926,6 +946,34 @@ def _error_line(exc: ValidationError, raw: Any) -> str:
         got = repr(err["input"])
         return f"{where}: {msg} (got {got if len(got) <= 80 else got[:77] + '...'})"
     return f"{where}: {msg}"
+
+
+def _did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """'did you mean X?' for a misspelled key: the closest field of the model it is in."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # a list item: same model
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        current = _model_in(field.annotation)
+        if current is None:
+            return None
+    names = list(getattr(current, "model_fields", {}))
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``X``, ``X | None``, ``list[X]`` or ``dict[str, X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in reversed(get_args(annotation)):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def load_config(
@@ -966,7 +1014,7 @@ def config_from_dict(raw: dict[str, Any], environ: Mapping[str, str] | None = No
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_error_line(exc, raw)) from None
+        raise ConfigError.of(_error_lines(exc, raw, Config)) from None
 
 
 GATEWAY_ENV_PREFIX = "SOAKD_GATEWAY__"
@@ -987,4 +1035,4 @@ def gateway_config_from_dict(
     try:
         return GatewayConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_error_line(exc, raw)) from None
+        raise ConfigError.of(_error_lines(exc, raw, GatewayConfig)) from None

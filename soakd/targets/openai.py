@@ -588,7 +588,9 @@ def _ssl_context(cfg: TargetConfig) -> ssl.SSLContext | bool:
         return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
     except (OSError, ssl.SSLError) as exc:
         why = getattr(exc, "strerror", None) or type(exc).__name__
-        raise ConfigError(f"targets.{cfg.name}.tls.ca_file: cannot load {ca_file}: {why}") from None
+        raise ConfigError(
+            f"targets[{cfg.name}].tls.ca_file: cannot load {ca_file}: {why}"
+        ) from None
 
 
 async def _proxy_for(cfg: TargetConfig) -> tuple[URL | None, BasicAuth | None]:

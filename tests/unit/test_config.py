@@ -52,7 +52,10 @@ def test_valid_config_has_defaults() -> None:
 def test_typo_names_the_key() -> None:
     raw = base()
     raw["targets"][0]["modle"] = "x"
-    assert error_of(raw) == "targets[local].modle: unknown key (check the spelling)"
+    assert error_of(raw) == "targets[local].modle: unknown key (did you mean 'model'?)"
+    raw["targets"][0].pop("modle")
+    raw["targets"][0]["xyzzy"] = "x"  # nothing close: the plain hint
+    assert error_of(raw) == "targets[local].xyzzy: unknown key (check the spelling)"
 
 
 def test_bad_duration_names_field_and_value() -> None:

@@ -13,6 +13,7 @@ import shutil
 import statistics
 import struct
 import subprocess
+import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
@@ -35,6 +36,9 @@ KINDS = [None] * 20 + [
     ErrorKind.STREAM_TRUNCATED,
 ]
 QS = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -425,3 +429,25 @@ def test_html_opens_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
     keep = os.environ.get("SOAKD_SCREENSHOT_DIR")
     if keep:
         shutil.copy(shot, Path(keep) / "report.png")
+
+
+@pytest.mark.parametrize("command", ["check", "report", "export"])
+def test_a_reader_that_hung_up_is_not_an_error(run_dir: Path, command: str) -> None:
+    """``soakd check ... | head -3``: the reader closed the pipe; soakd stops quietly, 0."""
+    args = {
+        "check": [str(p) for p in sorted((ROOT / "examples").glob("*.yaml"))],
+        "report": [str(run_dir), "--format", "md"],
+        "export": [str(run_dir), "--format", "jsonl"],
+    }[command]
+    read, write = os.pipe()
+    os.close(read)  # gone before soakd writes a byte: every write is a broken pipe
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "soakd", command, *args],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, cwd=ROOT,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert "Broken pipe" not in proc.stderr
+    assert "Traceback" not in proc.stderr
