@@ -243,6 +243,86 @@ def switch_table(rows: list[dict[str, Any]], lines: list[str]) -> None:
     lines.append("")
 
 
+MANYCORE_ORDER = ["bare", "soakd", "soakd-arenas", "soakd-nogpu", "soakd-hot"]
+MANYCORE_LABEL = {"bare": "bare aiohttp loop", "soakd": "`soakd run`",
+                  "soakd-arenas": "`soakd run`, glibc's default arenas (before)",
+                  "soakd-nogpu": "`soakd run`, `gpu: {source: none}`",
+                  "soakd-hot": "soakd hot path, in-process"}
+
+
+def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
+    """One machine's many-core table (bench/suite.py manycore): medians (min–max) over the
+    interleaved rounds, ratios taken within a round, and the issue-18 goals for `soakd run`."""
+    runs, m = doc["runs"], doc["machine"]
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault(r["case"]["tool"], []).append(r)
+    bare = {r["case"]["rep"]: r for r in by.get("bare", [])}
+    tools = [t for t in MANYCORE_ORDER if t in by]
+
+    def ratio(tool: str) -> list[float]:
+        out = []
+        for r in by[tool]:
+            b = bare.get(r["case"]["rep"])
+            if b and b.get("cpu_ms_per_req") and r.get("cpu_ms_per_req"):
+                out.append(r["cpu_ms_per_req"] / b["cpu_ms_per_req"])
+        return out
+
+    def col(tool: str, key: str, stat: str | None = None) -> list[float]:
+        return [(r.get(key) or {}).get(stat) if stat else r.get(key) for r in by[tool]]
+
+    def peak(tool: str, key: str) -> list[float]:
+        return [r.get("at_peak", {}).get(key) for r in by[tool]]
+
+    loads = [r["loadavg"][0] for r in runs if r.get("loadavg")]
+    lines += [f"### {m.get('cores')} cores: {m.get('cpu', '?')}, Python {m.get('python')}, "
+              f"Linux {m.get('kernel')}, {m.get('date', '?')[:16]} UTC", "",
+              f"`{doc.get('command')}`: client on core {doc['client_core']} (`taskset -c "
+              f"{doc['client_core']}`), stub {doc['stub_workers']} worker(s) on cores "
+              f"{doc['stub_cpus']}, {len(by.get('bare', []))} interleaved rounds of "
+              f"{runs[0]['case']['requests']} requests, 64 streams; 1-min load average "
+              f"during the rounds {min(loads):.1f}–{max(loads):.1f}." if loads else "", "",
+              "| | " + " | ".join(MANYCORE_LABEL[t] for t in tools) + " |",
+              "|---|" + "---:|" * len(tools)]
+    rows = [
+        ("CPU / request (ms)", lambda t: _spread(col(t, "cpu_ms_per_req"), 3)),
+        ("× bare (same round)", lambda t: "1" if t == "bare" else _spread(ratio(t))),
+        ("TTFT error mean (ms)", lambda t: _spread(col(t, "ttft_err", "mean"))),
+        ("TTFT error p99 (ms)", lambda t: _spread(col(t, "ttft_err", "p99"))),
+        ("ITL error p99 (ms)", lambda t: _spread(col(t, "itl_err", "p99"))),
+        ("peak RSS (MB)", lambda t: _spread(col(t, "peak_rss_mb"), 1)),
+        ("at peak: anon / heap / file (MB)", lambda t: " / ".join(
+            _f(_med(peak(t, k)), 1) for k in ("smaps_anon_mb", "smaps_heap_mb",
+                                              "smaps_file_mb"))),
+        ("threads (most seen)", lambda t: _f(_med(peak(t, "threads_max")), 0)),
+        ("req/s", lambda t: _f(_med(col(t, "window_rps")), 0)),
+        ("stub late p99, first token (ms)", lambda t: _f(_med(
+            [r.get("stub", {}).get("ttft_late", {}).get("p99_ms") for r in by[t]]), 2)),
+    ]
+    for label, fn in rows:
+        lines.append(f"| {label} | " + " | ".join(fn(t) for t in tools) + " |")
+    lines.append("")
+    if "soakd" in by and bare:
+        rq = _med(ratio("soakd"))
+        mean = _med(col("soakd", "ttft_err", "mean"))
+        p99, bp99 = _med(col("soakd", "ttft_err", "p99")), _med(col("bare", "ttft_err", "p99"))
+        rss = max((v for v in col("soakd", "peak_rss_mb") if v is not None), default=None)
+
+        def v(ok: bool) -> str:
+            return "holds" if ok else "does not hold"
+
+        lines += ["| goal (issue 18), `soakd run` | measured (median over rounds) | |",
+                  "|---|---|---|",
+                  f"| CPU per request at most 1.3× bare | {_f(rq)}× | "
+                  f"{v(rq is not None and rq <= 1.3)} |",
+                  f"| TTFT error mean under 1 ms | {_f(mean)} ms | "
+                  f"{v(mean is not None and mean < 1)} |",
+                  f"| TTFT error p99 no worse than bare (within 5 %) | {_f(p99)} vs {_f(bp99)} ms "
+                  f"| {v(p99 is not None and bp99 is not None and p99 <= bp99 * 1.05)} |",
+                  f"| peak RSS under 80 MB (largest round) | {_f(rss, 1)} MB | "
+                  f"{v(rss is not None and rss < 80)} |", ""]
+
+
 def endurance_table(doc: dict[str, Any], lines: list[str], goals: list[str]) -> None:
     pts = doc["points"]
     if not pts:
@@ -333,6 +413,13 @@ def render(results: Path, dest: Path, notes: Path | None = None) -> None:
     ab = results / "ab_dispatch.json"
     if ab.exists():
         ab_table(json.loads(ab.read_text()), lines)
+    many = sorted(results.glob("manycore-*c.json"), key=lambda p: int(p.stem[9:-1]))
+    if many:
+        lines += ["## Many cores: the client pinned to one core (issue 18)", "",
+                  "`.venv/bin/python bench/suite.py manycore` on each machine; see bench/NOTES.md "
+                  "for what the figures say.", ""]
+        for p in reversed(many):
+            manycore_table(json.loads(p.read_text()), lines)
     if notes and notes.exists():
         lines += [notes.read_text().rstrip(), ""]
     notes_default = ROOT / "bench" / "NOTES.md"

@@ -44,8 +44,10 @@ CACHE = ROOT / ".cache" / "bench"
 RESULTS = CACHE / "results"
 WORK = CACHE / "work"
 VENVS = CACHE / "venvs"
-PY = str(ROOT / ".venv" / "bin" / "python")
-SOAKD = str(ROOT / ".venv" / "bin" / "soakd")
+# the project's venv; elsewhere (a machine with the deps on PYTHONPATH) this interpreter
+PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
+SOAKD = [str(ROOT / ".venv" / "bin" / "soakd")] if (ROOT / ".venv").exists() else [PY, "-m",
+                                                                                   "soakd"]
 VLLM_PY = str(ROOT / ".venv-vllm" / "bin" / "python")
 TOKENIZER_DIR = ROOT / ".cache" / "tiny-llama"
 HF_CACHE = CACHE / "hf" / "hub"
@@ -59,7 +61,13 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 TOOLS = ("bare", "soakd-hot", "soakd", "vllm", "aiperf", "guidellm")
 LABEL = {"bare": "bare aiohttp loop", "soakd-hot": "soakd hot path (in-process)",
          "soakd": "soakd run (journal, exporter)", "vllm": "vllm bench serve",
-         "aiperf": "AIPerf", "guidellm": "GuideLLM"}
+         "aiperf": "AIPerf", "guidellm": "GuideLLM",
+         "soakd-arenas": "soakd run, glibc default malloc arenas (before soakd/_malloc.py)",
+         "soakd-nogpu": "soakd run, gpu source none (no NVML)"}
+SOAKD_RUNS = ("soakd", "soakd-arenas", "soakd-nogpu")
+# `soakd run` as before soakd/_malloc.py: the arena cap patched out, nothing else changed
+NO_ARENA_CAP = ("import sys, soakd._malloc as m; m.limit_arenas = lambda *a, **k: False; "
+                "from soakd.cli import main; sys.exit(main())")
 
 
 # --- processes ----------------------------------------------------------------------------------
@@ -110,7 +118,7 @@ class Stub:
     """bench/stub.py in its own process, with a live counter and lateness stats."""
 
     def __init__(self, workdir: Path, *, ttft: float, itl: float, tokens: int = TOKENS,
-                 workers: int = 1, arrivals: bool = False) -> None:
+                 workers: int = 1, arrivals: bool = False, cpus: str | None = None) -> None:
         self.dir = workdir / "stub"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -120,7 +128,7 @@ class Stub:
                 str(workers), "--stats-dir", str(self.dir), "--counter-file", self.counter, "--nice", "-10"]
         if arrivals:
             args.append("--arrivals")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(pinned(args, cpus), stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "listening" not in line:
             raise RuntimeError(f"stub did not start: {line!r}")
@@ -149,6 +157,15 @@ class Stub:
         return out
 
 
+def pinned(argv: list[str], cpus: str | None) -> list[str]:
+    """argv under ``taskset -c cpus`` (the process and every thread and child it starts)."""
+    if not cpus:
+        return argv
+    if shutil.which("taskset") is None:
+        raise SystemExit("taskset (util-linux) is needed to pin the client")
+    return ["taskset", "-c", cpus, *argv]
+
+
 @dataclass
 class Case:
     tool: str
@@ -171,6 +188,7 @@ class Case:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                HF_HUB_CACHE=str(HF_CACHE), TOKENIZERS_PARALLELISM="false",
                NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
@@ -204,6 +222,8 @@ def _client_nice() -> None:
 
 
 def soakd_config(case: Case, url: str, path: Path) -> None:
+    # soakd-nogpu: no GPU source (the default, auto, opens NVML where a driver answers)
+    gpu = "gpu: {source: none}\n" if case.tool == "soakd-nogpu" else ""
     if case.mode == "closed":
         load = f"{{mode: closed, concurrency: {case.concurrency}}}"
         duration = case.timeout_s
@@ -223,7 +243,7 @@ phases:
   - name: main
     duration: {duration:g}s
     load: {load}
-""")
+{gpu}""")
 
 
 def command(case: Case, url: str, out: Path) -> tuple[list[str], str | None]:
@@ -239,10 +259,11 @@ def command(case: Case, url: str, out: Path) -> tuple[list[str], str | None]:
         if case.mode != "closed":
             argv += ["--rate", f"{case.rate:g}", "--arrival", case.mode]
         return argv, None
-    if case.tool == "soakd":
+    if case.tool in SOAKD_RUNS:
         cfg = out / "soak.yaml"
         soakd_config(case, url, cfg)
-        argv = [SOAKD, "run", str(cfg), "--no-live", "--run-dir", str(out / "run"),
+        soakd = SOAKD if case.tool == "soakd" else [PY, "-c", NO_ARENA_CAP]
+        argv = [*soakd, "run", str(cfg), "--no-live", "--run-dir", str(out / "run"),
                 "--metrics-addr", f"127.0.0.1:{free_port()}"]
         return argv, "sigterm" if case.mode == "closed" else None
     if case.tool == "vllm":
@@ -301,7 +322,7 @@ def timings(case: Case, out: Path) -> dict[str, Any]:
         t["itl"] = _arr(out / "client.json.itl")
         if (out / "client.json.lag").exists():
             t["lag"] = _arr(out / "client.json.lag")
-    elif case.tool == "soakd":
+    elif case.tool in SOAKD_RUNS:
         db = out / "run" / "journal.db"
         if db.exists():
             con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -409,16 +430,20 @@ def run_case(case: Case) -> dict[str, Any]:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     stub = Stub(out, ttft=case.ttft, itl=case.itl, tokens=case.tokens,
-                arrivals=case.mode != "closed")
+                arrivals=case.mode != "closed", workers=case.extra.get("stub_workers", 1),
+                cpus=case.extra.get("stub_cpus"))
     samples: list[tuple[float, float, int, int, float]] = []  # t, cpu, rss, done, stub cpu
     rc: int | None = None
+    at_peak: dict[str, float] = {}  # the client's /proc status and smaps split at its peak RSS
     try:
         argv, stop_rule = command(case, stub.url, out)
+        argv = pinned(argv, case.extra.get("client_cpus"))
         log = open(out / "tool.log", "wb")  # noqa: SIM115
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, cwd=out, env=_env(), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=_client_nice)
         stopped = False
+        last_peek, peak, threads_max = 0.0, 0, 0
         while True:
             rc = proc.poll()
             now = time.monotonic()
@@ -428,6 +453,16 @@ def run_case(case: Case) -> dict[str, Any]:
             done, _ = stub.done()
             if rc is None:
                 samples.append((now - t0, cpu, rss, done, scpu))
+                if case.extra.get("peek") and now - last_peek >= 1.0:
+                    last_peek = now
+                    st = _status_fields(proc.pid)
+                    threads_max = max(threads_max, int(st.get("threads", 0)))
+                    if rss > peak:
+                        peak = rss
+                        at_peak = {**st, **{f"smaps_{k}_mb" if k != "anon_maps" else k: v
+                                            for k, v in smaps_breakdown(proc.pid).items()},
+                                   "top_maps": top_mappings(proc.pid),
+                                   "thread_names": thread_names(proc.pid)}
             if rc is not None:
                 break
             if stop_rule == "sigterm" and not stopped and done >= case.requests:
@@ -468,6 +503,10 @@ def run_case(case: Case) -> dict[str, Any]:
     res["itl_err"] = error_stats(t["itl"], case.itl)
     res["itl_kind"] = t["itl_kind"]
     res["reported"] = t["reported"]
+    if at_peak:
+        res["at_peak"] = at_peak | {"threads_max": threads_max}
+    if case.extra:
+        res["loadavg"] = os.getloadavg()
     if t.get("lag"):
         lag_ms = [x / 1e6 for x in t["lag"]]
         res["lag_ms"] = {"n": len(lag_ms), "mean": statistics.fmean(lag_ms),
@@ -544,6 +583,44 @@ def section_openloop(a: argparse.Namespace) -> None:
             runs.append(run_case(Case(tool, mode, rate=rate, requests=n,
                                       timeout_s=seconds * 4 + 60)))
     save("openloop", {"runs": runs, "skipped": skipped, "machine": machine()})
+
+
+def section_manycore(a: argparse.Namespace) -> None:
+    """Overhead with the client pinned to one core (issue 18, part 5): `taskset -c N` for the
+    client, the stub's workers on the other cores (and this sampler too), 64 streams, stub
+    TTFT 50 ms / ITL 5 ms, interleaved rounds of the bare loop and `soakd run` (plus the
+    variants in --manycore-tools). No peers. Writes results/manycore-<cores>c.{json,md}."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("manycore needs at least 2 cores (client on one, stub on the rest)")
+    client = a.client_core if a.client_core is not None else cpus[-1]
+    others = [c for c in cpus if c != client]
+    stub_cpus = ",".join(map(str, others))
+    workers = max(1, min(a.stub_workers, len(others)))
+    os.sched_setaffinity(0, others)  # the sampler stays off the client's core
+    extra = {"client_cpus": str(client), "stub_cpus": stub_cpus, "stub_workers": workers,
+             "peek": True}
+    print(f"  client on core {client} (taskset -c {client}), stub: {workers} worker(s) on "
+          f"cores {stub_cpus}; {len(cpus)} cores; load {os.getloadavg()}", flush=True)
+    runs = []
+    for rep in range(a.reps):
+        for tool in a.manycore_tools:
+            runs.append(run_case(Case(tool, "closed", concurrency=64, requests=a.requests_64,
+                                      rep=rep, extra=dict(extra))))
+    doc = {"runs": runs, "machine": machine(), "client_core": client, "stub_cpus": stub_cpus,
+           "stub_workers": workers, "command": "python bench/suite.py " + " ".join(sys.argv[1:])}
+    name = f"manycore-{len(cpus)}c"
+    save(name, doc)
+    from report import manycore_table
+
+    lines: list[str] = []
+    manycore_table(doc, lines)
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        for ext in ("json", "md"):
+            shutil.copy(RESULTS / f"{name}.{ext}", a.out / f"{name}.{ext}")
 
 
 def section_endurance(a: argparse.Namespace) -> None:
@@ -649,6 +726,36 @@ def smaps_breakdown(pid: int) -> dict[str, float]:
     return out
 
 
+def top_mappings(pid: int, n: int = 8) -> list[tuple[str, float]]:
+    """The ``n`` largest mappings by Rss (MB), anonymous ones summed under '[anon]'."""
+    rss: dict[str, float] = {}
+    name = ""
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                first = line.split(None, 5)
+                if len(first) >= 5 and "-" in first[0] and not first[0].endswith(":"):
+                    name = first[5].strip() if len(first) > 5 else "[anon]"
+                elif line.startswith("Rss:"):
+                    rss[name] = rss.get(name, 0.0) + int(line.split()[1]) / 1024
+    except OSError:
+        return []
+    return sorted(((k, round(v, 1)) for k, v in rss.items()), key=lambda kv: -kv[1])[:n]
+
+
+def thread_names(pid: int) -> dict[str, int]:
+    """How many threads of each name (/proc/PID/task/*/comm) the process has."""
+    out: dict[str, int] = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            out[name] = out.get(name, 0) + 1
+    except OSError:
+        pass
+    return out
+
+
 def _status_fields(pid: int) -> dict[str, float]:
     out = {}
     try:
@@ -682,7 +789,8 @@ def machine() -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("section", choices=["all", "closed", "openloop", "endurance", "report"])
+    ap.add_argument("section",
+                    choices=["all", "closed", "openloop", "endurance", "manycore", "report"])
     ap.add_argument("--quick", action="store_true", help="fewer requests, one repetition")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--requests-8", type=int, default=1500)
@@ -691,8 +799,15 @@ def main() -> None:
     ap.add_argument("--endurance-requests", type=int, default=1_000_000)
     ap.add_argument("--endurance-minutes", type=float, default=15)
     ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--client-core", type=int, help="manycore: the client's core (default: last)")
+    ap.add_argument("--stub-workers", type=int, default=4, help="manycore: stub processes")
+    ap.add_argument("--manycore-tools", default="bare,soakd,soakd-arenas",
+                    help="manycore: what each round runs (bare, soakd, soakd-arenas, soakd-nogpu,"
+                    " soakd-hot)")
+    ap.add_argument("--out", type=Path, help="manycore: also copy the results here")
     a = ap.parse_args()
     a.tools = a.tools.split(",")
+    a.manycore_tools = a.manycore_tools.split(",")
     if a.quick:
         a.reps, a.requests_8, a.requests_64, a.openloop_seconds = 1, 400, 1500, 5
         a.endurance_requests, a.endurance_minutes = 50_000, 2
@@ -705,6 +820,10 @@ def main() -> None:
     if a.section in ("all", "endurance"):
         print("endurance", flush=True)
         section_endurance(a)
+    if a.section == "manycore":  # not part of "all": a page of its own machine, no peers
+        print("many cores: client pinned to one core", flush=True)
+        section_manycore(a)
+        return
     from report import render
 
     render(RESULTS, ROOT / "docs" / "benchmarks.md")

@@ -167,11 +167,36 @@ class Soak:
             "stopping": bool(runner and runner.stopping),
             "in_flight": dict(runner.in_flight) if runner else {},
             "missed": self.ledger.by_target(session=True),
+            "vram": self._vram_status(),
             "lag_limit_s": self.cfg.alert_limits.dispatch_lag,
             "metrics_url": self.http.url if self.http else None,
             "targets": {name: row | self.goodput.row(name)
                         for name, row in self.stats.recent().items()},
         }
+
+    def _vram_status(self) -> list[dict[str, Any]]:
+        """Each GPU now: used, peak, the VRAM line and whose it is (live view, /status)."""
+        gpu = self.probes.gpu if self.probes is not None else None
+        if gpu is None or not gpu.peak:
+            return []
+        reg = self.metrics.registry
+        owner = self._gpu_owner()
+        out = []
+        for index, peak in sorted(gpu.peak.items()):
+            used = reg.get_sample_value("soakd_gpu_memory_used_bytes", {"gpu": index})
+            limit = self.cfg.slo_for(owner).vram_peak if owner else self.cfg.slo.vram_peak
+            out.append({"gpu": index, "target": owner, "used_bytes": used, "peak_bytes": peak,
+                        "limit_bytes": limit})
+        return out
+
+    def _gpu_owner(self) -> str | None:
+        """The target the GPU readings belong to, as the report attributes them: the only
+        target, or the simulator whose own DCGM page is read."""
+        if len(self.names) == 1:
+            return self.names[0]
+        if self.cfg.gpu.source == "dcgm" and self.cfg.gpu.dcgm_url is None:
+            return next((t.name for t in self.cfg.targets if t.simulator), None)
+        return None
 
     def _status_snapshot(self) -> dict[str, Any]:
         """/status, as the run loop last computed it (read on the exporter's thread)."""

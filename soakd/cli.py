@@ -172,6 +172,9 @@ GIL_SWITCH_S = 0.0005
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from soakd import _malloc
+
+    _malloc.limit_arenas()  # before any thread allocates: RSS on many cores (docs/benchmarks.md)
     from rich.console import Console
 
     from soakd.app import RunOptions, Soak

@@ -113,7 +113,24 @@ def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
         parts.append(Text(f"CLIENT-LIMITED {', '.join(limited)}: soakd is behind the plan",
                           style="bold red"))
     parts.append(target_table(rows, "last 60 s (not sent: this session)", width))
+    parts += [_vram_line(v) for v in status.get("vram", [])]
     return Group(*parts)
+
+
+def _vram_line(v: dict[str, Any]) -> Text:
+    """GPU 0 (edge-4gb): VRAM 3.62 GB, peak 3.92 GB, line 3.90 GB ABOVE (decimal GB)."""
+    def gb(x: float | None) -> str:
+        return "-" if x is None else f"{x / 1e9:.2f} GB"
+
+    used, peak, limit = v.get("used_bytes"), v.get("peak_bytes"), v.get("limit_bytes")
+    whose = f" ({v['target']})" if v.get("target") else ""
+    text = f"GPU {v['gpu']}{whose}: VRAM {gb(used)}, peak {gb(peak)}"
+    if limit is None:
+        return Text(text)
+    above = used is not None and used > limit
+    return Text.assemble(text, f", line {gb(limit)}",
+                         (" ABOVE" if above else "", "bold red"),
+                         (" peak over" if not above and (peak or 0) > limit else "", "yellow"))
 
 
 def errors_table(rows: dict[str, Row]) -> Table | None:

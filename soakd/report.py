@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
@@ -95,6 +96,7 @@ class Row:
     jitter_slices: int = 0
     vram_peak_bytes: float | None = None
     leak_bytes_per_hour: float | None = None
+    leak_note: str | None = None  # why there is no slope ("too short to tell")
     energy_j: float | None = None
     energy_shared: bool = False
     tokens_per_joule: float | None = None
@@ -112,6 +114,7 @@ class GpuRow:
     energy_j: float | None
     mean_power_w: float | None
     targets: list[str]
+    leak_note: str | None = None
 
 
 @dataclass
@@ -679,7 +682,7 @@ class _Probes:
                         if any(v > 0 for _, v in pts)
                     }
                 )
-            if not gpus and len(targets) == 1:
+            if not gpus and (len(targets) == 1 or target == _dcgm_owner(config)):
                 gpus = names
             for g in gpus:
                 charged.setdefault(g, []).append(target)
@@ -696,6 +699,7 @@ class _Probes:
                     gpu=g,
                     peak_used_bytes=max(values) if values else None,
                     leak_bytes_per_hour=_leak([p for _, pts in used for p in pts]),
+                    leak_note=_leak_note([p for _, pts in used for p in pts]),
                     energy_j=sum(energy.values()) if energy is not None else None,
                     mean_power_w=statistics.fmean(power) if power else None,
                     targets=charged[g],
@@ -712,13 +716,45 @@ class _Probes:
         return rows
 
 
+LEAK_MIN_SPAN_S = 1800.0
+"""A memory slope over less than this is no finding: a load step in a 3-minute rehearsal
+extrapolates to gigabytes an hour. Shorter series say "too short to tell"."""
+TOO_SHORT = "too short to tell"
+
+
+def _dcgm_owner(config: dict[str, Any]) -> str | None:
+    """The target whose own page the GPU readings came from: with ``gpu.source: dcgm`` and
+    no ``dcgm_url``, the first simulator target (as the probe picks it); with a
+    ``dcgm_url``, the target whose server answers on that host and port."""
+    gpu = config.get("gpu") or {}
+    if gpu.get("source") != "dcgm":
+        return None
+    targets = config.get("targets") or []
+    url = gpu.get("dcgm_url")
+    if not url:
+        return next((t["name"] for t in targets if t.get("simulator")), None)
+    host = urlsplit(url).netloc
+    return next((t["name"] for t in targets
+                 if host and host in (urlsplit(t.get("base_url") or "").netloc,
+                                      urlsplit(t.get("metrics_url") or "").netloc)), None)
+
+
+def _leak_note(points: Sequence[tuple[float, float]]) -> str | None:
+    """Why a series gives no slope although it has samples (None: it gives one, or has none)."""
+    if len(points) < 2:
+        return None
+    span = max(t for t, _ in points) - min(t for t, _ in points)
+    return TOO_SHORT if span < LEAK_MIN_SPAN_S else None
+
+
 def _leak(points: Sequence[tuple[float, float]]) -> float | None:
-    """Theil-Sen slope in bytes/hour over plan time, on at most LEAK_POINTS bin means."""
+    """Theil-Sen slope in bytes/hour over plan time, on at most LEAK_POINTS bin means;
+    None under six samples or under LEAK_MIN_SPAN_S of them."""
     if len(points) < 6:
         return None
     pts = sorted(points)
     span = pts[-1][0] - pts[0][0]
-    if span <= 0:
+    if span < LEAK_MIN_SPAN_S:
         return None
     width = span / LEAK_POINTS
     bins: dict[int, list[tuple[float, float]]] = {}
@@ -738,6 +774,7 @@ def _vram(overall: dict[str, Row], targets: list[str], probe: _Probes, gpus: lis
             overall[target].vram_peak_bytes = sum(peaks)
             longest = max(found, key=lambda f: len(f[1]))[1]
             overall[target].leak_bytes_per_hour = _leak(longest)
+            overall[target].leak_note = _leak_note(longest)
             continue
         mine = [g for g in gpus if g.targets == [target]]
         if mine:
@@ -745,6 +782,7 @@ def _vram(overall: dict[str, Row], targets: list[str], probe: _Probes, gpus: lis
             overall[target].vram_peak_bytes = sum(peaks) if peaks else None
             slopes = [g.leak_bytes_per_hour for g in mine if g.leak_bytes_per_hour is not None]
             overall[target].leak_bytes_per_hour = sum(slopes) if slopes else None
+            overall[target].leak_note = next((g.leak_note for g in mine if g.leak_note), None)
 
 
 def _energy_and_cost(
@@ -969,8 +1007,15 @@ def _columns(keys: Iterable[str] | None = None) -> list[tuple[str, str, str | No
     return [c for c in METRIC_COLUMNS if keys is None or c[0] in keys]
 
 
+def _gpu_leak(g: GpuRow) -> str:
+    text = fmt_value("leak_bytes_per_hour", g.leak_bytes_per_hour)
+    return g.leak_note if text == "-" and g.leak_note else text
+
+
 def _cell(rep: Report, row: Row, key: str, marked: bool) -> str:
     text = fmt_value(key, value_of(row, key), rep.currency)
+    if key == "leak_bytes_per_hour" and text == "-" and row.leak_note:
+        text = row.leak_note
     if key == "tokens_per_joule" and row.energy_shared and text != "-":
         text += " (shared)"
     if key == "cost_per_mtok" and row.cost_basis and text != "-" and not marked:
@@ -1186,7 +1231,7 @@ def render_markdown(rep: Report) -> str:
         for g in rep.gpus:
             out.append(
                 f"| {g.gpu} | {fmt_value('vram_peak_bytes', g.peak_used_bytes)} | "
-                f"{fmt_value('leak_bytes_per_hour', g.leak_bytes_per_hour)} | "
+                f"{_gpu_leak(g)} | "
                 f"{'-' if g.energy_j is None else f'{g.energy_j / 3.6e6:.3f} kWh'} | "
                 f"{'-' if g.mean_power_w is None else f'{g.mean_power_w:.0f} W'} | "
                 f"{', '.join(g.targets) or '-'} |"
@@ -1316,7 +1361,7 @@ def render_html(rep: Report) -> str:
             power = "-" if g.mean_power_w is None else f"{g.mean_power_w:.0f} W"
             parts.append(
                 f"<tr><td>{e(g.gpu)}</td><td>{fmt_value('vram_peak_bytes', g.peak_used_bytes)}"
-                f"</td><td>{e(fmt_value('leak_bytes_per_hour', g.leak_bytes_per_hour))}</td>"
+                f"</td><td>{e(_gpu_leak(g))}</td>"
                 f"<td>{energy}</td><td>{power}</td><td>{e(', '.join(g.targets) or '-')}</td>"
                 "</tr>"
             )

@@ -59,3 +59,13 @@ def test_a_client_behind_its_plan_is_called_out() -> None:
     text = screen(st, 80)
     assert "CLIENT-LIMITED edge-vllm-4gb" in text
     assert "12" in text.split("edge-vllm-4gb")[-1]  # its sends not made are on its row
+
+
+def test_the_edge_cards_vram_against_its_line() -> None:
+    vram = [{"gpu": "0", "target": "edge-vllm-4gb", "used_bytes": 3.95e9, "peak_bytes": 3.97e9,
+             "limit_bytes": 3.9e9}]
+    text = screen(status(vram=vram), 80)
+    assert "GPU 0 (edge-vllm-4gb): VRAM 3.95 GB, peak 3.97 GB, line 3.90 GB ABOVE" in text
+    vram[0]["used_bytes"] = 3.5e9
+    assert "ABOVE" not in screen(status(vram=vram), 80)
+    assert "line 3.90 GB peak over" in screen(status(vram=vram), 80)
