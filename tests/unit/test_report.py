@@ -451,3 +451,32 @@ def test_a_reader_that_hung_up_is_not_an_error(run_dir: Path, command: str) -> N
     assert proc.returncode == 0, proc.stderr
     assert "Broken pipe" not in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_short_rehearsal_has_no_leak_finding_and_a_dcgm_page_has_an_owner(
+    tmp_path: Path,
+) -> None:
+    """A 10-minute rehearsal whose VRAM jumps at a load step: no slope is a finding there
+    ("too short to tell"), and the GPU read from a simulator's own DCGM page is that
+    simulator's (its VRAM peak on its row)."""
+    cfg = config(
+        targets=[
+            {"name": "edge", "simulator": "edge-4gb"},
+            {"name": "cloud", "base_url": "http://127.0.0.1:2"},
+        ],
+        gpu={"source": "dcgm"},
+    )
+    clock = FakeClock(offset_s=600)
+    base_wall = time.time() - (time.perf_counter_ns() - clock.origin_ns) / 1e9
+    j = open_test_journal(tmp_path, cfg, clock)
+    for t in range(0, 600, 5):
+        used = 3.0e9 if t < 300 else 3.9e9  # a load step, not a leak
+        j.sample(Sample(base_wall + t, "soakd_gpu_memory_used_bytes", used, (("gpu", "0"),)))
+    j.close()
+    rep = build_report(tmp_path)
+    assert rep.overall["edge"].vram_peak_bytes == 3.9e9
+    assert rep.overall["cloud"].vram_peak_bytes is None
+    assert rep.gpus[0].targets == ["edge"]
+    assert rep.gpus[0].leak_bytes_per_hour is None
+    assert rep.overall["edge"].leak_note == "too short to tell"
+    assert "too short to tell" in render_markdown(rep)
