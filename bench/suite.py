@@ -46,8 +46,9 @@ WORK = CACHE / "work"
 VENVS = CACHE / "venvs"
 # the project's venv; elsewhere (a machine with the deps on PYTHONPATH) this interpreter
 PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
-SOAKD = [str(ROOT / ".venv" / "bin" / "soakd")] if (ROOT / ".venv").exists() else [PY, "-m",
-                                                                                   "soakd"]
+SOAKD = (
+    [str(ROOT / ".venv" / "bin" / "soakd")] if (ROOT / ".venv").exists() else [PY, "-m", "soakd"]
+)
 VLLM_PY = str(ROOT / ".venv-vllm" / "bin" / "python")
 TOKENIZER_DIR = ROOT / ".cache" / "tiny-llama"
 HF_CACHE = CACHE / "hf" / "hub"
@@ -59,15 +60,22 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 TOOLS = ("bare", "soakd-hot", "soakd", "vllm", "aiperf", "guidellm")
-LABEL = {"bare": "bare aiohttp loop", "soakd-hot": "soakd hot path (in-process)",
-         "soakd": "soakd run (journal, exporter)", "vllm": "vllm bench serve",
-         "aiperf": "AIPerf", "guidellm": "GuideLLM",
-         "soakd-arenas": "soakd run, glibc default malloc arenas (before soakd/_malloc.py)",
-         "soakd-nogpu": "soakd run, gpu source none (no NVML)"}
+LABEL = {
+    "bare": "bare aiohttp loop",
+    "soakd-hot": "soakd hot path (in-process)",
+    "soakd": "soakd run (journal, exporter)",
+    "vllm": "vllm bench serve",
+    "aiperf": "AIPerf",
+    "guidellm": "GuideLLM",
+    "soakd-arenas": "soakd run, glibc default malloc arenas (before soakd/_malloc.py)",
+    "soakd-nogpu": "soakd run, gpu source none (no NVML)",
+}
 SOAKD_RUNS = ("soakd", "soakd-arenas", "soakd-nogpu")
 # `soakd run` as before soakd/_malloc.py: the arena cap patched out, nothing else changed
-NO_ARENA_CAP = ("import sys, soakd._malloc as m; m.limit_arenas = lambda *a, **k: False; "
-                "from soakd.cli import main; sys.exit(main())")
+NO_ARENA_CAP = (
+    "import sys, soakd._malloc as m; m.limit_arenas = lambda *a, **k: False; "
+    "from soakd.cli import main; sys.exit(main())"
+)
 
 
 # --- processes ----------------------------------------------------------------------------------
@@ -90,7 +98,7 @@ def proc_table() -> dict[int, tuple[int, float, int]]:
                 raw = f.read()
         except OSError:
             continue
-        rest = raw[raw.rfind(b")") + 2:].split()
+        rest = raw[raw.rfind(b")") + 2 :].split()
         ppid = int(rest[1])
         ticks = int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])
         out[int(name)] = (ppid, ticks / CLK_TCK, int(rest[21]) * PAGE)
@@ -117,15 +125,43 @@ def tree_usage(root: int, table: dict[int, tuple[int, float, int]]) -> tuple[flo
 class Stub:
     """bench/stub.py in its own process, with a live counter and lateness stats."""
 
-    def __init__(self, workdir: Path, *, ttft: float, itl: float, tokens: int = TOKENS,
-                 workers: int = 1, arrivals: bool = False, cpus: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        ttft: float,
+        itl: float,
+        tokens: int = TOKENS,
+        workers: int = 1,
+        arrivals: bool = False,
+        cpus: str | None = None,
+    ) -> None:
         self.dir = workdir / "stub"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.counter = str(self.dir / "counter")
-        args = [PY, str(ROOT / "bench" / "stub.py"), "--port", str(self.port), "--ttft", str(ttft),
-                "--itl", str(itl), "--tokens", str(tokens), "--model", MODEL, "--workers",
-                str(workers), "--stats-dir", str(self.dir), "--counter-file", self.counter, "--nice", "-10"]
+        args = [
+            PY,
+            str(ROOT / "bench" / "stub.py"),
+            "--port",
+            str(self.port),
+            "--ttft",
+            str(ttft),
+            "--itl",
+            str(itl),
+            "--tokens",
+            str(tokens),
+            "--model",
+            MODEL,
+            "--workers",
+            str(workers),
+            "--stats-dir",
+            str(self.dir),
+            "--counter-file",
+            self.counter,
+            "--nice",
+            "-10",
+        ]
         if arrivals:
             args.append("--arrivals")
         self.proc = subprocess.Popen(pinned(args, cpus), stdout=subprocess.PIPE, text=True)
@@ -189,9 +225,15 @@ class Case:
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_HUB_CACHE=str(HF_CACHE), TOKENIZERS_PARALLELISM="false",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_CACHE=str(HF_CACHE),
+        TOKENIZERS_PARALLELISM="false",
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+    )
     for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
         env.pop(k, None)
     return env
@@ -251,9 +293,24 @@ def command(case: Case, url: str, out: Path) -> tuple[list[str], str | None]:
     n, c = str(case.requests), str(case.concurrency)
     if case.tool in ("bare", "soakd-hot"):
         mode = "bare" if case.tool == "bare" else "soakd"
-        argv = [PY, str(ROOT / "bench" / "clients.py"), mode, "--url", url, "--concurrency", c,
-                "--requests", n, "--tokens", str(case.tokens), "--out", str(out / "client.json"),
-                "--timings", "--max-seconds", str(case.timeout_s)]
+        argv = [
+            PY,
+            str(ROOT / "bench" / "clients.py"),
+            mode,
+            "--url",
+            url,
+            "--concurrency",
+            c,
+            "--requests",
+            n,
+            "--tokens",
+            str(case.tokens),
+            "--out",
+            str(out / "client.json"),
+            "--timings",
+            "--max-seconds",
+            str(case.timeout_s),
+        ]
         if case.extra.get("uvloop"):
             argv.append("--uvloop")
         if case.mode != "closed":
@@ -263,42 +320,109 @@ def command(case: Case, url: str, out: Path) -> tuple[list[str], str | None]:
         cfg = out / "soak.yaml"
         soakd_config(case, url, cfg)
         soakd = SOAKD if case.tool == "soakd" else [PY, "-c", NO_ARENA_CAP]
-        argv = [*soakd, "run", str(cfg), "--no-live", "--run-dir", str(out / "run"),
-                "--metrics-addr", f"127.0.0.1:{free_port()}"]
+        argv = [
+            *soakd,
+            "run",
+            str(cfg),
+            "--no-live",
+            "--run-dir",
+            str(out / "run"),
+            "--metrics-addr",
+            f"127.0.0.1:{free_port()}",
+        ]
         return argv, "sigterm" if case.mode == "closed" else None
     if case.tool == "vllm":
-        argv = [VLLM_PY, str(ROOT / "bench" / "vllm_bench_serve.py"), "--backend", "openai-chat",
-                "--base-url", url, "--endpoint", "/v1/chat/completions", "--model", MODEL,
-                "--tokenizer", str(TOKENIZER_DIR), "--dataset-name", "random",
-                "--random-input-len", "20", "--random-output-len", str(case.tokens),
-                "--num-prompts", n, "--ignore-eos", "--save-result", "--save-detailed",
-                "--result-dir", str(out), "--result-filename", "vllm.json", "--disable-tqdm",
-                "--ready-check-timeout-sec", "0"]
+        argv = [
+            VLLM_PY,
+            str(ROOT / "bench" / "vllm_bench_serve.py"),
+            "--backend",
+            "openai-chat",
+            "--base-url",
+            url,
+            "--endpoint",
+            "/v1/chat/completions",
+            "--model",
+            MODEL,
+            "--tokenizer",
+            str(TOKENIZER_DIR),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            "20",
+            "--random-output-len",
+            str(case.tokens),
+            "--num-prompts",
+            n,
+            "--ignore-eos",
+            "--save-result",
+            "--save-detailed",
+            "--result-dir",
+            str(out),
+            "--result-filename",
+            "vllm.json",
+            "--disable-tqdm",
+            "--ready-check-timeout-sec",
+            "0",
+        ]
         if case.mode == "closed":
             argv += ["--max-concurrency", c, "--request-rate", "inf"]
         else:
             argv += ["--request-rate", f"{case.rate:g}", "--burstiness", "1"]
         return argv, None
     if case.tool == "aiperf":
-        argv = [str(VENVS / "aiperf" / "bin" / "aiperf"), "profile", "--model", MODEL, "--url", url,
-                "--endpoint-type", "chat", "--streaming", "--request-count", n,
-                "--prompt-input-tokens-mean", "20", "--output-tokens-mean", str(case.tokens),
-                "--extra-inputs", "ignore_eos:true", "--tokenizer", "local/tiny-llama",
-                "--artifact-dir", str(out / "aiperf"), "--ui", "none"]
+        argv = [
+            str(VENVS / "aiperf" / "bin" / "aiperf"),
+            "profile",
+            "--model",
+            MODEL,
+            "--url",
+            url,
+            "--endpoint-type",
+            "chat",
+            "--streaming",
+            "--request-count",
+            n,
+            "--prompt-input-tokens-mean",
+            "20",
+            "--output-tokens-mean",
+            str(case.tokens),
+            "--extra-inputs",
+            "ignore_eos:true",
+            "--tokenizer",
+            "local/tiny-llama",
+            "--artifact-dir",
+            str(out / "aiperf"),
+            "--ui",
+            "none",
+        ]
         if case.mode == "closed":
             argv += ["--concurrency", c]
         else:
             argv += ["--request-rate", f"{case.rate:g}", "--arrival-pattern", case.mode]
         return argv, None
     if case.tool == "guidellm":
-        profile = (f"kind=concurrent,streams={c}" if case.mode == "closed"
-                   else f"kind={case.mode},rate={case.rate:g}")
-        argv = [str(VENVS / "guidellm" / "bin" / "guidellm"), "run", "--backend",
-                f"kind=openai_http,target={url},model={MODEL}", "--profile", profile,
-                "--constraint", f"kind=max_requests,count={n}", "--data",
-                f"kind=synthetic_text,prompt_tokens=20,output_tokens={case.tokens}",
-                "--tokenizer", f"kind=hf_auto,model={TOKENIZER_DIR}", "--output",
-                f"kind=json,path={out / 'guidellm.json'}", "--disable-console-interactive"]
+        profile = (
+            f"kind=concurrent,streams={c}"
+            if case.mode == "closed"
+            else f"kind={case.mode},rate={case.rate:g}"
+        )
+        argv = [
+            str(VENVS / "guidellm" / "bin" / "guidellm"),
+            "run",
+            "--backend",
+            f"kind=openai_http,target={url},model={MODEL}",
+            "--profile",
+            profile,
+            "--constraint",
+            f"kind=max_requests,count={n}",
+            "--data",
+            f"kind=synthetic_text,prompt_tokens=20,output_tokens={case.tokens}",
+            "--tokenizer",
+            f"kind=hf_auto,model={TOKENIZER_DIR}",
+            "--output",
+            f"kind=json,path={out / 'guidellm.json'}",
+            "--disable-console-interactive",
+        ]
         return argv, None
     raise ValueError(case.tool)
 
@@ -326,8 +450,9 @@ def timings(case: Case, out: Path) -> dict[str, Any]:
         db = out / "run" / "journal.db"
         if db.exists():
             con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            rows = con.execute("SELECT ttft_ns, itl, lag_ns FROM requests WHERE error IS NULL "
-                               "ORDER BY id").fetchall()
+            rows = con.execute(
+                "SELECT ttft_ns, itl, lag_ns FROM requests WHERE error IS NULL ORDER BY id"
+            ).fetchall()
             con.close()
             lag = []
             for ttft, blob, lag_ns in rows:
@@ -349,9 +474,18 @@ def timings(case: Case, out: Path) -> dict[str, Any]:
             d = json.loads(p.read_text())
             t["ttft"] = [int(x * 1e9) for x in d.get("ttfts", []) if x]
             t["itl"] = [int(x * 1e9) for req in d.get("itls", []) for x in req]
-            t["reported"] = {k: d.get(k) for k in ("mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms",
-                                                   "p99_itl_ms", "completed", "failed",
-                                                   "request_throughput")}
+            t["reported"] = {
+                k: d.get(k)
+                for k in (
+                    "mean_ttft_ms",
+                    "p99_ttft_ms",
+                    "mean_itl_ms",
+                    "p99_itl_ms",
+                    "completed",
+                    "failed",
+                    "request_throughput",
+                )
+            }
     elif case.tool == "aiperf":
         p = out / "aiperf" / "profile_export.jsonl"
         if p.exists():
@@ -401,12 +535,17 @@ def pct(values: list[float], q: float) -> float | None:
 def error_stats(values_ns: list[int], truth_s: float, skip: float = 0.1) -> dict[str, Any]:
     """Reported minus truth, in ms, over the requests after the first ``skip`` fraction
     (connection set-up and warm-up are the same for everyone and not a timer error)."""
-    vals = values_ns[int(len(values_ns) * skip):]
+    vals = values_ns[int(len(values_ns) * skip) :]
     if not vals:
         return {"n": 0}
     err = [v / 1e6 - truth_s * 1e3 for v in vals]
-    return {"n": len(err), "mean": statistics.fmean(err), "p50": pct(err, 0.5),
-            "p99": pct(err, 0.99), "max": max(err)}
+    return {
+        "n": len(err),
+        "mean": statistics.fmean(err),
+        "p50": pct(err, 0.5),
+        "p99": pct(err, 0.99),
+        "max": max(err),
+    }
 
 
 def arrival_stats(arr: list[int], target: float, mode: str) -> dict[str, Any]:
@@ -415,10 +554,16 @@ def arrival_stats(arr: list[int], target: float, mode: str) -> dict[str, Any]:
     gaps = [(b - a) / 1e6 for a, b in zip(arr, arr[1:], strict=False)]
     span = (arr[-1] - arr[0]) / 1e9
     mean = statistics.fmean(gaps)
-    return {"n": len(arr), "rate": (len(arr) - 1) / span, "target": target,
-            "rate_err_pct": ((len(arr) - 1) / span / target - 1) * 100 if target else None,
-            "cv": statistics.pstdev(gaps) / mean if mean else None,
-            "gap_max_ms": max(gaps), "gap_p99_ms": pct(gaps, 0.99), "mode": mode}
+    return {
+        "n": len(arr),
+        "rate": (len(arr) - 1) / span,
+        "target": target,
+        "rate_err_pct": ((len(arr) - 1) / span / target - 1) * 100 if target else None,
+        "cv": statistics.pstdev(gaps) / mean if mean else None,
+        "gap_max_ms": max(gaps),
+        "gap_p99_ms": pct(gaps, 0.99),
+        "mode": mode,
+    }
 
 
 # --- running one case ---------------------------------------------------------------------------
@@ -429,9 +574,15 @@ def run_case(case: Case) -> dict[str, Any]:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    stub = Stub(out, ttft=case.ttft, itl=case.itl, tokens=case.tokens,
-                arrivals=case.mode != "closed", workers=case.extra.get("stub_workers", 1),
-                cpus=case.extra.get("stub_cpus"))
+    stub = Stub(
+        out,
+        ttft=case.ttft,
+        itl=case.itl,
+        tokens=case.tokens,
+        arrivals=case.mode != "closed",
+        workers=case.extra.get("stub_workers", 1),
+        cpus=case.extra.get("stub_cpus"),
+    )
     samples: list[tuple[float, float, int, int, float]] = []  # t, cpu, rss, done, stub cpu
     rc: int | None = None
     at_peak: dict[str, float] = {}  # the client's /proc status and smaps split at its peak RSS
@@ -440,8 +591,15 @@ def run_case(case: Case) -> dict[str, Any]:
         argv = pinned(argv, case.extra.get("client_cpus"))
         log = open(out / "tool.log", "wb")  # noqa: SIM115
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, cwd=out, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_client_nice)
+        proc = subprocess.Popen(
+            argv,
+            cwd=out,
+            env=_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_client_nice,
+        )
         stopped = False
         last_peek, peak, threads_max = 0.0, 0, 0
         while True:
@@ -459,10 +617,15 @@ def run_case(case: Case) -> dict[str, Any]:
                     threads_max = max(threads_max, int(st.get("threads", 0)))
                     if rss > peak:
                         peak = rss
-                        at_peak = {**st, **{f"smaps_{k}_mb" if k != "anon_maps" else k: v
-                                            for k, v in smaps_breakdown(proc.pid).items()},
-                                   "top_maps": top_mappings(proc.pid),
-                                   "thread_names": thread_names(proc.pid)}
+                        at_peak = {
+                            **st,
+                            **{
+                                f"smaps_{k}_mb" if k != "anon_maps" else k: v
+                                for k, v in smaps_breakdown(proc.pid).items()
+                            },
+                            "top_maps": top_mappings(proc.pid),
+                            "thread_names": thread_names(proc.pid),
+                        }
             if rc is not None:
                 break
             if stop_rule == "sigterm" and not stopped and done >= case.requests:
@@ -479,9 +642,14 @@ def run_case(case: Case) -> dict[str, Any]:
     finally:
         stub_stats = stub.stop()
     done_total, tok_total = stub_stats.get("requests", 0), stub_stats.get("tokens", 0)
-    res: dict[str, Any] = {"case": case.__dict__ | {"name": case.name}, "rc": rc, "wall_s": wall,
-                           "stub": {k: v for k, v in stub_stats.items() if k != "arrivals_ns"},
-                           "answers": done_total, "tokens": tok_total}
+    res: dict[str, Any] = {
+        "case": case.__dict__ | {"name": case.name},
+        "rc": rc,
+        "wall_s": wall,
+        "stub": {k: v for k, v in stub_stats.items() if k != "arrivals_ns"},
+        "answers": done_total,
+        "tokens": tok_total,
+    }
     if samples:
         final = max(s[3] for s in samples)
         lo = next((s for s in samples if s[3] >= 0.1 * final), None)
@@ -509,27 +677,49 @@ def run_case(case: Case) -> dict[str, Any]:
         res["loadavg"] = os.getloadavg()
     if t.get("lag"):
         lag_ms = [x / 1e6 for x in t["lag"]]
-        res["lag_ms"] = {"n": len(lag_ms), "mean": statistics.fmean(lag_ms),
-                         "p50": pct(lag_ms, 0.5), "p99": pct(lag_ms, 0.99), "max": max(lag_ms),
-                         "kind": t.get("lag_kind", "scheduled -> sent")}
+        res["lag_ms"] = {
+            "n": len(lag_ms),
+            "mean": statistics.fmean(lag_ms),
+            "p50": pct(lag_ms, 0.5),
+            "p99": pct(lag_ms, 0.99),
+            "max": max(lag_ms),
+            "kind": t.get("lag_kind", "scheduled -> sent"),
+        }
     if case.mode != "closed":
         res["arrivals"] = arrival_stats(stub_stats.get("arrivals_ns", []), case.rate, case.mode)
     if rc not in (0, None):
         tail = (out / "tool.log").read_bytes()[-1500:].decode(errors="replace")
         res["log_tail"] = tail
-    summary = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()
-               if k in ("rc", "answers", "cpu_ms_per_req", "cpu_us_per_token", "peak_rss_mb",
-                        "window_rps", "stub_cpu_ms_per_req")}
-    print(f"  {case.name}: {summary} ttft_err={_short(res['ttft_err'])} "
-          f"itl_err={_short(res['itl_err'])}"
-          + (f" arrivals={_short(res['arrivals'])}" if "arrivals" in res else "")
-          + (f" lag={_short(res['lag_ms'])}" if "lag_ms" in res else ""), flush=True)
+    summary = {
+        k: (round(v, 4) if isinstance(v, float) else v)
+        for k, v in res.items()
+        if k
+        in (
+            "rc",
+            "answers",
+            "cpu_ms_per_req",
+            "cpu_us_per_token",
+            "peak_rss_mb",
+            "window_rps",
+            "stub_cpu_ms_per_req",
+        )
+    }
+    print(
+        f"  {case.name}: {summary} ttft_err={_short(res['ttft_err'])} "
+        f"itl_err={_short(res['itl_err'])}"
+        + (f" arrivals={_short(res['arrivals'])}" if "arrivals" in res else "")
+        + (f" lag={_short(res['lag_ms'])}" if "lag_ms" in res else ""),
+        flush=True,
+    )
     return res
 
 
 def _short(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()
-            if k not in ("kind", "mode", "target")}
+    return {
+        k: (round(v, 3) if isinstance(v, float) else v)
+        for k, v in d.items()
+        if k not in ("kind", "mode", "target")
+    }
 
 
 def available(tool: str) -> str | None:
@@ -580,8 +770,9 @@ def section_openloop(a: argparse.Namespace) -> None:
             if tool in skipped or tool not in a.tools or (tool == "vllm" and mode == "constant"):
                 continue
             n = int(rate * seconds)
-            runs.append(run_case(Case(tool, mode, rate=rate, requests=n,
-                                      timeout_s=seconds * 4 + 60)))
+            runs.append(
+                run_case(Case(tool, mode, rate=rate, requests=n, timeout_s=seconds * 4 + 60))
+            )
     save("openloop", {"runs": runs, "skipped": skipped, "machine": machine()})
 
 
@@ -598,17 +789,40 @@ def section_manycore(a: argparse.Namespace) -> None:
     stub_cpus = ",".join(map(str, others))
     workers = max(1, min(a.stub_workers, len(others)))
     os.sched_setaffinity(0, others)  # the sampler stays off the client's core
-    extra = {"client_cpus": str(client), "stub_cpus": stub_cpus, "stub_workers": workers,
-             "peek": True}
-    print(f"  client on core {client} (taskset -c {client}), stub: {workers} worker(s) on "
-          f"cores {stub_cpus}; {len(cpus)} cores; load {os.getloadavg()}", flush=True)
+    extra = {
+        "client_cpus": str(client),
+        "stub_cpus": stub_cpus,
+        "stub_workers": workers,
+        "peek": True,
+    }
+    print(
+        f"  client on core {client} (taskset -c {client}), stub: {workers} worker(s) on "
+        f"cores {stub_cpus}; {len(cpus)} cores; load {os.getloadavg()}",
+        flush=True,
+    )
     runs = []
     for rep in range(a.reps):
         for tool in a.manycore_tools:
-            runs.append(run_case(Case(tool, "closed", concurrency=64, requests=a.requests_64,
-                                      rep=rep, extra=dict(extra))))
-    doc = {"runs": runs, "machine": machine(), "client_core": client, "stub_cpus": stub_cpus,
-           "stub_workers": workers, "command": "python bench/suite.py " + " ".join(sys.argv[1:])}
+            runs.append(
+                run_case(
+                    Case(
+                        tool,
+                        "closed",
+                        concurrency=64,
+                        requests=a.requests_64,
+                        rep=rep,
+                        extra=dict(extra),
+                    )
+                )
+            )
+    doc = {
+        "runs": runs,
+        "machine": machine(),
+        "client_core": client,
+        "stub_cpus": stub_cpus,
+        "stub_workers": workers,
+        "command": "python bench/suite.py " + " ".join(sys.argv[1:]),
+    }
     name = f"manycore-{len(cpus)}c"
     save(name, doc)
     from report import manycore_table
@@ -631,14 +845,20 @@ def section_endurance(a: argparse.Namespace) -> None:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     stub = Stub(out, ttft=0, itl=0)
-    case = Case("soakd", "closed", concurrency=64, requests=a.endurance_requests,
-                timeout_s=a.endurance_minutes * 60)
+    case = Case(
+        "soakd",
+        "closed",
+        concurrency=64,
+        requests=a.endurance_requests,
+        timeout_s=a.endurance_minutes * 60,
+    )
     argv, _ = command(case, stub.url, out)
     metrics_url = "http://" + argv[argv.index("--metrics-addr") + 1] + "/metrics"
     log = open(out / "tool.log", "wb")  # noqa: SIM115
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=out, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=out, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     points: list[dict[str, Any]] = []
     queue_max = 0.0
     last_scrape = 0.0
@@ -659,8 +879,17 @@ def section_endurance(a: argparse.Namespace) -> None:
                 cpu, rss, _ = tree_usage(proc.pid, proc_table())
                 st = _status_fields(proc.pid)
                 sm = {f"smaps_{k}": v for k, v in smaps_breakdown(proc.pid).items()}
-                points.append({"t": now, "done": done, "cpu_s": cpu, "rss_mb": rss / 2**20,
-                               "journal_queue_max": queue_max, **st, **sm})
+                points.append(
+                    {
+                        "t": now,
+                        "done": done,
+                        "cpu_s": cpu,
+                        "rss_mb": rss / 2**20,
+                        "journal_queue_max": queue_max,
+                        **st,
+                        **sm,
+                    }
+                )
                 queue_max = 0.0
                 while marks and done >= marks[0]:
                     marks.pop(0)
@@ -674,15 +903,21 @@ def section_endurance(a: argparse.Namespace) -> None:
         log.close()
         stub.stop()
     db = out / "run" / "journal.db"
-    doc = {"points": points, "requests": points[-1]["done"] if points else 0,
-           "minutes": a.endurance_minutes, "target": a.endurance_requests,
-           "journal_mb": db.stat().st_size / 2**20 if db.exists() else None,
-           "machine": machine()}
+    doc = {
+        "points": points,
+        "requests": points[-1]["done"] if points else 0,
+        "minutes": a.endurance_minutes,
+        "target": a.endurance_requests,
+        "journal_mb": db.stat().st_size / 2**20 if db.exists() else None,
+        "machine": machine(),
+    }
     save("endurance", doc)
     for p in points[:: max(1, len(points) // 20)]:
-        print(f"  t={p['t']:.0f}s done={p['done']} rss={p['rss_mb']:.1f}MB "
-              f"anon={p.get('rss_anon_mb')} file={p.get('rss_file_mb')} "
-              f"journal queue max={p.get('journal_queue_max')}")
+        print(
+            f"  t={p['t']:.0f}s done={p['done']} rss={p['rss_mb']:.1f}MB "
+            f"anon={p.get('rss_anon_mb')} file={p.get('rss_file_mb')} "
+            f"journal queue max={p.get('journal_queue_max')}"
+        )
 
 
 def _scrape(url: str, name: str) -> float | None:
@@ -690,7 +925,7 @@ def _scrape(url: str, name: str) -> float | None:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 (loopback only)
+        with urllib.request.urlopen(url, timeout=1) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith(name + " "):
                     return float(line.split()[1])
@@ -726,8 +961,13 @@ def smaps_breakdown(pid: int) -> dict[str, float]:
     return out
 
 
+ARENA_ALIGN = 64 << 20  # glibc's HEAP_MAX_SIZE on 64-bit: a thread arena's heap starts aligned
+
+
 def top_mappings(pid: int, n: int = 8) -> list[tuple[str, float]]:
-    """The ``n`` largest mappings by Rss (MB), anonymous ones summed under '[anon]'."""
+    """The ``n`` largest mappings by Rss (MB), summed by name; anonymous ones split into
+    '[thread arenas]' (glibc heaps of threads other than the main one: 64 MiB-aligned) and
+    '[anon]' (pymalloc arenas, big blocks, stacks)."""
     rss: dict[str, float] = {}
     name = ""
     try:
@@ -735,7 +975,10 @@ def top_mappings(pid: int, n: int = 8) -> list[tuple[str, float]]:
             for line in f:
                 first = line.split(None, 5)
                 if len(first) >= 5 and "-" in first[0] and not first[0].endswith(":"):
-                    name = first[5].strip() if len(first) > 5 else "[anon]"
+                    name = first[5].strip() if len(first) > 5 else ""
+                    if not name:
+                        start = int(first[0].split("-")[0], 16)
+                        name = "[thread arenas]" if start % ARENA_ALIGN == 0 else "[anon]"
                 elif line.startswith("Rss:"):
                     rss[name] = rss.get(name, 0.0) + int(line.split()[1]) / 1024
     except OSError:
@@ -781,16 +1024,24 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     mem = os.sysconf("SC_PHYS_PAGES") * PAGE / 2**30
-    return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(mem, 1),
-            "kernel": platform.release(), "python": platform.python_version(),
-            "loadavg_at_end": os.getloadavg(), "date": datetime.now(UTC).isoformat()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gib": round(mem, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg_at_end": os.getloadavg(),
+        "date": datetime.now(UTC).isoformat(),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("section",
-                    choices=["all", "closed", "openloop", "endurance", "manycore", "report"])
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "section", choices=["all", "closed", "openloop", "endurance", "manycore", "report"]
+    )
     ap.add_argument("--quick", action="store_true", help="fewer requests, one repetition")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--requests-8", type=int, default=1500)
@@ -801,9 +1052,11 @@ def main() -> None:
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--client-core", type=int, help="manycore: the client's core (default: last)")
     ap.add_argument("--stub-workers", type=int, default=4, help="manycore: stub processes")
-    ap.add_argument("--manycore-tools", default="bare,soakd,soakd-arenas",
-                    help="manycore: what each round runs (bare, soakd, soakd-arenas, soakd-nogpu,"
-                    " soakd-hot)")
+    ap.add_argument(
+        "--manycore-tools",
+        default="bare,soakd,soakd-arenas",
+        help="manycore: what each round runs (bare, soakd, soakd-arenas, soakd-nogpu, soakd-hot)",
+    )
     ap.add_argument("--out", type=Path, help="manycore: also copy the results here")
     a = ap.parse_args()
     a.tools = a.tools.split(",")
