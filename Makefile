@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint setup setup-servers setup-system clean
+.PHONY: demo test test-fast test-docker lint setup setup-servers setup-system clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,11 +34,19 @@ setup-system:
 	bash scripts/setup-llama-server.sh
 
 ## test: install everything the tests need (the servers and system packages above),
-## then lint, type-check and run every test
+## then lint, type-check and run every test; the Docker tests last (test-docker)
 test: $(STAMP) setup-servers setup-system
 	$(BIN)/ruff check soakd tests
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not docker"
+	$(MAKE) --no-print-directory test-docker
+
+## test-docker: the `sim` compose stack on a real Docker engine (tests/docker/): installs
+## Debian's docker.io + docker-compose when missing, starts dockerd when none runs (and
+## stops it after), builds stand-in images (cached in /var/cache/soakd/docker), the
+## soakd image, and runs, stops, kills and resumes the stack (~6 min warm, ~12 cold)
+test-docker: $(STAMP)
+	bash scripts/test-docker.sh
 
 ## test-fast: unit tests only, no servers
 test-fast: $(STAMP)
