@@ -17,6 +17,7 @@ setup: $(STAMP)
 ## demo: a one-minute soak of the embedded simulator, live view, then the summary
 demo: $(STAMP)
 	$(BIN)/soakd run examples/demo.yaml
+	@echo "soakd is installed in $(VENV): run 'source $(VENV)/bin/activate' to use the soakd commands above"
 
 ## the real servers the integration tests soak: vLLM (CPU) with a tiny local model, and
 ## LiteLLM's proxy as the gateway to the "cloud" path; each in its own venv
