@@ -45,7 +45,7 @@ test: $(STAMP) setup-servers setup-system
 ## test-docker: the `sim` compose stack on a real Docker engine (tests/docker/): installs
 ## Debian's docker.io + docker-compose when missing, starts dockerd when none runs (and
 ## stops it after), builds stand-in images (cached in /var/cache/soakd/docker), the
-## soakd image, and runs, stops, kills and resumes the stack (~6 min warm, ~12 cold)
+## soakd image, and runs, stops, kills and resumes the stack (~4 min warm, ~9 cold)
 test-docker: $(STAMP)
 	bash scripts/test-docker.sh
 
