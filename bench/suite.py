@@ -18,6 +18,8 @@ Results: .cache/bench/results/*.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import math
 import os
@@ -257,10 +259,8 @@ def ensure_hf_cache() -> None:
 def _client_nice() -> None:
     """Every client runs at nice -5 (the stub at -10): on a shared machine this keeps other
     people's jobs from landing in the measured latencies. The same for every tool."""
-    try:
+    with contextlib.suppress(OSError):
         os.nice(-5)
-    except OSError:
-        pass
 
 
 def soakd_config(case: Case, url: str, path: Path) -> None:
@@ -551,7 +551,7 @@ def error_stats(values_ns: list[int], truth_s: float, skip: float = 0.1) -> dict
 def arrival_stats(arr: list[int], target: float, mode: str) -> dict[str, Any]:
     if len(arr) < 3:
         return {"n": len(arr)}
-    gaps = [(b - a) / 1e6 for a, b in zip(arr, arr[1:], strict=False)]
+    gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(arr)]
     span = (arr[-1] - arr[0]) / 1e9
     mean = statistics.fmean(gaps)
     return {
@@ -751,8 +751,10 @@ def section_closed(a: argparse.Namespace) -> None:
     skipped = {t: why for t in TOOLS if (why := available(t))}
     for conc, n in ((8, a.requests_8), (64, a.requests_64)):
         for rep in range(a.reps):
-            for tool in ("bare", "soakd-hot", "soakd"):
-                runs.append(run_case(Case(tool, "closed", concurrency=conc, requests=n, rep=rep)))
+            runs.extend(
+                run_case(Case(tool, "closed", concurrency=conc, requests=n, rep=rep))
+                for tool in ("bare", "soakd-hot", "soakd")
+            )
         for tool in ("vllm", "aiperf", "guidellm"):
             if tool in skipped or tool not in a.tools:
                 continue
@@ -800,21 +802,13 @@ def section_manycore(a: argparse.Namespace) -> None:
         f"cores {stub_cpus}; {len(cpus)} cores; load {os.getloadavg()}",
         flush=True,
     )
-    runs = []
-    for rep in range(a.reps):
-        for tool in a.manycore_tools:
-            runs.append(
-                run_case(
-                    Case(
-                        tool,
-                        "closed",
-                        concurrency=64,
-                        requests=a.requests_64,
-                        rep=rep,
-                        extra=dict(extra),
-                    )
-                )
-            )
+    runs = [
+        run_case(
+            Case(tool, "closed", concurrency=64, requests=a.requests_64, rep=rep, extra=dict(extra))
+        )
+        for rep in range(a.reps)
+        for tool in a.manycore_tools
+    ]
     doc = {
         "runs": runs,
         "machine": machine(),
@@ -1017,10 +1011,11 @@ def _status_fields(pid: int) -> dict[str, float]:
 def machine() -> dict[str, Any]:
     cpu = ""
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
     except OSError:
         pass
     mem = os.sysconf("SC_PHYS_PAGES") * PAGE / 2**30
