@@ -105,3 +105,24 @@ def test_a_concurrency_no_process_can_hold_is_a_one_line_error(tmp_path: Path) -
     assert "concurrency" in lines[0]
     assert "28000" in lines[0]
     assert not (tmp_path / "run" / "journal.db").exists()  # nothing started, nothing to resume
+
+
+def test_a_busy_exporter_address_fails_before_a_journal_exists(tmp_path: Path) -> None:
+    import socket
+
+    cfg = write_config(tmp_path / "soak.yaml", {
+        "targets": [{"name": "sim", "simulator": "fast"}],
+        "phases": [{"name": "p", "duration": "5s"}],
+    })
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = start_soakd(cfg, tmp_path / "run", port)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert lines == [f"soakd: error: --metrics-addr: cannot listen on 127.0.0.1:{port}: "
+                     "Address already in use (another soakd running?)"], err
+    # nothing to "resume" next time in this directory
+    assert not (tmp_path / "run" / "journal.db").exists()
