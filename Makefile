@@ -64,5 +64,11 @@ bench: $(STAMP) setup-servers
 	bash bench/setup_peers.sh
 	$(BIN)/python bench/suite.py all
 
+## bench-manycore: soakd run vs the bare loop with the client pinned to one core (taskset),
+## the stub on the other cores, 64 streams; no peers (~3 min); prints the table and writes
+## .cache/bench/results/manycore-<cores>c.{json,md} (docs/benchmarks.md, "Many cores")
+bench-manycore: $(STAMP)
+	$(BIN)/python bench/suite.py manycore
+
 clean:
 	rm -rf $(VENV) .venv-vllm .cache runs

@@ -306,12 +306,13 @@ def switch_table(rows: list[dict[str, Any]], lines: list[str]) -> None:
     lines.append("")
 
 
-MANYCORE_ORDER = ["bare", "soakd", "soakd-arenas", "soakd-nogpu", "soakd-hot"]
+MANYCORE_ORDER = ["bare", "soakd", "soakd-arenas", "soakd-nogpu", "soakd-nice", "soakd-hot"]
 MANYCORE_LABEL = {
     "bare": "bare aiohttp loop",
     "soakd": "`soakd run`",
     "soakd-arenas": "`soakd run`, glibc's default arenas (before)",
     "soakd-nogpu": "`soakd run`, `gpu: {source: none}`",
+    "soakd-nice": "`soakd run`, other threads at nice 19 (experiment)",
     "soakd-hot": "soakd hot path, in-process",
 }
 
@@ -387,21 +388,59 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
         p99, bp99 = _med(col("soakd", "ttft_err", "p99")), _med(col("bare", "ttft_err", "p99"))
         rss = max((v for v in col("soakd", "peak_rss_mb") if v is not None), default=None)
 
+        # the stub's own first-token lateness in the bare rounds: past 1 ms the machine,
+        # not the client, sets the timing figures, and the timing goals cannot be judged
+        floor = _med([r.get("stub", {}).get("ttft_late", {}).get("p99_ms") for r in by["bare"]])
+        busy = floor is not None and floor > 1.0
+
         def v(ok: bool) -> str:
             return "holds" if ok else "does not hold"
+
+        def vt(ok: bool) -> str:
+            return f"not judged: the stub itself was {floor:.1f} ms late at p99" if busy else v(ok)
 
         lines += [
             "| goal (issue 18), `soakd run` | measured (median over rounds) | |",
             "|---|---|---|",
             f"| CPU per request at most 1.3× bare | {_f(rq)}× | "
             f"{v(rq is not None and rq <= 1.3)} |",
-            f"| TTFT error mean under 1 ms | {_f(mean)} ms | {v(mean is not None and mean < 1)} |",
+            f"| TTFT error mean under 1 ms | {_f(mean)} ms | {vt(mean is not None and mean < 1)} |",
             f"| TTFT error p99 no worse than bare (within 5 %) | {_f(p99)} vs {_f(bp99)} ms "
-            f"| {v(p99 is not None and bp99 is not None and p99 <= bp99 * 1.05)} |",
+            f"| {vt(p99 is not None and bp99 is not None and p99 <= bp99 * 1.05)} |",
             f"| peak RSS under 80 MB (largest round) | {_f(rss, 1)} MB | "
             f"{v(rss is not None and rss < 80)} |",
             "",
         ]
+
+
+def manycore_section(results: Path) -> list[str]:
+    """The "Many cores" section: every results/manycore-<N>c.json (most cores first), then the
+    experiments (results/ab-*.json written by `suite.py manycore --name ab-...`), then
+    bench/MANYCORE.md (what the figures say)."""
+    many = sorted(results.glob("manycore-*c.json"), key=lambda p: -int(p.stem[9:-1]))
+    if not many:
+        return []
+    lines = [
+        "## Many cores: the client pinned to one core (issue 18)",
+        "",
+        "`make bench-manycore` (`.venv/bin/python bench/suite.py manycore`): the client "
+        "pinned to one core with `taskset -c N` (the last core), the stub's workers and the "
+        "sampler on the other cores, closed loop 64 streams, 16 tokens, stub TTFT 50 ms / ITL "
+        "5 ms, interleaved rounds of the bare aiohttp loop and `soakd run` (journal, exporter, "
+        "probes, GPU source `auto` as shipped). No peers. CPU is the client's process (every "
+        "thread) between 10 % and 90 % of the answers; × bare is taken within a round; peak "
+        "RSS is the largest VmRSS sampled every 100 ms. Medians over rounds, (min–max).",
+        "",
+    ]
+    for p in many:
+        manycore_table(json.loads(p.read_text()), lines)
+    for p in sorted(results.glob("ab-*.json")):
+        lines += [f"Experiment `{p.stem}`:", ""]
+        manycore_table(json.loads(p.read_text()), lines)
+    notes = ROOT / "bench" / "MANYCORE.md"
+    if notes.exists():
+        lines += [notes.read_text().rstrip(), ""]
+    return lines
 
 
 def endurance_table(doc: dict[str, Any], lines: list[str], goals: list[str]) -> None:
@@ -485,6 +524,8 @@ def render(results: Path, dest: Path, notes: Path | None = None) -> None:
         ".venv/bin/python bench/suite.py closed     # one section (closed | openloop | "
         "endurance), then the page",
         ".venv/bin/python bench/suite.py all --quick  # a smoke run in a few minutes",
+        "make bench-manycore  # client pinned to one core, soakd run vs the bare loop, no peers "
+        "(~3 min): the table of 'Many cores'",
         "```",
         "",
         "## Machine and versions",
@@ -522,17 +563,7 @@ def render(results: Path, dest: Path, notes: Path | None = None) -> None:
     ab = results / "ab_dispatch.json"
     if ab.exists():
         ab_table(json.loads(ab.read_text()), lines)
-    many = sorted(results.glob("manycore-*c.json"), key=lambda p: int(p.stem[9:-1]))
-    if many:
-        lines += [
-            "## Many cores: the client pinned to one core (issue 18)",
-            "",
-            "`.venv/bin/python bench/suite.py manycore` on each machine; see bench/NOTES.md "
-            "for what the figures say.",
-            "",
-        ]
-        for p in reversed(many):
-            manycore_table(json.loads(p.read_text()), lines)
+    lines += manycore_section(results)
     if notes and notes.exists():
         lines += [notes.read_text().rstrip(), ""]
     notes_default = ROOT / "bench" / "NOTES.md"
