@@ -1,10 +1,10 @@
-# syntax=docker/dockerfile:1
-#
 # soakd in a container. Two stages: the builder turns the source into wheels (soakd's
 # own and one for each runtime dependency, no test extras); the runtime installs those
 # wheels offline and nothing else, and runs soakd as an unprivileged user.
 #
-#   docker build -t soakd:local .
+#   DOCKER_BUILDKIT=1 docker build -t soakd:local .
+#   # behind a TLS-intercepting proxy: hand pip the CA bundle as the build secret `ca`
+#   DOCKER_BUILDKIT=1 docker build --secret id=ca,src=/etc/ssl/certs/ca-certificates.crt -t soakd:local .
 #   docker run --rm -p 127.0.0.1:9464:9464 \
 #     -v "$PWD/my-soak.yaml:/etc/soakd/soakd.yaml:ro" -v soakd-data:/var/lib/soakd soakd:local
 #
@@ -16,6 +16,10 @@
 #                           so that Prometheus in another container can scrape it)
 #   SIGTERM                 stop sending, drain in-flight requests (run.drain_timeout), write
 #                           the summary, exit 0. `docker stop -t` must exceed the drain timeout.
+#
+# No `# syntax=` line: it would make BuildKit fetch a frontend image from a registry, and
+# Docker >= 20.10's built-in frontend already knows RUN --mount (bind, secret). So the
+# build needs no registry beyond the base image's and PyPI.
 #
 # Base image: the Python minor version the project is developed and tested on (3.11), on
 # Debian 12 like the development machines. Pinned by version; pin by digest as well
@@ -31,7 +35,11 @@ COPY pyproject.toml README.md ./
 COPY soakd/ soakd/
 # One wheel for soakd, one for each runtime dependency: the runtime stage installs from
 # this folder with --no-index, so what runs is exactly what was resolved here.
-RUN pip wheel --wheel-dir /wheels .
+# The optional build secret `ca` (a CA bundle) is what pip trusts when given: a
+# TLS-intercepting proxy's CA. It is mounted for this step only, never in a layer.
+RUN --mount=type=secret,id=ca \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi \
+    && pip wheel --wheel-dir /wheels .
 
 
 FROM python:3.11.13-slim-bookworm AS runtime

@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint setup setup-servers setup-system clean
+.PHONY: demo test test-fast test-docker lint setup setup-servers setup-system clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,7 @@ setup: $(STAMP)
 ## demo: a one-minute soak of the embedded simulator, live view, then the summary
 demo: $(STAMP)
 	$(BIN)/soakd run examples/demo.yaml
+	@echo "soakd is installed in $(VENV): run 'source $(VENV)/bin/activate' to use the soakd commands above"
 
 ## the real servers the integration tests soak: vLLM (CPU) with a tiny local model, and
 ## LiteLLM's proxy as the gateway to the "cloud" path; each in its own venv
@@ -34,11 +35,19 @@ setup-system:
 	bash scripts/setup-llama-server.sh
 
 ## test: install everything the tests need (the servers and system packages above),
-## then lint, type-check and run every test
+## then lint, type-check and run every test; the Docker tests last (test-docker)
 test: $(STAMP) setup-servers setup-system
 	$(BIN)/ruff check soakd tests
 	$(BIN)/mypy
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not docker"
+	$(MAKE) --no-print-directory test-docker
+
+## test-docker: the `sim` compose stack on a real Docker engine (tests/docker/): installs
+## Debian's docker.io + docker-compose when missing, starts dockerd when none runs (and
+## stops it after), builds stand-in images (cached in /var/cache/soakd/docker), the
+## soakd image, and runs, stops, kills and resumes the stack (~4 min warm, ~9 cold)
+test-docker: $(STAMP)
+	bash scripts/test-docker.sh
 
 ## test-fast: unit tests only, no servers
 test-fast: $(STAMP)
@@ -54,6 +63,12 @@ lint: $(STAMP)
 bench: $(STAMP) setup-servers
 	bash bench/setup_peers.sh
 	$(BIN)/python bench/suite.py all
+
+## bench-manycore: soakd run vs the bare loop with the client pinned to one core (taskset),
+## the stub on the other cores, 64 streams; no peers (~3 min); prints the table and writes
+## .cache/bench/results/manycore-<cores>c.{json,md} (docs/benchmarks.md, "Many cores")
+bench-manycore: $(STAMP)
+	$(BIN)/python bench/suite.py manycore
 
 clean:
 	rm -rf $(VENV) .venv-vllm .cache runs

@@ -18,6 +18,8 @@ Results: .cache/bench/results/*.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import math
 import os
@@ -44,8 +46,11 @@ CACHE = ROOT / ".cache" / "bench"
 RESULTS = CACHE / "results"
 WORK = CACHE / "work"
 VENVS = CACHE / "venvs"
-PY = str(ROOT / ".venv" / "bin" / "python")
-SOAKD = str(ROOT / ".venv" / "bin" / "soakd")
+# the project's venv; elsewhere (a machine with the deps on PYTHONPATH) this interpreter
+PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
+SOAKD = (
+    [str(ROOT / ".venv" / "bin" / "soakd")] if (ROOT / ".venv").exists() else [PY, "-m", "soakd"]
+)
 VLLM_PY = str(ROOT / ".venv-vllm" / "bin" / "python")
 TOKENIZER_DIR = ROOT / ".cache" / "tiny-llama"
 HF_CACHE = CACHE / "hf" / "hub"
@@ -57,9 +62,34 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 TOOLS = ("bare", "soakd-hot", "soakd", "vllm", "aiperf", "guidellm")
-LABEL = {"bare": "bare aiohttp loop", "soakd-hot": "soakd hot path (in-process)",
-         "soakd": "soakd run (journal, exporter)", "vllm": "vllm bench serve",
-         "aiperf": "AIPerf", "guidellm": "GuideLLM"}
+LABEL = {
+    "bare": "bare aiohttp loop",
+    "soakd-hot": "soakd hot path (in-process)",
+    "soakd": "soakd run (journal, exporter)",
+    "vllm": "vllm bench serve",
+    "aiperf": "AIPerf",
+    "guidellm": "GuideLLM",
+    "soakd-arenas": "soakd run, glibc default malloc arenas (before soakd/_malloc.py)",
+    "soakd-nogpu": "soakd run, gpu source none (no NVML)",
+    "soakd-nice": "soakd run, its other threads at nice 19 (experiment)",
+}
+SOAKD_RUNS = ("soakd", "soakd-arenas", "soakd-nogpu", "soakd-nice")
+# `soakd run` as before soakd/_malloc.py: the arena cap patched out, nothing else changed
+NO_ARENA_CAP = (
+    "import sys, soakd._malloc as m; m.limit_arenas = lambda *a, **k: False; "
+    "from soakd.cli import main; sys.exit(main())"
+)
+# An experiment, not soakd's code: every thread but the event loop's (journal writer,
+# exporter, NVML, to_thread workers) at nice 19, so that on a shared core the loop's thread
+# wins the CPU whenever it is runnable. Linux keeps a nice value per thread.
+NICE_THREADS = (
+    "import os, sys, threading; _b = threading.Thread._bootstrap_inner\n"
+    "def _nice(self):\n"
+    "    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)\n"
+    "    _b(self)\n"
+    "threading.Thread._bootstrap_inner = _nice\n"
+    "from soakd.cli import main; sys.exit(main())"
+)
 
 
 # --- processes ----------------------------------------------------------------------------------
@@ -82,7 +112,7 @@ def proc_table() -> dict[int, tuple[int, float, int]]:
                 raw = f.read()
         except OSError:
             continue
-        rest = raw[raw.rfind(b")") + 2:].split()
+        rest = raw[raw.rfind(b")") + 2 :].split()
         ppid = int(rest[1])
         ticks = int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14])
         out[int(name)] = (ppid, ticks / CLK_TCK, int(rest[21]) * PAGE)
@@ -109,18 +139,46 @@ def tree_usage(root: int, table: dict[int, tuple[int, float, int]]) -> tuple[flo
 class Stub:
     """bench/stub.py in its own process, with a live counter and lateness stats."""
 
-    def __init__(self, workdir: Path, *, ttft: float, itl: float, tokens: int = TOKENS,
-                 workers: int = 1, arrivals: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        ttft: float,
+        itl: float,
+        tokens: int = TOKENS,
+        workers: int = 1,
+        arrivals: bool = False,
+        cpus: str | None = None,
+    ) -> None:
         self.dir = workdir / "stub"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.counter = str(self.dir / "counter")
-        args = [PY, str(ROOT / "bench" / "stub.py"), "--port", str(self.port), "--ttft", str(ttft),
-                "--itl", str(itl), "--tokens", str(tokens), "--model", MODEL, "--workers",
-                str(workers), "--stats-dir", str(self.dir), "--counter-file", self.counter, "--nice", "-10"]
+        args = [
+            PY,
+            str(ROOT / "bench" / "stub.py"),
+            "--port",
+            str(self.port),
+            "--ttft",
+            str(ttft),
+            "--itl",
+            str(itl),
+            "--tokens",
+            str(tokens),
+            "--model",
+            MODEL,
+            "--workers",
+            str(workers),
+            "--stats-dir",
+            str(self.dir),
+            "--counter-file",
+            self.counter,
+            "--nice",
+            "-10",
+        ]
         if arrivals:
             args.append("--arrivals")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(pinned(args, cpus), stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "listening" not in line:
             raise RuntimeError(f"stub did not start: {line!r}")
@@ -149,6 +207,15 @@ class Stub:
         return out
 
 
+def pinned(argv: list[str], cpus: str | None) -> list[str]:
+    """argv under ``taskset -c cpus`` (the process and every thread and child it starts)."""
+    if not cpus:
+        return argv
+    if shutil.which("taskset") is None:
+        raise SystemExit("taskset (util-linux) is needed to pin the client")
+    return ["taskset", "-c", cpus, *argv]
+
+
 @dataclass
 class Case:
     tool: str
@@ -171,9 +238,16 @@ class Case:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_HUB_CACHE=str(HF_CACHE), TOKENIZERS_PARALLELISM="false",
-               NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_CACHE=str(HF_CACHE),
+        TOKENIZERS_PARALLELISM="false",
+        NO_PROXY="127.0.0.1,localhost",
+        no_proxy="127.0.0.1,localhost",
+    )
     for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
         env.pop(k, None)
     return env
@@ -197,13 +271,13 @@ def ensure_hf_cache() -> None:
 def _client_nice() -> None:
     """Every client runs at nice -5 (the stub at -10): on a shared machine this keeps other
     people's jobs from landing in the measured latencies. The same for every tool."""
-    try:
+    with contextlib.suppress(OSError):
         os.nice(-5)
-    except OSError:
-        pass
 
 
 def soakd_config(case: Case, url: str, path: Path) -> None:
+    # soakd-nogpu: no GPU source (the default, auto, opens NVML where a driver answers)
+    gpu = "gpu: {source: none}\n" if case.tool == "soakd-nogpu" else ""
     if case.mode == "closed":
         load = f"{{mode: closed, concurrency: {case.concurrency}}}"
         duration = case.timeout_s
@@ -223,7 +297,7 @@ phases:
   - name: main
     duration: {duration:g}s
     load: {load}
-""")
+{gpu}""")
 
 
 def command(case: Case, url: str, out: Path) -> tuple[list[str], str | None]:
@@ -231,53 +305,137 @@ def command(case: Case, url: str, out: Path) -> tuple[list[str], str | None]:
     n, c = str(case.requests), str(case.concurrency)
     if case.tool in ("bare", "soakd-hot"):
         mode = "bare" if case.tool == "bare" else "soakd"
-        argv = [PY, str(ROOT / "bench" / "clients.py"), mode, "--url", url, "--concurrency", c,
-                "--requests", n, "--tokens", str(case.tokens), "--out", str(out / "client.json"),
-                "--timings", "--max-seconds", str(case.timeout_s)]
+        argv = [
+            PY,
+            str(ROOT / "bench" / "clients.py"),
+            mode,
+            "--url",
+            url,
+            "--concurrency",
+            c,
+            "--requests",
+            n,
+            "--tokens",
+            str(case.tokens),
+            "--out",
+            str(out / "client.json"),
+            "--timings",
+            "--max-seconds",
+            str(case.timeout_s),
+        ]
         if case.extra.get("uvloop"):
             argv.append("--uvloop")
         if case.mode != "closed":
             argv += ["--rate", f"{case.rate:g}", "--arrival", case.mode]
         return argv, None
-    if case.tool == "soakd":
+    if case.tool in SOAKD_RUNS:
         cfg = out / "soak.yaml"
         soakd_config(case, url, cfg)
-        argv = [SOAKD, "run", str(cfg), "--no-live", "--run-dir", str(out / "run"),
-                "--metrics-addr", f"127.0.0.1:{free_port()}"]
+        patch = {"soakd-arenas": NO_ARENA_CAP, "soakd-nice": NICE_THREADS}.get(case.tool)
+        soakd = [PY, "-c", patch] if patch else SOAKD
+        argv = [
+            *soakd,
+            "run",
+            str(cfg),
+            "--no-live",
+            "--run-dir",
+            str(out / "run"),
+            "--metrics-addr",
+            f"127.0.0.1:{free_port()}",
+        ]
         return argv, "sigterm" if case.mode == "closed" else None
     if case.tool == "vllm":
-        argv = [VLLM_PY, str(ROOT / "bench" / "vllm_bench_serve.py"), "--backend", "openai-chat",
-                "--base-url", url, "--endpoint", "/v1/chat/completions", "--model", MODEL,
-                "--tokenizer", str(TOKENIZER_DIR), "--dataset-name", "random",
-                "--random-input-len", "20", "--random-output-len", str(case.tokens),
-                "--num-prompts", n, "--ignore-eos", "--save-result", "--save-detailed",
-                "--result-dir", str(out), "--result-filename", "vllm.json", "--disable-tqdm",
-                "--ready-check-timeout-sec", "0"]
+        argv = [
+            VLLM_PY,
+            str(ROOT / "bench" / "vllm_bench_serve.py"),
+            "--backend",
+            "openai-chat",
+            "--base-url",
+            url,
+            "--endpoint",
+            "/v1/chat/completions",
+            "--model",
+            MODEL,
+            "--tokenizer",
+            str(TOKENIZER_DIR),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            "20",
+            "--random-output-len",
+            str(case.tokens),
+            "--num-prompts",
+            n,
+            "--ignore-eos",
+            "--save-result",
+            "--save-detailed",
+            "--result-dir",
+            str(out),
+            "--result-filename",
+            "vllm.json",
+            "--disable-tqdm",
+            "--ready-check-timeout-sec",
+            "0",
+        ]
         if case.mode == "closed":
             argv += ["--max-concurrency", c, "--request-rate", "inf"]
         else:
             argv += ["--request-rate", f"{case.rate:g}", "--burstiness", "1"]
         return argv, None
     if case.tool == "aiperf":
-        argv = [str(VENVS / "aiperf" / "bin" / "aiperf"), "profile", "--model", MODEL, "--url", url,
-                "--endpoint-type", "chat", "--streaming", "--request-count", n,
-                "--prompt-input-tokens-mean", "20", "--output-tokens-mean", str(case.tokens),
-                "--extra-inputs", "ignore_eos:true", "--tokenizer", "local/tiny-llama",
-                "--artifact-dir", str(out / "aiperf"), "--ui", "none"]
+        argv = [
+            str(VENVS / "aiperf" / "bin" / "aiperf"),
+            "profile",
+            "--model",
+            MODEL,
+            "--url",
+            url,
+            "--endpoint-type",
+            "chat",
+            "--streaming",
+            "--request-count",
+            n,
+            "--prompt-input-tokens-mean",
+            "20",
+            "--output-tokens-mean",
+            str(case.tokens),
+            "--extra-inputs",
+            "ignore_eos:true",
+            "--tokenizer",
+            "local/tiny-llama",
+            "--artifact-dir",
+            str(out / "aiperf"),
+            "--ui",
+            "none",
+        ]
         if case.mode == "closed":
             argv += ["--concurrency", c]
         else:
             argv += ["--request-rate", f"{case.rate:g}", "--arrival-pattern", case.mode]
         return argv, None
     if case.tool == "guidellm":
-        profile = (f"kind=concurrent,streams={c}" if case.mode == "closed"
-                   else f"kind={case.mode},rate={case.rate:g}")
-        argv = [str(VENVS / "guidellm" / "bin" / "guidellm"), "run", "--backend",
-                f"kind=openai_http,target={url},model={MODEL}", "--profile", profile,
-                "--constraint", f"kind=max_requests,count={n}", "--data",
-                f"kind=synthetic_text,prompt_tokens=20,output_tokens={case.tokens}",
-                "--tokenizer", f"kind=hf_auto,model={TOKENIZER_DIR}", "--output",
-                f"kind=json,path={out / 'guidellm.json'}", "--disable-console-interactive"]
+        profile = (
+            f"kind=concurrent,streams={c}"
+            if case.mode == "closed"
+            else f"kind={case.mode},rate={case.rate:g}"
+        )
+        argv = [
+            str(VENVS / "guidellm" / "bin" / "guidellm"),
+            "run",
+            "--backend",
+            f"kind=openai_http,target={url},model={MODEL}",
+            "--profile",
+            profile,
+            "--constraint",
+            f"kind=max_requests,count={n}",
+            "--data",
+            f"kind=synthetic_text,prompt_tokens=20,output_tokens={case.tokens}",
+            "--tokenizer",
+            f"kind=hf_auto,model={TOKENIZER_DIR}",
+            "--output",
+            f"kind=json,path={out / 'guidellm.json'}",
+            "--disable-console-interactive",
+        ]
         return argv, None
     raise ValueError(case.tool)
 
@@ -301,12 +459,13 @@ def timings(case: Case, out: Path) -> dict[str, Any]:
         t["itl"] = _arr(out / "client.json.itl")
         if (out / "client.json.lag").exists():
             t["lag"] = _arr(out / "client.json.lag")
-    elif case.tool == "soakd":
+    elif case.tool in SOAKD_RUNS:
         db = out / "run" / "journal.db"
         if db.exists():
             con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            rows = con.execute("SELECT ttft_ns, itl, lag_ns FROM requests WHERE error IS NULL "
-                               "ORDER BY id").fetchall()
+            rows = con.execute(
+                "SELECT ttft_ns, itl, lag_ns FROM requests WHERE error IS NULL ORDER BY id"
+            ).fetchall()
             con.close()
             lag = []
             for ttft, blob, lag_ns in rows:
@@ -328,9 +487,18 @@ def timings(case: Case, out: Path) -> dict[str, Any]:
             d = json.loads(p.read_text())
             t["ttft"] = [int(x * 1e9) for x in d.get("ttfts", []) if x]
             t["itl"] = [int(x * 1e9) for req in d.get("itls", []) for x in req]
-            t["reported"] = {k: d.get(k) for k in ("mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms",
-                                                   "p99_itl_ms", "completed", "failed",
-                                                   "request_throughput")}
+            t["reported"] = {
+                k: d.get(k)
+                for k in (
+                    "mean_ttft_ms",
+                    "p99_ttft_ms",
+                    "mean_itl_ms",
+                    "p99_itl_ms",
+                    "completed",
+                    "failed",
+                    "request_throughput",
+                )
+            }
     elif case.tool == "aiperf":
         p = out / "aiperf" / "profile_export.jsonl"
         if p.exists():
@@ -380,24 +548,35 @@ def pct(values: list[float], q: float) -> float | None:
 def error_stats(values_ns: list[int], truth_s: float, skip: float = 0.1) -> dict[str, Any]:
     """Reported minus truth, in ms, over the requests after the first ``skip`` fraction
     (connection set-up and warm-up are the same for everyone and not a timer error)."""
-    vals = values_ns[int(len(values_ns) * skip):]
+    vals = values_ns[int(len(values_ns) * skip) :]
     if not vals:
         return {"n": 0}
     err = [v / 1e6 - truth_s * 1e3 for v in vals]
-    return {"n": len(err), "mean": statistics.fmean(err), "p50": pct(err, 0.5),
-            "p99": pct(err, 0.99), "max": max(err)}
+    return {
+        "n": len(err),
+        "mean": statistics.fmean(err),
+        "p50": pct(err, 0.5),
+        "p99": pct(err, 0.99),
+        "max": max(err),
+    }
 
 
 def arrival_stats(arr: list[int], target: float, mode: str) -> dict[str, Any]:
     if len(arr) < 3:
         return {"n": len(arr)}
-    gaps = [(b - a) / 1e6 for a, b in zip(arr, arr[1:], strict=False)]
+    gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(arr)]
     span = (arr[-1] - arr[0]) / 1e9
     mean = statistics.fmean(gaps)
-    return {"n": len(arr), "rate": (len(arr) - 1) / span, "target": target,
-            "rate_err_pct": ((len(arr) - 1) / span / target - 1) * 100 if target else None,
-            "cv": statistics.pstdev(gaps) / mean if mean else None,
-            "gap_max_ms": max(gaps), "gap_p99_ms": pct(gaps, 0.99), "mode": mode}
+    return {
+        "n": len(arr),
+        "rate": (len(arr) - 1) / span,
+        "target": target,
+        "rate_err_pct": ((len(arr) - 1) / span / target - 1) * 100 if target else None,
+        "cv": statistics.pstdev(gaps) / mean if mean else None,
+        "gap_max_ms": max(gaps),
+        "gap_p99_ms": pct(gaps, 0.99),
+        "mode": mode,
+    }
 
 
 # --- running one case ---------------------------------------------------------------------------
@@ -408,17 +587,34 @@ def run_case(case: Case) -> dict[str, Any]:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    stub = Stub(out, ttft=case.ttft, itl=case.itl, tokens=case.tokens,
-                arrivals=case.mode != "closed")
+    stub = Stub(
+        out,
+        ttft=case.ttft,
+        itl=case.itl,
+        tokens=case.tokens,
+        arrivals=case.mode != "closed",
+        workers=case.extra.get("stub_workers", 1),
+        cpus=case.extra.get("stub_cpus"),
+    )
     samples: list[tuple[float, float, int, int, float]] = []  # t, cpu, rss, done, stub cpu
     rc: int | None = None
+    at_peak: dict[str, float] = {}  # the client's /proc status and smaps split at its peak RSS
     try:
         argv, stop_rule = command(case, stub.url, out)
+        argv = pinned(argv, case.extra.get("client_cpus"))
         log = open(out / "tool.log", "wb")  # noqa: SIM115
         t0 = time.monotonic()
-        proc = subprocess.Popen(argv, cwd=out, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_client_nice)
+        proc = subprocess.Popen(
+            argv,
+            cwd=out,
+            env=_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_client_nice,
+        )
         stopped = False
+        last_peek, peak, threads_max = 0.0, 0, 0
         while True:
             rc = proc.poll()
             now = time.monotonic()
@@ -428,6 +624,21 @@ def run_case(case: Case) -> dict[str, Any]:
             done, _ = stub.done()
             if rc is None:
                 samples.append((now - t0, cpu, rss, done, scpu))
+                if case.extra.get("peek") and now - last_peek >= 1.0:
+                    last_peek = now
+                    st = _status_fields(proc.pid)
+                    threads_max = max(threads_max, int(st.get("threads", 0)))
+                    if rss > peak:
+                        peak = rss
+                        at_peak = {
+                            **st,
+                            **{
+                                f"smaps_{k}_mb" if k != "anon_maps" else k: v
+                                for k, v in smaps_breakdown(proc.pid).items()
+                            },
+                            "top_maps": top_mappings(proc.pid),
+                            "thread_names": thread_names(proc.pid),
+                        }
             if rc is not None:
                 break
             if stop_rule == "sigterm" and not stopped and done >= case.requests:
@@ -444,9 +655,14 @@ def run_case(case: Case) -> dict[str, Any]:
     finally:
         stub_stats = stub.stop()
     done_total, tok_total = stub_stats.get("requests", 0), stub_stats.get("tokens", 0)
-    res: dict[str, Any] = {"case": case.__dict__ | {"name": case.name}, "rc": rc, "wall_s": wall,
-                           "stub": {k: v for k, v in stub_stats.items() if k != "arrivals_ns"},
-                           "answers": done_total, "tokens": tok_total}
+    res: dict[str, Any] = {
+        "case": case.__dict__ | {"name": case.name},
+        "rc": rc,
+        "wall_s": wall,
+        "stub": {k: v for k, v in stub_stats.items() if k != "arrivals_ns"},
+        "answers": done_total,
+        "tokens": tok_total,
+    }
     if samples:
         final = max(s[3] for s in samples)
         lo = next((s for s in samples if s[3] >= 0.1 * final), None)
@@ -468,29 +684,55 @@ def run_case(case: Case) -> dict[str, Any]:
     res["itl_err"] = error_stats(t["itl"], case.itl)
     res["itl_kind"] = t["itl_kind"]
     res["reported"] = t["reported"]
+    if at_peak:
+        res["at_peak"] = at_peak | {"threads_max": threads_max}
+    if case.extra:
+        res["loadavg"] = os.getloadavg()
     if t.get("lag"):
         lag_ms = [x / 1e6 for x in t["lag"]]
-        res["lag_ms"] = {"n": len(lag_ms), "mean": statistics.fmean(lag_ms),
-                         "p50": pct(lag_ms, 0.5), "p99": pct(lag_ms, 0.99), "max": max(lag_ms),
-                         "kind": t.get("lag_kind", "scheduled -> sent")}
+        res["lag_ms"] = {
+            "n": len(lag_ms),
+            "mean": statistics.fmean(lag_ms),
+            "p50": pct(lag_ms, 0.5),
+            "p99": pct(lag_ms, 0.99),
+            "max": max(lag_ms),
+            "kind": t.get("lag_kind", "scheduled -> sent"),
+        }
     if case.mode != "closed":
         res["arrivals"] = arrival_stats(stub_stats.get("arrivals_ns", []), case.rate, case.mode)
     if rc not in (0, None):
         tail = (out / "tool.log").read_bytes()[-1500:].decode(errors="replace")
         res["log_tail"] = tail
-    summary = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()
-               if k in ("rc", "answers", "cpu_ms_per_req", "cpu_us_per_token", "peak_rss_mb",
-                        "window_rps", "stub_cpu_ms_per_req")}
-    print(f"  {case.name}: {summary} ttft_err={_short(res['ttft_err'])} "
-          f"itl_err={_short(res['itl_err'])}"
-          + (f" arrivals={_short(res['arrivals'])}" if "arrivals" in res else "")
-          + (f" lag={_short(res['lag_ms'])}" if "lag_ms" in res else ""), flush=True)
+    summary = {
+        k: (round(v, 4) if isinstance(v, float) else v)
+        for k, v in res.items()
+        if k
+        in (
+            "rc",
+            "answers",
+            "cpu_ms_per_req",
+            "cpu_us_per_token",
+            "peak_rss_mb",
+            "window_rps",
+            "stub_cpu_ms_per_req",
+        )
+    }
+    print(
+        f"  {case.name}: {summary} ttft_err={_short(res['ttft_err'])} "
+        f"itl_err={_short(res['itl_err'])}"
+        + (f" arrivals={_short(res['arrivals'])}" if "arrivals" in res else "")
+        + (f" lag={_short(res['lag_ms'])}" if "lag_ms" in res else ""),
+        flush=True,
+    )
     return res
 
 
 def _short(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()
-            if k not in ("kind", "mode", "target")}
+    return {
+        k: (round(v, 3) if isinstance(v, float) else v)
+        for k, v in d.items()
+        if k not in ("kind", "mode", "target")
+    }
 
 
 def available(tool: str) -> str | None:
@@ -522,8 +764,10 @@ def section_closed(a: argparse.Namespace) -> None:
     skipped = {t: why for t in TOOLS if (why := available(t))}
     for conc, n in ((8, a.requests_8), (64, a.requests_64)):
         for rep in range(a.reps):
-            for tool in ("bare", "soakd-hot", "soakd"):
-                runs.append(run_case(Case(tool, "closed", concurrency=conc, requests=n, rep=rep)))
+            runs.extend(
+                run_case(Case(tool, "closed", concurrency=conc, requests=n, rep=rep))
+                for tool in ("bare", "soakd-hot", "soakd")
+            )
         for tool in ("vllm", "aiperf", "guidellm"):
             if tool in skipped or tool not in a.tools:
                 continue
@@ -541,9 +785,63 @@ def section_openloop(a: argparse.Namespace) -> None:
             if tool in skipped or tool not in a.tools or (tool == "vllm" and mode == "constant"):
                 continue
             n = int(rate * seconds)
-            runs.append(run_case(Case(tool, mode, rate=rate, requests=n,
-                                      timeout_s=seconds * 4 + 60)))
+            runs.append(
+                run_case(Case(tool, mode, rate=rate, requests=n, timeout_s=seconds * 4 + 60))
+            )
     save("openloop", {"runs": runs, "skipped": skipped, "machine": machine()})
+
+
+def section_manycore(a: argparse.Namespace) -> None:
+    """Overhead with the client pinned to one core (issue 18, part 5): `taskset -c N` for the
+    client, the stub's workers on the other cores (and this sampler too), 64 streams, stub
+    TTFT 50 ms / ITL 5 ms, interleaved rounds of the bare loop and `soakd run` (plus the
+    variants in --manycore-tools). No peers. Writes results/manycore-<cores>c.{json,md}."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("manycore needs at least 2 cores (client on one, stub on the rest)")
+    client = a.client_core if a.client_core is not None else cpus[-1]
+    others = [c for c in cpus if c != client]
+    stub_cpus = ",".join(map(str, others))
+    workers = max(1, min(a.stub_workers, len(others)))
+    os.sched_setaffinity(0, others)  # the sampler stays off the client's core
+    extra = {
+        "client_cpus": str(client),
+        "stub_cpus": stub_cpus,
+        "stub_workers": workers,
+        "peek": True,
+    }
+    print(
+        f"  client on core {client} (taskset -c {client}), stub: {workers} worker(s) on "
+        f"cores {stub_cpus}; {len(cpus)} cores; load {os.getloadavg()}",
+        flush=True,
+    )
+    runs = [
+        run_case(
+            Case(tool, "closed", concurrency=64, requests=a.requests_64, rep=rep, extra=dict(extra))
+        )
+        for rep in range(a.reps)
+        for tool in a.manycore_tools
+    ]
+    doc = {
+        "runs": runs,
+        "machine": machine(),
+        "client_core": client,
+        "stub_cpus": stub_cpus,
+        "stub_workers": workers,
+        "command": "python bench/suite.py " + " ".join(sys.argv[1:]),
+    }
+    name = a.name or f"manycore-{len(cpus)}c"
+    save(name, doc)
+    from report import manycore_table
+
+    lines: list[str] = []
+    manycore_table(doc, lines)
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        for ext in ("json", "md"):
+            shutil.copy(RESULTS / f"{name}.{ext}", a.out / f"{name}.{ext}")
 
 
 def section_endurance(a: argparse.Namespace) -> None:
@@ -554,14 +852,20 @@ def section_endurance(a: argparse.Namespace) -> None:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     stub = Stub(out, ttft=0, itl=0)
-    case = Case("soakd", "closed", concurrency=64, requests=a.endurance_requests,
-                timeout_s=a.endurance_minutes * 60)
+    case = Case(
+        "soakd",
+        "closed",
+        concurrency=64,
+        requests=a.endurance_requests,
+        timeout_s=a.endurance_minutes * 60,
+    )
     argv, _ = command(case, stub.url, out)
     metrics_url = "http://" + argv[argv.index("--metrics-addr") + 1] + "/metrics"
     log = open(out / "tool.log", "wb")  # noqa: SIM115
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=out, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=out, env=_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     points: list[dict[str, Any]] = []
     queue_max = 0.0
     last_scrape = 0.0
@@ -582,8 +886,17 @@ def section_endurance(a: argparse.Namespace) -> None:
                 cpu, rss, _ = tree_usage(proc.pid, proc_table())
                 st = _status_fields(proc.pid)
                 sm = {f"smaps_{k}": v for k, v in smaps_breakdown(proc.pid).items()}
-                points.append({"t": now, "done": done, "cpu_s": cpu, "rss_mb": rss / 2**20,
-                               "journal_queue_max": queue_max, **st, **sm})
+                points.append(
+                    {
+                        "t": now,
+                        "done": done,
+                        "cpu_s": cpu,
+                        "rss_mb": rss / 2**20,
+                        "journal_queue_max": queue_max,
+                        **st,
+                        **sm,
+                    }
+                )
                 queue_max = 0.0
                 while marks and done >= marks[0]:
                     marks.pop(0)
@@ -597,15 +910,21 @@ def section_endurance(a: argparse.Namespace) -> None:
         log.close()
         stub.stop()
     db = out / "run" / "journal.db"
-    doc = {"points": points, "requests": points[-1]["done"] if points else 0,
-           "minutes": a.endurance_minutes, "target": a.endurance_requests,
-           "journal_mb": db.stat().st_size / 2**20 if db.exists() else None,
-           "machine": machine()}
+    doc = {
+        "points": points,
+        "requests": points[-1]["done"] if points else 0,
+        "minutes": a.endurance_minutes,
+        "target": a.endurance_requests,
+        "journal_mb": db.stat().st_size / 2**20 if db.exists() else None,
+        "machine": machine(),
+    }
     save("endurance", doc)
     for p in points[:: max(1, len(points) // 20)]:
-        print(f"  t={p['t']:.0f}s done={p['done']} rss={p['rss_mb']:.1f}MB "
-              f"anon={p.get('rss_anon_mb')} file={p.get('rss_file_mb')} "
-              f"journal queue max={p.get('journal_queue_max')}")
+        print(
+            f"  t={p['t']:.0f}s done={p['done']} rss={p['rss_mb']:.1f}MB "
+            f"anon={p.get('rss_anon_mb')} file={p.get('rss_file_mb')} "
+            f"journal queue max={p.get('journal_queue_max')}"
+        )
 
 
 def _scrape(url: str, name: str) -> float | None:
@@ -613,7 +932,7 @@ def _scrape(url: str, name: str) -> float | None:
     import urllib.request
 
     try:
-        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 (loopback only)
+        with urllib.request.urlopen(url, timeout=1) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith(name + " "):
                     return float(line.split()[1])
@@ -649,6 +968,44 @@ def smaps_breakdown(pid: int) -> dict[str, float]:
     return out
 
 
+ARENA_ALIGN = 64 << 20  # glibc's HEAP_MAX_SIZE on 64-bit: a thread arena's heap starts aligned
+
+
+def top_mappings(pid: int, n: int = 8) -> list[tuple[str, float]]:
+    """The ``n`` largest mappings by Rss (MB), summed by name; anonymous ones split into
+    '[thread arenas]' (glibc heaps of threads other than the main one: 64 MiB-aligned) and
+    '[anon]' (pymalloc arenas, big blocks, stacks)."""
+    rss: dict[str, float] = {}
+    name = ""
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                first = line.split(None, 5)
+                if len(first) >= 5 and "-" in first[0] and not first[0].endswith(":"):
+                    name = first[5].strip() if len(first) > 5 else ""
+                    if not name:
+                        start = int(first[0].split("-")[0], 16)
+                        name = "[thread arenas]" if start % ARENA_ALIGN == 0 else "[anon]"
+                elif line.startswith("Rss:"):
+                    rss[name] = rss.get(name, 0.0) + int(line.split()[1]) / 1024
+    except OSError:
+        return []
+    return sorted(((k, round(v, 1)) for k, v in rss.items()), key=lambda kv: -kv[1])[:n]
+
+
+def thread_names(pid: int) -> dict[str, int]:
+    """How many threads of each name (/proc/PID/task/*/comm) the process has."""
+    out: dict[str, int] = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            out[name] = out.get(name, 0) + 1
+    except OSError:
+        pass
+    return out
+
+
 def _status_fields(pid: int) -> dict[str, float]:
     out = {}
     try:
@@ -667,22 +1024,32 @@ def _status_fields(pid: int) -> dict[str, float]:
 def machine() -> dict[str, Any]:
     cpu = ""
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
     except OSError:
         pass
     mem = os.sysconf("SC_PHYS_PAGES") * PAGE / 2**30
-    return {"cpu": cpu, "cores": os.cpu_count(), "mem_gib": round(mem, 1),
-            "kernel": platform.release(), "python": platform.python_version(),
-            "loadavg_at_end": os.getloadavg(), "date": datetime.now(UTC).isoformat()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "mem_gib": round(mem, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loadavg_at_end": os.getloadavg(),
+        "date": datetime.now(UTC).isoformat(),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("section", choices=["all", "closed", "openloop", "endurance", "report"])
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "section", choices=["all", "closed", "openloop", "endurance", "manycore", "report"]
+    )
     ap.add_argument("--quick", action="store_true", help="fewer requests, one repetition")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--requests-8", type=int, default=1500)
@@ -691,8 +1058,18 @@ def main() -> None:
     ap.add_argument("--endurance-requests", type=int, default=1_000_000)
     ap.add_argument("--endurance-minutes", type=float, default=15)
     ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--client-core", type=int, help="manycore: the client's core (default: last)")
+    ap.add_argument("--stub-workers", type=int, default=4, help="manycore: stub processes")
+    ap.add_argument(
+        "--manycore-tools",
+        default="bare,soakd,soakd-arenas",
+        help="manycore: what each round runs (bare, soakd, soakd-arenas, soakd-nogpu, soakd-hot)",
+    )
+    ap.add_argument("--out", type=Path, help="manycore: also copy the results here")
+    ap.add_argument("--name", help="manycore: results file name (default manycore-<cores>c)")
     a = ap.parse_args()
     a.tools = a.tools.split(",")
+    a.manycore_tools = a.manycore_tools.split(",")
     if a.quick:
         a.reps, a.requests_8, a.requests_64, a.openloop_seconds = 1, 400, 1500, 5
         a.endurance_requests, a.endurance_minutes = 50_000, 2
@@ -705,6 +1082,10 @@ def main() -> None:
     if a.section in ("all", "endurance"):
         print("endurance", flush=True)
         section_endurance(a)
+    if a.section == "manycore":  # not part of "all": a page of its own machine, no peers
+        print("many cores: client pinned to one core", flush=True)
+        section_manycore(a)
+        return
     from report import render
 
     render(RESULTS, ROOT / "docs" / "benchmarks.md")

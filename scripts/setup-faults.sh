@@ -6,13 +6,23 @@
 #
 #   scripts/setup-faults.sh
 #
-# Idempotent: does nothing when libfaketime is there. Uses sudo when not root.
+# Idempotent: does nothing when libfaketime is there. apt's output goes to
+# .cache/setup-apt.log. Uses sudo when not root.
 set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOG="$ROOT/.cache/setup-apt.log"
 
 say() { printf 'setup-faults: %s\n' "$*"; }
 
+# Debian puts it under the multiarch directory (/usr/lib/x86_64-linux-gnu/faketime/), other
+# builds under /usr/lib/faketime/: either one will do.
 have_faketime() {
-  ls /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1 >/dev/null 2>&1
+  local lib
+  for lib in /usr/lib/*/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1; do
+    [[ -e "$lib" ]] && return 0
+  done
+  return 1
 }
 
 missing=()
@@ -30,7 +40,9 @@ if [[ $(id -u) -ne 0 ]]; then
   SUDO=(sudo)
 fi
 
-say "installing ${missing[*]}"
-"${SUDO[@]}" apt-get update -qq
-"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
-  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+say "installing ${missing[*]} (log: $LOG)"
+mkdir -p "$(dirname "$LOG")"
+{ "${SUDO[@]}" apt-get update -q \
+    && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a NEEDRESTART_SUSPEND=1 \
+      apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends "${missing[@]}"; } >>"$LOG" 2>&1 \
+  || { tail -n 20 "$LOG" >&2; say "ERROR: apt-get install ${missing[@]} failed (full log: $LOG)" >&2; exit 1; }

@@ -89,11 +89,14 @@ if ((${#missing[@]})); then
         command -v sudo >/dev/null 2>&1 || die "not root and no sudo; install ${missing[*]}"
         SUDO=(sudo)
     fi
-    say "installing ${missing[*]}"
-    { "${SUDO[@]}" apt-get update -qq \
-        && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
-            apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >/dev/null \
-        || die "apt-get install ${missing[*]} failed"
+    APT_LOG="$ROOT/.cache/setup-apt.log"
+    mkdir -p "$ROOT/.cache"
+    say "installing ${missing[*]} (log: $APT_LOG)"
+    { "${SUDO[@]}" apt-get update -q \
+        && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a NEEDRESTART_SUSPEND=1 \
+            apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends "${missing[@]}"; } \
+        >>"$APT_LOG" 2>&1 \
+        || { tail_log "$APT_LOG"; die "apt-get install ${missing[*]} failed (full log: $APT_LOG)"; }
 fi
 
 if [[ -z "${PYTHON:-}" ]]; then

@@ -7,12 +7,16 @@
 # Idempotent: when prometheus, promtool, prometheus-alertmanager (or alertmanager) and
 # amtool are all on PATH it does nothing. Otherwise one `apt-get update`, then
 # `apt-get install --no-install-recommends prometheus prometheus-alertmanager` (about
-# 10 s; no node-exporter, which is only a recommendation). Uses sudo when not root.
+# 10 s; no node-exporter, which is only a recommendation); apt's output goes to
+# .cache/setup-apt.log. Uses sudo when not root.
 #
 # Debian's packages also install systemd units that start a Prometheus on :9090 and an
 # Alertmanager on :9093 where systemd runs; the tests never use those ports (they pick
 # free ones), so a running service does not disturb them.
 set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOG="$ROOT/.cache/setup-apt.log"
 
 say() { printf 'setup-prometheus: %s\n' "$*"; }
 
@@ -34,10 +38,12 @@ if [[ $(id -u) -ne 0 ]]; then
   SUDO=(sudo)
 fi
 
-say "installing ${missing[*]}"
-"${SUDO[@]}" apt-get update -qq
-"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
-  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+say "installing ${missing[*]} (log: $LOG)"
+mkdir -p "$(dirname "$LOG")"
+{ "${SUDO[@]}" apt-get update -q \
+    && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a NEEDRESTART_SUSPEND=1 \
+      apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends "${missing[@]}"; } >>"$LOG" 2>&1 \
+  || { tail -n 20 "$LOG" >&2; say "ERROR: apt-get install ${missing[@]} failed (full log: $LOG)" >&2; exit 1; }
 
 for bin in prometheus promtool amtool; do
   have "$bin" || { say "ERROR: $bin still missing after apt-get install" >&2; exit 1; }

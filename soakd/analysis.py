@@ -227,6 +227,20 @@ def ms(value_ns: float | None) -> float | None:
     return None if value_ns is None else value_ns / 1e6
 
 
+def fmt_ms(value: float | None) -> str:
+    """A duration given in ms, written the one way soakd writes latencies everywhere (live
+    view, summary, reports): ms below a second with 3 significant digits, s above."""
+    if value is None:
+        return "-"
+    if value >= 1000:
+        return f"{value / 1000:.2f} s"
+    if value >= 100:
+        return f"{value:.0f} ms"
+    if value >= 10:
+        return f"{value:.1f} ms"
+    return f"{value:.2f} ms"
+
+
 def summary_row(stats: TargetStats, seconds: float) -> dict[str, float | int | None]:
     """One target's headline numbers, as the live view, /status and the summary show them."""
     return {
@@ -257,6 +271,7 @@ __all__ = [
     "Digest",
     "TargetStats",
     "Window",
+    "fmt_ms",
     "jitter",
     "ms",
     "slice_p99",

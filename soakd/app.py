@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import json
 import os
+import resource
 import secrets
 import signal
 import sys
@@ -27,8 +29,9 @@ import structlog
 import yaml
 
 from soakd import __version__
-from soakd.config import Config, TargetConfig
+from soakd.config import Config, ConfigError, TargetConfig
 from soakd.gateway.spawn import GatewayProcess, spawn_gateway
+from soakd.goodput import GoodputWindow
 from soakd.http import HttpServer, start_http, tls_context
 from soakd.journal import (
     JOURNAL_FILE,
@@ -40,16 +43,17 @@ from soakd.journal import (
     read_resume_state,
     rollup_window_ns,
 )
-from soakd.logs import close_logging, setup_logging
+from soakd.logs import close_logging, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
 from soakd.probes import Probes, make_probes
-from soakd.probes.gateways import export_gateways
+from soakd.probes.gateways import GatewayExport, export_gateways
 from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.stats import RunStats
 from soakd.targets.openai import open_target
 from soakd.types import Target
 from soakd.workload.guard import Guards, TargetGuard
+from soakd.workload.ledger import SendLedger
 from soakd.workload.plan import build_plan, describe_plan
 from soakd.workload.prompts import make_prompt_source
 from soakd.workload.runner import Runner
@@ -57,6 +61,8 @@ from soakd.workload.runner import Runner
 log = structlog.get_logger()
 
 TICK_S = 1.0
+STALL_S = 30.0  # /healthz says 503 when the run loop has not ticked for this long
+FD_RESERVE = 256  # files beyond the requests: the journal, logs, probes, the exporter
 PROGRESS_LOG_S = 10.0
 
 
@@ -127,6 +133,7 @@ class Soak:
         self.probes: Probes | None = None
         self.names = [t.name for t in cfg.targets]
         self.stats = RunStats(self.names)
+        self.goodput = GoodputWindow({name: cfg.slo_for(name) for name in self.names})
         self.targets: dict[str, Target] = {}
         self.runner: Runner | None = None
         self.http: HttpServer | None = None
@@ -136,7 +143,12 @@ class Soak:
         self._mode_tasks: set[asyncio.Task[Any]] = set()
         self.guard_metrics = GuardMetrics(self.metrics.registry)
         self.guards = Guards(())
+        self.ledger = SendLedger()
         self._force = asyncio.Event()
+        self._starting: asyncio.Future[None] | None = None
+        self.gateway_export: GatewayExport | None = None
+        self._status: dict[str, Any] | None = None  # /status, refreshed by the ticker
+        self._last_tick: float | None = None
 
     # --- status ---------------------------------------------------------------------------
 
@@ -156,16 +168,78 @@ class Soak:
             "plan_scale": self.plan.scale,
             "stopping": bool(runner and runner.stopping),
             "in_flight": dict(runner.in_flight) if runner else {},
+            "missed": self.ledger.by_target(session=True),
+            "vram": self._vram_status(),
+            "lag_limit_s": self.cfg.alert_limits.dispatch_lag,
             "metrics_url": self.http.url if self.http else None,
-            "targets": self.stats.recent(),
+            "targets": {name: row | self.goodput.row(name)
+                        for name, row in self.stats.recent().items()},
         }
+
+    def _vram_status(self) -> list[dict[str, Any]]:
+        """Each GPU now: used, peak, the VRAM line and whose it is (live view, /status)."""
+        gpu = self.probes.gpu if self.probes is not None else None
+        if gpu is None or not gpu.peak:
+            return []
+        reg = self.metrics.registry
+        owner = self._gpu_owner()
+        out = []
+        for index, peak in sorted(gpu.peak.items()):
+            used = reg.get_sample_value("soakd_gpu_memory_used_bytes", {"gpu": index})
+            limit = self.cfg.slo_for(owner).vram_peak if owner else self.cfg.slo.vram_peak
+            out.append({"gpu": index, "target": owner, "used_bytes": used, "peak_bytes": peak,
+                        "limit_bytes": limit})
+        return out
+
+    def _gpu_owner(self) -> str | None:
+        """The target the GPU readings belong to, as the report attributes them: the only
+        target, or the simulator whose own DCGM page is read."""
+        if len(self.names) == 1:
+            return self.names[0]
+        if self.cfg.gpu.source == "dcgm" and self.cfg.gpu.dcgm_url is None:
+            return next((t.name for t in self.cfg.targets if t.simulator), None)
+        return None
+
+    def _status_snapshot(self) -> dict[str, Any]:
+        """/status, as the run loop last computed it (read on the exporter's thread)."""
+        return self._status or {"run_id": self.run_id, "version": __version__, "phase": None,
+                                "starting": True}
+
+    def _alive(self) -> str | None:
+        """None while the run loop turns; else why /healthz should say 503."""
+        if self._last_tick is None:
+            return None  # starting: the run loop is busy opening things, not stuck
+        stalled = time.monotonic() - self._last_tick
+        if stalled > STALL_S:
+            return f"run loop stalled for {stalled:.0f} s"
+        return None
 
     def _ready(self) -> bool:
         return self.runner is not None and self.runner.origin_ns > 0 and not self.runner.stopping
 
     # --- the run --------------------------------------------------------------------------
 
+    def _raise_fd_limit(self) -> None:
+        """Every request in flight holds a socket: make sure the open-file limit allows the
+        busiest phase (raising the soft limit up to the hard one), or say so before the run."""
+        need = FD_RESERVE + max(
+            (sum(s.concurrency if s.mode == "closed" else s.max_in_flight
+                 for s in phase.loads.values()) for phase in self.plan.phases),
+            default=0,
+        )
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < need:
+            if hard != resource.RLIM_INFINITY and hard < need:
+                raise ConfigError(
+                    f"the busiest phase can hold {need - FD_RESERVE} requests open, and this "
+                    f"process may open only {hard} files (hard limit): raise it (ulimit -n, "
+                    "LimitNOFILE= in the systemd unit, ulimits in compose) or lower the "
+                    "concurrency / max_in_flight / max_connections"
+                )
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
     async def run(self) -> RunResult:
+        self._raise_fd_limit()
         self._prepare_dir()
         setup_logging(self.cfg.logging.level, self.cfg.logging.format,
                       log_file=self.run_dir / "soakd.log", console=self.opts.console_logs)
@@ -174,53 +248,45 @@ class Soak:
                  targets=self.names, phases=len(self.plan.phases),
                  plan_s=self.plan.duration_ns / 1e9)
         self._setup_metrics()
-        self.journal = await self._open_journal()
+        # the exporter binds first: a busy address must fail before a journal exists (or
+        # the next try in this directory would "resume" a run that never ran)
+        self.http = await self._start_http()
+        log.info("exporter_listening", url=self.http.url)
+        try:
+            self.journal = await self._open_journal()
+        except BaseException:
+            await self.http.aclose()
+            close_logging()
+            raise
+        self.ledger = SendLedger(self.journal.restored.missed if self.resume and
+                                 self.journal.restored else None, on_miss=self.metrics.missed)
+        for key, n in self.ledger.counts.items():
+            self.metrics.missed(*key, n)  # continue the counter
         started = time.monotonic()
         cancelled = 0
         try:
-            urls: dict[str, str] = {}
-            for tcfg in self.cfg.targets:
-                if tcfg.simulator:
-                    sim = await spawn_sim(tcfg.simulator, tcfg.model,
-                                          self.run_dir / f"sim-{tcfg.name}.log")
-                    self._sims.append(sim)
-                    tcfg = tcfg.model_copy(update={"base_url": sim.base_url})
-                urls[tcfg.name] = tcfg.base_url  # probes watch the server, not a gateway
-                if tcfg.gateway is not None:
-                    tcfg = await self._front_with_gateway(tcfg)
-                self.targets[tcfg.name] = await open_target(tcfg)
-                self._add_guard(tcfg)
-            self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
-            # the gateways soakd started, on soakd's own /metrics (their ports are random)
-            gateway_export = export_gateways(
-                {t: g.url for t, g in self._gateways.items()},
-                self.cfg.probes.scrape_interval, self.metrics.registry)
-            self.runner = Runner(
-                self.plan, self.targets, make_prompt_source(self.cfg.workload),
-                # the journal hands outcomes on to Metrics once committed: Prometheus
-                # never counts a request the journal could lose (docs/journal.md)
-                [self.journal, self.stats, self.probes.outcome_sink, self.guards],
-                max_tokens=self.cfg.workload.max_tokens,
-                temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
-                on_phase=self._on_phase,
-                start_seq=self.resume.next_seq if self.resume else None,
-                gates=self.guards.by_target)
-            self.journal.attach(self.runner)
-            self.metrics.watch_in_flight(self.runner.in_flight)
-            host, port = self._listen()
-            self.http = await start_http(host, port, self.metrics.registry, self.status,
-                                         self._ready, **self._exporter_security(host))
-            log.info("exporter_listening", url=self.http.url)
+            # signals from here on: one during the start-up (a simulator, a gateway, a
+            # slow target) stops the run before it sends, journal closed as usual
             self._install_signals()
-            async with asyncio.TaskGroup() as tg:
-                ticker = tg.create_task(self._tick())
-                probing = tg.create_task(self.probes.run())
-                gateways = tg.create_task(gateway_export.run())
-                await self.runner.run(self.resume.offset_ns if self.resume else 0)
-                cancelled = await self._drain()
-                ticker.cancel()
-                probing.cancel()
-                gateways.cancel()
+            self._starting = asyncio.ensure_future(self._start_parts())
+            try:
+                await self._starting
+            except asyncio.CancelledError:
+                if not self._signals:
+                    raise
+                log.warning("stopped_before_start")
+            if self.runner is not None and self.probes is not None:
+                async with asyncio.TaskGroup() as tg:
+                    ticker = tg.create_task(self._tick())
+                    probing = tg.create_task(self.probes.run())
+                    gateways = tg.create_task(self.gateway_export.run()) \
+                        if self.gateway_export is not None else None
+                    await self.runner.run(self.resume.offset_ns if self.resume else 0)
+                    cancelled = await self._drain()
+                    ticker.cancel()
+                    probing.cancel()
+                    if gateways is not None:
+                        gateways.cancel()
         finally:
             self._remove_signals()
             for target in self.targets.values():
@@ -234,10 +300,15 @@ class Soak:
             for sim in self._sims:
                 await sim.aclose()
             elapsed = time.monotonic() - started
-            summary = self.stats.overall(elapsed)
+            active = self.runner.active_s() if self.runner is not None else 0.0
+            summary = self.stats.overall(active, self.ledger.by_target(session=True))
+            for name, row in summary.items():  # this session's goodput (the report: the run's)
+                tally = self.goodput.total[name]
+                row["goodput"] = tally.goodput
+                row["goodput_rps"] = tally.good / active if active > 0 else 0.0
             completed = bool(self.runner and self.runner.finished)
             await self.journal.aclose(completed=completed)
-            self._write_summary(summary, completed, elapsed, cancelled)
+            self._write_summary(summary, completed, elapsed, active, cancelled)
             log.info("run_finished", completed=completed, elapsed_s=round(elapsed, 3),
                      cancelled=cancelled,
                      requests={k: v["requests"] for k, v in summary.items()},
@@ -247,6 +318,39 @@ class Soak:
             close_logging()
         return RunResult(self.run_id, self.run_dir, completed, elapsed, cancelled, summary,
                          session=self.journal.session)
+
+    async def _start_parts(self) -> None:
+        """Simulators, gateways, target clients, guards, probes, then the runner."""
+        assert self.journal is not None
+        urls: dict[str, str] = {}
+        for tcfg in self.cfg.targets:
+            if tcfg.simulator:
+                sim = await spawn_sim(tcfg.simulator, tcfg.model,
+                                      self.run_dir / f"sim-{tcfg.name}.log")
+                self._sims.append(sim)
+                tcfg = tcfg.model_copy(update={"base_url": sim.base_url})
+            urls[tcfg.name] = tcfg.base_url  # probes watch the server, not a gateway
+            if tcfg.gateway is not None:
+                tcfg = await self._front_with_gateway(tcfg)
+            self.targets[tcfg.name] = await open_target(tcfg)
+            self._add_guard(tcfg)
+        self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
+        # the gateways soakd started, on soakd's own /metrics (their ports are random)
+        self.gateway_export = export_gateways(
+            {t: g.url for t, g in self._gateways.items()},
+            self.cfg.probes.scrape_interval, self.metrics.registry)
+        self.runner = Runner(
+            self.plan, self.targets, make_prompt_source(self.cfg.workload),
+            # the journal hands outcomes on to Metrics once committed: Prometheus
+            # never counts a request the journal could lose (docs/journal.md)
+            [self.journal, self.stats, self.goodput, self.probes.outcome_sink, self.guards],
+            max_tokens=self.cfg.workload.max_tokens,
+            temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
+            on_phase=self._on_phase,
+            start_seq=self.resume.next_seq if self.resume else None,
+            gates=self.guards.by_target, ledger=self.ledger)
+        self.journal.attach(self.runner)
+        self.metrics.watch_in_flight(self.runner.in_flight)
 
     async def _drain(self) -> int:
         assert self.runner is not None
@@ -277,11 +381,12 @@ class Soak:
         m = self.metrics
         m.build_info.info({"version": __version__, "run_id": self.run_id,
                            "node": self.cfg.run.node})
-        m.set_thresholds(self.cfg.exporter.thresholds)
+        m.set_limits(self.cfg.slo, self.cfg.alert_limits)
         phases = sorted({p.name for p in self.plan.phases})
         m.add_phases(phases)
         for name in self.names:
             m.add_target(name, phases)
+        m.watch_goodput(self.goodput.ratio, self.goodput.rate)
         m.run_start.set(self.resume.created_wall if self.resume else time.time())
         m.phase_index.set(-1)
 
@@ -305,6 +410,18 @@ class Soak:
                         not_restored=missing or None)
         return journal
 
+    async def _start_http(self) -> HttpServer:
+        host, port = self._listen()
+        try:
+            return await start_http(host, port, self.metrics.registry, self._status_snapshot,
+                                    self._ready, alive=self._alive,
+                                    **self._exporter_security(host))
+        except OSError as exc:
+            where = "--metrics-addr" if self.opts.metrics_addr else "exporter.listen"
+            why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+            hint = " (another soakd running?)" if exc.errno == errno.EADDRINUSE else ""
+            raise ConfigError(f"{where}: cannot listen on {host}:{port}: {why}{hint}") from None
+
     def _exporter_security(self, host: str) -> dict[str, Any]:
         """exporter.basic_auth and exporter.tls, read; a warning when /metrics and /status
         are open beyond this machine without a password."""
@@ -327,12 +444,13 @@ class Soak:
         for p in {p.name for p in self.plan.phases}:
             m.phase_info.labels(p).set(0)
         if phase is None:
+            set_phase(None)
             m.phase_index.set(len(self.plan.phases))
             for name in self.names:
                 m.offered_rate.labels(name).set(0)
                 m.offered_concurrency.labels(name).set(0)
             return
-        structlog.contextvars.bind_contextvars(phase=phase.name)
+        set_phase(phase.name)
         if self.journal is not None:
             self.journal.event("phase", name=phase.name, index=phase.index)
         self._gateway_modes(phase)
@@ -419,23 +537,30 @@ class Soak:
 
             from soakd.live import live_panel
 
-            live = Live(console=Console(file=sys.stdout), refresh_per_second=2,
-                        transient=True)
+            console = Console(file=sys.stdout)
+            live = Live(console=console, refresh_per_second=2, transient=True)
             live.start()
         last_progress = time.monotonic()
+        due = time.monotonic()
         try:
             while True:
+                now = time.monotonic()
+                self.metrics.loop_delay.set(max(0.0, now - due))  # how late this tick woke
+                self._last_tick = now
                 self._update_gauges()
+                st = self._status = self.status()
                 if live is not None:
-                    live.update(live_panel(self.status()))
-                elif time.monotonic() - last_progress >= PROGRESS_LOG_S:
-                    last_progress = time.monotonic()
-                    st = self.status()
+                    live.update(live_panel(st, console.width))
+                elif now - last_progress >= PROGRESS_LOG_S:
+                    last_progress = now
                     log.info("progress", elapsed_s=st["elapsed_s"], remaining_s=st["remaining_s"],
                              targets={k: {"rps": round(v["rps"], 2), "errors": v["errors"],
+                                          "goodput_pct": _round(None if v["goodput"] is None
+                                                            else v["goodput"] * 100),
                                           "ttft_p99_ms": _round(v["ttft_p99_ms"]),
                                           "e2e_p99_ms": _round(v["e2e_p99_ms"])}
                                       for k, v in st["targets"].items()})
+                due = time.monotonic() + TICK_S
                 await asyncio.sleep(TICK_S)
         finally:
             self._update_gauges()
@@ -460,14 +585,19 @@ class Soak:
                         hint="draining in-flight requests; signal again to stop now")
             if self.runner is not None:
                 self.runner.stop()
+            elif self._starting is not None:
+                self._starting.cancel()  # still starting: stop before the first send
         else:
             log.warning("stop_forced", signal=sig.name)
             self._force.set()
 
     def _write_summary(self, summary: dict[str, Any], completed: bool, elapsed: float,
-                       cancelled: int) -> None:
+                       active: float, cancelled: int) -> None:
         doc = {"run_id": self.run_id, "version": __version__, "completed": completed,
-               "elapsed_s": round(elapsed, 3), "cancelled": cancelled, "targets": summary}
+               "elapsed_s": round(elapsed, 3), "active_s": round(active, 3),
+               "rate_basis": "active plan time (active_s): rates count the time soakd was "
+                             "sending, not start-up or the drain",
+               "cancelled": cancelled, "targets": summary}
         tmp = self.run_dir / "summary.json.tmp"
         try:
             tmp.write_text(json.dumps(doc, indent=2, default=str))

@@ -63,18 +63,26 @@ def build_parser() -> argparse.ArgumentParser:
     view.add_argument("--no-live", dest="live", action="store_false",
                       help="JSON log lines instead of the live view")
 
-    check = sub.add_parser("check", help="validate a config and print the effective plan")
-    check.add_argument("config", type=Path)
+    check = sub.add_parser("check", help="validate configs and print the effective plan")
+    check.add_argument("config", type=Path, nargs="+", metavar="CONFIG",
+                       help="one or more config files; every problem of each is listed")
     check.add_argument("--duration", type=_duration, metavar="D")
     check.add_argument("--rehearse", type=_duration, metavar="D")
 
     report = sub.add_parser("report", help="the side-by-side report of a run, from its journal")
     report.add_argument("run_dir", type=Path, metavar="DIR")
-    report.add_argument("--format", choices=("md", "html", "json", "text"), default="md")
+    report.add_argument("--format", choices=("md", "html", "json", "text"), default=None,
+                        help="md (default), html, json or text")
     report.add_argument("-o", "--output", type=Path, metavar="FILE",
                         help="write to FILE (default: standard output)")
     report.add_argument("--energy-price", type=float, metavar="PER_KWH",
                         help="electricity price per kWh (default: report.energy_price_per_kwh)")
+    report.add_argument("--config", type=Path, metavar="FILE",
+                        help="judge by this config's slo, compare, costs and report sections "
+                        "(targets matched by name) instead of the run's own")
+    report.add_argument("--check", action="store_true",
+                        help="gate on the verdict: exit 1 when a target fails its SLO or the "
+                        "candidate regresses, 0 when all pass (docs/slo.md)")
 
     export = sub.add_parser("export", help="per-request rows of a run as CSV or JSON lines")
     export.add_argument("run_dir", type=Path, metavar="DIR")
@@ -115,17 +123,48 @@ def _check_exporter(cfg: Config) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Check each file; every problem of every file is listed (exit 2 if any)."""
+    failed = 0
+    for path in args.config:
+        try:
+            _check_one(path, args)
+        except ConfigError as exc:
+            failed += 1
+            text = str(exc)
+            if len(args.config) > 1 and not text.startswith(str(path)):
+                text = f"{path}: {text}"
+            print(f"soakd: error: {text}", file=sys.stderr)
+    return EXIT_USAGE if failed else 0
+
+
+def _check_one(path: Path, args: argparse.Namespace) -> None:
     from soakd.workload.plan import build_plan, describe_plan
 
-    cfg = load_config(args.config)
+    cfg = load_config(path)
+    problems = []
     for target in cfg.targets:
-        target.api_key()  # a missing key reference is a config error too
-    _check_exporter(cfg)
+        try:
+            target.api_key()  # a missing key reference is a config error too
+        except ConfigError as exc:
+            problems += exc.problems
+    try:
+        _check_exporter(cfg)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigError.of(problems)
     plan = build_plan(cfg, datetime.now(UTC), rehearse_s=args.rehearse,
                       duration_cap_s=args.duration)
-    print(f"{args.config}: ok")
+    print(f"{path}: ok")
     print(describe_plan(plan, cfg))
-    return 0
+    if not cfg.slo.empty or any(not t.slo.empty for t in cfg.targets):
+        from soakd.verdicts import describe_slo
+
+        for target in cfg.targets:  # the effective SLO: run-wide with the target's overrides
+            print(f"slo {target.name}: {describe_slo(cfg.slo_for(target.name))}")
+    if cfg.compare is not None:
+        c = cfg.compare
+        print(f"compare: {c.candidate} against baseline {c.baseline}")
 
 
 GIL_SWITCH_S = 0.0005
@@ -133,6 +172,9 @@ GIL_SWITCH_S = 0.0005
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from soakd import _malloc
+
+    _malloc.limit_arenas()  # before any thread allocates: RSS on many cores (docs/benchmarks.md)
     from rich.console import Console
 
     from soakd.app import RunOptions, Soak
@@ -175,23 +217,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from soakd.report import build_report, terminal_summary, write_report
+EXIT_FAILED = 1
 
-    if args.format == "text":
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from soakd.report import build_report, check_lines, terminal_summary, write_built
+
+    judge_by = None
+    if args.config is not None:
+        from soakd.journal import config_doc
+
+        judge_by = config_doc(load_config(args.config))
+    rep = build_report(args.run_dir, energy_price_per_kwh=args.energy_price, judge_by=judge_by)
+    fmt = args.format or "md"
+    # --check alone prints the verdict; with --format or -o the report goes there too
+    show = not args.check or args.format is not None or args.output is not None
+    if show and fmt == "text":
         from rich.console import Console
 
         console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
-        for part in terminal_summary(build_report(args.run_dir,
-                                                  energy_price_per_kwh=args.energy_price)):
+        for part in terminal_summary(rep):
             console.print(part)
+    elif show:
+        text = write_built(rep, fmt, args.output)
+        if args.output is None:
+            sys.stdout.write(text)
+        else:
+            print(f"{args.output}: {fmt} report of {args.run_dir}", file=sys.stderr)
+    if not args.check:
         return 0
-    text = write_report(args.run_dir, args.format, args.output, args.energy_price)
-    if args.output is None:
-        sys.stdout.write(text)
-    else:
-        print(f"{args.output}: {args.format} report of {args.run_dir}", file=sys.stderr)
-    return 0
+    verdict = "\n".join(check_lines(rep))
+    print(verdict, file=sys.stdout if not show or args.output is not None else sys.stderr)
+    if rep.passed is None:
+        _fail(f"{args.run_dir}: nothing to check: the run's config has no slo or compare "
+              "block, or none of its criteria could be measured")
+    return 0 if rep.passed else EXIT_FAILED
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -258,13 +318,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"run": cmd_run, "check": cmd_check, "report": cmd_report, "export": cmd_export,
                 "sim": cmd_sim, "gateway": cmd_gateway}
     try:
-        return commands[args.command](args)
+        code = commands[args.command](args)
+        sys.stdout.flush()  # here, where a closed pipe is still ours to handle
     except (ConfigError, JournalError) as exc:
         _fail(str(exc))
+    except BrokenPipeError:  # `soakd check ... | head`: the reader had enough, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:
         if exc.errno is not None and exc.strerror:
-            _fail(f"{exc.strerror}: {getattr(exc, 'filename', None) or exc}")
+            where = getattr(exc, "filename", None)
+            _fail(f"{where}: {exc.strerror}" if where else exc.strerror)
         raise
+    return code
 
 
 if __name__ == "__main__":

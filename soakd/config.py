@@ -6,11 +6,13 @@ read here too, by reference, and kept out of every repr).
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import yaml
@@ -29,7 +31,19 @@ ENV_PREFIX = "SOAKD__"
 
 
 class ConfigError(Exception):
-    """A config problem, already phrased for the user as one line."""
+    """A config problem, already phrased for the user: one line per problem, the first
+    leading and the others indented under it (``str()``), each naming its field path."""
+
+    def __init__(self, message: str, more: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = [message, *(more or [])]
+
+    def __str__(self) -> str:
+        return "\n  ".join(self.problems)
+
+    @classmethod
+    def of(cls, problems: list[str]) -> ConfigError:
+        return cls(problems[0], problems[1:])
 
 
 # --- durations -------------------------------------------------------------------------
@@ -39,6 +53,16 @@ _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
 MAX_DURATION_S = 100 * 365 * 86400
+MAX_CONCURRENCY = 28_000
+"""The most requests one soakd can hold open to one server: each needs its own source
+port, and Linux hands out about 28,000 of them (net.ipv4.ip_local_port_range) per
+destination. A larger closed-loop concurrency or in-flight cap is a config error."""
+
+_YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 (a safe loader)
 """Longest duration accepted (100 years): beyond it calendar arithmetic overflows."""
 
 
@@ -92,8 +116,10 @@ def format_duration(seconds: float) -> str:
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """Seconds, written in YAML as ``72h``, ``5m``, ``500ms``... ."""
+PositiveDuration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+"""A Duration that must be above zero (a deadline of 0 s would fail every request)."""
 
-PositiveRate = Annotated[float, Field(ge=0)]
+PositiveRate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):
@@ -104,10 +130,10 @@ class Strict(BaseModel):
 
 
 class Timeouts(Strict):
-    connect: Duration = 10.0
-    ttft: Duration = 60.0
-    idle: Duration | None = 60.0  # longest silence between content chunks; None: no limit
-    total: Duration = 600.0
+    connect: PositiveDuration = 10.0
+    ttft: PositiveDuration = 60.0
+    idle: PositiveDuration | None = 60.0  # longest silence between content chunks; None: none
+    total: PositiveDuration = 600.0
 
 
 class Tls(Strict):
@@ -115,15 +141,57 @@ class Tls(Strict):
     ca_file: Path | None = None
 
 
+class Hardware(Strict):
+    """A box bought outright, written off over ``months`` (docs/slo.md: cost)."""
+
+    price: Annotated[float, Field(ge=0)]
+    months: Annotated[float, Field(gt=0)] = 36.0
+
+
+class TokenPrice(Strict):
+    """What a cloud bills per million prompt (input) and output tokens."""
+
+    input: Annotated[float, Field(ge=0)] = 0.0
+    output: Annotated[float, Field(ge=0)] = 0.0
+
+
 class TargetCost(Strict):
-    """What the report charges a target: an all-in hourly price (a cloud endpoint, a
-    rented box) or, without one, the energy of its GPUs at ``report.energy_price_per_kwh``."""
+    """What the report charges a target, summed: an all-in hourly price (a rented box),
+    hardware amortisation, the tokens at a cloud's price, and, without ``per_hour``, the
+    energy of its GPUs at ``report.energy_price_per_kwh``."""
 
     per_hour: Annotated[float, Field(ge=0)] | None = None
+    hardware: Hardware | None = None
+    per_mtok: TokenPrice | None = None
     gpus: list[str] | None = None  # GPU indexes charged to it (default: where its process ran)
 
 
 Count = Annotated[int, Field(ge=1)]
+
+Limit = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+"""A latency limit: a duration above zero (``2s``, ``100ms``)."""
+
+
+class Slo(Strict):
+    """Service level objectives: the one source of the report's verdicts, goodput, and
+    the exporter's limit gauges (docs/slo.md). Every key is optional: unset, not judged."""
+
+    ttft_p99: Limit | None = None
+    tpot_p99: Limit | None = None
+    e2e_p99: Limit | None = None
+    error_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    jitter: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    oom_events: Annotated[int, Field(ge=0)] | None = None
+    vram_peak: Annotated[float, BeforeValidator(lambda v: parse_bytes(v)),
+                         Field(gt=0, allow_inf_nan=False)] | None = None
+
+    def over(self, base: Slo) -> Slo:
+        """``base`` with the keys set here replacing its own (a target's overrides)."""
+        return base.model_copy(update=self.model_dump(exclude_none=True))
+
+    @property
+    def empty(self) -> bool:
+        return all(v is None for v in self.model_dump().values())
 
 
 class SpendGuard(Strict):
@@ -169,7 +237,7 @@ class TargetConfig(Strict):
     timeouts: Timeouts = Timeouts()
     proxy: str | None = None  # an http(s) proxy URL; None: honour HTTP(S)_PROXY / NO_PROXY
     tls: Tls = Tls()
-    max_connections: Annotated[int, Field(ge=1)] = 1024
+    max_connections: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)] = 1024
     # False: a new connection per request, for servers that drop kept-alive connections
     # unannounced (llama-server, llama.cpp's cpp-httplib 0.58: after each streamed answer)
     keep_alive: bool = True
@@ -180,6 +248,7 @@ class TargetConfig(Strict):
     process_name: str | None = None  # or a substring of its command line / process name
     oom_log: Path | None = None  # a log file to tail for out-of-memory lines
     cost: TargetCost = TargetCost()
+    slo: Slo = Slo()  # overrides of the run-wide slo block for this target
     # Cloud endpoints (docs/gateway.md): the API's dialect, a spend cap, 429 handling, and
     # a `soakd gateway` that soakd starts in front of the target.
     kind: Literal["openai", "azure"] = "openai"
@@ -242,7 +311,7 @@ class TargetConfig(Strict):
             value = os.environ.get(self.api_key_env)
             if not value:
                 raise ConfigError(
-                    f"targets.{self.name}.api_key_env: environment variable "
+                    f"targets[{self.name}].api_key_env: environment variable "
                     f"{self.api_key_env} is not set"
                 )
             return SecretStr(value.strip())
@@ -251,11 +320,13 @@ class TargetConfig(Strict):
                 value = self.api_key_file.read_text().strip()
             except OSError as exc:
                 raise ConfigError(
-                    f"targets.{self.name}.api_key_file: cannot read {self.api_key_file}: "
+                    f"targets[{self.name}].api_key_file: cannot read {self.api_key_file}: "
                     f"{exc.strerror}"
                 ) from None
             if not value:
-                raise ConfigError(f"targets.{self.name}.api_key_file: {self.api_key_file} is empty")
+                raise ConfigError(
+                    f"targets[{self.name}].api_key_file: {self.api_key_file} is empty"
+                )
             return SecretStr(value)
         return None
 
@@ -307,10 +378,14 @@ class Load(Strict):
     """The load shape of one target in one phase."""
 
     mode: Literal["closed", "constant", "poisson", "ramp", "idle"] = "closed"
-    concurrency: Annotated[int, Field(ge=0)] = 1
+    concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 1
     rate: PositiveRate = 0.0
     rate_end: PositiveRate | None = None
-    max_in_flight: Annotated[int, Field(ge=0)] = 0
+    # open loop: sends out at once (0: the target's max_connections); a send that finds
+    # them all out is not made and is counted (soakd_sends_missed_total, in_flight_cap)
+    max_in_flight: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 0
+    # open loop: a send whose instant is more than this past is not made (counted, late)
+    max_lateness: PositiveDuration = 1.0
 
     @model_validator(mode="after")
     def _shape(self) -> Load:
@@ -349,17 +424,24 @@ class Workload(Strict):
     seed: int = 0
 
 
-class Thresholds(Strict):
-    """Per-deployment limits, exported as gauges so alert rules compare against them."""
+class AlertLimits(Strict):
+    """Limits that only alert rules read (no verdict judges them), exported as gauges.
+    The SLO limits are in the ``slo`` block."""
 
-    vram_limit_bytes: Annotated[float, Field(gt=0)] = 3.9e9
-    vram_leak_bytes_per_hour: Annotated[float, Field(gt=0)] = 50e6
-    error_ratio: Annotated[float, Field(ge=0, le=1)] = 0.003
-    p99_e2e_seconds: Annotated[float, Field(gt=0)] = 30.0
-    p99_ttft_seconds: Annotated[float, Field(gt=0)] = 2.0
-    jitter_ratio: Annotated[float, Field(ge=0)] = 0.15
-    dispatch_lag_seconds: Annotated[float, Field(gt=0)] = 0.1
-    p99_e2e_drift_seconds_per_hour: Annotated[float, Field(gt=0)] = 1.0
+    vram_leak_per_hour: Annotated[float, BeforeValidator(lambda v: parse_bytes(v)),
+                                  Field(gt=0, allow_inf_nan=False)] = 50e6
+    dispatch_lag: Limit = 0.1
+    e2e_p99_drift_per_hour: Limit = 1.0
+
+
+THRESHOLDS_MOVED = (
+    "exporter.thresholds: moved: the SLO limits are now the top-level slo block "
+    "(vram_limit_bytes -> slo.vram_peak, error_ratio -> slo.error_ratio, p99_ttft_seconds -> "
+    "slo.ttft_p99, p99_e2e_seconds -> slo.e2e_p99, jitter_ratio -> slo.jitter) and the "
+    "alert-only ones alert_limits (vram_leak_bytes_per_hour -> vram_leak_per_hour, "
+    "dispatch_lag_seconds -> dispatch_lag, p99_e2e_drift_seconds_per_hour -> "
+    "e2e_p99_drift_per_hour); see docs/slo.md"
+)
 
 
 class ExporterBasicAuth(Strict):
@@ -408,7 +490,6 @@ class ExporterTls(Strict):
 
 class Exporter(Strict):
     listen: str = "127.0.0.1:9464"  # loopback: anything wider is an explicit choice
-    thresholds: Thresholds = Thresholds()
     basic_auth: ExporterBasicAuth | None = None
     tls: ExporterTls | None = None
 
@@ -640,6 +721,50 @@ class ReportConfig(Strict):
     currency: str = "$"
 
 
+REGRESSION_KEYS = ("ttft_p99", "tpot_p99", "e2e_p99", "ttft_p50", "e2e_p50", "error_ratio",
+                   "goodput", "goodput_rps", "output_tps", "rps")
+"""What ``compare.max_regression`` may bound (soakd/verdicts.py knows each one's direction)."""
+
+
+def _regression(value: Any) -> Any:
+    """``"10%"`` -> ("relative", 0.10); a number or a duration -> ("absolute", value)."""
+    if isinstance(value, list | tuple) and len(value) == 2:  # as stored: (kind, amount)
+        return tuple(value)
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            return ("relative", float(value.strip()[:-1]) / 100)
+        except ValueError:
+            raise ValueError(f"bad percentage {value!r}") from None
+    if isinstance(value, str):
+        return ("absolute", parse_duration(value))
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"not a limit: {value!r} (use e.g. 10% or 0.001)")  # noqa: TRY004
+    return ("absolute", float(value))
+
+
+Regression = Annotated[
+    tuple[Literal["relative", "absolute"], Annotated[float, Field(ge=0, allow_inf_nan=False)]],
+    BeforeValidator(_regression)]
+
+
+class Compare(Strict):
+    """A candidate target against a baseline (a model version against the current one)."""
+
+    baseline: str
+    candidate: str
+    max_regression: dict[str, Regression] = Field(default_factory=dict)
+
+    @field_validator("max_regression")
+    @classmethod
+    def _keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(value) - set(REGRESSION_KEYS))
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {', '.join(unknown)} (known: {', '.join(REGRESSION_KEYS)})"
+            )
+        return value
+
+
 class Logging(Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -665,21 +790,44 @@ class Config(Strict):
     logging: Logging = Logging()
     journal: JournalConfig = JournalConfig()
     report: ReportConfig = ReportConfig()
+    slo: Slo = Slo()
+    alert_limits: AlertLimits = AlertLimits()
+    compare: Compare | None = None
 
     @model_validator(mode="after")
     def _names(self) -> Config:
         names = [t.name for t in self.targets]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
+        known = set(names)
+        if len(known) != len(names):
+            dupes = sorted(n for n, count in Counter(names).items() if count > 1)
             raise ValueError(f"duplicate target names: {', '.join(dupes)}")
+        gated = {t.name for t in self.targets if t.gateway is not None}
+        if self.compare is not None:
+            for role in ("baseline", "candidate"):
+                name = getattr(self.compare, role)
+                if name not in names:
+                    raise ValueError(
+                        f"compare.{role}: unknown target {name!r} (known: {', '.join(names)})"
+                    )
+            if self.compare.baseline == self.compare.candidate:
+                raise ValueError("compare: baseline and candidate are the same target")
         for phase in self.phases:
-            unknown = sorted(set(phase.targets) - set(names))
+            unknown = sorted(set(phase.targets) - known)
             if unknown:
                 raise ValueError(
                     f"phase {phase.name!r} sets load for unknown target(s) {', '.join(unknown)}"
                     f" (known: {', '.join(names)})"
                 )
-            gated = {t.name for t in self.targets if t.gateway is not None}
+            for t in self.targets:
+                load = phase.targets.get(t.name, phase.load)
+                if load.mode == "closed" and load.concurrency > t.max_connections:
+                    raise ValueError(
+                        f"phase {phase.name!r}: concurrency {load.concurrency} for "
+                        f"{t.name!r} is above its max_connections ({t.max_connections}): the "
+                        "requests past it would wait inside soakd for a connection, and the "
+                        "wait would count as TTFT; raise targets[].max_connections (at most "
+                        f"{MAX_CONCURRENCY}) or lower the concurrency"
+                    )
             stray = sorted(set(phase.gateway) - gated)
             if stray:
                 raise ValueError(
@@ -693,6 +841,10 @@ class Config(Strict):
     def target(self, name: str) -> TargetConfig:
         return next(t for t in self.targets if t.name == name)
 
+    def slo_for(self, name: str) -> Slo:
+        """The run-wide slo with the target's own keys over it."""
+        return self.target(name).slo.over(self.slo)
+
     def load_for(self, phase: PhaseConfig, target: str) -> Load:
         return phase.targets.get(target, phase.load)
 
@@ -702,7 +854,7 @@ class Config(Strict):
 
 def _env_value(key: str, text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return _yaml_load(text)
     except yaml.YAMLError as exc:
         why = getattr(exc, "problem", None) or type(exc).__name__
         raise ConfigError(f"{key}: not a YAML value: {why}") from None
@@ -758,9 +910,13 @@ _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 _KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def _error_line(exc: ValidationError, raw: Any) -> str:
-    """First pydantic error -> ``field.path: message (got VALUE)``; list items by name."""
-    err = exc.errors(include_url=False)[0]
+def _error_lines(exc: ValidationError, raw: Any, model: type[BaseModel]) -> list[str]:
+    """Every pydantic error -> ``field.path: message (got VALUE)``, list items by name."""
+    return list(dict.fromkeys(_one_error(err, raw, model)
+                              for err in exc.errors(include_url=False)))
+
+
+def _one_error(err: Any, raw: Any, model: type[BaseModel]) -> str:
     parts: list[str] = []
     node: Any = raw
     for loc in err["loc"]:
@@ -780,7 +936,8 @@ def _error_line(exc: ValidationError, raw: Any) -> str:
     where = ".".join(parts) or "config"
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
-        return f"{where}: unknown key (check the spelling)"
+        hint = _did_you_mean(model, err["loc"])
+        return f"{where}: unknown key ({hint or 'check the spelling'})"
     if err["type"] == "missing":
         return f"{where}: required, but missing"
     if "input" in err and err["type"] not in ("value_error",) and not isinstance(
@@ -789,6 +946,34 @@ def _error_line(exc: ValidationError, raw: Any) -> str:
         got = repr(err["input"])
         return f"{where}: {msg} (got {got if len(got) <= 80 else got[:77] + '...'})"
     return f"{where}: {msg}"
+
+
+def _did_you_mean(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """'did you mean X?' for a misspelled key: the closest field of the model it is in."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # a list item: same model
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        current = _model_in(field.annotation)
+        if current is None:
+            return None
+    names = list(getattr(current, "model_fields", {}))
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside ``X``, ``X | None``, ``list[X]`` or ``dict[str, X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in reversed(get_args(annotation)):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def load_config(
@@ -807,7 +992,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = _yaml_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"
@@ -823,10 +1008,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def config_from_dict(raw: dict[str, Any], environ: Mapping[str, str] | None = None) -> Config:
     raw = _apply_env(raw, environ or {})
+    exporter = raw.get("exporter")
+    if isinstance(exporter, dict) and "thresholds" in exporter:
+        raise ConfigError(THRESHOLDS_MOVED)
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_error_line(exc, raw)) from None
+        raise ConfigError.of(_error_lines(exc, raw, Config)) from None
 
 
 GATEWAY_ENV_PREFIX = "SOAKD_GATEWAY__"
@@ -847,4 +1035,4 @@ def gateway_config_from_dict(
     try:
         return GatewayConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_error_line(exc, raw)) from None
+        raise ConfigError.of(_error_lines(exc, raw, GatewayConfig)) from None

@@ -1,5 +1,11 @@
 """HTTP: soakd's own endpoints (/metrics, /healthz, /readyz, /status) in one aiohttp app.
 
+The app runs on its own thread and event loop: a send loop saturated on purpose (a soak
+past capacity) must not make Prometheus' scrapes time out, or a container health check
+restart a soakd that is working. Everything it serves is thread-safe to read:
+prometheus_client's values are locked, ``status`` returns a snapshot the run loop
+refreshes, and ``/healthz`` says 503 when the run loop has stopped turning.
+
 Binds 127.0.0.1 by default; port 0 picks a free port and ``url`` tells which. Optional
 basic auth (``exporter.basic_auth``) guards /metrics and /status; /healthz and /readyz
 stay open (they tell nothing and serve container health checks). Optional TLS
@@ -8,10 +14,13 @@ stay open (they tell nothing and serve container health checks). Optional TLS
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import concurrent.futures
 import hmac
 import ssl
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,8 +73,12 @@ def make_app(
     status: StatusFn,
     ready: Callable[[], bool],
     auth: tuple[str, SecretStr] | None = None,
+    alive: Callable[[], str | None] | None = None,
 ) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
+        stalled = alive() if alive is not None else None
+        if stalled:
+            return web.Response(status=503, text=f"{stalled}\n")
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
@@ -101,11 +114,51 @@ def tls_context(tls: ExporterTls) -> ssl.SSLContext:
 
 @dataclass
 class HttpServer:
-    runner: web.AppRunner
     url: str
+    _thread: _ServerThread
 
     async def aclose(self) -> None:
-        await self.runner.cleanup()
+        await asyncio.to_thread(self._thread.stop)
+
+
+class _ServerThread(threading.Thread):
+    """An event loop of its own serving one aiohttp app until ``stop``."""
+
+    def __init__(self, app: web.Application, host: str, port: int,
+                 ssl_context: ssl.SSLContext | None) -> None:
+        super().__init__(name="soakd-exporter", daemon=True)
+        self._app, self._host, self._port, self._ssl = app, host, port, ssl_context
+        self.loop = asyncio.new_event_loop()
+        self.bound: concurrent.futures.Future[int] = concurrent.futures.Future()
+
+    def run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        runner = web.AppRunner(self._app, access_log=None)
+        try:
+            port = self.loop.run_until_complete(self._bind(runner))
+        except BaseException as exc:
+            self.loop.run_until_complete(runner.cleanup())
+            self.loop.close()
+            self.bound.set_exception(exc)
+            return
+        self.bound.set_result(port)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.run_until_complete(runner.cleanup())
+            self.loop.close()
+
+    async def _bind(self, runner: web.AppRunner) -> int:
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port, ssl_context=self._ssl)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        return int(sockets[0].getsockname()[1]) if sockets else self._port
+
+    def stop(self) -> None:
+        if self.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.join()
 
 
 async def start_http(
@@ -117,18 +170,13 @@ async def start_http(
     *,
     auth: tuple[str, SecretStr] | None = None,
     ssl_context: ssl.SSLContext | None = None,
+    alive: Callable[[], str | None] | None = None,
 ) -> HttpServer:
-    runner = web.AppRunner(make_app(registry, status, ready, auth), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    server = site._server
-    sockets = getattr(server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
+    """Serve the app on its own thread; returns once bound (OSError when it cannot)."""
+    thread = _ServerThread(make_app(registry, status, ready, auth, alive), host, port,
+                           ssl_context)
+    thread.start()
+    bound = await asyncio.wrap_future(thread.bound)
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if ssl_context is not None else "http"
-    return HttpServer(runner, f"{scheme}://{shown}:{bound}")
+    return HttpServer(f"{scheme}://{shown}:{bound}", thread)

@@ -53,8 +53,14 @@ from soakd.types import OutcomeSink
 
 log = structlog.get_logger()
 
-SCHEMA_VERSION = 1
-READS_SCHEMAS = frozenset({1})
+SCHEMA_VERSION = 2
+READS_SCHEMAS = frozenset({1, 2})
+_MISSED_TABLE = """CREATE TABLE missed (
+    target TEXT NOT NULL, phase TEXT NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (target, phase, reason)
+) WITHOUT ROWID"""
+"""v2: planned sends not made (soakd/workload/ledger.py), whole run. A v1 journal gains the
+table, empty, when a v2 soakd continues it."""
 APPLICATION_ID = 0x736F616B  # "soak": tells a soakd journal from any other SQLite file
 JOURNAL_FILE = "journal.db"
 LOCK_FILE = "journal.lock"
@@ -119,7 +125,7 @@ CREATE TABLE rollups (
     upto_id INTEGER NOT NULL, wall_min REAL NOT NULL, wall_max REAL NOT NULL,
     stats BLOB NOT NULL, PRIMARY KEY (target, phase, window)
 ) WITHOUT ROWID;
-"""
+""" + _MISSED_TABLE + ";\n"
 
 _INSERT_REQUEST = "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 REQUEST_COLUMNS = (
@@ -171,6 +177,8 @@ class PlanClock(Protocol):
     def stopping(self) -> bool: ...
     @property
     def next_seq(self) -> dict[str, int]: ...
+    @property
+    def missed(self) -> dict[tuple[str, str, str], int]: ...
 
 
 # --- documents stored in meta ----------------------------------------------------------------
@@ -505,6 +513,7 @@ class Restored:
     histograms: dict[tuple[str, str], tuple[list[int], float]]
     downtime_s: float
     resumes: int
+    missed: dict[tuple[str, str, str], int] = field(default_factory=dict)  # sends not made
 
 
 # --- the writer -------------------------------------------------------------------------------
@@ -588,6 +597,7 @@ class Journal:
         self._retry_at = 0.0
         self._early: set[int] = set()  # ids of outcomes forwarded before their commit
         self._seqs: dict[str, int] = dict(resume.next_seq) if resume else {}
+        self._missed: dict[tuple[str, str, str], int] = {}  # as committed
 
     # --- lifecycle (loop side) ---------------------------------------------------------------
 
@@ -829,6 +839,11 @@ class Journal:
                 "INSERT INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in doc.items()]
             )
             conn.execute("COMMIT")
+        elif conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+            conn.execute("BEGIN")
+            conn.execute(_MISSED_TABLE)  # v1 -> v2: nothing else changed
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
         meta = _check_schema(conn, self.path, writing=True)
         if meta["run_id"] != self.run.run_id:
             raise JournalError(f"{self.path}: holds run {meta['run_id']}, not {self.run.run_id}")
@@ -884,7 +899,9 @@ class Journal:
             for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'downtime'")
         )
         resumes = conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'run_resumed'").fetchone()
-        self.restored = Restored(totals, dict(self._hists), downtime, resumes[0])
+        self._missed = {(t, p, r): n for t, p, r, n in conn.execute("SELECT * FROM missed")}
+        self.restored = Restored(totals, dict(self._hists), downtime, resumes[0],
+                                 dict(self._missed))
 
     def _repair(self, conn: sqlite3.Connection) -> None:
         """Fold rows a killed session committed but never rolled up into the rollups."""
@@ -1030,6 +1047,10 @@ class Journal:
         )
         downtime = self._clock_started(conn, final)
         offset, phase_index = self._plan_clock()
+        missed = self._missed_changes()
+        if missed:
+            conn.executemany("INSERT OR REPLACE INTO missed VALUES (?,?,?,?)",
+                             [(*k, n) for k, n in missed.items()])
         conn.execute(
             "UPDATE progress SET wall = ?, offset_ns = ?, phase_index = ?, seqs = ?, "
             "rollup_from_id = ?, stopped = ? WHERE session = ?",
@@ -1045,6 +1066,7 @@ class Journal:
         )
         conn.execute("COMMIT")
         # committed: the in-memory state moves on
+        self._missed.update(missed)
         self._next_id = next_id
         self._next_series = next_series
         self._totals.update(totals)
@@ -1127,6 +1149,14 @@ class Journal:
         self._seqs.update(clock.next_seq)
         phase = clock.phase
         return offset, phase.index if phase is not None else None
+
+    def _missed_changes(self) -> dict[tuple[str, str, str], int]:
+        """The ledger's counts (whole run: it starts from the restored ones) that moved."""
+        clock = self._clock
+        if clock is None:
+            return {}
+        counts = dict(clock.missed)  # one C-level copy: atomic under the GIL
+        return {k: n for k, n in counts.items() if self._missed.get(k) != n}
 
     def _row(self, o: Outcome, rid: int, origin: int, deltas: _Batch) -> tuple[Any, ...]:
         sent = o.sent_ns - origin if o.sent_ns else None
@@ -1518,6 +1548,14 @@ class JournalReader:
                 "SELECT session, wall, offset_ns, kind, data FROM events ORDER BY id"
             )
         ]
+
+    def missed(self) -> dict[tuple[str, str, str], int]:
+        """(target, phase, reason) -> planned sends not made (empty for a v1 journal)."""
+        try:
+            rows = self.conn.execute("SELECT target, phase, reason, count FROM missed")
+            return {(t, p, r): n for t, p, r, n in rows}
+        except sqlite3.OperationalError:  # v1: no such table
+            return {}
 
     def totals(self) -> list[tuple[str, str, str, str, int, int, int, int]]:
         return [

@@ -1,51 +1,139 @@
-"""Live view: what a terminal shows while soakd runs, and the summary table at the end."""
+"""Live view: what a terminal shows while soakd runs, and the summary table at the end.
+
+It fits the terminal: columns are dropped by priority until the table fits (80 columns
+keep the target, its rate, errors, sends not made and the P99s). Latencies use the one
+unit rule of every soakd surface (``fmt_ms``: ms below a second, s above).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from soakd.analysis import fmt_ms
 from soakd.config import format_duration
 
-
-def _f(value: float | None, fmt: str = "{:.0f}") -> str:
-    return "-" if value is None else fmt.format(value)
+Row = dict[str, Any]
 
 
-def target_table(rows: dict[str, dict[str, Any]], title: str) -> Table:
+def _num(fmt: str, key: str) -> Callable[[Row], str]:
+    return lambda r: "-" if r.get(key) is None else fmt.format(r[key])
+
+
+def _pct(key: str) -> Callable[[Row], str]:
+    return lambda r: "-" if r.get(key) is None else f"{r[key] * 100:.1f} %"
+
+
+def _lat(key: str) -> Callable[[Row], str]:
+    return lambda r: fmt_ms(r.get(key))
+
+
+COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
+    # in priority order: the first ones stay on the narrowest terminal
+    ("req/s", _num("{:.2f}", "rps")),
+    ("errors", _num("{}", "errors")),
+    ("TTFT p99", _lat("ttft_p99_ms")),
+    ("E2E p99", _lat("e2e_p99_ms")),
+    ("not sent", _num("{}", "missed")),
+    ("lag p99", _lat("lag_p99_ms")),
+    ("ok", _num("{}", "ok")),
+    ("TTFT p50", _lat("ttft_p50_ms")),
+    ("E2E p50", _lat("e2e_p50_ms")),
+    ("ITL p50", _lat("itl_p50_ms")),
+    ("tok/s", _num("{:.1f}", "output_tps")),
+    ("shed", _num("{}", "shed")),
+]
+COLUMNS.insert(2, ("goodput", _pct("goodput")))  # share sent within every SLO (goodput.py)
+SHOWN_ORDER = ("req/s", "tok/s", "ok", "errors", "goodput", "shed", "not sent", "TTFT p50",
+               "TTFT p99", "E2E p50", "E2E p99", "ITL p50", "lag p99")
+
+
+def target_table(rows: dict[str, Row], title: str, width: int | None = None) -> Table:
+    """One line per target; with ``width``, only the columns (by priority) that fit."""
+    cells = {name: {title_: fn(r) for title_, fn in COLUMNS} for name, r in rows.items()}
+    name_w = max([len("target"), *(len(n) for n in rows)])
+    keep: list[str] = []
+    used = name_w + 4  # the borders and the target column's padding
+    for col, _ in COLUMNS:
+        w = max([len(col), *(len(c[col]) for c in cells.values())]) + 3
+        if width is not None and used + w > width:
+            continue
+        keep.append(col)
+        used += w
     table = Table(title=title, title_justify="left", expand=False)
-    table.add_column("target", style="bold")
-    for col in ("req/s", "tok/s", "ok", "errors", "TTFT p50", "TTFT p99", "E2E p50", "E2E p99",
-                "ITL p50", "lag p99"):
-        table.add_column(col, justify="right")
-    for name, r in rows.items():
-        errors = r["errors"]
-        table.add_row(
-            name, _f(r["rps"], "{:.2f}"), _f(r["output_tps"], "{:.1f}"), str(r["ok"]),
-            Text(str(errors), style="red" if errors else ""),
-            _f(r["ttft_p50_ms"], "{:.0f} ms"), _f(r["ttft_p99_ms"], "{:.0f} ms"),
-            _f(r["e2e_p50_ms"], "{:.0f} ms"), _f(r["e2e_p99_ms"], "{:.0f} ms"),
-            _f(r["itl_p50_ms"], "{:.1f} ms"), _f(r["lag_p99_ms"], "{:.1f} ms"),
-        )
+    table.add_column("target", style="bold", no_wrap=True)
+    shown = [c for c in SHOWN_ORDER if c in keep]
+    for col in shown:
+        table.add_column(col, justify="right", no_wrap=True)
+    for name in rows:
+        out = []
+        for col in shown:
+            text = cells[name][col]
+            alarm = col in ("errors", "not sent") and text not in ("0", "-")
+            out.append(Text(text, style="red" if alarm else ""))
+        table.add_row(name, *out)
     return table
 
 
-def live_panel(status: dict[str, Any]) -> Group:
-    phase = status.get("phase") or "-"
+def client_limited(status: dict[str, Any]) -> list[str]:
+    """Targets whose schedule soakd itself could not keep (lag past the limit, sends made
+    too late to count): their figures measure the client."""
+    limit_ms = float(status.get("lag_limit_s") or 0.1) * 1e3
+    out = []
+    for name, r in status["targets"].items():
+        lag = r.get("lag_p99_ms")
+        late = status.get("missed", {}).get(name, {}).get("late", 0)
+        if (lag is not None and lag > limit_ms) or late:
+            out.append(name)
+    return out
+
+
+def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
+    if status.get("stopping"):
+        phase, style = "draining", "bold magenta"
+    else:
+        phase, style = status.get("phase") or "-", "bold yellow"
     head = Text.assemble(
-        ("soakd ", "bold"), (status["run_id"], "cyan"), "  phase ", (phase, "bold yellow"),
-        f"  elapsed {format_duration(round(status['elapsed_s']))}",
-        f"  remaining {format_duration(round(status['remaining_s']))}",
+        ("soakd ", "bold"), (status["run_id"], "cyan"), "  ", (phase, style),
+        f"  {format_duration(round(status['elapsed_s']))}",
+        f" / {format_duration(round(status['elapsed_s'] + status['remaining_s']))}",
         f"  in flight {sum(status['in_flight'].values())}",
-        f"  metrics {status['metrics_url']}/metrics",
     )
-    return Group(head, target_table(status["targets"], "last 60 s"))
+    rows = {
+        name: r | {"missed": sum(status.get("missed", {}).get(name, {}).values())}
+        for name, r in status["targets"].items()
+    }
+    parts: list[Any] = [head, Text(f"metrics {status['metrics_url']}/metrics", style="dim")]
+    limited = client_limited(status)
+    if limited:
+        parts.append(Text(f"CLIENT-LIMITED {', '.join(limited)}: soakd is behind the plan",
+                          style="bold red"))
+    parts.append(target_table(rows, "last 60 s (not sent: this session)", width))
+    parts += [_vram_line(v) for v in status.get("vram", [])]
+    return Group(*parts)
 
 
-def errors_table(rows: dict[str, dict[str, Any]]) -> Table | None:
+def _vram_line(v: dict[str, Any]) -> Text:
+    """GPU 0 (edge-4gb): VRAM 3.62 GB, peak 3.92 GB, line 3.90 GB ABOVE (decimal GB)."""
+    def gb(x: float | None) -> str:
+        return "-" if x is None else f"{x / 1e9:.2f} GB"
+
+    used, peak, limit = v.get("used_bytes"), v.get("peak_bytes"), v.get("limit_bytes")
+    whose = f" ({v['target']})" if v.get("target") else ""
+    text = f"GPU {v['gpu']}{whose}: VRAM {gb(used)}, peak {gb(peak)}"
+    if limit is None:
+        return Text(text)
+    above = used is not None and used > limit
+    return Text.assemble(text, f", line {gb(limit)}",
+                         (" ABOVE" if above else "", "bold red"),
+                         (" peak over" if not above and (peak or 0) > limit else "", "yellow"))
+
+
+def errors_table(rows: dict[str, Row]) -> Table | None:
     kinds = sorted({k for r in rows.values() for k in r.get("errors_by_kind", {})})
     if not kinds:
         return None

@@ -1,7 +1,10 @@
 """Logs: structlog set-up. JSON lines off a terminal (and always in the run's log file).
 
-Context (run id, target, phase) is bound through contextvars. Nothing here ever
-formats a secret: keys live in SecretStr and never reach an event.
+Context (run id, target) is bound through contextvars. The phase is not: a task outlives
+the phase it was born in (a closed-loop worker, a probe), and a contextvar copied at its
+birth would stamp its lines with that old phase. ``set_phase`` sets the one current phase
+and every line reads it when it is written. Nothing here ever formats a secret: keys live
+in SecretStr and never reach an event.
 """
 
 from __future__ import annotations
@@ -20,6 +23,19 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 
 
 _file: IO[str] | None = None
+_phase: str | None = None
+
+
+def set_phase(name: str | None) -> None:
+    """The phase running now (None: before the first, or draining after the last)."""
+    global _phase
+    _phase = name
+
+
+def _add_phase(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    if _phase is not None:
+        event.setdefault("phase", _phase)
+    return event
 dropped_lines = 0
 """Log lines the run's log file could not take (disk full, read-only): the console and
 the metrics go on; the journal's own errors say what happened to the disk."""
@@ -28,6 +44,7 @@ the metrics go on; the journal's own errors say what happened to the disk."""
 def close_logging() -> None:
     """Close the run's log file (the end of a run; tests run several in one process)."""
     global _file
+    set_phase(None)
     if _file is not None:
         with contextlib.suppress(OSError):
             _file.close()
@@ -52,6 +69,7 @@ def setup_logging(
     file = _file = log_file.open("a", encoding="utf-8") if log_file is not None else None
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        _add_phase,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,

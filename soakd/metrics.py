@@ -6,7 +6,7 @@ Labels are bounded: target and phase names come from config, outcome from ErrorK
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -18,10 +18,12 @@ from prometheus_client import (
     Info,
     disable_created_metrics,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from soakd import __version__
-from soakd.config import Thresholds
+from soakd.config import AlertLimits, Slo
 from soakd.model import OK, ErrorKind, Outcome, status_class
+from soakd.workload.ledger import MISSED_REASONS
 
 NS = 1e-9
 
@@ -79,6 +81,14 @@ class Metrics:
         self.prompt_tokens = Counter(
             "soakd_prompt_tokens", "Prompt tokens sent (as the server counted them).",
             ["target"], registry=r)
+        self.sends_missed = Counter(
+            "soakd_sends_missed", "Planned open-loop sends not made, by reason: late (the "
+            "instant was past max_lateness), in_flight_cap, spend_cap, rate_limited.",
+            ["target", "phase", "reason"], registry=r)
+        self.resends = Counter(
+            "soakd_connection_resends", "Requests sent again on a fresh connection because a "
+            "reused keep-alive one was dead before any response byte (not an outcome).",
+            ["target"], registry=r)
         self.oom_errors = Counter(
             "soakd_oom_errors", "Requests whose error body said the device ran out of memory.",
             ["target"], registry=r)
@@ -121,27 +131,23 @@ class Metrics:
             "soakd_run_elapsed_seconds", "Plan time elapsed.", registry=r)
         self.remaining = Gauge(
             "soakd_run_remaining_seconds", "Plan time remaining.", registry=r)
+        self.loop_delay = Gauge(
+            "soakd_event_loop_delay_seconds", "How late soakd's run loop woke for its last "
+            "1 s tick: above a few ms, soakd is short of CPU and its timings suffer.",
+            registry=r)
         self.run_start = Gauge(
             "soakd_run_start_time_seconds", "Unix time the run started.", registry=r)
 
-        self.threshold_vram = Gauge(
-            "soakd_vram_limit_bytes", "Configured VRAM limit for alerts.", registry=r)
-        self.threshold_leak = Gauge(
-            "soakd_vram_leak_limit_bytes_per_hour", "Configured VRAM leak slope limit.",
-            registry=r)
-        self.threshold_errors = Gauge(
-            "soakd_error_ratio_limit", "Configured error (5xx) ratio limit.", registry=r)
-        self.threshold_e2e = Gauge(
-            "soakd_slo_e2e_p99_seconds", "Configured P99 end-to-end latency SLO.", registry=r)
-        self.threshold_ttft = Gauge(
-            "soakd_slo_ttft_p99_seconds", "Configured P99 TTFT SLO.", registry=r)
-        self.threshold_jitter = Gauge(
-            "soakd_jitter_ratio_limit", "Configured limit on P99 jitter.", registry=r)
-        self.threshold_lag = Gauge(
-            "soakd_dispatch_lag_limit_seconds", "Configured dispatch lag limit.", registry=r)
-        self.threshold_e2e_drift = Gauge(
-            "soakd_e2e_p99_drift_limit_seconds_per_hour",
-            "Configured limit on the drift of P99 end-to-end latency.", registry=r)
+        self.limits = _Limits()
+        r.register(self.limits)
+        self.goodput = Gauge(
+            "soakd_goodput_ratio",
+            "Share of the requests sent in the last minute that succeeded within every "
+            "latency SLO of the target (NaN: none sent).", ["target"], registry=r)
+        self.goodput_rate = Gauge(
+            "soakd_goodput_rps",
+            "Requests per second over the last minute that succeeded within every latency "
+            "SLO of the target.", ["target"], registry=r)
 
         self.run_5xx_ratio = Gauge(
             "soakd_run_5xx_ratio",
@@ -152,15 +158,32 @@ class Metrics:
         self._counters: dict[tuple[str, str, str, int], Counter] = {}
         self._run_counts: dict[str, list[int]] = {}  # target -> [requests, 5xx] of the run
 
-    def set_thresholds(self, t: Thresholds) -> None:
-        self.threshold_vram.set(t.vram_limit_bytes)
-        self.threshold_leak.set(t.vram_leak_bytes_per_hour)
-        self.threshold_errors.set(t.error_ratio)
-        self.threshold_e2e.set(t.p99_e2e_seconds)
-        self.threshold_ttft.set(t.p99_ttft_seconds)
-        self.threshold_jitter.set(t.jitter_ratio)
-        self.threshold_lag.set(t.dispatch_lag_seconds)
-        self.threshold_e2e_drift.set(t.p99_e2e_drift_seconds_per_hour)
+    def set_limits(self, slo: Slo, alerts: AlertLimits) -> None:
+        """The run-wide SLO and the alert-only limits, as gauges; an SLO key not set is
+        not exported (no limit, no alert). Per-target overrides are not here."""
+        self.limits.values = {
+            name: value
+            for name, value in (
+                (LIMIT_VRAM, slo.vram_peak),
+                (LIMIT_ERROR_RATIO, slo.error_ratio),
+                (LIMIT_E2E, slo.e2e_p99),
+                (LIMIT_TTFT, slo.ttft_p99),
+                (LIMIT_TPOT, slo.tpot_p99),
+                (LIMIT_JITTER, slo.jitter),
+                (LIMIT_LEAK, alerts.vram_leak_per_hour),
+                (LIMIT_LAG, alerts.dispatch_lag),
+                (LIMIT_DRIFT, alerts.e2e_p99_drift_per_hour),
+            )
+            if value is not None
+        }
+
+    def watch_goodput(
+        self, ratio: Callable[[str], float], rate: Callable[[str], float]
+    ) -> None:
+        """Read each target's windowed goodput at scrape time (soakd/goodput.py)."""
+        for target in self._children:
+            self.goodput.labels(target).set_function(partial(ratio, target))
+            self.goodput_rate.labels(target).set_function(partial(rate, target))
 
     def add_target(self, target: str, phases: list[str]) -> None:
         """Create every series of a target up front, so rates start at zero, not absent."""
@@ -173,10 +196,17 @@ class Metrics:
         self.oom_errors.labels(target)
         counts = self._run_counts.setdefault(target, [0, 0])
         self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts))
+        self.resends.labels(target)
         self.offered_rate.labels(target)
         self.offered_concurrency.labels(target)
         for phase in phases:
             self.requests.labels(target, phase, OK, "2xx")
+            for reason in MISSED_REASONS:
+                self.sends_missed.labels(target, phase, reason)
+
+    def missed(self, target: str, phase: str, reason: str, n: int) -> None:
+        """A SendLedger's ``on_miss``: planned sends not made."""
+        self.sends_missed.labels(target, phase, reason).inc(n)
 
     def add_phases(self, phases: list[str]) -> None:
         for phase in phases:
@@ -198,8 +228,10 @@ class Metrics:
         counts = self._run_counts.get(o.target)
         if counts is not None:
             counts[0] += 1
-            if o.status // 100 == 5:
-                counts[1] += 1
+            if o.status // 100 == 5 and not (o.error is not None and o.error.shed):
+                counts[1] += 1  # the guard's own 503s are load it shed, not failures
+        if o.resends:
+            self.resends.labels(o.target).inc(o.resends)
         if o.sent_ns:
             c.lag.observe(o.dispatch_lag_ns * NS)
         if o.output_tokens:
@@ -237,7 +269,7 @@ class Metrics:
                 self.requests.labels(target, phase, outcome, sclass).inc(n)
                 tally = self._run_counts.setdefault(target, [0, 0])
                 tally[0] += n
-                if sclass == "5xx":
+                if sclass == "5xx" and not outcome.startswith("shed_"):
                     tally[1] += n
             if out_tokens:
                 self.output_tokens.labels(target).inc(out_tokens)
@@ -268,6 +300,42 @@ def _count_of(busy: dict[str, int], target: str) -> float:
 
 def _ratio_of(counts: list[int]) -> float:
     return counts[1] / counts[0] if counts[0] else 0.0
+
+
+LIMIT_VRAM = "soakd_vram_limit_bytes"
+LIMIT_ERROR_RATIO = "soakd_error_ratio_limit"
+LIMIT_E2E = "soakd_slo_e2e_p99_seconds"
+LIMIT_TTFT = "soakd_slo_ttft_p99_seconds"
+LIMIT_TPOT = "soakd_slo_tpot_p99_seconds"
+LIMIT_JITTER = "soakd_jitter_ratio_limit"
+LIMIT_LEAK = "soakd_vram_leak_limit_bytes_per_hour"
+LIMIT_LAG = "soakd_dispatch_lag_limit_seconds"
+LIMIT_DRIFT = "soakd_e2e_p99_drift_limit_seconds_per_hour"
+LIMIT_HELP = {
+    LIMIT_VRAM: "VRAM limit (slo.vram_peak).",
+    LIMIT_ERROR_RATIO: "Error ratio limit (slo.error_ratio).",
+    LIMIT_E2E: "P99 end-to-end latency SLO (slo.e2e_p99).",
+    LIMIT_TTFT: "P99 TTFT SLO (slo.ttft_p99).",
+    LIMIT_TPOT: "P99 TPOT SLO (slo.tpot_p99).",
+    LIMIT_JITTER: "Limit on P99 jitter (slo.jitter).",
+    LIMIT_LEAK: "VRAM leak slope limit (alert_limits.vram_leak_per_hour).",
+    LIMIT_LAG: "Dispatch lag limit (alert_limits.dispatch_lag).",
+    LIMIT_DRIFT: "Limit on the drift of P99 end-to-end latency "
+    "(alert_limits.e2e_p99_drift_per_hour).",
+}
+
+
+class _Limits:
+    """The run-wide limit gauges (no labels), from a snapshot: only the ones set."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        for name, help_text in LIMIT_HELP.items():
+            value = self.values.get(name)
+            if value is not None:
+                yield GaugeMetricFamily(name, help_text, value=value)
 
 
 JOURNAL_KINDS = ("request", "sample", "event")
@@ -426,7 +494,8 @@ PAUSE_REASONS = ("spend_cap", "rate_limited")
 
 
 class GuardMetrics:
-    """Send guards (soakd/workload/guard.py): pauses, spend caps, skipped open-loop sends."""
+    """Send guards (soakd/workload/guard.py): pauses and spend caps (the open-loop sends not
+    made while paused are ``soakd_sends_missed_total``)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
@@ -436,9 +505,6 @@ class GuardMetrics:
             target_reason, registry=r)
         self.pauses = Counter(
             "soakd_target_pauses", "Times the target's sends were paused, by reason.",
-            target_reason, registry=r)
-        self.skipped = Counter(
-            "soakd_requests_skipped", "Open-loop sends not made because the target was paused.",
             target_reason, registry=r)
         self.cap_hits = Counter(
             "soakd_spend_cap_hits", "Times a spend cap paused the target.", ["target", "cap"],
@@ -457,7 +523,6 @@ class GuardMetrics:
         for reason in PAUSE_REASONS:
             self.paused.labels(target, reason).set(0)
             self.pauses.labels(target, reason)
-            self.skipped.labels(target, reason)
         for cap in SPEND_CAPS:
             limit = limits.get(cap)
             if limit is None:
@@ -486,9 +551,6 @@ class TargetGuardGauges:
 
     def cap_hit(self, cap: str) -> None:
         self.m.cap_hits.labels(self.target, cap).inc()
-
-    def skipped(self, reason: str) -> None:
-        self.m.skipped.labels(self.target, reason).inc()
 
 
 GATEWAY_BREAKERS = ("vram", "error_rate")

@@ -31,6 +31,26 @@ class ErrorKind(enum.StrEnum):
     TOO_LARGE = "too_large"  # a line or body over soakd's limits
     CANCELLED = "cancelled"  # soakd stopped while the request was in flight
     CLIENT_ERROR = "client_error"  # anything else raised inside soakd's client
+    # Refused by the guard in front of the server (soakd gateway), by its error code: load
+    # it shed on purpose, not a failure of the server behind it.
+    SHED_VRAM_BREAKER = "shed_vram_breaker"  # 429 vram_breaker_open
+    SHED_ERROR_BREAKER = "shed_error_breaker"  # 503 error_breaker_open
+    SHED_QUEUE_FULL = "shed_queue_full"  # 429 queue_full
+    SHED_QUEUE_TIMEOUT = "shed_queue_timeout"  # 503 queue_timeout
+
+    @property
+    def shed(self) -> bool:
+        """The guard's own refusal (origin: gateway), not the server's failure."""
+        return self.value.startswith("shed_")
+
+
+SHED_BY_CODE = {
+    "vram_breaker_open": ErrorKind.SHED_VRAM_BREAKER,
+    "error_breaker_open": ErrorKind.SHED_ERROR_BREAKER,
+    "queue_full": ErrorKind.SHED_QUEUE_FULL,
+    "queue_timeout": ErrorKind.SHED_QUEUE_TIMEOUT,
+}
+"""The guard gateway's OpenAI-shaped error ``code`` -> the kind it is counted under."""
 
 
 OK = "ok"
@@ -82,6 +102,7 @@ class Outcome:
     content_chunks: int = 0
     itl_ns: array[int] = field(default_factory=lambda: array("q"))
     retry_after_s: float | None = None  # a 429/503's Retry-After (or retry-after-ms), seconds
+    resends: int = 0  # sent again on a fresh connection: a reused one was dead (not an outcome)
 
     @classmethod
     def planned(cls, spec: RequestSpec) -> Outcome:
@@ -129,6 +150,7 @@ class LoadShape:
     rate: float = 0.0  # req/s: constant, poisson, and the start of a ramp
     rate_end: float = 0.0  # req/s at the end of a ramp
     max_in_flight: int = 0  # open loop: cap on concurrent requests (0 = no cap)
+    max_lateness_ns: int = 1_000_000_000  # open loop: a send later than this is not made
 
     def describe(self) -> str:
         if self.mode == "closed":

@@ -15,8 +15,10 @@ only format it. Definitions (docs/journal.md has them in full):
 - Energy: the increase of ``soakd_gpu_energy_joules_total`` (or power integrated) of the
   GPUs charged to a target: ``cost.gpus``, else the GPUs its process was seen on, else
   every GPU when there is only one target.
-- Cost per million output tokens: ``cost.per_hour`` x active hours, else energy x
-  ``report.energy_price_per_kwh``.
+- Cost: soakd/cost.py (hourly price or energy, hardware amortisation, token prices);
+  per million output tokens and per month at the measured load.
+- Goodput, verdicts and the baseline comparison: soakd/goodput.py and soakd/verdicts.py
+  (docs/slo.md); this module only wires and renders them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
 
 from soakd.analysis import (
     JITTER_MIN_OK,
@@ -38,11 +43,17 @@ from soakd.analysis import (
     JITTER_SLICES,
     JITTER_WINDOW_S,
     TargetStats,
+    fmt_ms,
     slice_p99,
     worst_window_jitter,
 )
+from soakd.config import Compare, Slo, TargetCost
+from soakd.cost import cost_line
+from soakd.goodput import Tally, journal_tallies
 from soakd.journal import JournalReader, Rollup
 from soakd.probes.leak import theil_sen
+from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
+from soakd.verdicts import overall as overall_verdict
 
 NS = 1e9
 HOUR_S = 3600.0
@@ -68,8 +79,12 @@ class Row:
     target: str
     phase: str | None
     active_s: float = 0.0
-    requests: int = 0
+    offered: int = 0  # open-loop instants planned (sent or not) + closed-loop sends
+    missed: int = 0  # planned sends not made (soakd_sends_missed_total)
+    missed_by_reason: dict[str, int] = field(default_factory=dict)
+    requests: int = 0  # sent: each one ends as one outcome
     ok: int = 0
+    shed: int = 0  # refused by the guard gateway (shed_* outcomes), not the server's failure
     success_rate: float | None = None
     errors: int = 0
     errors_by_kind: dict[str, int] = field(default_factory=dict)
@@ -77,18 +92,25 @@ class Row:
     oom_events: int | None = None
     restarts: int | None = None
     output_tokens: int = 0
+    prompt_tokens: int = 0
     rps: float | None = None
     output_tps: float | None = None
+    goodput: float | None = None  # share of sent requests within every SLO (soakd/goodput.py)
+    goodput_rps: float | None = None
+    error_ratio: float | None = None  # as slo.error_ratio counts it
     latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    lag_p99_ms: float | None = None  # soakd's own dispatch lag: high = client-limited
     jitter: float | None = None
     jitter_slices: int = 0
     vram_peak_bytes: float | None = None
     leak_bytes_per_hour: float | None = None
+    leak_note: str | None = None  # why there is no slope ("too short to tell")
     energy_j: float | None = None
     energy_shared: bool = False
     tokens_per_joule: float | None = None
     cost: float | None = None
     cost_per_mtok: float | None = None
+    cost_per_month: float | None = None
     cost_basis: str | None = None
 
 
@@ -100,6 +122,7 @@ class GpuRow:
     energy_j: float | None
     mean_power_w: float | None
     targets: list[str]
+    leak_note: str | None = None
 
 
 @dataclass
@@ -133,13 +156,23 @@ class Report:
     notes: list[str]
     currency: str
     slice_s: float
+    verdicts: dict[str, Verdict] = field(default_factory=dict)  # by target, whole run
+    phase_verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)
+    comparison: CompareVerdict | None = None
+    passed: bool | None = None  # None: nothing judged (no slo, no compare)
 
 
 METRIC_COLUMNS: list[tuple[str, str, str | None]] = [
     # key, title, better: "min" | "max" | None
-    ("requests", "requests", None),
+    ("offered", "offered", None),
+    ("missed", "sends not made", None),
+    ("requests", "sent", None),
+    ("goodput", "goodput (within SLO)", "max"),
+    ("goodput_rps", "goodput (req/s)", "max"),
     ("success_rate", "success rate", "max"),
     ("errors", "errors", "min"),
+    ("error_ratio", "error ratio (SLO)", "min"),
+    ("shed", "shed by the guard", None),
     ("oom_events", "OOM events", "min"),
     ("oom_responses", "OOM error responses", "min"),
     ("restarts", "restarts", "min"),
@@ -158,15 +191,22 @@ METRIC_COLUMNS: list[tuple[str, str, str | None]] = [
     ("jitter", "P99 jitter", "min"),
     ("rps", "throughput (req/s)", "max"),
     ("output_tps", "output tokens/s", "max"),
+    ("lag_p99_ms", "dispatch lag p99", None),
     ("vram_peak_bytes", "VRAM peak", "min"),
     ("leak_bytes_per_hour", "VRAM leak slope", "min"),
     ("tokens_per_joule", "tokens per joule", "max"),
     ("cost_per_mtok", "cost per M output tokens", "min"),
+    ("cost_per_month", "cost per month at this load", "min"),
 ]
 TERMINAL_COLUMNS = (
+    "offered",
+    "missed",
     "requests",
+    "goodput",
+    "goodput_rps",
     "success_rate",
     "errors",
+    "shed",
     "oom_events",
     "restarts",
     "ttft.p50",
@@ -182,9 +222,13 @@ TERMINAL_COLUMNS = (
     "vram_peak_bytes",
     "tokens_per_joule",
     "cost_per_mtok",
+    "cost_per_month",
 )
-# per phase: the same, less what only the whole run has (a GPU's VRAM peak)
-PHASE_COLUMNS = frozenset(TERMINAL_COLUMNS) - {"vram_peak_bytes"}
+# per phase: the same, less what only the whole run has (a GPU's VRAM peak, a monthly bill)
+PHASE_COLUMNS = frozenset(TERMINAL_COLUMNS) - {"vram_peak_bytes", "cost_per_month"}
+NOT_RANKED = frozenset({"goodput", "goodput_rps", "success_rate", "errors", "error_ratio"})
+"""Rows where any target may be marked best; on every other row only targets that pass the
+error criterion and succeeded on most requests compete (soakd/verdicts.py)."""
 
 
 def value_of(row: Row, key: str) -> float | None:
@@ -226,22 +270,34 @@ class _Timeline:
         return self.phases[-1][0] if self.phases and offset_s >= self.phases[-1][2] else None
 
 
-def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) -> Report:
-    """Everything the report says, from the journal in ``run_dir`` (read-only)."""
+def build_report(
+    run_dir: Path,
+    *,
+    energy_price_per_kwh: float | None = None,
+    judge_by: dict[str, Any] | None = None,
+) -> Report:
+    """Everything the report says, from the journal in ``run_dir`` (read-only).
+    ``judge_by``: another config document whose slo, compare, costs and report sections
+    replace the run's own (``soakd report --config``)."""
     with JournalReader(run_dir) as reader:
         meta = reader.meta
         sessions = reader.sessions()
         events = reader.events()
         totals = reader.totals()
         rollups = reader.rollups()
+        missed = reader.missed()
         series = reader.series()
         samples = reader.samples(SAMPLE_NAMES)
         window_s = reader.window_ns / NS
-    config = meta.get("config", {})
-    targets = [t["name"] for t in config.get("targets", [])]
-    for r in rollups:
-        if r.target not in targets:
-            targets.append(r.target)
+        config = meta.get("config", {})
+        if judge_by is not None:
+            config = decisions_from(config, judge_by)
+        targets = [t["name"] for t in config.get("targets", [])]
+        for r in rollups:
+            if r.target not in targets:
+                targets.append(r.target)
+        slos, spec, slo_note = _decision_config(config, targets)
+        tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
     plan_phases = [
         (p["name"], p["start_ns"] / NS, p["end_ns"] / NS) for p in meta["plan"]["phases"]
     ]
@@ -296,6 +352,15 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
             )
             row.oom_responses = oom_rows.get((target, phase), 0)
             by_phase[phase][target] = row
+        for (t, phase, reason), n in missed.items():
+            if t != target or not n:
+                continue
+            for hit in (overall[target], by_phase.get(phase, {}).get(target)):
+                if hit is not None:
+                    hit.missed += n
+                    hit.missed_by_reason[reason] = hit.missed_by_reason.get(reason, 0) + n
+        for row in (overall[target], *(by_phase[p][target] for p in phase_names)):
+            row.offered = row.requests + row.missed
 
     # probes: restarts, OOM events, VRAM, energy
     notes: list[str] = []
@@ -322,6 +387,19 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
         price = config.get("report", {}).get("energy_price_per_kwh")
     currency = str(config.get("report", {}).get("currency", "$"))
     _energy_and_cost(overall, by_phase, targets, config, gpus, probe, price, notes)
+    if slo_note:
+        notes.append(slo_note)
+    verdicts, phase_verdicts = _verdicts(overall, by_phase, targets, slos, tallies)
+    comparison = compare(spec, overall, verdicts) if spec is not None else None
+    journaled = {t: tallies[t][0] for t in targets}
+    short = {t: n for t in targets if (n := overall[t].requests - _counted(journaled[t])) > 0}
+    if short:
+        notes.append(
+            "goodput and the error ratio count the journaled request rows: "
+            + ", ".join(
+                f"{t} has {n} fewer (retention or dropped records)" for t, n in short.items()
+            )
+        )
     if not samples or not any(samples.values()):
         notes.append(
             "no probe samples in the journal: OOM events, restarts, VRAM and "
@@ -340,7 +418,9 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
             "the whole run (rollups are kept), the export does not"
         )
 
-    best = _best(overall, targets)
+    notes += _client_limits(overall, targets, config)
+    eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}
+    best = _best(overall, targets, eligible)
     plots = _plots(rollups, targets, window_s, probe, gpus)
     return Report(
         run_id=meta["run_id"],
@@ -362,7 +442,83 @@ def build_report(run_dir: Path, *, energy_price_per_kwh: float | None = None) ->
         notes=notes,
         currency=currency,
         slice_s=slice_s,
+        verdicts=verdicts,
+        phase_verdicts=phase_verdicts,
+        comparison=comparison,
+        passed=overall_verdict(verdicts.values(), comparison),
     )
+
+
+DECISION_KEYS = ("slo", "compare", "report")
+TARGET_DECISION_KEYS = ("slo", "cost")
+
+
+def decisions_from(stored: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """The run's config with what decides (slo, compare, costs, report) taken from
+    ``other``; targets are matched by name, targets ``other`` lacks keep none of it."""
+    out = dict(stored)
+    for key in DECISION_KEYS:
+        out[key] = other.get(key)
+    theirs = {t.get("name"): t for t in other.get("targets", [])}
+    out["targets"] = [
+        {
+            **t,
+            **{k: (theirs.get(t.get("name")) or {}).get(k) for k in TARGET_DECISION_KEYS},
+        }
+        for t in stored.get("targets", [])
+    ]
+    return out
+
+
+def _counted(t: Tally) -> int:
+    return t.sent + t.excluded + t.unsent
+
+
+def _decision_config(
+    config: dict[str, Any], targets: list[str]
+) -> tuple[dict[str, Slo], Compare | None, str | None]:
+    """The stored config's slo (per target, overrides applied) and compare sections."""
+    try:
+        base = Slo.model_validate(config.get("slo") or {})
+        by_name = {t["name"]: t for t in config.get("targets", [])}
+        slos = {
+            t: Slo.model_validate(by_name.get(t, {}).get("slo") or {}).over(base) for t in targets
+        }
+        raw = config.get("compare")
+        spec = Compare.model_validate(raw) if raw else None
+    except ValidationError as exc:
+        return (
+            {t: Slo() for t in targets},
+            None,
+            f"the run's slo/compare config could not be read ({exc.error_count()} error(s)): "
+            "no verdicts",
+        )
+    if spec is not None and not {spec.baseline, spec.candidate} <= set(targets):
+        return slos, None, "compare names a target the run does not have: no comparison"
+    return slos, spec, None
+
+
+def _verdicts(
+    overall: dict[str, Row],
+    by_phase: dict[str, dict[str, Row]],
+    targets: list[str],
+    slos: dict[str, Slo],
+    tallies: dict[str, tuple[Tally, dict[str, Tally]]],
+) -> tuple[dict[str, Verdict], dict[str, dict[str, Verdict]]]:
+    """Goodput into the rows, and each target judged over the run and per phase."""
+    verdicts: dict[str, Verdict] = {}
+    phase_verdicts: dict[str, dict[str, Verdict]] = {p: {} for p in by_phase}
+    for t in targets:
+        whole, phases = tallies[t]
+        pairs = [(overall[t], whole)] + [(by_phase[p][t], phases.get(p, Tally())) for p in by_phase]
+        for row, tally in pairs:
+            v = judge(t, row.phase, slos[t], row, tally)
+            row.goodput, row.goodput_rps, row.error_ratio = v.goodput, v.goodput_rps, v.error_ratio
+            if row.phase is None:
+                verdicts[t] = v
+            else:
+                phase_verdicts[row.phase][t] = v
+    return verdicts, phase_verdicts
 
 
 def _row(
@@ -386,7 +542,11 @@ def _row(
     row.success_rate = stats.ok / stats.requests if stats.requests else None
     row.errors = stats.requests - stats.ok
     row.errors_by_kind = dict(sorted(stats.errors.items()))
+    row.shed = sum(n for kind, n in row.errors_by_kind.items() if kind.startswith("shed_"))
+    lag = stats.lag.quantile(0.99)
+    row.lag_p99_ms = None if lag is None else lag / 1e6
     row.output_tokens = stats.output_tokens
+    row.prompt_tokens = stats.prompt_tokens
     if active_s > 0:
         row.rps = stats.requests / active_s
         row.output_tps = stats.output_tokens / active_s
@@ -399,6 +559,44 @@ def _row(
     p99s = {i: v for i, s in slices.items() if (v := slice_p99(s)) is not None}
     row.jitter, row.jitter_slices = worst_window_jitter(p99s, JITTER_SLICES)
     return row
+
+
+DEFAULT_LAG_LIMIT_S = 0.1
+
+
+def _client_limits(
+    overall: dict[str, Row], targets: list[str], config: dict[str, Any]
+) -> list[str]:
+    """Say so when soakd itself was the bottleneck: its dispatch lag past the limit, or
+    planned sends it could not make in time. Those latency figures are the client's."""
+    limits = config.get("alert_limits") or {}
+    limit_s = float(limits.get("dispatch_lag") or DEFAULT_LAG_LIMIT_S)
+    notes = []
+    for t in targets:
+        row = overall[t]
+        late = row.missed_by_reason.get("late", 0)
+        lagged = row.lag_p99_ms is not None and row.lag_p99_ms > limit_s * 1e3
+        if lagged or late:
+            why = []
+            if lagged:
+                lag = _ms(row.lag_p99_ms or 0)
+                why.append(f"dispatch lag p99 {lag} (limit {_ms(limit_s * 1e3)})")
+            if late:
+                why.append(f"{late:,} planned sends too late to make")
+            notes.append(
+                f"CLIENT-LIMITED: soakd could not keep up with {t}'s schedule "
+                f"({'; '.join(why)}): its latency and rate figures measure soakd as much as "
+                "the target (give soakd more CPU, or lower the load)"
+            )
+    for t in targets:
+        row = overall[t]
+        if row.missed_by_reason.get("in_flight_cap"):
+            notes.append(
+                f"{t}: {row.missed_by_reason['in_flight_cap']:,} planned sends found "
+                "max_in_flight requests already out and were not made (the target could "
+                "not keep up with the offered rate)"
+            )
+    return notes
 
 
 class _Probes:
@@ -486,7 +684,7 @@ class _Probes:
                         if any(v > 0 for _, v in pts)
                     }
                 )
-            if not gpus and len(targets) == 1:
+            if not gpus and (len(targets) == 1 or target == _dcgm_owner(config)):
                 gpus = names
             for g in gpus:
                 charged.setdefault(g, []).append(target)
@@ -503,6 +701,7 @@ class _Probes:
                     gpu=g,
                     peak_used_bytes=max(values) if values else None,
                     leak_bytes_per_hour=_leak([p for _, pts in used for p in pts]),
+                    leak_note=_leak_note([p for _, pts in used for p in pts]),
                     energy_j=sum(energy.values()) if energy is not None else None,
                     mean_power_w=statistics.fmean(power) if power else None,
                     targets=charged[g],
@@ -519,13 +718,45 @@ class _Probes:
         return rows
 
 
+LEAK_MIN_SPAN_S = 1800.0
+"""A memory slope over less than this is no finding: a load step in a 3-minute rehearsal
+extrapolates to gigabytes an hour. Shorter series say "too short to tell"."""
+TOO_SHORT = "too short to tell"
+
+
+def _dcgm_owner(config: dict[str, Any]) -> str | None:
+    """The target whose own page the GPU readings came from: with ``gpu.source: dcgm`` and
+    no ``dcgm_url``, the first simulator target (as the probe picks it); with a
+    ``dcgm_url``, the target whose server answers on that host and port."""
+    gpu = config.get("gpu") or {}
+    if gpu.get("source") != "dcgm":
+        return None
+    targets = config.get("targets") or []
+    url = gpu.get("dcgm_url")
+    if not url:
+        return next((t["name"] for t in targets if t.get("simulator")), None)
+    host = urlsplit(url).netloc
+    return next((t["name"] for t in targets
+                 if host and host in (urlsplit(t.get("base_url") or "").netloc,
+                                      urlsplit(t.get("metrics_url") or "").netloc)), None)
+
+
+def _leak_note(points: Sequence[tuple[float, float]]) -> str | None:
+    """Why a series gives no slope although it has samples (None: it gives one, or has none)."""
+    if len(points) < 2:
+        return None
+    span = max(t for t, _ in points) - min(t for t, _ in points)
+    return TOO_SHORT if span < LEAK_MIN_SPAN_S else None
+
+
 def _leak(points: Sequence[tuple[float, float]]) -> float | None:
-    """Theil-Sen slope in bytes/hour over plan time, on at most LEAK_POINTS bin means."""
+    """Theil-Sen slope in bytes/hour over plan time, on at most LEAK_POINTS bin means;
+    None under six samples or under LEAK_MIN_SPAN_S of them."""
     if len(points) < 6:
         return None
     pts = sorted(points)
     span = pts[-1][0] - pts[0][0]
-    if span <= 0:
+    if span < LEAK_MIN_SPAN_S:
         return None
     width = span / LEAK_POINTS
     bins: dict[int, list[tuple[float, float]]] = {}
@@ -545,6 +776,7 @@ def _vram(overall: dict[str, Row], targets: list[str], probe: _Probes, gpus: lis
             overall[target].vram_peak_bytes = sum(peaks)
             longest = max(found, key=lambda f: len(f[1]))[1]
             overall[target].leak_bytes_per_hour = _leak(longest)
+            overall[target].leak_note = _leak_note(longest)
             continue
         mine = [g for g in gpus if g.targets == [target]]
         if mine:
@@ -552,6 +784,7 @@ def _vram(overall: dict[str, Row], targets: list[str], probe: _Probes, gpus: lis
             overall[target].vram_peak_bytes = sum(peaks) if peaks else None
             slopes = [g.leak_bytes_per_hour for g in mine if g.leak_bytes_per_hour is not None]
             overall[target].leak_bytes_per_hour = sum(slopes) if slopes else None
+            overall[target].leak_note = next((g.leak_note for g in mine if g.leak_note), None)
 
 
 def _energy_and_cost(
@@ -564,7 +797,13 @@ def _energy_and_cost(
     price: float | None,
     notes: list[str],
 ) -> None:
-    per_hour = {t["name"]: (t.get("cost") or {}).get("per_hour") for t in config.get("targets", [])}
+    costs: dict[str, TargetCost] = {}
+    for t in config.get("targets", []):
+        try:
+            costs[t["name"]] = TargetCost.model_validate(t.get("cost") or {})
+        except ValidationError:
+            costs[t["name"]] = TargetCost()
+            notes.append(f"targets[{t['name']}].cost could not be read: not costed")
     shared = False
     for target in targets:
         mine = [g for g in gpus if target in g.targets and g.energy_j is not None]
@@ -584,15 +823,18 @@ def _energy_and_cost(
                 row.energy_shared = len(sharers) > 1
                 shared = shared or row.energy_shared
                 row.tokens_per_joule = tokens / joules if joules > 0 else None
-            hourly = per_hour.get(target)
-            if hourly is not None:
-                row.cost = hourly * row.active_s / HOUR_S
-                row.cost_basis = f"{hourly:g}/h"
-            elif price is not None and row.energy_j is not None and not row.energy_shared:
-                row.cost = row.energy_j / 3.6e6 * price
-                row.cost_basis = f"energy at {price:g}/kWh"
-            if row.cost is not None and row.output_tokens:
-                row.cost_per_mtok = row.cost / row.output_tokens * 1e6
+            energy = None
+            if price is not None and row.energy_j is not None and not row.energy_shared:
+                energy = (row.energy_j / 3.6e6 * price, f"energy at {price:g}/kWh")
+            line = cost_line(
+                costs.get(target, TargetCost()),
+                row.active_s,
+                row.prompt_tokens,
+                row.output_tokens,
+                energy,
+            )
+            row.cost, row.cost_basis = line.total, line.basis
+            row.cost_per_mtok, row.cost_per_month = line.per_mtok, line.per_month
     if shared:
         notes.append(
             "targets sharing a GPU share its energy: their tokens per joule is the "
@@ -604,13 +846,22 @@ LATENCY_TIE = 0.02
 """Percentiles closer than this (relative) are a tie: each digest is within ~1 %."""
 
 
-def _best(overall: dict[str, Row], targets: list[str]) -> dict[str, list[str]]:
-    """Per metric, the target(s) with the better value, when there is a contest."""
+def _best(
+    overall: dict[str, Row], targets: list[str], eligible: set[str] | None = None
+) -> dict[str, list[str]]:
+    """Per metric, the target(s) with the better value, when there is a contest. Outside
+    NOT_RANKED only ``eligible`` targets compete (a target that failed most requests is
+    never best on latency)."""
     best: dict[str, list[str]] = {}
     for key, _, better in METRIC_COLUMNS:
         if better is None:
             continue
-        values = {t: v for t in targets if (v := value_of(overall[t], key)) is not None}
+        pool = (
+            targets
+            if eligible is None or key in NOT_RANKED
+            else [t for t in targets if t in eligible]
+        )
+        values = {t: v for t in pool if (v := value_of(overall[t], key)) is not None}
         if len(values) < 2 or len(set(values.values())) < 2:
             continue
         ranked = sorted(values.values(), reverse=better == "max")
@@ -699,15 +950,18 @@ def _binned(
 def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
     if value is None:
         return "-"
-    if key in ("requests", "errors", "oom_events", "oom_responses", "restarts"):
+    if key in ("offered", "missed", "requests", "errors", "shed", "oom_events", "oom_responses",
+               "restarts"):
         return f"{value:,.0f}"
-    if key == "success_rate":
+    if key in ("success_rate", "goodput"):
         return f"{value * 100:.2f} %" if value < 1 else "100 %"
-    if "." in key:
+    if key == "error_ratio":
+        return f"{value * 100:.3g} %"
+    if "." in key or key == "lag_p99_ms":
         return _ms(value)
     if key == "jitter":
         return f"{value * 100:.1f} %"
-    if key in ("rps", "output_tps"):
+    if key in ("rps", "output_tps", "goodput_rps"):
         return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
     if key == "vram_peak_bytes":
         return _bytes(value)
@@ -715,19 +969,13 @@ def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
         return f"{_bytes(value, signed=True)}/h"
     if key == "tokens_per_joule":
         return f"{value:.3g}"
-    if key == "cost_per_mtok":
+    if key in ("cost_per_mtok", "cost_per_month"):
         return f"{currency}{value:,.3g}" if value < 1000 else f"{currency}{value:,.0f}"
     return f"{value:g}"
 
 
 def _ms(value: float) -> str:
-    if value >= 1000:
-        return f"{value / 1000:.2f} s"
-    if value >= 100:
-        return f"{value:.0f} ms"
-    if value >= 10:
-        return f"{value:.1f} ms"
-    return f"{value:.2f} ms"
+    return fmt_ms(value)
 
 
 def _bytes(value: float, signed: bool = False) -> str:
@@ -761,11 +1009,18 @@ def _columns(keys: Iterable[str] | None = None) -> list[tuple[str, str, str | No
     return [c for c in METRIC_COLUMNS if keys is None or c[0] in keys]
 
 
+def _gpu_leak(g: GpuRow) -> str:
+    text = fmt_value("leak_bytes_per_hour", g.leak_bytes_per_hour)
+    return g.leak_note if text == "-" and g.leak_note else text
+
+
 def _cell(rep: Report, row: Row, key: str, marked: bool) -> str:
     text = fmt_value(key, value_of(row, key), rep.currency)
+    if key == "leak_bytes_per_hour" and text == "-" and row.leak_note:
+        text = row.leak_note
     if key == "tokens_per_joule" and row.energy_shared and text != "-":
         text += " (shared)"
-    if key == "cost_per_mtok" and row.cost_basis and text != "-":
+    if key == "cost_per_mtok" and row.cost_basis and text != "-" and not marked:
         text += f" ({row.cost_basis})"
     return text + (" ✓" if marked else "")
 
@@ -779,15 +1034,172 @@ def _definitions(rep: Report) -> list[str]:
         f"P99 jitter: stdev / mean of the P99 E2E of {JITTER_SLICES} consecutive {slices} "
         f"slices of plan time, the worst hour (slices with >= {JITTER_MIN_OK} successful "
         f"requests, at least {JITTER_MIN_SLICES}); the P99E2EJitterHigh alert's definition.",
-        "Throughput: over active plan time (downtime excluded). ✓ marks the better value.",
+        "Throughput: over active plan time (downtime excluded). ✓ marks the better value; "
+        "outside goodput, success and errors, only targets that pass the error criterion "
+        "and succeeded on most of their requests compete.",
+        "Goodput: requests sent (less those soakd cut at the drain deadline) that succeeded "
+        "within every latency SLO of the target, over all of them; error ratio (SLO): 5xx, "
+        "transport errors, timeouts and broken streams over the requests that reached the "
+        "server (429 and 4xx refusals count against goodput only). docs/slo.md.",
+        "Cost per month: the run's cost rate at the measured load x 730 h.",
     ]
+
+
+Section = tuple[str, list[str], list[list[str]]]
+"""A titled table (title, header, rows of cells), rendered alike in md, html and terminal."""
+
+
+def _result(passed: bool | None, note: str = "") -> str:
+    if passed is None:
+        return f"not judged ({note})" if note else "not judged"
+    return "pass" if passed else "FAIL"
+
+
+def fmt_criterion(unit: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return _ms(value * 1000)
+    if unit == "ratio":
+        return f"{value * 100:.3g} %"
+    if unit == "bytes":  # decimal, as slo.vram_peak is usually written (3.9GB)
+        return f"{value / 1e9:.3g} GB" if value >= 1e8 else f"{value / 1e6:.3g} MB"
+    return f"{value:,.0f}"
+
+
+def verdict_title(rep: Report) -> str:
+    if rep.passed is None:
+        return "Verdict: none (no slo or compare block in the run's config, or nothing measured)"
+    return "Verdict: PASS" if rep.passed else "Verdict: FAIL"
+
+
+def verdict_sections(rep: Report) -> list[Section]:
+    """The decision, first: each target against its SLO, then the baseline comparison."""
+    out: list[Section] = []
+    rows: list[list[str]] = []
+    for t in rep.targets:
+        v = rep.verdicts.get(t)
+        if v is None or not v.criteria:
+            continue
+        rows.append([t, "all criteria", "", "", _result(v.passed).upper()])
+        rows += [
+            [
+                t,
+                c.name,
+                fmt_criterion(c.unit, c.measured),
+                fmt_criterion(c.unit, c.limit),
+                _result(c.passed, c.note),
+            ]
+            for c in v.criteria
+        ]
+    out.append((verdict_title(rep), ["target", "criterion", "measured", "limit", "result"], rows))
+    cmp = rep.comparison
+    if cmp is not None:
+        title = (
+            f"Candidate {cmp.candidate} against baseline {cmp.baseline}: "
+            f"{_result(cmp.passed).upper()}"
+        )
+        crows = []
+        for d in cmp.deltas:
+            unit = (
+                "s"
+                if d.key.endswith(("_p99", "_p50"))
+                else ("ratio" if d.key in ("error_ratio", "goodput") else "rate")
+            )
+            value = (
+                (fmt_criterion(unit, d.baseline), fmt_criterion(unit, d.candidate))
+                if unit != "rate"
+                else tuple("-" if x is None else f"{x:.4g}/s" for x in (d.baseline, d.candidate))
+            )
+            change = "-" if d.relative is None else f"{d.relative * 100:+.1f} %"
+            if d.relative is None and d.delta is not None:
+                change = f"{d.delta:+.4g}"
+            allowed = f"{d.limit * 100:g} %" if d.limit_kind == "relative" else f"{d.limit:g}"
+            crows.append([d.key, value[0], value[1], change, allowed, _result(d.passed, d.note)])
+        out.append(
+            (
+                title,
+                ["metric", "baseline", "candidate", "change", "allowed regression", "result"],
+                crows,
+            )
+        )
+    return out
+
+
+def phase_verdict_section(rep: Report, phase: str) -> Section | None:
+    verdicts = rep.phase_verdicts.get(phase, {})
+    rows = []
+    for t in rep.targets:
+        v = verdicts.get(t)
+        if v is None or not v.criteria:
+            continue
+        failed = ", ".join(
+            f"{c.name} {fmt_criterion(c.unit, c.measured)} > {fmt_criterion(c.unit, c.limit)}"
+            for c in v.failed
+        )
+        why = "no requests" if not v.sent else "nothing measurable"
+        rows.append([t, _result(v.passed, why if v.passed is None else ""), failed or "-"])
+    if not rows:
+        return None
+    return (f"Verdicts in phase {phase}", ["target", "verdict", "failed criteria"], rows)
+
+
+def cost_section(rep: Report) -> Section | None:
+    rows = [
+        [
+            t,
+            r.cost_basis or "-",
+            fmt_value("cost_per_mtok", r.cost_per_mtok, rep.currency),
+            fmt_value("cost_per_month", r.cost_per_month, rep.currency),
+            fmt_value("output_tps", r.output_tps),
+        ]
+        for t in rep.targets
+        if (r := rep.overall[t]).cost_basis
+    ]
+    if not rows:
+        return None
+    return (
+        "Cost at the measured load",
+        ["target", "priced as", "per M output tokens", "per month", "output tokens/s"],
+        rows,
+    )
+
+
+def _md_section(section: Section, level: str = "##") -> list[str]:
+    title, header, rows = section
+    out = ["", f"{level} {title}", ""]
+    if not rows:
+        return out[:-1]
+    out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+def _html_section(section: Section, level: str = "h2") -> str:
+    e = html.escape
+    title, header, rows = section
+    out = [f"<{level}>{e(title)}</{level}>"]
+    if rows:
+        out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
+        for row in rows:
+            cells = "".join(
+                f'<td class="fail">{e(c)}</td>' if c == "FAIL" else f"<td>{e(c)}</td>" for c in row
+            )
+            out.append(f"<tr>{cells}</tr>")
+        out.append("</table>")
+    return "".join(out)
 
 
 def render_markdown(rep: Report) -> str:
     out = [f"# soakd report: {rep.run_id}", ""]
     out += [f"- {line}" for line in _header_lines(rep)]
+    for section in verdict_sections(rep):
+        out += _md_section(section)
     out += ["", "## Targets side by side", ""]
     out += _md_table(rep, rep.overall, _columns())
+    cost = cost_section(rep)
+    if cost is not None:
+        out += _md_section(cost)
     kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
     if kinds:
         out += [
@@ -808,6 +1220,9 @@ def render_markdown(rep: Report) -> str:
         active = next(iter(rows.values())).active_s if rows else 0.0
         out += ["", f"## Phase {phase} ({_duration(active)} active)", ""]
         out += _md_table(rep, rows, _columns(PHASE_COLUMNS), marks=False)
+        verdicts = phase_verdict_section(rep, phase)
+        if verdicts is not None:
+            out += _md_section(verdicts, "###")
     if rep.gpus:
         out += [
             "",
@@ -819,7 +1234,7 @@ def render_markdown(rep: Report) -> str:
         for g in rep.gpus:
             out.append(
                 f"| {g.gpu} | {fmt_value('vram_peak_bytes', g.peak_used_bytes)} | "
-                f"{fmt_value('leak_bytes_per_hour', g.leak_bytes_per_hour)} | "
+                f"{_gpu_leak(g)} | "
                 f"{'-' if g.energy_j is None else f'{g.energy_j / 3.6e6:.3f} kWh'} | "
                 f"{'-' if g.mean_power_w is None else f'{g.mean_power_w:.0f} W'} | "
                 f"{', '.join(g.targets) or '-'} |"
@@ -886,6 +1301,7 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd
 table{border-collapse:collapse;margin:8px 0}th,td{padding:3px 10px;border-bottom:1px solid #eee}
 td{text-align:right}td:first-child,th:first-child{text-align:left}
 th{background:#f5f5f5}.best{background:#e3f5e1;font-weight:600}
+.fail{background:#fbe3e1;font-weight:600}
 .meta{color:#555}.plots{display:flex;flex-wrap:wrap;gap:12px}
 svg{background:#fff;border:1px solid #e4e4e4}svg text{font-size:11px;fill:#333}
 .notes li{color:#444}
@@ -901,8 +1317,12 @@ def render_html(rep: Report) -> str:
         f"<h1>soakd report: {e(rep.run_id)}</h1>",
     ]
     parts += [f'<p class="meta">{e(line)}</p>' for line in _header_lines(rep)]
+    parts += [_html_section(section) for section in verdict_sections(rep)]
     parts.append("<h2>Targets side by side</h2>")
     parts.append(_html_table(rep, rep.overall, _columns()))
+    cost = cost_section(rep)
+    if cost is not None:
+        parts.append(_html_section(cost))
     kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
     if kinds:
         parts.append(
@@ -931,6 +1351,9 @@ def render_html(rep: Report) -> str:
         active = next(iter(rows.values())).active_s if rows else 0.0
         parts.append(f"<h2>Phase {e(phase)} ({_duration(active)} active)</h2>")
         parts.append(_html_table(rep, rows, _columns(PHASE_COLUMNS), marks=False))
+        verdicts = phase_verdict_section(rep, phase)
+        if verdicts is not None:
+            parts.append(_html_section(verdicts, "h3"))
     if rep.gpus:
         parts.append(
             "<h2>GPUs</h2><table><tr><th>GPU</th><th>peak used</th><th>leak slope"
@@ -941,7 +1364,7 @@ def render_html(rep: Report) -> str:
             power = "-" if g.mean_power_w is None else f"{g.mean_power_w:.0f} W"
             parts.append(
                 f"<tr><td>{e(g.gpu)}</td><td>{fmt_value('vram_peak_bytes', g.peak_used_bytes)}"
-                f"</td><td>{e(fmt_value('leak_bytes_per_hour', g.leak_bytes_per_hour))}</td>"
+                f"</td><td>{e(_gpu_leak(g))}</td>"
                 f"<td>{energy}</td><td>{power}</td><td>{e(', '.join(g.targets) or '-')}</td>"
                 "</tr>"
             )
@@ -1113,7 +1536,26 @@ def terminal_summary(rep: Report) -> list[Any]:
             text = _cell(rep, rep.overall[t], key, marked)
             cells.append(Text(text, style="bold green" if marked else ""))
         table.add_row(title, *cells)
-    out: list[Any] = [head, table]
+    out: list[Any] = [head]
+    for title, header, rows in verdict_sections(rep):
+        if not rows:
+            out.append(Text(title, style="bold"))
+            continue
+        vt = Table(title=title, title_justify="left", title_style="bold")
+        for i, h in enumerate(header):
+            vt.add_column(h, justify="left" if i in (0, 1) else "right")
+        for row in rows:
+            vt.add_row(
+                *(
+                    Text(
+                        c,
+                        style="bold red" if c == "FAIL" else ("bold green" if c == "PASS" else ""),
+                    )
+                    for c in row
+                )
+            )
+        out.append(vt)
+    out.append(table)
     kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
     if kinds:
         errors = Table(title="errors by kind", title_justify="left")
@@ -1134,6 +1576,11 @@ def write_report(
 ) -> str:
     """Build and render; writes ``out`` atomically when given, returns the text."""
     rep = build_report(run_dir, energy_price_per_kwh=energy_price_per_kwh)
+    return write_built(rep, fmt, out)
+
+
+def write_built(rep: Report, fmt: str, out: Path | None) -> str:
+    """Render a built report; writes ``out`` atomically when given, returns the text."""
     render = {"md": render_markdown, "html": render_html, "json": render_json}[fmt]
     text = render(rep)
     if out is not None:
@@ -1141,6 +1588,39 @@ def write_report(
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(out)
     return text
+
+
+def check_lines(rep: Report) -> list[str]:
+    """``soakd report --check``'s plain-text verdict: one line per target and comparison,
+    each failing criterion with its measured value and limit."""
+    lines = [verdict_title(rep)]
+    for t in rep.targets:
+        v = rep.verdicts.get(t)
+        if v is None or not v.criteria:
+            continue
+        failed = "; ".join(
+            f"{c.name} {fmt_criterion(c.unit, c.measured)} (limit {fmt_criterion(c.unit, c.limit)}"
+            f"{', ' + c.note if c.note else ''})"
+            for c in v.failed
+        )
+        goodput = fmt_value("goodput", v.goodput)
+        lines.append(
+            f"{t}: {_result(v.passed).upper()}, goodput {goodput}"
+            + (f": {failed}" if failed else "")
+        )
+    cmp = rep.comparison
+    if cmp is not None:
+        worse = "; ".join(
+            f"{d.key} {'-' if d.regression is None else f'{d.regression:.4g}'} "
+            f"(allowed {d.limit:g}{' relative' if d.limit_kind == 'relative' else ''})"
+            for d in cmp.deltas
+            if d.passed is False
+        )
+        lines.append(
+            f"compare {cmp.candidate} against {cmp.baseline}: "
+            f"{_result(cmp.passed).upper()}" + (f": {worse}" if worse else "")
+        )
+    return lines
 
 
 def now_iso() -> str:

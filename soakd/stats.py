@@ -6,6 +6,7 @@ Bounded memory: per target a whole-run TargetStats, one per phase, and a 60 s wi
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from soakd.analysis import TargetStats, Window, summary_row
@@ -40,11 +41,22 @@ class RunStats:
             rows[target] = summary_row(stats, seconds)
         return rows
 
-    def overall(self, seconds: float | None = None) -> dict[str, dict[str, Any]]:
-        """Per target: whole-run numbers, errors by kind included."""
+    def overall(
+        self, seconds: float | None = None, missed: Mapping[str, Mapping[str, int]] | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Per target: whole-session numbers, errors by kind, and what was offered against
+        sent (``missed``: sends not made by reason). Rates are over ``seconds``: the active
+        plan time (sending), not the process's life."""
         seconds = seconds if seconds is not None else time.monotonic() - self.started
         rows = {}
         for target in self.targets:
             stats = self.total[target]
-            rows[target] = summary_row(stats, seconds) | {"errors_by_kind": dict(stats.errors)}
+            not_made = dict((missed or {}).get(target, {}))
+            rows[target] = summary_row(stats, seconds) | {
+                "offered": stats.requests + sum(not_made.values()),
+                "missed": sum(not_made.values()),
+                "missed_by_reason": not_made,
+                "shed": sum(n for k, n in stats.errors.items() if k.startswith("shed_")),
+                "errors_by_kind": dict(stats.errors),
+            }
         return rows

@@ -29,8 +29,10 @@ class SendGate(Protocol):
 
     def sent(self) -> None: ...
 
-    def skipped(self) -> None:
-        """An open-loop send was not made because of the pause."""
+    @property
+    def pause_reason(self) -> str:
+        """Why the target is paused now (``spend_cap`` or ``rate_limited``): the reason an
+        open-loop send not made during the pause is counted under."""
         ...
 
 

@@ -1,8 +1,8 @@
 """Test helpers for the deployment files: docker-compose.yml, the Dockerfile, deploy/.
 
-Used by tests/unit/test_deploy_static.py (the files, checked without Docker) and
+Used by tests/unit/test_deploy_static.py (the files, checked without Docker),
 tests/integration/test_deploy_runtime.py (the image's install steps and the compose
-commands, run as plain processes). No Docker engine is needed by either.
+commands, run as plain processes), and tests/docker/ (the sim stack on a real engine).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 CENTRAL_COMPOSE_FILE = ROOT / "deploy" / "central" / "compose.yml"
 COMPOSE_FILES = (COMPOSE_FILE, CENTRAL_COMPOSE_FILE)
+BUILD_CA_COMPOSE_FILE = ROOT / "docker-compose.build-ca.yml"  # Compose v2 only
 DOCKERFILE = ROOT / "Dockerfile"
 ENV_EXAMPLE = ROOT / ".env.example"
 SYSTEMD_UNIT = ROOT / "deploy" / "soakd.service"
@@ -159,23 +161,69 @@ def env_example(path: Path = ENV_EXAMPLE) -> dict[str, str]:
     return values
 
 
-def compose_binary() -> list[str] | None:
-    """A Docker Compose v2 CLI, for `config` (which needs no engine): $DOCKER_COMPOSE,
-    `docker compose` (the CLI plugin) or `docker-compose`. None when there is none."""
+@dataclass(frozen=True)
+class ComposeCli:
+    """A Docker Compose CLI and its major version: 2 (`docker compose`, the Go rewrite)
+    or 1 (`docker-compose` 1.29, Debian 12's package). The compose files must work with
+    both; the one difference the tests see is that v1's `config --services` lists every
+    service whatever the profiles (use ``services_for_profiles``)."""
+
+    argv: list[str]
+    version: str
+
+    @property
+    def major(self) -> int:
+        return int(self.version.split(".")[0])
+
+
+def _compose_version(argv: list[str]) -> str | None:
+    try:
+        result = subprocess.run(
+            [*argv, "version", "--short"], capture_output=True, text=True, timeout=60
+        )
+    except OSError:
+        return None
+    match = re.search(r"(\d+)\.(\d+)\.(\d+)", result.stdout)
+    return match.group(0) if result.returncode == 0 and match else None
+
+
+def compose_binary() -> ComposeCli | None:
+    """A Docker Compose CLI, v2 or v1 >= 1.28 (profiles), for `config` (which needs no
+    engine): $DOCKER_COMPOSE, `docker compose` (the CLI plugin) or `docker-compose`.
+    None when there is none; an error naming it when it is older than 1.28."""
+    candidates: list[list[str]] = []
     if os.environ.get("DOCKER_COMPOSE"):
-        return shlex.split(os.environ["DOCKER_COMPOSE"])
-    docker = shutil.which("docker")
-    if docker:
-        plugin_dirs = [
-            Path.home() / ".docker" / "cli-plugins",
-            Path("/usr/local/lib/docker/cli-plugins"),
-            Path("/usr/libexec/docker/cli-plugins"),
-            Path("/usr/lib/docker/cli-plugins"),
-        ]
-        if any((d / "docker-compose").exists() for d in plugin_dirs):
-            return [docker, "compose"]
-    standalone = shutil.which("docker-compose")
-    return [standalone] if standalone else None
+        candidates.append(shlex.split(os.environ["DOCKER_COMPOSE"]))
+    else:
+        docker = shutil.which("docker")
+        if docker:
+            candidates.append([docker, "compose"])
+        standalone = shutil.which("docker-compose")
+        if standalone:
+            candidates.append([standalone])
+    for argv in candidates:
+        version = _compose_version(argv)
+        if version is None:
+            continue
+        cli = ComposeCli(argv, version)
+        major, minor = (int(x) for x in version.split(".")[:2])
+        if (major, minor) < (1, 28):
+            raise RuntimeError(
+                f"{shlex.join(argv)} is Compose {version}: profiles need 1.28 or later"
+            )
+        return cli
+    return None
+
+
+def services_for_profiles(
+    cli: ComposeCli, rendered: str, listed: str, profiles: set[str]
+) -> set[str]:
+    """The services `up` starts for ``profiles``: v2's `config --services` output
+    (``listed``) already is that; v1 lists every service, so its rendered `config`
+    (``rendered``) is filtered by each service's profiles."""
+    if cli.major >= 2:
+        return set(listed.split())
+    return set(active(yaml.safe_load(rendered), profiles))
 
 
 # --- Dockerfile -------------------------------------------------------------------------

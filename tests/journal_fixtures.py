@@ -30,6 +30,7 @@ class FakeClock:
     finished: bool = False
     stopping: bool = False
     next_seq: dict[str, int] = field(default_factory=dict)
+    missed: dict[tuple[str, str, str], int] = field(default_factory=dict)
     origin_ns: int = 0
 
     def __post_init__(self) -> None:

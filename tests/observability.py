@@ -248,10 +248,17 @@ def label_values_metric(query: str) -> str:
 
 
 def soakd_sample_names() -> set[str]:
-    """Every sample name soakd can put on /metrics: its own metric classes, and the
-    gateways it runs, re-exported (soakd/probes/gateways.py). No ``*_created``: soakd
-    switches them off."""
-    from soakd.metrics import GatewayMetrics, GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
+    """Every sample name soakd can put on /metrics: its own metric classes, the limit gauges
+    (exported when their slo key is set), and the gateways it runs, re-exported
+    (soakd/probes/gateways.py). No ``*_created``: soakd switches them off."""
+    from soakd.metrics import (
+        LIMIT_HELP,
+        GatewayMetrics,
+        GuardMetrics,
+        JournalMetrics,
+        Metrics,
+        ProbeMetrics,
+    )
     from soakd.probes.gateways import UP
 
     registry = CollectorRegistry()
@@ -267,7 +274,11 @@ def soakd_sample_names() -> set[str]:
         "summary": ("", "_sum", "_count"),
     }
     families = [*registry.collect(), *GatewayMetrics().registry.collect()]
-    return {UP} | {family.name + suffix for family in families for suffix in suffixes[family.type]}
+    return (
+        {UP}
+        | {family.name + suffix for family in families for suffix in suffixes[family.type]}
+        | set(LIMIT_HELP)
+    )
 
 
 def external_metric_names() -> dict[str, str]:

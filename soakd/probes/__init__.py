@@ -182,7 +182,7 @@ class Probes:
             self._emit,
             interval=g.interval,
             leak_window_s=g.leak_window,
-            leak_limit_bytes_per_hour=self.cfg.exporter.thresholds.vram_leak_bytes_per_hour,
+            leak_limit_bytes_per_hour=self.cfg.alert_limits.vram_leak_per_hour,
             on_vanished=self.oom.process_vanished,
         )
 

@@ -4,8 +4,9 @@ A gateway soakd starts (a target with ``gateway:``) listens on a random loopback
 Prometheus cannot scrape it. soakd reads each one's ``/metrics`` every
 ``probes.scrape_interval`` and serves what it read from a custom collector, every sample
 with a ``target`` label added (client_python's pattern: families built from the last
-snapshot on each scrape; no IO in ``collect()``, which runs on the event loop). A gateway
-that stops answering drops out, and ``soakd_gateway_up`` says so.
+snapshot on each scrape; no IO in ``collect()``, which runs on the exporter's thread, so it
+reads copies of the snapshots the run loop replaces whole). A gateway that stops answering
+drops out, and ``soakd_gateway_up`` says so.
 """
 
 from __future__ import annotations
@@ -59,12 +60,13 @@ class GatewayExport:
         up = GaugeMetricFamily(
             UP, "1 when soakd's last read of the gateway's /metrics answered.", labels=["target"]
         )
-        for target in sorted(self._up):
-            up.add_metric([target], 1.0 if self._up[target] else 0.0)
+        states, snapshot = dict(self._up), dict(self._families)  # one C-level copy each
+        for target in sorted(states):
+            up.add_metric([target], 1.0 if states[target] else 0.0)
         yield up
         merged: dict[str, Metric] = {}
-        for target in sorted(self._families):
-            for family in self._families[target]:
+        for target in sorted(snapshot):
+            for family in snapshot[target]:
                 out = merged.get(family.name)
                 if out is None:
                     out = merged[family.name] = Metric(

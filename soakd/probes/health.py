@@ -65,6 +65,7 @@ class TargetState:
         self._clock = clock
         self._wall = wall
         self._down_since: float | None = None
+        self._down_ns = 0
         self._down_reason = ""
         self._hard = False  # this down saw a refused/reset connection
         self._counted_while_down = False
@@ -82,8 +83,12 @@ class TargetState:
             self._set_down("health", detail, hard=hard)
 
     def record(self, o: Outcome) -> None:
-        """A finished request: an answer proves up, a refused connect proves down."""
+        """A finished request: an answer proves up, a refused connect proves down. An answer
+        to a request sent before the outage began proves nothing: a server stopping
+        gracefully (SIGTERM) finishes its in-flight requests while it refuses new ones."""
         if o.error is None:
+            if self.up is False and o.sent_ns < self._down_ns:
+                return
             self._set_up("request", "request ok")
         elif o.error is ErrorKind.CONNECT_REFUSED:
             self._set_down("request", "connection refused", hard=True)
@@ -169,6 +174,20 @@ class TargetState:
         self._clear_down()
 
     def _set_down(self, via: str, detail: str, *, hard: bool) -> None:
+        if self.up is not False and self._pending is not None and hard:
+            # down again before a start time confirmed the "up": it was one outage, not a
+            # restart and then another; it goes on from where it began
+            since = self._pending_down_since
+            self._pending = None
+            self.up = False
+            self._up_family.labels(self.name).set(0)
+            self._emit_up()
+            self._down_since = since if since is not None else self._clock()
+            self._down_ns = time.perf_counter_ns()
+            self._down_reason = f"{via}: {detail}"
+            self._hard = True
+            self._counted_while_down = False
+            return
         if self.up is False:
             if hard and not self._hard:
                 self._hard = True
@@ -178,6 +197,7 @@ class TargetState:
         self._up_family.labels(self.name).set(0)
         self._emit_up()
         self._down_since = self._clock()
+        self._down_ns = time.perf_counter_ns()  # requests sent before this prove nothing
         self._down_reason = f"{via}: {detail}"
         self._hard = hard
         self._counted_while_down = False

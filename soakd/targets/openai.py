@@ -17,21 +17,29 @@ import errno
 import re
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 from json import dumps, loads
+from types import SimpleNamespace
 from typing import Any, Final
 
 import aiohttp
 import structlog
-from aiohttp import BasicAuth, ClientSession, ClientTimeout, DummyCookieJar, TCPConnector
+from aiohttp import (
+    BasicAuth,
+    ClientSession,
+    ClientTimeout,
+    DummyCookieJar,
+    TCPConnector,
+    TraceConfig,
+)
 from aiohttp.helpers import get_env_proxy_for_url
 from pydantic import SecretStr
 from yarl import URL
 
 from soakd import __version__
 from soakd.config import ConfigError, TargetConfig
-from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.model import SHED_BY_CODE, ErrorKind, Outcome, RequestSpec
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
@@ -179,14 +187,16 @@ class OpenAITarget:
     def __init__(
         self,
         cfg: TargetConfig,
-        session: ClientSession,
+        make_session: Callable[[bool], ClientSession],
         *,
         proxy: URL | None = None,
         proxy_auth: BasicAuth | None = None,
         secret: SecretStr | None = None,
     ) -> None:
         self.name = cfg.name
-        self._session = session
+        self._make_session = make_session  # (force_close) -> a session with soakd's headers
+        self._session = make_session(not cfg.keep_alive)
+        self._fresh: ClientSession | None = None  # for resends, made when first needed
         self._url = URL(cfg.endpoint)
         self._endpoint = cfg.endpoint
         self._chat = cfg.api == "chat"
@@ -217,6 +227,8 @@ class OpenAITarget:
 
     async def aclose(self) -> None:
         await self._session.close()
+        if self._fresh is not None:
+            await self._fresh.close()
 
     def body(self, spec: RequestSpec) -> bytes:
         """The request body for ``spec``: JSON, the config's extra_body merged in."""
@@ -236,13 +248,39 @@ class OpenAITarget:
         """Send one request and return its Outcome; never raises except CancelledError.
 
         ``outcome`` (from ``Outcome.planned``) is filled in place when given, so a caller
-        that cancels still holds the CANCELLED record."""
+        that cancels still holds the CANCELLED record.
+
+        One resend, never more: when the request went out on a *reused* keep-alive
+        connection that turned out dead before any response byte (the server closed it
+        while idle, as proxies do after an error answer), the server never saw it. It
+        goes again on a fresh connection and counts once, as what the resend became
+        (``outcome.resends``), as Go's net/http does for a server-closed idle
+        connection. A request that fails that way on a fresh connection is an outcome."""
         out = outcome if outcome is not None else Outcome.planned(spec)
+        try:
+            payload = self.body(spec)
+        except Exception as exc:  # an extra_body json cannot encode: still data
+            self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
+            self._finish(out)
+            return out
+        attempt = _Attempt()
+        await self._attempt(out, payload, self._session, attempt)
+        if attempt.reused and out.error is ErrorKind.STREAM_TRUNCATED and not out.status \
+                and out.first_byte_ns is None:
+            out.resends += 1
+            out.error, out.error_detail, out.end_ns = None, "", 0
+            await self._attempt(out, payload, self._fresh_session(), None)
+        self._finish(out)
+        return out
+
+    async def _attempt(
+        self, out: Outcome, payload: bytes, session: ClientSession, attempt: _Attempt | None
+    ) -> None:
+        """One try of the request on ``session``; fills ``out``."""
         loop = asyncio.get_running_loop()
         stream = self._stream
         cm: asyncio.Timeout | None = None
         try:
-            payload = self.body(spec)
             # One deadline, measured from the send: the ttft one until the first token
             # (streams only: a plain response has no first token before its end), then
             # the total one. Both include waiting for a pooled connection and connecting,
@@ -259,12 +297,13 @@ class OpenAITarget:
             out.sent_ns = _perf_ns()
             async with (
                 cm,
-                self._session.post(
+                session.post(
                     self._url,
                     data=payload,
                     proxy=self._proxy,
                     proxy_auth=self._proxy_auth,
                     allow_redirects=False,
+                    trace_request_ctx=attempt,
                 ) as resp,
             ):
                 out.status = status = resp.status
@@ -302,8 +341,12 @@ class OpenAITarget:
             self._fail(out, kind, detail)
         except Exception as exc:  # a bug or an unforeseen library error: still data
             self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
-        self._finish(out)
-        return out
+
+    def _fresh_session(self) -> ClientSession:
+        """The resend's session: a new connection per request (made on first use)."""
+        if self._fresh is None:
+            self._fresh = self._make_session(True)
+        return self._fresh
 
     # --- readers -------------------------------------------------------------------------
 
@@ -494,11 +537,13 @@ async def open_target(cfg: TargetConfig) -> OpenAITarget:
     if cfg.project:
         headers["OpenAI-Project"] = cfg.project
     headers.update(cfg.headers)
-    connector = TCPConnector(limit=cfg.max_connections, ssl=ssl_arg, force_close=not cfg.keep_alive)
-    session: ClientSession | None = None
-    try:
-        session = ClientSession(
-            connector=connector,
+    trace = TraceConfig()
+    trace.on_connection_reuseconn.append(_reused)
+
+    def make_session(force_close: bool) -> ClientSession:
+        return ClientSession(
+            connector=TCPConnector(limit=cfg.max_connections, ssl=ssl_arg,
+                                   force_close=force_close),
             headers=headers,
             # Only the socket connect (with TLS and proxy setup) is aiohttp's to time:
             # waiting for a pooled connection is soakd's own queue, and the ttft/total
@@ -508,16 +553,31 @@ async def open_target(cfg: TargetConfig) -> OpenAITarget:
             # would redo it (and read ~/.netrc) in a thread on every request.
             trust_env=False,
             cookie_jar=DummyCookieJar(),  # requests stay independent (no sticky cookies)
+            # a pooled connection handed out again: a resend is allowed if it was dead
+            trace_configs=[] if force_close else [trace],
         )
-        target = OpenAITarget(cfg, session, proxy=proxy, proxy_auth=proxy_auth, secret=key)
-    except BaseException:
-        await (session.close() if session is not None else connector.close())
-        raise
+
+    target = OpenAITarget(cfg, make_session, proxy=proxy, proxy_auth=proxy_auth, secret=key)
     log.debug("target_opened", target=cfg.name, endpoint=cfg.endpoint, proxy=proxy is not None)
     return target
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+class _Attempt:
+    """Per request, what the connection pool did (set by the trace hook below)."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _reused(_session: ClientSession, ctx: SimpleNamespace, _params: object) -> None:
+    attempt = ctx.trace_request_ctx
+    if attempt is not None:
+        attempt.reused = True
 
 
 def _ssl_context(cfg: TargetConfig) -> ssl.SSLContext | bool:
@@ -528,7 +588,9 @@ def _ssl_context(cfg: TargetConfig) -> ssl.SSLContext | bool:
         return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
     except (OSError, ssl.SSLError) as exc:
         why = getattr(exc, "strerror", None) or type(exc).__name__
-        raise ConfigError(f"targets.{cfg.name}.tls.ca_file: cannot load {ca_file}: {why}") from None
+        raise ConfigError(
+            f"targets[{cfg.name}].tls.ca_file: cannot load {ca_file}: {why}"
+        ) from None
 
 
 async def _proxy_for(cfg: TargetConfig) -> tuple[URL | None, BasicAuth | None]:
@@ -645,6 +707,11 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 def _status_kind(status: int, fields: str = "") -> ErrorKind:
+    if status in (429, 503) and fields:  # the guard's own refusal, by its error code
+        for word in fields.split():
+            shed = SHED_BY_CODE.get(word)
+            if shed is not None:
+                return shed
     if status in (401, 403):
         return ErrorKind.HTTP_AUTH
     if status == 400 and fields and not AUTH_ERROR_WORDS.isdisjoint(fields.split()):

@@ -21,22 +21,125 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 
 from soakd.model import LoadShape
 
 NS = 1_000_000_000
 
 
-def arrivals(shape: LoadShape, duration_ns: int, rng: random.Random) -> Iterator[int]:
+def arrivals(shape: LoadShape, duration_ns: int, rng: random.Random) -> Arrivals:
     """Send offsets in ns from the phase start, increasing, all below ``duration_ns``."""
-    if shape.mode == "constant":
-        return _constant(shape.rate, duration_ns)
-    if shape.mode == "poisson":
-        return _poisson(shape.rate, duration_ns, rng)
-    if shape.mode == "ramp":
-        return _ramp(shape.rate, shape.rate_end, duration_ns, rng)
-    raise ValueError(f"load mode {shape.mode!r} has no arrival schedule")
+    if shape.mode not in ("constant", "poisson", "ramp"):
+        raise ValueError(f"load mode {shape.mode!r} has no arrival schedule")
+    return Arrivals(shape, duration_ns, rng)
+
+
+class Arrivals:
+    """The instants of one phase, lazily; ``skip_to`` drops those before an offset.
+
+    Every shape is a sequence of points in "expected requests so far" space, s = L(t),
+    mapped back through the inverse of the cumulative rate L: constant is s = 0, 1, 2...;
+    poisson and ramp add an Exp(1) gap each time. Skipping is what lets a driver that
+    fell far behind (a rate soakd cannot send) jump to the present in one step instead
+    of walking through the instants it can no longer make: for constant the count is
+    exact, for the random shapes it is drawn (the count of a Poisson process in an
+    interval is Poisson(L(b) - L(a)), and the process is memoryless after it)."""
+
+    __slots__ = ("_a", "_done", "_duration", "_expected", "_gap", "_k", "_k_end", "_mode",
+                 "_rate", "_rng", "_s")
+
+    def __init__(self, shape: LoadShape, duration_ns: int, rng: random.Random) -> None:
+        self._mode = shape.mode
+        self._duration = duration_ns
+        self._rng = rng
+        self._s = 0.0  # the last point (random shapes)
+        self._k = 0  # the next index (constant)
+        seconds = max(0, duration_ns) / NS
+        if shape.mode == "ramp":
+            r0, r1 = max(0.0, shape.rate), max(0.0, shape.rate_end)
+            self._rate = r0
+            self._a = (r1 - r0) / (2 * seconds) if seconds > 0 else 0.0  # L(t) = r0 t + a t^2
+            self._expected = (r0 + r1) / 2 * seconds
+        else:
+            self._rate = max(0.0, shape.rate)
+            self._a = 0.0
+            self._expected = self._rate * seconds
+        self._done = duration_ns <= 0 or self._expected <= 0
+        self._gap = NS / self._rate if shape.mode == "constant" and self._rate > 0 else 0.0
+        self._k_end = self._first_k(duration_ns) if self._gap else 0
+
+    def __iter__(self) -> Arrivals:
+        return self
+
+    def __next__(self) -> int:
+        if self._done:
+            raise StopIteration
+        if self._gap:
+            # k * gap, not a running sum: no drift over 2.6e8 steps
+            if self._k >= self._k_end:
+                self._done = True
+                raise StopIteration
+            offset = int(self._k * self._gap)
+            self._k += 1
+            return offset
+        self._s += self._rng.expovariate(1.0)
+        if self._s >= self._expected:
+            self._done = True
+            raise StopIteration
+        offset = int(self._offset_s(self._s) * NS)
+        if offset >= self._duration:  # float rounding at the very end
+            self._done = True
+            raise StopIteration
+        return offset
+
+    def skip_to(self, offset_ns: int) -> int:
+        """Drop the instants before ``offset_ns``; how many there were (for the random
+        shapes, a draw with the right distribution)."""
+        if self._done:
+            return 0
+        if self._gap:
+            k = min(self._k_end, max(self._k, self._first_k(offset_ns)))
+            skipped, self._k = k - self._k, k
+            return skipped
+        target = min(self._expected, self._cumulative(min(offset_ns, self._duration) / NS))
+        if target <= self._s:
+            return 0
+        skipped = poisson_count(target - self._s, self._rng)
+        self._s = target
+        if target >= self._expected:
+            self._done = True
+        return skipped
+
+    def _first_k(self, offset_ns: int) -> int:
+        """The smallest k whose instant int(k * gap) is at or after ``offset_ns``."""
+        k = max(0, math.ceil(offset_ns / self._gap) - 1)
+        while int(k * self._gap) < offset_ns:
+            k += 1
+        return k
+
+    def _cumulative(self, t: float) -> float:
+        return self._rate * t + self._a * t * t
+
+    def _offset_s(self, s: float) -> float:
+        """L^-1(s) = 2s / (r0 + sqrt(r0^2 + 4as)): exact when a is 0 or negative."""
+        if self._a == 0.0:
+            return s / self._rate
+        r0 = self._rate
+        return 2 * s / (r0 + math.sqrt(max(0.0, r0 * r0 + 4 * self._a * s)))
+
+
+def poisson_count(mean: float, rng: random.Random) -> int:
+    """A Poisson(mean) draw: Knuth's product of uniforms for small means, the normal
+    approximation above 30 (its error there is far below the count's own spread)."""
+    if mean <= 0:
+        return 0
+    if mean < 30:
+        limit, k, p = math.exp(-mean), 0, rng.random()
+        while p > limit:
+            k += 1
+            p *= rng.random()
+        return k
+    return max(0, round(rng.gauss(mean, math.sqrt(mean))))
 
 
 def expected_count(shape: LoadShape, duration_ns: int) -> float:
@@ -47,52 +150,3 @@ def expected_count(shape: LoadShape, duration_ns: int) -> float:
     if shape.mode == "ramp":
         return (shape.rate + shape.rate_end) / 2 * seconds
     return 0.0
-
-
-def _constant(rate: float, duration_ns: int) -> Iterator[int]:
-    if rate <= 0:
-        return
-    gap = NS / rate
-    k = 0
-    # k * gap, not a running sum: no drift over 2.6e8 steps
-    while (offset := int(k * gap)) < duration_ns:
-        yield offset
-        k += 1
-
-
-def _poisson(rate: float, duration_ns: int, rng: random.Random) -> Iterator[int]:
-    if rate <= 0:
-        return
-    expo = rng.expovariate
-    lam = rate / NS  # per ns
-    t = 0.0
-    while True:
-        t += expo(lam)
-        if t >= duration_ns:
-            return
-        yield int(t)
-
-
-def _ramp(rate: float, rate_end: float, duration_ns: int, rng: random.Random) -> Iterator[int]:
-    """Time-rescaled Poisson. With rates r0 -> r1 over T seconds, the expected count
-    by time t is L(t) = r0*t + a*t^2 with a = (r1 - r0) / (2T); a unit-rate Poisson
-    point s maps to t = L^-1(s) = 2s / (r0 + sqrt(r0^2 + 4as)) (the root written so
-    that it stays exact when a is 0 or negative)."""
-    r0, r1 = max(0.0, rate), max(0.0, rate_end)
-    total_s = duration_ns / NS
-    if duration_ns <= 0 or (r0 <= 0 and r1 <= 0):
-        return
-    a4 = 4 * (r1 - r0) / (2 * total_s)
-    r0_sq = r0 * r0
-    expected = (r0 + r1) / 2 * total_s
-    expo = rng.expovariate
-    sqrt = math.sqrt
-    s = 0.0
-    while True:
-        s += expo(1.0)
-        if s >= expected:
-            return
-        offset = int(2 * s / (r0 + sqrt(max(0.0, r0_sq + a4 * s))) * NS)
-        if offset >= duration_ns:  # float rounding at the very end
-            return
-        yield offset

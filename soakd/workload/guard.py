@@ -1,10 +1,11 @@
 """Workload room, send guard: when a target may be sent to (spend caps, Retry-After pauses).
 
 One ``TargetGuard`` per target. The runner asks ``delay_s()`` before each send and says
-``sent()`` / ``skipped()``; as an OutcomeSink the guard reads every finished request for
-its tokens, its 429s and its auth failures. Pauses are never silent: each start and end is
-logged, handed to ``on_event`` (the journal) and exported (``GuardMetrics``). A cap that can
-never free up again (a total) pauses the target for the rest of the run.
+``sent()``; a send it cannot make is the runner's to count, under ``pause_reason``. As an
+OutcomeSink the guard reads every finished request for its tokens, its 429s and its auth
+failures. Pauses are never silent: each start and end is logged, handed to ``on_event``
+(the journal) and exported (``GuardMetrics``). A cap that can never free up again (a
+total) pauses the target for the rest of the run.
 
 Pure apart from the clock, which is injected (tests pass a fake one).
 """
@@ -44,7 +45,6 @@ class GuardGauges(Protocol):
 
     def paused(self, reason: str, on: bool) -> None: ...
     def cap_hit(self, cap: str) -> None: ...
-    def skipped(self, reason: str) -> None: ...
 
 
 class SlidingCount:
@@ -71,6 +71,11 @@ class SlidingCount:
     def totals(self, now: float) -> tuple[float, float]:
         self._prune(now)
         return self.requests, self.tokens
+
+    def peek(self, now: float) -> tuple[float, float]:
+        """``totals`` without pruning: safe to call from another thread (the exporter's)."""
+        live = [b for b in list(self._buckets) if b[0] + self.width_s + self.span_s > now]
+        return sum(b[1] for b in live), sum(b[2] for b in live)
 
     def below_at(self, now: float, cap: float, index: int) -> float:
         """The earliest instant at which the count (1: requests, 2: tokens) is below ``cap``,
@@ -126,7 +131,7 @@ class TargetGuard:
         self._auth_total = 0
 
     def report_to(self, gauges: GuardGauges) -> None:
-        """Where pauses, cap hits and skipped sends are exported (set once, before the run)."""
+        """Where pauses and cap hits are exported (set once, before the run)."""
         self._gauges = gauges
 
     # --- the runner's side ------------------------------------------------------------------
@@ -144,19 +149,19 @@ class TargetGuard:
         self.requests += 1
         self.hour.add(self._clock(), requests=1)
 
-    def skipped(self) -> None:
-        """An open-loop send not made because the target is paused."""
-        if self._gauges is not None:
-            for reason in self._paused:
-                self._gauges.skipped(reason)
+    @property
+    def pause_reason(self) -> str:
+        """The reason of the pause now: a spend cap first (it lasts), else the rate limit."""
+        return SPEND if SPEND in self._paused else RATE_LIMITED
 
     @property
     def paused(self) -> tuple[str, ...]:
         return tuple(self._paused)
 
     def used(self) -> dict[str, float]:
-        """The spend counts the caps compare against (for the gauges)."""
-        requests, tokens = self.hour.totals(self._clock())
+        """The spend counts the caps compare against (for the gauges: read at scrape time
+        on the exporter's thread, so it changes nothing)."""
+        requests, tokens = self.hour.peek(self._clock())
         return {
             "requests_per_hour": requests,
             "tokens_per_hour": tokens,
@@ -178,9 +183,7 @@ class TargetGuard:
         elif self._auth_failures and outcome.status and outcome.status < 400:
             log.info("auth_recovered", target=self.target, failures=self._auth_failures)
             self._auth_failures = 0
-        if error is ErrorKind.HTTP_429 or (
-            outcome.retry_after_s is not None and outcome.status == 503
-        ):
+        if outcome.status == 429 or (outcome.retry_after_s is not None and outcome.status == 503):
             self._rate_limited(outcome, now)
 
     # --- internals --------------------------------------------------------------------------

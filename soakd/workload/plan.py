@@ -26,14 +26,22 @@ _DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _DOW_NUMERIC = re.compile(r"(\*|\d+(?:-\d+)?)(?:/(\d+))?")
 
 
-def load_shape(load: Load) -> LoadShape:
-    """Config's Load -> the model's LoadShape, keeping only the fields its mode uses."""
+def load_shape(load: Load, max_connections: int = 0) -> LoadShape:
+    """Config's Load -> the model's LoadShape, keeping only the fields its mode uses. An
+    open loop's in-flight cap defaults to the target's connection pool: a send past it
+    would only queue inside soakd for a connection, its wait hidden in its TTFT."""
     if load.mode == "closed":
         return LoadShape("closed", concurrency=load.concurrency)
     if load.mode == "idle":
         return LoadShape("idle")
     rate_end = load.rate_end if load.mode == "ramp" and load.rate_end is not None else 0.0
-    return LoadShape(load.mode, rate=load.rate, rate_end=rate_end, max_in_flight=load.max_in_flight)
+    return LoadShape(
+        load.mode,
+        rate=load.rate,
+        rate_end=rate_end,
+        max_in_flight=load.max_in_flight or max_connections,
+        max_lateness_ns=round(load.max_lateness * NS),
+    )
 
 
 def plan_start(cfg: Config, now: datetime) -> datetime:
@@ -194,7 +202,7 @@ def _cap_ns(cfg: Config, duration_cap_s: float | None) -> int | None:
 
 
 def _shapes(cfg: Config, pc: PhaseConfig) -> dict[str, LoadShape]:
-    return {t.name: load_shape(cfg.load_for(pc, t.name)) for t in cfg.targets}
+    return {t.name: load_shape(cfg.load_for(pc, t.name), t.max_connections) for t in cfg.targets}
 
 
 def _is_cron(text: str) -> bool:

@@ -13,13 +13,15 @@ import contextlib
 import random
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import Any
+from functools import partial
+from typing import Any, Final
 
 import structlog
 
 from soakd.model import ErrorKind, LoadShape, Outcome, Phase, Plan, RequestSpec
 from soakd.types import OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
+from soakd.workload.ledger import IN_FLIGHT_CAP, LATE, SendLedger
 from soakd.workload.prompts import PromptSource
 from soakd.workload.timer import sleep_until_ns
 
@@ -29,6 +31,12 @@ log = structlog.get_logger()
 _UNREACHABLE = frozenset(
     {ErrorKind.CONNECT_REFUSED, ErrorKind.CONNECT_ERROR, ErrorKind.TIMEOUT_CONNECT}
 )
+DRIVERS_FINISH_S: Final = 2.0
+"""At the plan's end, how long open-loop drivers may take to deal with the instants that
+were already due (they skip a backlog older than max_lateness in one step)."""
+SPAWN_BATCH: Final = 64
+"""Closed-loop workers started per event-loop turn: a pool of thousands grows without
+holding the loop (the exporter and the signal handlers keep answering)."""
 
 
 class _Pool:
@@ -60,6 +68,7 @@ class Runner:
         on_phase: Callable[[Phase | None], None] | None = None,
         start_seq: dict[str, int] | None = None,
         gates: Mapping[str, SendGate] | None = None,
+        ledger: SendLedger | None = None,
     ) -> None:
         self.plan = plan
         self.targets = targets
@@ -71,13 +80,15 @@ class Runner:
         self._on_phase = on_phase
         self.origin_ns = 0  # monotonic instant of plan offset 0
         self._start_offset_ns = 0  # plan offset this session started at (a resume: > 0)
+        self._ended_ns = 0  # plan offset when sending ended (0: not yet)
         self.phase: Phase | None = None
         self.finished = False
         self._stop = asyncio.Event()
+        self._stopped_at = 0.0  # monotonic s of the stop: the drain deadline counts from it
         self._seq = dict.fromkeys(targets, 0)  # a resumed run continues its numbers
         self._seq.update({k: v for k, v in (start_seq or {}).items() if k in targets})
-        self._busy = dict.fromkeys(targets, 0)  # in flight per target
-        self._freed = {name: asyncio.Event() for name in targets}  # a request of it ended
+        self._busy = dict.fromkeys(targets, 0)  # in flight per target, counted at the spawn
+        self.ledger = ledger if ledger is not None else SendLedger()  # sends not made
         self._pools = {name: _Pool() for name in targets}  # closed-loop workers
         self._drivers: set[asyncio.Task[None]] = set()  # open-loop dispatchers
         self._requests: set[asyncio.Task[Any]] = set()  # requests and closed-loop workers
@@ -89,6 +100,14 @@ class Runner:
         """Plan time elapsed (real ns since offset 0; resumes start past 0)."""
         return now_ns() - self.origin_ns if self.origin_ns else 0
 
+    def active_s(self) -> float:
+        """Plan time this session sent for: from its start (or resume point) to the end of
+        sending, within the plan. The one basis of every rate soakd reports."""
+        if not self.origin_ns:
+            return 0.0
+        end = self._ended_ns or self.offset_ns()
+        return max(0, min(end, self.plan.duration_ns) - self._start_offset_ns) / 1e9
+
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
@@ -97,6 +116,11 @@ class Runner:
     def next_seq(self) -> dict[str, int]:
         """The next prompt seq per target (the journal stores it for a resume)."""
         return self._seq
+
+    @property
+    def missed(self) -> dict[tuple[str, str, str], int]:
+        """Planned sends not made, whole run (the journal stores them)."""
+        return self.ledger.counts
 
     @property
     def in_flight(self) -> dict[str, int]:
@@ -109,6 +133,7 @@ class Runner:
         """Stop sending. In-flight requests go on; ``drain`` waits for them."""
         if not self._stop.is_set():
             self._stop.set()
+            self._stopped_at = time.monotonic()
             for task in self._drivers:
                 task.cancel()
 
@@ -127,13 +152,20 @@ class Runner:
             if not await self._sleep_until(self.origin_ns + phase.end_ns):
                 break
         self.finished = not self.stopping
+        self._ended_ns = self.offset_ns()
         self._enter(None)
 
     async def drain(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for in-flight requests, then cancel the rest.
 
+        The deadline counts from the stop (a signal), not from when a busy loop got here.
         Returns how many had to be cancelled (they are recorded as ``cancelled``)."""
+        if not self.stopping and self._drivers:
+            # the plan ran out: the drivers end by themselves once the instants already
+            # due are sent or counted (a signal cuts them short instead)
+            await asyncio.wait(set(self._drivers), timeout=DRIVERS_FINISH_S)
         self.stop()
+        timeout_s = max(0.0, timeout_s - (time.monotonic() - self._stopped_at))
         if self._drivers:
             await asyncio.gather(*self._drivers, return_exceptions=True)
         pending = set(self._requests)
@@ -176,11 +208,8 @@ class Runner:
         pool = self._pools[name]
         pool.phase = phase
         pool.want = shape.concurrency if shape.mode == "closed" else 0
-        # only the missing workers are started: the ones still finishing the previous
-        # phase's request carry on, so concurrency never overshoots at a boundary
-        for _ in range(pool.want - pool.workers):
-            pool.workers += 1
-            self._spawn(self._requests, self._closed_worker(name, pool))
+        if pool.workers < pool.want:
+            self._spawn(self._drivers, self._grow(name, pool))
         if shape.mode in ("constant", "poisson", "ramp"):
             self._spawn(self._drivers, self._open_loop(name, shape, phase))
 
@@ -188,6 +217,28 @@ class Runner:
         task = asyncio.get_running_loop().create_task(coro)
         into.add(task)
         task.add_done_callback(into.discard)
+
+    async def _grow(self, name: str, pool: _Pool) -> None:
+        """Start the pool's missing workers, a batch per loop turn. Only the missing ones:
+        those still finishing the previous phase's request carry on, so concurrency never
+        overshoots at a boundary."""
+        while pool.workers < pool.want and not self.stopping:
+            pool.workers += 1
+            self._spawn(self._requests, self._closed_worker(name, pool))
+            if pool.workers % SPAWN_BATCH == 0:
+                await asyncio.sleep(0)
+
+    def _send(self, name: str, spec: RequestSpec) -> None:
+        """Spawn one open-loop request; it counts as in flight from here (the cap is
+        compared with what was spawned, not with what has started)."""
+        self._busy[name] += 1
+        task = asyncio.get_running_loop().create_task(self._one(name, spec))
+        self._requests.add(task)
+        task.add_done_callback(partial(self._sent_done, name))
+
+    def _sent_done(self, name: str, task: asyncio.Task[Any]) -> None:
+        self._requests.discard(task)
+        self._busy[name] -= 1
 
     def _spec(self, name: str, phase: Phase, scheduled_ns: int) -> RequestSpec:
         seq = self._seq[name]
@@ -198,7 +249,6 @@ class Runner:
         )
 
     async def _one(self, name: str, spec: RequestSpec) -> Outcome:
-        self._busy[name] += 1
         outcome = Outcome.planned(spec)
         try:
             await self.targets[name].send(spec, outcome)
@@ -209,9 +259,6 @@ class Runner:
             for record in self._record:
                 record(outcome)
             raise
-        finally:
-            self._busy[name] -= 1
-            self._freed[name].set()
         for record in self._record:
             record(outcome)
         return outcome
@@ -232,7 +279,11 @@ class Runner:
                         await self._sleep_until(now_ns() + int(min(wait, 1.0) * 1e9))
                         continue
                     gate.sent()
-                outcome = await self._one(name, self._spec(name, pool.phase, now_ns()))
+                self._busy[name] += 1
+                try:
+                    outcome = await self._one(name, self._spec(name, pool.phase, now_ns()))
+                finally:
+                    self._busy[name] -= 1
                 if outcome.error in _UNREACHABLE:
                     pause = min(1.0, pause * 2 or 0.05)
                     await self._sleep_until(now_ns() + int(pause * 1e9))
@@ -242,29 +293,49 @@ class Runner:
             pool.workers -= 1
 
     async def _open_loop(self, name: str, shape: LoadShape, phase: Phase) -> None:
-        """Send at the planned instants. Never skips one: when soakd falls behind, the
-        requests go out late and the lag is measured (no coordinated omission)."""
+        """Send at the planned instants, or count why not.
+
+        A send goes out late when soakd is behind, and its dispatch lag says by how much
+        (no coordinated omission). When an instant is already more than ``max_lateness``
+        past, soakd drops its backlog: that instant and every one up to now are not made
+        (``late``), and sending goes on from the present. A send that finds
+        ``max_in_flight`` sends out, and one that falls while the target is paused, is not
+        made either. The ledger counts each (offered = sent + missed). The backlog is
+        skipped in one step, and the loop yields at every instant, so soakd stays
+        responsive at any rate."""
         start_abs = self.origin_ns + phase.start_ns
-        # a resumed run enters mid-phase: skip the instants already past
-        # (the resume point, not "now": the driver task starts a little after the phase,
-        # and a busy loop later still; an instant it finds past is sent late, not skipped)
-        skip_before = max(0, self.origin_ns + self._start_offset_ns - start_abs)
         # the same instants for every target with the same shape: a fair A/B
-        rng = random.Random(f"{self.seed}/{phase.index}")
-        cap = shape.max_in_flight
+        schedule = arrivals(shape, phase.duration_ns, random.Random(f"{self.seed}/{phase.index}"))
+        # a resumed run enters mid-phase: the instants before the resume point fell in the
+        # downtime (recorded as such), not in this session's offer
+        resumed_at = self.origin_ns + self._start_offset_ns - start_abs
+        if resumed_at > 0:
+            schedule.skip_to(resumed_at)
+        cap, late = shape.max_in_flight, shape.max_lateness_ns
         gate = self._gates.get(name)
-        for offset in arrivals(shape, phase.duration_ns, rng):
-            if offset < skip_before:
-                continue
-            due = start_abs + offset
-            await sleep_until_ns(due)  # sub-ms (timerfd); asyncio.sleep wakes 0-1 ms late
-            while cap and self._busy[name] >= cap:  # late, and the lag will say so
-                freed = self._freed[name]
-                freed.clear()
-                await freed.wait()
-            if gate is not None:
-                if gate.delay_s() > 0:  # paused: this send is not made, and counted as such
-                    gate.skipped()
-                    continue
-                gate.sent()
-            self._spawn(self._requests, self._one(name, self._spec(name, phase, due)))
+        busy, miss, pname = self._busy, self.ledger.miss, phase.name
+        offset = -1  # the instant taken from the schedule and not yet dealt with
+        try:
+            for offset in schedule:
+                due = start_abs + offset
+                await sleep_until_ns(due)  # sub-ms (timerfd); yields even when already past
+                behind = now_ns() - due
+                if behind > late:  # too far behind: drop the backlog up to now, go on fresh
+                    miss(name, pname, LATE, 1 + schedule.skip_to(offset + behind + 1))
+                elif cap and busy[name] >= cap:
+                    miss(name, pname, IN_FLIGHT_CAP, 1)
+                elif gate is not None and gate.delay_s() > 0:
+                    miss(name, pname, gate.pause_reason, 1)
+                else:
+                    if gate is not None:
+                        gate.sent()
+                    self._send(name, self._spec(name, phase, due))
+                offset = -1
+        except asyncio.CancelledError:
+            # stopped (the plan's end, a signal) while behind: the instants already due
+            # were offered and not made
+            elapsed = now_ns() - start_abs
+            due_now = int(0 <= offset <= elapsed) + schedule.skip_to(elapsed + 1)
+            if due_now:
+                miss(name, pname, LATE, due_now)
+            raise

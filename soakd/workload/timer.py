@@ -58,10 +58,12 @@ def _wake(fut: asyncio.Future[None]) -> None:
 
 
 async def sleep_until_ns(deadline_ns: int) -> None:
-    """Return at ``deadline_ns`` (``time.perf_counter_ns`` clock) or just after it; at once
-    if it has passed. Cancellable like any sleep."""
+    """Return at ``deadline_ns`` (``time.perf_counter_ns`` clock) or just after it. An
+    instant already past still yields to the loop once: a caller that has fallen behind
+    its schedule must not hold the loop (the exporter, the signals). Cancellable."""
     delay = deadline_ns - _now_ns()
     if delay <= 0:
+        await asyncio.sleep(0)
         return
     if _TIMERFD is None:
         await asyncio.sleep(delay / 1e9)

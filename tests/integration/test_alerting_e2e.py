@@ -62,7 +62,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from soakd.config import Thresholds
+from soakd.config import AlertLimits, Slo
 from soakd.metrics import THROTTLE_REASONS, GatewayMetrics, Metrics, ProbeMetrics
 from soakd.probes.gateways import GatewayExport
 
@@ -76,7 +76,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 # "vllm" is the `target` label the shipped prometheus.yml gives its vLLM scrape job.
 TARGETS = ("vllm", "edge")
-LIMIT = Thresholds().vram_limit_bytes  # 3.9e9, the default soakd exports
+LIMIT = 3.9e9  # slo.vram_peak of a 4 GB card, as the shipped configs set it
 VRAM_NORMAL, VRAM_HIGH, VRAM_JUST_BELOW = 3.0e9, 3.95e9, LIMIT - 10e6
 VRAM_DIP = 3.8e9  # a surging card between two batches: below the limit for a moment
 DIP_PERIOD_S = 4.0  # one second in four: one 1 s scrape in four lands in the dip
@@ -99,7 +99,10 @@ class FakeSoakd:
         self.p = p = ProbeMetrics(self.registry)
         self.rng = random.Random(4)
         m.build_info.info({"version": "test", "run_id": "e2e", "node": "ci"})
-        m.set_thresholds(Thresholds())
+        m.set_limits(
+            Slo(vram_peak=LIMIT, error_ratio=0.003, ttft_p99=2, e2e_p99=30, jitter=0.15),
+            AlertLimits(),
+        )
         m.add_phases(["steady", "warmup"])
         for target in TARGETS:
             m.add_target(target, ["steady", "warmup"])
@@ -657,6 +660,7 @@ def _soak_config(vllm_url: str, spare_url: str) -> dict[str, Any]:
             "leak_window": "2m",
         },
         "probes": {"scrape_interval": "1s", "health_interval": "1s"},
+        "slo": {"vram_peak": LIMIT},  # exported as soakd_vram_limit_bytes
     }
 
 

@@ -40,8 +40,9 @@ async def test_rehearse_the_three_stages(tmp_path: Path) -> None:
         assert result.summary[name]["requests"] >= 5, result.summary[name]
     assert result.summary["cloud"]["errors"] == 0, result.summary["cloud"]
     # the edge server's VRAM passes 3.9 GB at 4 running: once the breaker is on (from 3 s)
-    # and the 5 s hold is over, its 429s may show; nothing else may
-    assert set(result.summary["edge"]["errors_by_kind"]) <= {"http_429"}, result.summary
+    # and the 5 s hold is over, the guard's sheds may show; nothing else may
+    assert set(result.summary["edge"]["errors_by_kind"]) <= {
+        "shed_vram_breaker", "shed_queue_full", "shed_queue_timeout"}, result.summary
 
     with JournalReader(tmp_path / "run") as reader:
         modes = [e for e in reader.events() if e["kind"] == "gateway_modes"]

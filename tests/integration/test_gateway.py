@@ -97,14 +97,17 @@ async def test_vram_breaker_opens_under_load_and_closes_after(tmp_path: Path) ->
             await gw.aclose()
         await sim.aclose()
 
-    # soakd counted the gateway's 429s as http_429: every one of them, and only those
+    # soakd counted the gateway's 429s as the guard's own (shed_vram_breaker, by the error
+    # code the gateway writes), never as the server's failures: every one, and only those
     summary = result.summary["edge"]
-    n429 = summary["errors_by_kind"].get("http_429", 0)
+    n429 = summary["errors_by_kind"].get("shed_vram_breaker", 0)
     assert n429 > 0, summary
-    assert set(summary["errors_by_kind"]) == {"http_429"}
+    assert set(summary["errors_by_kind"]) == {"shed_vram_breaker"}
+    assert summary["shed"] == n429
     assert metric(gw_metrics, "soakd_gateway_rejections_total", reason="vram_breaker_open") == n429
     text = generate_latest(run.metrics.registry).decode()
-    assert metric(text, "soakd_requests_total", outcome="http_429", status_class="4xx") == n429
+    assert metric(text, "soakd_requests_total", outcome="shed_vram_breaker",
+                  status_class="4xx") == n429
     assert summary["requests"] - n429 >= 10  # requests still went through between openings
 
     # open only after VRAM stayed above the limit for the hold, within one sample interval
@@ -121,7 +124,7 @@ async def test_vram_breaker_opens_under_load_and_closes_after(tmp_path: Path) ->
     # soakd's first 429 came right after the opening (the next request that arrived)
     with JournalReader(tmp_path / "run") as reader:
         rows = list(records(reader))
-    first_429 = min(r["wall"] + r["e2e_s"] for r in rows if r["error"] == "http_429")
+    first_429 = min(r["wall"] + r["e2e_s"] for r in rows if r["error"] == "shed_vram_breaker")
     assert -0.05 <= first_429 - opened["t"] <= 1.0, first_429 - opened["t"]
     print(
         f"\nvram breaker: open {open_delay:.3f} s after VRAM passed the limit "

@@ -84,22 +84,46 @@ def test_the_schema_check_catches_a_bad_compose_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("profiles", [*d.PROFILE_SETS, "none"])
 def test_docker_compose_config_resolves(profiles: str) -> None:
     """`docker compose config` needs no engine: interpolation, profiles, depends_on,
-    secrets, volumes are all resolved by the real implementation."""
+    secrets, volumes are all resolved by the real implementation, v2 or v1 (1.29)."""
     cli = d.compose_binary()
     if cli is None:
         pytest.skip(
-            "no Docker Compose v2 CLI (docker compose plugin, docker-compose, or $DOCKER_COMPOSE)"
+            "no Docker Compose CLI (docker compose plugin, docker-compose, or $DOCKER_COMPOSE)"
         )
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
     env.update(d.env_example())
     env["COMPOSE_PROFILES"] = (
         "" if profiles == "none" else ",".join(sorted(d.PROFILE_SETS[profiles]))
     )
-    result = run(*cli, "-f", str(d.COMPOSE_FILE), "config", "--services", env=env)
-    assert result.returncode == 0, out(result)
-    started = set(result.stdout.split())
-    expected = set() if profiles == "none" else set(d.active(COMPOSE, d.PROFILE_SETS[profiles]))
+    rendered = run(*cli.argv, "-f", str(d.COMPOSE_FILE), "config", env=env)
+    assert rendered.returncode == 0, out(rendered)
+    listed = run(*cli.argv, "-f", str(d.COMPOSE_FILE), "config", "--services", env=env)
+    assert listed.returncode == 0, out(listed)
+    wanted = set() if profiles == "none" else d.PROFILE_SETS[profiles]
+    started = d.services_for_profiles(cli, rendered.stdout, listed.stdout, wanted)
+    expected = set(d.active(COMPOSE, wanted))
     assert started == expected
+
+
+def test_build_ca_overlay_adds_the_build_secret_only() -> None:
+    """docker-compose.build-ca.yml (Compose v2) adds the build secret `ca` to every
+    service that builds the soakd image, and nothing else."""
+    overlay = d.load_yaml(d.BUILD_CA_COMPOSE_FILE)
+    building = {name for name, svc in SERVICES.items() if "build" in svc}
+    assert set(overlay["services"]) == building
+    for svc in overlay["services"].values():
+        assert set(svc) == {"build"}
+        assert svc["build"]["secrets"] == ["ca"]
+        assert svc["build"]["context"] == SERVICES["soakd"]["build"]["context"]
+    assert set(overlay["secrets"]) == {"ca"}
+    assert "SOAKD_BUILD_CA_FILE" in overlay["secrets"]["ca"]["file"]
+    result = run(
+        tool("check-jsonschema"),
+        "--builtin-schema",
+        "vendor.compose-spec",
+        str(d.BUILD_CA_COMPOSE_FILE),
+    )
+    assert result.returncode == 0, out(result)
 
 
 # --- compose: what the services refer to -------------------------------------------------
@@ -176,7 +200,7 @@ def test_env_example_explains_every_variable(path: Path) -> None:
         paragraph.append(line)
         if not line.startswith("#"):
             assert any(p.startswith("#") for p in paragraph), f"unexplained: {line}"
-    unused = set(example) - used - {"COMPOSE_PROFILES"}
+    unused = set(example) - used - {"COMPOSE_PROFILES", "COMPOSE_PROJECT_NAME"}
     assert not unused, f".env.example sets variables compose does not use: {sorted(unused)}"
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry
 
-from soakd.config import Thresholds, config_from_dict
+from soakd.config import AlertLimits, Slo, config_from_dict
 from soakd.metrics import Metrics, ProbeMetrics
 from soakd.model import ErrorKind, Outcome, Sample
 from soakd.probes import make_probes
@@ -156,9 +156,9 @@ def test_errors_and_unknown_targets_are_ignored() -> None:
 
 def test_the_drift_limit_is_exported() -> None:
     m = Metrics()
-    m.set_thresholds(Thresholds())
+    m.set_limits(Slo(), AlertLimits())
     assert m.registry.get_sample_value("soakd_e2e_p99_drift_limit_seconds_per_hour") == 1.0
-    m.set_thresholds(Thresholds(p99_e2e_drift_seconds_per_hour=0.25))
+    m.set_limits(Slo(), AlertLimits(e2e_p99_drift_per_hour=0.25))
     assert m.registry.get_sample_value("soakd_e2e_p99_drift_limit_seconds_per_hour") == 0.25
 
 

@@ -71,7 +71,8 @@ def test_loads_per_target() -> None:
     )
     first, second = build_plan(cfg, NOW).phases
     assert first.loads == {
-        "local": LoadShape("poisson", rate=5),
+        # an open loop without max_in_flight is capped by the target's connection pool
+        "local": LoadShape("poisson", rate=5, max_in_flight=1024),
         "cloud": LoadShape("ramp", rate=1, rate_end=9, max_in_flight=7),
     }
     assert second.loads["local"] == LoadShape("closed", concurrency=4)

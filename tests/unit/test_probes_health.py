@@ -145,3 +145,44 @@ def test_server_without_start_time_decides_at_once() -> None:
     st.health(True, "HTTP 200")
     st.saw_start_time(None)  # the new server does not export it
     assert restarts(reg) == 1
+
+
+def test_a_graceful_stop_and_restart_is_one_restart() -> None:
+    """SIGTERM: the server refuses new connections, finishes what it had in flight, is down
+    for a while (vLLM loads its model again), then comes back with a new start time."""
+    st, reg, clock, told = state(confirm_s=15)
+    st.saw_start_time(1000.0)
+    st.health(True, "HTTP 200")
+    in_flight = outcome(None)
+    in_flight.sent_ns = 1  # sent long before the stop
+    st.health(False, "connection refused", hard=True)
+    st.record(in_flight)  # its answer comes back after the down was seen
+    clock.t += 20
+    st.tick()  # 20 s into the outage: nothing is counted while it is down
+    assert restarts(reg) in (None, 0)
+    assert up(reg) == 0
+    clock.t += 60
+    st.health(True, "HTTP 200")
+    st.saw_start_time(1080.0)  # the new process
+    st.tick()
+    clock.t += 60
+    st.tick()
+    assert restarts(reg) == 1
+    assert [reason for _, reason, _ in told] == ["start_time_changed"]
+
+
+def test_an_up_that_goes_down_again_before_confirmation_is_one_outage() -> None:
+    st, reg, clock, told = state(confirm_s=15)
+    st.saw_start_time(1000.0)
+    st.health(True, "HTTP 200")
+    st.health(False, "connection refused", hard=True)
+    clock.t += 5
+    st.health(True, "HTTP 200")  # a blip of an answer (a proxy, a half-started server)
+    st.health(False, "connection refused", hard=True)  # and down again
+    clock.t += 30
+    st.tick()
+    assert restarts(reg) in (None, 0)
+    st.health(True, "HTTP 200")
+    st.saw_start_time(1040.0)
+    assert restarts(reg) == 1
+    assert told == [("t", "start_time_changed", 100.0)]  # down since the first refusal

@@ -13,6 +13,7 @@ import shutil
 import statistics
 import struct
 import subprocess
+import sys
 import time
 from html.parser import HTMLParser
 from pathlib import Path
@@ -35,6 +36,9 @@ KINDS = [None] * 20 + [
     ErrorKind.STREAM_TRUNCATED,
 ]
 QS = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
+
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +222,10 @@ def _num(text: str) -> float:
 def _check_table(cells: dict[str, list[str]], rows: list[dict[str, Any]]) -> None:
     for i, target in enumerate(("alpha", "beta")):
         want = expected(rows, target, None)
-        assert _num(cells["requests"][i]) == want["requests"]
+        assert _num(cells["sent"][i]) == want["requests"]
+        # no open-loop instant went unsent in this journal: offered = sent
+        assert _num(cells["offered"][i]) == want["requests"]
+        assert _num(cells["sends not made"][i]) == 0
         assert _num(cells["errors"][i]) == want["requests"] - want["ok"]
         assert _num(cells["success rate"][i]) == pytest.approx(
             want["ok"] / want["requests"], abs=0.0001
@@ -422,3 +429,54 @@ def test_html_opens_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
     keep = os.environ.get("SOAKD_SCREENSHOT_DIR")
     if keep:
         shutil.copy(shot, Path(keep) / "report.png")
+
+
+@pytest.mark.parametrize("command", ["check", "report", "export"])
+def test_a_reader_that_hung_up_is_not_an_error(run_dir: Path, command: str) -> None:
+    """``soakd check ... | head -3``: the reader closed the pipe; soakd stops quietly, 0."""
+    args = {
+        "check": [str(p) for p in sorted((ROOT / "examples").glob("*.yaml"))],
+        "report": [str(run_dir), "--format", "md"],
+        "export": [str(run_dir), "--format", "jsonl"],
+    }[command]
+    read, write = os.pipe()
+    os.close(read)  # gone before soakd writes a byte: every write is a broken pipe
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "soakd", command, *args],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, cwd=ROOT,
+        )
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert "Broken pipe" not in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_short_rehearsal_has_no_leak_finding_and_a_dcgm_page_has_an_owner(
+    tmp_path: Path,
+) -> None:
+    """A 10-minute rehearsal whose VRAM jumps at a load step: no slope is a finding there
+    ("too short to tell"), and the GPU read from a simulator's own DCGM page is that
+    simulator's (its VRAM peak on its row)."""
+    cfg = config(
+        targets=[
+            {"name": "edge", "simulator": "edge-4gb"},
+            {"name": "cloud", "base_url": "http://127.0.0.1:2"},
+        ],
+        gpu={"source": "dcgm"},
+    )
+    clock = FakeClock(offset_s=600)
+    base_wall = time.time() - (time.perf_counter_ns() - clock.origin_ns) / 1e9
+    j = open_test_journal(tmp_path, cfg, clock)
+    for t in range(0, 600, 5):
+        used = 3.0e9 if t < 300 else 3.9e9  # a load step, not a leak
+        j.sample(Sample(base_wall + t, "soakd_gpu_memory_used_bytes", used, (("gpu", "0"),)))
+    j.close()
+    rep = build_report(tmp_path)
+    assert rep.overall["edge"].vram_peak_bytes == 3.9e9
+    assert rep.overall["cloud"].vram_peak_bytes is None
+    assert rep.gpus[0].targets == ["edge"]
+    assert rep.gpus[0].leak_bytes_per_hour is None
+    assert rep.overall["edge"].leak_note == "too short to tell"
+    assert "too short to tell" in render_markdown(rep)

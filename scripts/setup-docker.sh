@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install what tests/docker/ (make test-docker) needs from Debian's own packages: the
+# Docker engine and CLI (docker.io, dockerd 20.10), docker-compose 1.29 (Compose v1, what
+# Debian 12 ships), and mmdebstrap (builds the stand-in base images, scripts/docker-standins.sh).
+#
+#   scripts/setup-docker.sh
+#
+# Idempotent: does nothing when dockerd, Debian's docker CLI, docker-compose and mmdebstrap
+# are there. apt's, dpkg's and needrestart's output goes to a log file, not the terminal.
+# Uses sudo when not root. Starting the engine is scripts/test-docker.sh's job.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOG="$ROOT/.cache/setup-apt.log"
+
+say() { printf 'setup-docker: %s\n' "$*"; }
+die() { printf 'setup-docker: ERROR: %s\n' "$*" >&2; exit 1; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+missing=()
+{ have dockerd && [[ -x /usr/bin/docker ]]; } || missing+=(docker.io)
+have docker-compose || missing+=(docker-compose)
+have mmdebstrap || missing+=(mmdebstrap)
+
+if ((${#missing[@]} == 0)); then
+  say "already installed: $(dockerd --version 2>/dev/null), $(docker-compose version --short 2>/dev/null | head -n1)"
+  exit 0
+fi
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+  have sudo || die "not root and no sudo; install ${missing[*]} by hand"
+  SUDO=(sudo)
+fi
+
+mkdir -p "$(dirname "$LOG")"
+say "installing ${missing[*]} (log: $LOG)"
+{ "${SUDO[@]}" apt-get update -q \
+    && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a NEEDRESTART_SUSPEND=1 \
+        apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends "${missing[@]}"; } >>"$LOG" 2>&1 \
+  || { tail -n 20 "$LOG" >&2; die "apt-get install ${missing[*]} failed (full log: $LOG)"; }
+
+for bin in dockerd docker-compose mmdebstrap; do
+  have "$bin" || die "$bin still missing after apt-get install (log: $LOG)"
+done
+say "installed: $(dockerd --version), docker-compose $(docker-compose version --short | head -n1)"

@@ -1,0 +1,237 @@
+"""Goodput: which requests count, against which SLO, and the tallies behind each verdict.
+
+The definitions (docs/slo.md has them in full), in one place so that the report, the live
+view and ``/metrics`` agree:
+
+- *sent*: a request that left soakd (``sent_ns`` set), less the ones soakd itself cut
+  at the drain deadline (``cancelled``): those are no one's failure.
+- *good*: sent, succeeded, and within every latency SLO set for its target (TTFT, TPOT and
+  E2E, each judged on the request's own value; a value the request does not have, such as
+  the TPOT of a one-token answer, is not held against it).
+- *goodput*: good / sent. Every failure counts against it: errors, timeouts, refusals
+  (429, other 4xx) and the guard gateway's own refusals.
+- *error ratio* (``slo.error_ratio``): failures of the server or the path to it (5xx,
+  transport errors, timeouts, broken streams) / sent requests that reached the server.
+  Not in it: refusals of the request (429, 4xx, 401/403) and the guard's own refusals,
+  which are load shedding, not failures; they still count against goodput.
+
+Whether a failure is the guard's own refusal is decided by ``guard_refusal`` alone: the
+client classifies the gateway's refusals by their error ``code`` into the ``shed_*``
+kinds, which the journal stores like any other kind.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from soakd.config import Slo
+from soakd.model import ErrorKind, Outcome
+
+NS_PER_S = 1_000_000_000
+
+Class = Literal["ok", "error", "refused", "guard", "excluded"]
+
+NOT_JUDGED = frozenset({ErrorKind.CANCELLED.value})
+"""Sent, then cut by soakd itself (drain deadline): out of every denominator."""
+
+REFUSALS = frozenset(
+    {ErrorKind.HTTP_429.value, ErrorKind.HTTP_4XX.value, ErrorKind.HTTP_AUTH.value}
+)
+"""The server (or a cloud's front door) refused the request: against goodput, not an error."""
+
+
+def guard_refusal(error: str | None, origin: str | None = None) -> bool:
+    """The guard gateway answered this itself (shed it): the ``shed_*`` kinds, which the
+    client gives by the gateway's error ``code`` (soakd/targets/openai.py). ``origin`` is
+    for a future journal column; the kind carries it today."""
+    return error is not None and (origin == "gateway" or error.startswith("shed_"))
+
+
+def classify(error: str | None, origin: str | None = None) -> Class:
+    """``ok``; ``error`` (in the error ratio); ``refused`` or ``guard`` (against goodput
+    only); ``excluded`` (not judged at all)."""
+    if error is None:
+        return "ok"
+    if error in NOT_JUDGED:
+        return "excluded"
+    if guard_refusal(error, origin):
+        return "guard"
+    if error in REFUSALS:
+        return "refused"
+    return "error"
+
+
+def _bound_ns(limit_s: float | None) -> int | None:
+    return None if limit_s is None else round(limit_s * NS_PER_S)
+
+
+def within(slo: Slo, ttft_ns: int | None, tpot_ns: int | None, e2e_ns: int | None) -> bool:
+    """A successful request's latencies against the latency SLOs (unset: no bound)."""
+    for value, limit in ((ttft_ns, slo.ttft_p99), (tpot_ns, slo.tpot_p99), (e2e_ns, slo.e2e_p99)):
+        if value is not None and limit is not None and value > limit * NS_PER_S:
+            return False
+    return True
+
+
+@dataclass(slots=True)
+class Tally:
+    """Counts of one target (over a run, a phase or a window) as goodput sees them."""
+
+    sent: int = 0  # judged: sent and not cut by soakd
+    ok: int = 0
+    good: int = 0  # ok and within every latency SLO
+    errors: int = 0  # in the error ratio
+    refused: int = 0  # 429 / 4xx answers of the server
+    guard: int = 0  # the guard gateway's own refusals
+    excluded: int = 0  # cancelled by soakd at the drain deadline
+    unsent: int = 0  # never left soakd
+
+    def add(self, cls: Class, good: bool, n: int = 1, sent: bool = True) -> None:
+        if not sent:
+            self.unsent += n
+            return
+        if cls == "excluded":
+            self.excluded += n
+            return
+        self.sent += n
+        if cls == "ok":
+            self.ok += n
+            if good:
+                self.good += n
+        elif cls == "error":
+            self.errors += n
+        elif cls == "refused":
+            self.refused += n
+        else:
+            self.guard += n
+
+    def merge(self, other: Tally) -> None:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def goodput(self) -> float | None:
+        """Good / sent (None: nothing sent)."""
+        return self.good / self.sent if self.sent else None
+
+    @property
+    def error_ratio(self) -> float | None:
+        """Errors / sent requests that reached the server (the guard's refusals left out)."""
+        reached = self.sent - self.guard
+        return self.errors / reached if reached > 0 else None
+
+
+def tally_outcome(tally: Tally, o: Outcome, slo: Slo) -> None:
+    error = None if o.error is None else o.error.value
+    cls = classify(error, getattr(o, "origin", None))
+    good = cls == "ok" and within(slo, o.ttft_ns, o.tpot_ns, o.e2e_ns)
+    tally.add(cls, good, sent=bool(o.sent_ns))
+
+
+# --- from the journal ------------------------------------------------------------------------
+
+_TALLY_SQL = """
+SELECT phase, error, sent_ns IS NOT NULL,
+       error IS NULL
+       AND (? IS NULL OR ttft_ns IS NULL OR ttft_ns <= ?)
+       AND (? IS NULL OR tpot_ns IS NULL OR tpot_ns <= ?)
+       AND (? IS NULL OR e2e_ns IS NULL OR e2e_ns <= ?),
+       COUNT(*)
+FROM requests WHERE target = ? GROUP BY 1, 2, 3, 4
+"""
+
+
+def journal_tallies(
+    conn: sqlite3.Connection, target: str, slo: Slo
+) -> tuple[Tally, dict[str, Tally]]:
+    """One target's tally over its journaled request rows: whole run, and per phase.
+    One grouped query (SQLite does the per-row work; memory stays flat)."""
+    bounds: list[int | None] = []
+    for limit in (slo.ttft_p99, slo.tpot_p99, slo.e2e_p99):
+        b = _bound_ns(limit)
+        bounds += [b, b]
+    overall = Tally()
+    by_phase: dict[str, Tally] = {}
+    for phase, error, sent, good, n in conn.execute(_TALLY_SQL, (*bounds, target)):
+        cls = classify(error, None)
+        overall.add(cls, bool(good), n, bool(sent))
+        by_phase.setdefault(phase, Tally()).add(cls, bool(good), n, bool(sent))
+    return overall, by_phase
+
+
+# --- live, over a window ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Slot:
+    second: int
+    tally: Tally = field(default_factory=Tally)
+
+
+class GoodputWindow:
+    """An OutcomeSink: per target, goodput over the last ``span_s`` seconds (a ring of
+    one-second tallies: bounded memory whatever the rate) and over the whole session."""
+
+    def __init__(self, slos: dict[str, Slo], span_s: int = 60) -> None:
+        self.slos = slos
+        self.span_s = span_s
+        self.total = {t: Tally() for t in slos}
+        self._ring: dict[str, deque[_Slot]] = {t: deque() for t in slos}
+
+    def record(self, outcome: Outcome) -> None:
+        slo = self.slos.get(outcome.target)
+        if slo is None:
+            return
+        tally_outcome(self.total[outcome.target], outcome, slo)
+        now = int(time.monotonic())
+        ring = self._ring[outcome.target]
+        if not ring or ring[-1].second != now:
+            ring.append(_Slot(now))
+            self._trim(ring, now)
+        tally_outcome(ring[-1].tally, outcome, slo)
+
+    def _trim(self, ring: deque[_Slot], now: int) -> None:
+        while ring and ring[0].second <= now - self.span_s:
+            ring.popleft()
+
+    def recent(self, target: str) -> tuple[Tally, float]:
+        """The window's tally and the seconds it covers (at least 1)."""
+        now = int(time.monotonic())
+        # read-only (a copy of the ring): the exporter's thread calls this at scrape time
+        slots = [slot for slot in list(self._ring[target]) if slot.second > now - self.span_s]
+        merged = Tally()
+        for slot in slots:
+            merged.merge(slot.tally)
+        covered = (now - slots[0].second + 1) if slots else 0
+        return merged, float(max(1, min(covered, self.span_s)))
+
+    def ratio(self, target: str) -> float:
+        """Goodput over the window, for the gauge (NaN: nothing sent in it)."""
+        tally, _ = self.recent(target)
+        g = tally.goodput
+        return float("nan") if g is None else g
+
+    def rate(self, target: str) -> float:
+        """Good requests per second over the window."""
+        tally, seconds = self.recent(target)
+        return tally.good / seconds
+
+    def row(self, target: str) -> dict[str, float | None]:
+        """What the live view and /status add to a target's row."""
+        tally, seconds = self.recent(target)
+        return {"goodput": tally.goodput, "goodput_rps": tally.good / seconds}
+
+
+def merged(tallies: Iterable[Tally]) -> Tally:
+    out = Tally()
+    for t in tallies:
+        out.merge(t)
+    return out
+
+
+__all__ = ["GoodputWindow", "Tally", "classify", "guard_refusal", "journal_tallies", "within"]

@@ -1,0 +1,117 @@
+"""Keep-alive connections a server closed: one outcome per request the server saw.
+
+A raw-socket server answers each request with ``Content-Length``, no ``Connection: close``
+(so the client keeps the connection), and then closes the socket, as proxies do after an
+error answer. The client's next request often goes out on that dead pooled connection;
+soakd sends it again on a fresh connection (counted in
+``soakd_connection_resends_total``) instead of recording a phantom ``stream_truncated``.
+The outcomes soakd counts must equal what the server received, exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+
+from soakd.app import RunOptions, Soak
+from soakd.config import config_from_dict
+from tests.faults.conftest import figure, samples
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+ERROR = json.dumps({"error": {"message": "no", "type": "server_error", "code": "x"}}).encode()
+MODES = {  # mode: (status, content type, body, the kind soakd must count)
+    "s400": (400, "application/json", ERROR, "http_4xx"),
+    "s401": (401, "application/json", ERROR, "http_auth"),
+    "s503": (503, "application/json", ERROR, "http_5xx"),
+    "s503oom": (503, "application/json",
+                json.dumps({"error": {"message": "CUDA out of memory"}}).encode(), "http_5xx"),
+    "error200": (200, "application/json", ERROR, "bad_response"),
+    "html": (200, "text/html", b"<html>a proxy's page</html>", "bad_response"),
+}
+
+
+class ClosingServer:
+    """Reads one request per connection, answers it as keep-alive, then closes."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            mode = lines[0].split(" ")[1].strip("/").split("/")[0]
+            length = next((int(v) for k, _, v in (ln.partition(":") for ln in lines)
+                           if k.lower() == "content-length"), 0)
+            await reader.readexactly(length)
+            self.requests[mode] += 1  # the server saw a whole request
+            status, ctype, body, _ = MODES[mode]
+            writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, KeyError):
+            pass
+        finally:
+            writer.close()  # no Connection: close was said: the client thinks it may reuse it
+
+    async def __aenter__(self) -> ClosingServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 5)
+
+
+@pytest.fixture
+async def closing() -> AsyncIterator[ClosingServer]:
+    async with ClosingServer() as server:
+        yield server
+
+
+async def test_outcomes_equal_what_the_server_received(
+    closing: ClosingServer, tmp_path: Path
+) -> None:
+    targets = [
+        {"name": mode, "base_url": f"http://127.0.0.1:{closing.port}/{mode}", "model": "m",
+         "scrape": False, "timeouts": {"connect": "2s", "ttft": "3s", "total": "5s"},
+         "rate_limit": {"honour_retry_after": False, "default_pause": 0}}
+        for mode in MODES
+    ]
+    cfg = config_from_dict({
+        "run": {"name": "keepalive", "drain_timeout": "5s"},
+        "targets": targets,
+        "workload": {"max_tokens": 8},
+        "gpu": {"source": "none"},
+        "phases": [{"name": "p", "duration": "3s",
+                    "load": {"mode": "closed", "concurrency": 2}}],
+    })
+    soak = Soak(cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0",
+                                console_logs=False))
+    result = await soak.run()
+    assert result.completed
+    text = generate_latest(soak.metrics.registry).decode()
+    resends = 0.0
+    for mode, (_, _, _, kind) in MODES.items():
+        seen = closing.requests[mode]
+        counted = samples(text, "soakd_requests_total", target=mode)
+        assert seen > 20, (mode, seen)
+        assert counted == seen, (mode, counted, seen)  # not one phantom, not one lost
+        assert samples(text, "soakd_requests_total", target=mode, outcome=kind) == seen
+        resends += samples(text, "soakd_connection_resends_total", target=mode)
+        figure(f"keepalive.{mode}.server_saw", seen)
+        figure(f"keepalive.{mode}.soakd_counted", counted)
+    assert resends > 0  # the dead pooled connections were met, and sent around
+    figure("keepalive.resends", resends)

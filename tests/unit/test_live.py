@@ -1,0 +1,71 @@
+"""The live view on real terminal widths: it fits, says when it drains, and says when soakd
+itself is the bottleneck."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from soakd.live import live_panel
+
+
+def status(**extra: Any) -> dict[str, Any]:
+    row = {"rps": 12.34, "output_tps": 1532.2, "ok": 123456, "errors": 3, "shed": 0,
+           "ttft_p50_ms": 45.2, "ttft_p99_ms": 9342.0, "e2e_p50_ms": 1234.0,
+           "e2e_p99_ms": 14321.0, "itl_p50_ms": 0.8, "lag_p99_ms": 0.4}
+    return {"run_id": "edge-72h-20261201-161200-ab12", "phase": "steady", "elapsed_s": 125.0,
+            "remaining_s": 3475.0, "in_flight": {"edge-vllm-4gb": 8, "cloud-gpt": 3},
+            "stopping": False, "metrics_url": "http://127.0.0.1:9464", "lag_limit_s": 0.1,
+            "missed": {}, "targets": {"edge-vllm-4gb": dict(row), "cloud-gpt": dict(row)}
+            } | extra
+
+
+def screen(st: dict[str, Any], width: int) -> str:
+    console = Console(width=width, record=True, color_system=None)
+    console.print(live_panel(st, width))
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_fits_the_terminal_without_cutting_names_or_numbers(width: int) -> None:
+    text = screen(status(), width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "…" not in text  # no column squeezed to "tar…" / "14.…"
+    for must in ("edge-vllm-4gb", "cloud-gpt", "req/s", "errors", "TTFT p99", "E2E p99"):
+        assert must in text
+    assert "9.34 s" in text  # one unit rule: s above a second
+    assert "14.32 s" in text
+
+
+def test_wider_terminals_show_more_columns() -> None:
+    assert "ITL p50" not in screen(status(), 80)
+    assert "ITL p50" in screen(status(), 160)
+
+
+def test_says_it_is_draining() -> None:
+    text = screen(status(stopping=True, phase=None), 80)
+    assert "draining" in text
+    assert "phase -" not in text
+
+
+def test_a_client_behind_its_plan_is_called_out() -> None:
+    st = status()
+    assert "CLIENT-LIMITED" not in screen(st, 80)
+    st["targets"]["cloud-gpt"]["lag_p99_ms"] = 342.0  # past the 100 ms limit
+    assert "CLIENT-LIMITED cloud-gpt" in screen(st, 80)
+    st = status(missed={"edge-vllm-4gb": {"late": 12}})
+    text = screen(st, 80)
+    assert "CLIENT-LIMITED edge-vllm-4gb" in text
+    assert "12" in text.split("edge-vllm-4gb")[-1]  # its sends not made are on its row
+
+
+def test_the_edge_cards_vram_against_its_line() -> None:
+    vram = [{"gpu": "0", "target": "edge-vllm-4gb", "used_bytes": 3.95e9, "peak_bytes": 3.97e9,
+             "limit_bytes": 3.9e9}]
+    text = screen(status(vram=vram), 80)
+    assert "GPU 0 (edge-vllm-4gb): VRAM 3.95 GB, peak 3.97 GB, line 3.90 GB ABOVE" in text
+    vram[0]["used_bytes"] = 3.5e9
+    assert "ABOVE" not in screen(status(vram=vram), 80)
+    assert "line 3.90 GB peak over" in screen(status(vram=vram), 80)
