@@ -187,7 +187,7 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
     port = free_port()
     proc = start(cfg_path, run_dir, port)
     try:
-        text, status = wait_until(port, lambda t, s: s["elapsed_s"] > offset_at_kill + 0.5)
+        text, status = wait_until(port, lambda t, s: s.get("elapsed_s", 0) > offset_at_kill + 0.5)
         assert status["run_id"] == run_id
         resumed_total = sum(counters(text, "soakd_requests_total").values())
         assert resumed_total >= rows_at_kill  # counters continued, not restarted at 0
