@@ -11,13 +11,13 @@ Windows are stored once they are over (two windows back: late requests still lan
 
 from __future__ import annotations
 
-import bisect
 import json
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
 from soakd.analysis import TargetStats
+from soakd.buckets import Hist, add_hist, observe
 from soakd.journal.codec import copy_stats, outcome_from_row, stats_from_blob, stats_to_blob
 from soakd.journal.schema import REQUEST_COLUMNS
 from soakd.metrics import HISTOGRAM_BUCKETS, NS
@@ -29,8 +29,6 @@ HistKey = tuple[str, str]
 """(kind, target): one row of ``histograms``; kind is a key of ``HISTOGRAM_BUCKETS``."""
 WindowKey = tuple[str, str, int]
 """(target, phase, window index): one row of ``rollups``."""
-Hist = tuple[list[int], float]
-"""Count per bucket (+Inf last, not cumulative) and the sum, in seconds."""
 
 
 def rollup_window_ns(plan: Plan) -> int:
@@ -74,15 +72,15 @@ class Deltas:
         # histogram buckets, as Metrics observes them
         hists = self.hists
         if o.sent_ns:
-            observe(hists, "lag", o.target, [o.dispatch_lag_ns * NS])
+            _observe(hists, "lag", o.target, [o.dispatch_lag_ns * NS])
         if o.error is None:
-            observe(hists, "e2e", o.target, [o.e2e_ns * NS])
+            _observe(hists, "e2e", o.target, [o.e2e_ns * NS])
             if ttft is not None:
-                observe(hists, "ttft", o.target, [ttft * NS])
+                _observe(hists, "ttft", o.target, [ttft * NS])
             if tpot is not None:
-                observe(hists, "tpot", o.target, [tpot * NS])
+                _observe(hists, "tpot", o.target, [tpot * NS])
             if ordered:
-                observe(hists, "itl", o.target, [g * NS for g in ordered])
+                _observe(hists, "itl", o.target, [g * NS for g in ordered])
         # the rollup window it completed in
         wkey = (o.target, o.phase, end_ns // window_ns)
         win = self.windows.get(wkey)
@@ -228,27 +226,8 @@ def store_window(
     )
 
 
-def observe(hists: dict[HistKey, Hist], kind: str, target: str, values: list[float]) -> None:
-    """Count ``values`` (sorted for ITL) into Prometheus' buckets: the first bound >= value."""
-    bounds = HISTOGRAM_BUCKETS[kind]
-    entry = hists.get((kind, target))
-    counts, total = entry if entry is not None else ([0] * (len(bounds) + 1), 0.0)
-    if len(values) == 1:
-        counts[bisect.bisect_left(bounds, values[0])] += 1
-    else:
-        below = 0
-        for i, bound in enumerate(bounds):
-            upto = bisect.bisect_right(values, bound)
-            counts[i] += upto - below
-            below = upto
-        counts[-1] += len(values) - below
-    hists[(kind, target)] = (counts, total + sum(values))
-
-
-def add_hist(base: Hist | None, counts: list[int], total: float) -> Hist:
-    if base is None:
-        return list(counts), total
-    return [a + b for a, b in zip(base[0], counts, strict=True)], base[1] + total
+def _observe(hists: dict[HistKey, Hist], kind: str, target: str, values: list[float]) -> None:
+    observe(hists, (kind, target), HISTOGRAM_BUCKETS[kind], values)
 
 
 def unfolded_rollups(
