@@ -26,7 +26,9 @@ LabelKey = tuple[tuple[str, str], ...]
 
 
 def observe(
-    hists: dict[tuple[str, str], Hist], key: tuple[str, str], bounds: Sequence[float],
+    hists: dict[tuple[str, str], Hist],
+    key: tuple[str, str],
+    bounds: Sequence[float],
     values: list[float],
 ) -> None:
     """Count ``values`` (sorted when more than one) into ``hists[key]``, as prometheus_client

@@ -120,9 +120,7 @@ class Aggregates:
         self.hists: dict[HistKey, Hist] = {}
         self.windows: dict[WindowKey, Window] = {}
 
-    def load(
-        self, conn: sqlite3.Connection
-    ) -> list[tuple[str, str, str, str, int, int, int, int]]:
+    def load(self, conn: sqlite3.Connection) -> list[tuple[str, str, str, str, int, int, int, int]]:
         """Read the stored totals and histograms; returns the totals as rows."""
         totals = []
         for row in conn.execute("SELECT * FROM totals"):

@@ -27,7 +27,8 @@ JOURNAL_FILE = "journal.db"
 LOCK_FILE = "journal.lock"
 PAGE_SIZE = 16384
 
-_SCHEMA = """
+_SCHEMA = (
+    """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE requests (
     id INTEGER PRIMARY KEY,
@@ -79,7 +80,10 @@ CREATE TABLE rollups (
     upto_id INTEGER NOT NULL, wall_min REAL NOT NULL, wall_max REAL NOT NULL,
     stats BLOB NOT NULL, PRIMARY KEY (target, phase, window)
 ) WITHOUT ROWID;
-""" + _MISSED_TABLE + ";\n"
+"""
+    + _MISSED_TABLE
+    + ";\n"
+)
 
 INSERT_REQUEST = "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 REQUEST_COLUMNS = (

@@ -22,8 +22,9 @@ Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 def outcomes(n: int, seed: int) -> list[Outcome]:
     rng, clock = random.Random(seed), FakeClock(offset_s=30)
     return [
-        outcome(rng, clock, ("alpha", "beta")[i % 2], "warm", i, 1 + i * 0.01,
-                error=rng.choice(KINDS))
+        outcome(
+            rng, clock, ("alpha", "beta")[i % 2], "warm", i, 1 + i * 0.01, error=rng.choice(KINDS)
+        )
         for i in range(n)
     ]
 
@@ -77,8 +78,13 @@ def test_restored_then_live_equals_counted_live_all_along() -> None:
 def test_buckets_that_do_not_fit_are_reported_and_left_live() -> None:
     m = metrics()
     bounds = HISTOGRAM_BUCKETS["e2e"]
-    missing = m.restore([], {("e2e", "alpha"): ([1] * len(bounds), 3.0),  # one short
-                             ("ttft", "nobody"): ([0] * (len(bounds) + 1), 0.0)})
+    missing = m.restore(
+        [],
+        {
+            ("e2e", "alpha"): ([1] * len(bounds), 3.0),  # one short
+            ("ttft", "nobody"): ([0] * (len(bounds) + 1), 0.0),
+        },
+    )
     assert sorted(missing) == ["e2e:alpha", "ttft:nobody"]
     get = m.registry.get_sample_value
     assert get("soakd_request_duration_seconds_count", {"target": "alpha"}) == 0
