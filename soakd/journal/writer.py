@@ -62,11 +62,6 @@ RETENTION_EVERY_S = 60.0
 IDLE_HEARTBEAT_S = 1.0
 RETRY_MAX_S = 30.0
 
-Event = tuple[str, float, int | None, str, dict[str, Any]]
-"""A queued run event: ("event", wall, plan offset ns or None, kind, data)."""
-Record = Outcome | Sample | Event
-"""What the loop hands the writer thread."""
-
 
 @dataclass(frozen=True)
 class RunInfo:
