@@ -225,7 +225,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     judge_by = None
     if args.config is not None:
-        from soakd.journal import config_doc
+        from soakd.redact import config_doc
 
         judge_by = config_doc(load_config(args.config))
     rep = build_report(args.run_dir, energy_price_per_kwh=args.energy_price, judge_by=judge_by)

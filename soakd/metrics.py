@@ -262,7 +262,9 @@ class Metrics:
         """Continue the counters of a resumed run from the journal's totals, so Prometheus
         sees no reset. ``totals``: (target, phase, outcome, status_class, requests,
         output_tokens, prompt_tokens, oom) rows; ``histograms``: (kind, target) -> (count per
-        bucket, +Inf last; sum). Returns what could not be restored."""
+        bucket, +Inf last; sum). Call once, after ``add_target``. Counters continue through
+        ``inc``; histograms through ``soakd.buckets.restore_histogram`` (public API only).
+        Returns what could not be restored."""
         missing: list[str] = []
         for target, phase, outcome, sclass, n, out_tokens, in_tokens, oom in totals:
             if n:
@@ -277,20 +279,19 @@ class Metrics:
                 self.prompt_tokens.labels(target).inc(in_tokens)
             if oom:
                 self.oom_errors.labels(target).inc(oom)
+        # prometheus_client has no public way to set a histogram: each one with a base is
+        # served from now on through a collector that adds the base at scrape time
+        from soakd.buckets import Hist, LabelKey, restore_histogram  # only a resume needs it
+
+        bases: dict[str, dict[LabelKey, Hist]] = {}
         for (kind, target), (counts, total) in histograms.items():
-            child = self._children.get(target)
-            hist = getattr(child, kind, None) if child is not None else None
-            # prometheus_client has no public way to set a histogram: its per-bucket
-            # values and sum are private, so check they look as expected first
-            buckets = getattr(hist, "_buckets", None)
-            hsum = getattr(hist, "_sum", None)
-            if buckets is None or hsum is None or len(buckets) != len(counts):
+            if kind in HISTOGRAM_BUCKETS and target in self._children:
+                bases.setdefault(kind, {})[(("target", target),)] = (list(counts), total)
+            else:
                 missing.append(f"{kind}:{target}")
-                continue
-            for value, n in zip(buckets, counts, strict=True):
-                if n:
-                    value.inc(n)
-            hsum.inc(total)
+        for kind, by_child in bases.items():
+            misfits = restore_histogram(self.registry, getattr(self, kind), by_child)
+            missing += [f"{kind}:{dict(key)['target']}" for key in misfits]
         return missing
 
 

@@ -158,6 +158,7 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
         assert rows.get(key, 0) >= n, (key, rows.get(key, 0), n)
     assert checkpoint_elapsed <= offset_at_kill < PLAN_S
     rows_at_kill = sum(rows.values())
+    ok_at_kill = sum(n for (_, _, o), n in rows.items() if o == "ok")
 
     # --- a changed config is refused, not silently mixed into the run ---------------------
     changed = tmp_path / "changed.yaml"
@@ -187,10 +188,18 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
     port = free_port()
     proc = start(cfg_path, run_dir, port)
     try:
-        text, status = wait_until(port, lambda t, s: s["elapsed_s"] > offset_at_kill + 0.5)
+        text, status = wait_until(port, lambda t, s: s.get("elapsed_s", 0) > offset_at_kill + 0.5)
         assert status["run_id"] == run_id
         resumed_total = sum(counters(text, "soakd_requests_total").values())
         assert resumed_total >= rows_at_kill  # counters continued, not restarted at 0
+        # and the latency histograms (restored through a collector, soakd/buckets.py)
+        e2e_count = sum(
+            s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == "soakd_request_duration_seconds_count"
+        )
+        assert e2e_count >= ok_at_kill > 0
         assert value(text, "soakd_run_resumes_total") == 1
         assert value(text, "soakd_run_downtime_seconds_total") >= time.time() - killed_at - 30
         assert value(text, "soakd_run_downtime_seconds_total") > 0.5

@@ -26,6 +26,7 @@ from soakd.journal import (
     read_resume_state,
     unpack_itl,
 )
+from soakd.journal import writer as writer_mod
 from soakd.metrics import JournalMetrics, Metrics
 from soakd.model import ErrorKind, Outcome, Sample
 from tests.journal_fixtures import MS, FakeClock, config, open_test_journal, outcome, run_info
@@ -197,7 +198,7 @@ class DiskFills(Journal):
 def test_a_full_disk_keeps_measuring_loses_nothing_written_and_recovers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(journal_mod, "RETRY_MAX_S", 0.2)
+    monkeypatch.setattr(writer_mod, "RETRY_MAX_S", 0.2)
     cfg = config()
     clock = FakeClock(offset_s=5)
     live = Metrics()
@@ -364,7 +365,7 @@ def test_a_killed_writer_leaves_rows_the_reader_and_a_resume_fold_in(tmp_path: P
 def test_retention_deletes_old_rows_but_keeps_the_aggregates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(journal_mod, "RETENTION_EVERY_S", 0.0)
+    monkeypatch.setattr(writer_mod, "RETENTION_EVERY_S", 0.0)
     clock = FakeClock(offset_s=60)
     j = open_test_journal(
         tmp_path,

@@ -1,0 +1,126 @@
+"""Buckets room: Prometheus histogram buckets counted outside prometheus_client, and added
+back to a live histogram on resume, through its public ``collect()`` only.
+
+The journal counts every latency it commits into the same buckets as ``Metrics``'
+histograms (``observe``, ``add_hist``); a resumed run continues from those counts with
+``WithBase``, a collector that yields the live histogram's families with the journal's
+base added to each bucket, the count and the sum, as client_python's own custom collectors
+build families at scrape time. prometheus_client has no public way to set a histogram,
+and writing its private ``_buckets``/``_sum`` would break quietly with a library upgrade.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import Metric
+
+Hist = tuple[list[int], float]
+"""Count per bucket (not cumulative; +Inf last) and the sum of the observed values."""
+LabelKey = tuple[tuple[str, str], ...]
+"""A child's labels, sorted, without ``le``."""
+
+
+def observe(
+    hists: dict[tuple[str, str], Hist],
+    key: tuple[str, str],
+    bounds: Sequence[float],
+    values: list[float],
+) -> None:
+    """Count ``values`` (sorted when more than one) into ``hists[key]``, as prometheus_client
+    does: into the first bucket whose bound is >= the value."""
+    entry = hists.get(key)
+    counts, total = entry if entry is not None else ([0] * (len(bounds) + 1), 0.0)
+    if len(values) == 1:
+        counts[bisect.bisect_left(bounds, values[0])] += 1
+    else:
+        below = 0
+        for i, bound in enumerate(bounds):
+            upto = bisect.bisect_right(values, bound)
+            counts[i] += upto - below
+            below = upto
+        counts[-1] += len(values) - below
+    hists[key] = (counts, total + sum(values))
+
+
+def add_hist(base: Hist | None, counts: list[int], total: float) -> Hist:
+    """``base`` plus more counts and sum (a new value; ``base`` is not changed)."""
+    if base is None:
+        return list(counts), total
+    return [a + b for a, b in zip(base[0], counts, strict=True)], base[1] + total
+
+
+def _label_key(labels: Mapping[str, str]) -> LabelKey:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+
+
+class WithBase:
+    """Collector: a live Histogram's families with a base added per child.
+
+    Each ``_bucket`` sample gains the base's cumulative count up to its ``le``, ``_count``
+    the base's count and ``_sum`` its sum; ``_created`` and children with no base pass
+    unchanged. The Histogram goes on observing as before; only its registration moves
+    (``restore_histogram``). The bases are fitted before the collector is registered and
+    never change after, so a scrape on the exporter's thread reads them without a lock."""
+
+    def __init__(self, hist: Histogram, bases: Mapping[LabelKey, Hist]) -> None:
+        self._hist = hist
+        self._raw = dict(bases)
+        self._bases: dict[LabelKey, tuple[dict[float, int], int, float]] = {}
+
+    def describe(self) -> Iterable[Metric]:
+        return self._hist.describe()
+
+    def fit(self) -> list[LabelKey]:
+        """Match each base to the bounds its live child exports (read through
+        ``collect()``); returns the keys whose bases do not fit (left out)."""
+        misfits = []
+        for key, (counts, total) in self._raw.items():
+            bounds = [
+                float(s.labels["le"])
+                for family in self._hist.collect()
+                for s in family.samples
+                if s.name.endswith("_bucket") and _label_key(s.labels) == key
+            ]
+            if not bounds or len(bounds) != len(counts) or not math.isinf(bounds[-1]):
+                misfits.append(key)
+                continue
+            cumulative = dict(zip(bounds, itertools.accumulate(counts), strict=True))
+            self._bases[key] = (cumulative, sum(counts), total)
+        return misfits
+
+    def collect(self) -> Iterator[Metric]:
+        bases = self._bases
+        for family in self._hist.collect():
+            samples = []
+            for s in family.samples:
+                base = bases.get(_label_key(s.labels))
+                if base is not None:
+                    cumulative, count, total = base
+                    if s.name.endswith("_bucket"):
+                        s = s._replace(value=s.value + cumulative[float(s.labels["le"])])
+                    elif s.name.endswith("_count"):
+                        s = s._replace(value=s.value + count)
+                    elif s.name.endswith("_sum"):
+                        s = s._replace(value=s.value + total)
+                samples.append(s)
+            family.samples = samples
+            yield family
+
+
+def restore_histogram(
+    registry: CollectorRegistry, hist: Histogram, bases: Mapping[LabelKey, Hist]
+) -> list[LabelKey]:
+    """Serve ``hist`` from now on with ``bases`` added (in its place in ``registry``); its
+    children must exist already. Returns the keys not restored: no such child, or other
+    buckets than the base was counted in. Call once per histogram."""
+    collector = WithBase(hist, bases)
+    misfits = collector.fit()
+    if len(misfits) < len(bases):
+        registry.unregister(hist)
+        registry.register(collector)
+    return misfits

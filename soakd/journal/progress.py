@@ -1,0 +1,208 @@
+"""Journal progress room: this session's row in ``progress``, the plan clock's heartbeat,
+the downtime of a resumed run, and the run's events.
+
+Writer-thread state only. ``heartbeat`` writes inside the batch's transaction and returns
+a ``Beat``; ``committed`` applies it once the transaction commits, so a failed batch is
+retried from the same state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from soakd import __version__
+from soakd.journal.resume import ResumeState
+from soakd.model import Phase
+
+MissedKey = tuple[str, str, str]
+"""(target, phase, reason): one row of ``missed``."""
+
+
+class PlanClock(Protocol):
+    """What the journal reads from the runner (from its own thread: plain attribute reads)."""
+
+    @property
+    def origin_ns(self) -> int: ...
+    @property
+    def phase(self) -> Phase | None: ...
+    @property
+    def finished(self) -> bool: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def next_seq(self) -> dict[str, int]: ...
+    @property
+    def missed(self) -> dict[MissedKey, int]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """One heartbeat, written and waiting for its commit."""
+
+    offset_ns: int
+    missed: dict[MissedKey, int]
+    downtime_s: float | None  # set by the first heartbeat after the plan clock ran
+
+
+class Progress:
+    """The session's progress row and events (writer thread)."""
+
+    def __init__(self, resume: ResumeState | None, wall: Callable[[], float]) -> None:
+        self.resume = resume
+        self.wall = wall
+        self.session = 0
+        self.clock: PlanClock | None = None
+        self.last_offset = resume.offset_ns if resume else 0
+        self.started_offset = self.last_offset
+        self.seqs: dict[str, int] = dict(resume.next_seq) if resume else {}
+        self.missed: dict[MissedKey, int] = {}  # as committed
+        self._frozen_offset: int | None = None
+        self._clock_seen = False
+
+    def offset_now(self) -> int | None:
+        """The plan clock now (None before it runs); any thread."""
+        clock = self.clock
+        if clock is None or not clock.origin_ns:
+            return None
+        return time.perf_counter_ns() - clock.origin_ns
+
+    def load(self, conn: sqlite3.Connection) -> None:
+        """This session's number, and the sends not made as the journal holds them."""
+        self.session = 1 + (conn.execute("SELECT MAX(session) FROM progress").fetchone()[0] or 0)
+        self.missed = {(t, p, r): n for t, p, r, n in conn.execute("SELECT * FROM missed")}
+
+    def begin(self, conn: sqlite3.Connection, now: float, next_id: int) -> None:
+        """Inside the opening transaction: the session's row and its first event."""
+        conn.execute(
+            "INSERT INTO progress VALUES (?,?,?,?,?,?,?,?,?,?,0)",
+            (
+                self.session,
+                __version__,
+                os.getpid(),
+                now,
+                self.started_offset,
+                now,
+                self.started_offset,
+                None,
+                json.dumps(self.seqs),
+                next_id,
+            ),
+        )
+        if self.resume is None:
+            self.insert_event(conn, now, 0, "run_started", {"version": __version__})
+        else:
+            # the downtime is written when the plan clock runs again (_clock_started)
+            self.insert_event(
+                conn,
+                now,
+                self.started_offset,
+                "run_resumed",
+                {"version": __version__, "session": self.session},
+            )
+
+    def heartbeat(self, conn: sqlite3.Connection, from_id: int, final: bool) -> Beat:
+        """Inside a batch's transaction: the downtime (once), the sends not made that moved,
+        and the session's row (plan clock, phase, next seq numbers, rollup mark, stop)."""
+        downtime = self._clock_started(conn, final)
+        offset, phase_index = self._plan_clock()
+        missed = self._missed_changes()
+        if missed:
+            conn.executemany(
+                "INSERT OR REPLACE INTO missed VALUES (?,?,?,?)",
+                [(*k, n) for k, n in missed.items()],
+            )
+        conn.execute(
+            "UPDATE progress SET wall = ?, offset_ns = ?, phase_index = ?, seqs = ?, "
+            "rollup_from_id = ?, stopped = ? WHERE session = ?",
+            (
+                self.wall(),
+                offset,
+                phase_index,
+                json.dumps(self.seqs),
+                from_id,
+                int(final),
+                self.session,
+            ),
+        )
+        return Beat(offset, missed, downtime)
+
+    def committed(self, beat: Beat) -> None:
+        self.missed.update(beat.missed)
+        self.last_offset = beat.offset_ns
+
+    def insert_event(
+        self,
+        conn: sqlite3.Connection,
+        wall: float,
+        offset: int | None,
+        kind: str,
+        data: dict[str, Any],
+    ) -> None:
+        conn.execute(
+            "INSERT INTO events (session, wall, offset_ns, kind, data) VALUES (?,?,?,?,?)",
+            (self.session, wall, offset, kind, json.dumps(data, default=str)),
+        )
+
+    def _clock_started(self, conn: sqlite3.Connection, final: bool) -> float | None:
+        """The first time the plan clock runs in this session: stamp the session's start on
+        it (wall <-> plan time for the report) and, when resumed, write the downtime: from
+        the last heartbeat before the crash or stop to now (soakd's own start-up included).
+        A session stopped before its clock ever ran was down all along."""
+        if self._clock_seen:
+            return None
+        clock = self.clock
+        running = clock is not None and bool(clock.origin_ns)
+        if not running and not final:
+            return None
+        self._clock_seen = True
+        now = self.wall()
+        start_wall = now
+        if clock is not None and clock.origin_ns:
+            ran_ns = time.perf_counter_ns() - clock.origin_ns - self.started_offset
+            start_wall = now - max(0, ran_ns) / 1e9
+            conn.execute(
+                "UPDATE progress SET started_wall = ? WHERE session = ?",
+                (start_wall, self.session),
+            )
+        if self.resume is None:
+            return None
+        last = self.resume.last_wall
+        seconds = max(0.0, start_wall - last)
+        self.insert_event(
+            conn,
+            start_wall,
+            self.started_offset,
+            "downtime",
+            {"seconds": seconds, "from_wall": last, "to_wall": start_wall},
+        )
+        return seconds
+
+    def _plan_clock(self) -> tuple[int, int | None]:
+        """The plan offset to store: it stops when sending stops, not when the drain ends."""
+        clock = self.clock
+        if clock is None or not clock.origin_ns:
+            return self.last_offset, None
+        current = time.perf_counter_ns() - clock.origin_ns
+        if self._frozen_offset is None:
+            if clock.finished:
+                self._frozen_offset = max(current, self.last_offset)
+            elif clock.stopping:
+                self._frozen_offset = self.last_offset  # the last heartbeat before the stop
+        offset = self._frozen_offset if self._frozen_offset is not None else current
+        self.seqs.update(clock.next_seq)
+        phase = clock.phase
+        return offset, phase.index if phase is not None else None
+
+    def _missed_changes(self) -> dict[MissedKey, int]:
+        """The ledger's counts (whole run: it starts from the restored ones) that moved."""
+        clock = self.clock
+        if clock is None:
+            return {}
+        counts = dict(clock.missed)  # one C-level copy: atomic under the GIL
+        return {k: n for k, n in counts.items() if self.missed.get(k) != n}

@@ -1,0 +1,141 @@
+"""Journal reader room: read-only access for the report, the export and the tests.
+
+Safe while a run writes (WAL readers never block the writer). ``rollups()`` folds in what a
+killed writer committed as rows but never rolled up, in memory, so a report on a crashed
+run is whole.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from soakd.analysis import TargetStats
+from soakd.journal.codec import stats_from_blob
+from soakd.journal.rollups import unfolded_rollups
+from soakd.journal.schema import (
+    JOURNAL_FILE,
+    REQUEST_COLUMNS,
+    JournalError,
+    check_schema,
+    connect,
+)
+
+
+@dataclass
+class Rollup:
+    """A stored window's stats, for the report."""
+
+    target: str
+    phase: str
+    window: int
+    wall_min: float
+    wall_max: float
+    stats: TargetStats
+
+
+class JournalReader:
+    """Read-only access for the report and the export; safe while a run writes."""
+
+    def __init__(self, run_dir: Path) -> None:
+        path = run_dir / JOURNAL_FILE if run_dir.is_dir() else run_dir
+        if not path.exists():
+            raise JournalError(f"{run_dir}: no journal ({JOURNAL_FILE}) there")
+        self.path = path
+        self.conn = connect(path, readonly=True)
+        self.meta = check_schema(self.conn, path, writing=False)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> JournalReader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    @property
+    def window_ns(self) -> int:
+        return int(self.meta["window_ns"])
+
+    def sessions(self) -> list[dict[str, Any]]:
+        cur = self.conn.execute("SELECT * FROM progress ORDER BY session")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur]
+
+    def events(self) -> list[dict[str, Any]]:
+        return [
+            {"session": s, "wall": w, "offset_ns": o, "kind": k, "data": json.loads(d)}
+            for s, w, o, k, d in self.conn.execute(
+                "SELECT session, wall, offset_ns, kind, data FROM events ORDER BY id"
+            )
+        ]
+
+    def missed(self) -> dict[tuple[str, str, str], int]:
+        """(target, phase, reason) -> planned sends not made (empty for a v1 journal)."""
+        try:
+            rows = self.conn.execute("SELECT target, phase, reason, count FROM missed")
+            return {(t, p, r): n for t, p, r, n in rows}
+        except sqlite3.OperationalError:  # v1: no such table
+            return {}
+
+    def totals(self) -> list[tuple[str, str, str, str, int, int, int, int]]:
+        return [
+            (a, b, c, d, int(e), int(f), int(g), int(h))
+            for a, b, c, d, e, f, g, h in self.conn.execute("SELECT * FROM totals")
+        ]
+
+    def rollups(self) -> list[Rollup]:
+        """Every window, with what a killed writer left unrolled folded in (in memory)."""
+        found: dict[tuple[str, str, int], Rollup] = {}
+        for target, phase, window, wmin, wmax, blob in self.conn.execute(
+            "SELECT target, phase, window, wall_min, wall_max, stats FROM rollups"
+        ):
+            found[(target, phase, window)] = Rollup(
+                target, phase, window, wmin, wmax, stats_from_blob(blob)
+            )
+        last = self.conn.execute(
+            "SELECT rollup_from_id, stopped FROM progress ORDER BY session DESC LIMIT 1"
+        ).fetchone()
+        if last is not None and not last[1]:  # not cleanly closed (or still running)
+            for key, (stats, wmin, wmax, _) in unfolded_rollups(
+                self.conn, last[0], self.window_ns
+            ).items():
+                found[key] = Rollup(*key, wmin, wmax, stats)
+        return sorted(found.values(), key=lambda r: (r.window, r.target, r.phase))
+
+    def series(self) -> dict[int, tuple[str, dict[str, str]]]:
+        return {
+            sid: (name, dict(json.loads(labels)))
+            for sid, name, labels in self.conn.execute("SELECT id, name, labels FROM series")
+        }
+
+    def samples(self, names: tuple[str, ...]) -> dict[int, list[tuple[float, float]]]:
+        """Readings of the series with these names, by series id, in time order."""
+        ids = [sid for sid, (name, _) in self.series().items() if name in names]
+        out: dict[int, list[tuple[float, float]]] = {sid: [] for sid in ids}
+        if not ids:
+            return out
+        marks = ",".join("?" * len(ids))
+        for sid, wall, value in self.conn.execute(
+            f"SELECT series, wall, value FROM samples WHERE series IN ({marks}) ORDER BY rowid",  # noqa: S608
+            ids,
+        ):
+            out[sid].append((wall, value))
+        return out
+
+    def request_rows(self, *, itl: bool = True) -> Iterator[sqlite3.Row]:
+        """Every request row, streamed (constant memory), in commit order."""
+        cols = [c for c in REQUEST_COLUMNS if itl or c != "itl"]
+        cur = self.conn.cursor()
+        cur.row_factory = sqlite3.Row
+        cur.execute(f"SELECT {', '.join(cols)} FROM requests ORDER BY id")  # noqa: S608
+        while True:
+            chunk = cur.fetchmany(1000)
+            if not chunk:
+                return
+            yield from chunk

@@ -1,0 +1,180 @@
+"""Journal resume room: what a new session needs to continue a run, and the lock that keeps
+one soakd per run dir.
+
+``read_resume_state`` runs before anything else starts (it fails before a run dir is
+touched); ``ResumeState.check`` refuses a changed config or plan unless forced;
+``Restored`` is what the writer found in the journal for ``Metrics.restore``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from soakd.config import Config
+from soakd.journal.schema import LOCK_FILE, JournalError, check_schema, connect
+from soakd.model import Plan
+from soakd.redact import config_doc
+
+_UNCOMPARED = ("exporter", "logging", "journal", "report", "probes", "run.drain_timeout")
+
+
+def plan_doc(plan: Plan) -> dict[str, Any]:
+    """The resolved plan as stored in ``meta`` (and compared on resume)."""
+    return {
+        "scale": plan.scale,
+        "phases": [
+            {
+                "index": p.index,
+                "name": p.name,
+                "start_ns": p.start_ns,
+                "end_ns": p.end_ns,
+                "loads": {
+                    t: {
+                        "mode": s.mode,
+                        "concurrency": s.concurrency,
+                        "rate": s.rate,
+                        "rate_end": s.rate_end,
+                        "max_in_flight": s.max_in_flight,
+                    }
+                    for t, s in sorted(p.loads.items())
+                },
+            }
+            for p in plan.phases
+        ],
+    }
+
+
+def _diff(a: Any, b: Any, path: str = "") -> list[str]:
+    """Dotted paths where two JSON documents differ (list items by ``name`` when they have one)."""
+    if path.strip(".") in _UNCOMPARED:
+        return []
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for key in sorted(set(a) | set(b)):
+            out += _diff(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        out = []
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            name = x.get("name") if isinstance(x, dict) else None
+            out += _diff(x, y, f"{path}[{name or i}]")
+        return out
+    return [] if a == b else [path or "config"]
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """What a new session needs to continue a run (read before anything else starts)."""
+
+    run_id: str
+    created_wall: float
+    plan_start: datetime
+    options: dict[str, float | None]
+    config: dict[str, Any]
+    plan: dict[str, Any]
+    sessions: int
+    offset_ns: int  # the plan clock at the last heartbeat
+    last_wall: float
+    next_seq: dict[str, int]
+    finished: bool
+    written_by: str
+
+    def check(self, cfg: Config, plan: Plan, *, force: bool) -> list[str]:
+        """Same config and plan as stored, or JournalError (``force``: the differences)."""
+        diffs = _diff(self.config, config_doc(cfg))
+        if not diffs and plan_doc(plan) != self.plan:
+            diffs = ["plan"]
+        if diffs and not force:
+            shown = ", ".join(diffs[:5]) + (f" and {len(diffs) - 5} more" if len(diffs) > 5 else "")
+            raise JournalError(
+                f"run {self.run_id}: the config differs from the one the run started with "
+                f"({shown}); resume with the original config, or pass --force to continue "
+                "with this one (recorded in the journal)"
+            )
+        if plan.duration_ns and self.offset_ns >= plan.duration_ns:
+            raise JournalError(
+                f"run {self.run_id} already ran its whole plan; nothing is left to resume "
+                "(use a new --run-dir, or `soakd report` on this one)"
+            )
+        return diffs
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What the journal held when this session opened it (for Metrics.restore)."""
+
+    totals: list[tuple[str, str, str, str, int, int, int, int]]
+    histograms: dict[tuple[str, str], tuple[list[int], float]]
+    downtime_s: float
+    resumes: int
+    missed: dict[tuple[str, str, str], int] = field(default_factory=dict)  # sends not made
+
+
+def take_lock(run_dir: Path) -> int:
+    """One soakd per run dir: an flock on journal.lock (released by the OS on any exit)."""
+    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise JournalError(f"{run_dir} is in use by another soakd (pid {holder})") from None
+    return fd
+
+
+def read_resume_state(path: Path) -> ResumeState | None:
+    """The state of the run journaled at ``path``; None when there is no journal yet.
+
+    Raises JournalError for a finished run, a run dir another soakd is writing, another
+    program's file, or a schema this soakd cannot continue."""
+    if not path.exists():
+        return None
+    os.close(take_lock(path.parent))  # fail before anything touches the run dir
+    conn = connect(path, readonly=True)
+    try:
+        meta = check_schema(conn, path, writing=True)
+        rows = conn.execute(
+            "SELECT session, wall, offset_ns, seqs, stopped FROM progress ORDER BY session"
+        ).fetchall()
+        seqs: dict[str, int] = {}
+        for _, _, _, text, _ in rows:
+            for name, n in json.loads(text).items():
+                seqs[name] = max(seqs.get(name, 0), int(n))
+        for name, top in conn.execute("SELECT target, MAX(seq) FROM requests GROUP BY target"):
+            seqs[name] = max(seqs.get(name, 0), int(top) + 1)
+        finished = (
+            conn.execute(
+                "SELECT 1 FROM events "
+                "WHERE kind = 'run_stopped' AND json_extract(data, '$.completed')"
+            ).fetchone()
+            is not None
+        )
+    finally:
+        conn.close()
+    run_id = meta["run_id"]
+    if finished:
+        raise JournalError(
+            f"run {run_id} in {path.parent} has finished; it is not restarted by accident "
+            "(use a new --run-dir, or `soakd report` on this one)"
+        )
+    last = rows[-1] if rows else None
+    return ResumeState(
+        run_id=run_id,
+        created_wall=float(meta["created_wall"]),
+        plan_start=datetime.fromisoformat(meta["plan_start"]),
+        options=meta["options"],
+        config=meta["config"],
+        plan=meta["plan"],
+        sessions=len(rows),
+        offset_ns=int(last[2]) if last else 0,
+        last_wall=float(last[1]) if last else float(meta["created_wall"]),
+        next_seq=seqs,
+        finished=False,
+        written_by=meta["soakd_version"],
+    )

@@ -1,0 +1,182 @@
+"""Journal schema room: the tables, the schema versions, opening a journal and checking it.
+
+The version is in ``PRAGMA user_version`` and in ``meta``; ``PRAGMA application_id`` tells a
+soakd journal from any other SQLite file. v2 added the ``missed`` table; a v1 journal gains
+it, empty, when a v2 soakd continues it (``migrate``). docs/journal.md has the table list.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from soakd import __version__
+
+SCHEMA_VERSION = 2
+READS_SCHEMAS = frozenset({1, 2})
+_MISSED_TABLE = """CREATE TABLE missed (
+    target TEXT NOT NULL, phase TEXT NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (target, phase, reason)
+) WITHOUT ROWID"""
+"""v2: planned sends not made (soakd/workload/ledger.py), whole run. A v1 journal gains the
+table, empty, when a v2 soakd continues it."""
+APPLICATION_ID = 0x736F616B  # "soak": tells a soakd journal from any other SQLite file
+JOURNAL_FILE = "journal.db"
+LOCK_FILE = "journal.lock"
+PAGE_SIZE = 16384
+
+_SCHEMA = (
+    """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE requests (
+    id INTEGER PRIMARY KEY,
+    session INTEGER NOT NULL,
+    wall REAL NOT NULL,              -- time.time() at send
+    target TEXT NOT NULL,
+    phase TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    scheduled_ns INTEGER NOT NULL,   -- plan offsets (ns since the plan's start)
+    sent_ns INTEGER,                 -- NULL: never sent
+    end_ns INTEGER NOT NULL,
+    lag_ns INTEGER,
+    ttft_ns INTEGER,
+    e2e_ns INTEGER,
+    tpot_ns INTEGER,
+    itl_count INTEGER NOT NULL,
+    itl_mean_ns INTEGER,
+    itl_p50_ns INTEGER,
+    itl_max_ns INTEGER,
+    itl BLOB,                        -- every gap: uint32 little-endian microseconds
+    status INTEGER NOT NULL,
+    error TEXT,                      -- NULL: ok
+    oom INTEGER NOT NULL,
+    prompt_tokens INTEGER,
+    output_tokens INTEGER NOT NULL,
+    usage_reported INTEGER NOT NULL
+);
+CREATE TABLE series (id INTEGER PRIMARY KEY, name TEXT NOT NULL, labels TEXT NOT NULL,
+                     UNIQUE (name, labels));
+CREATE TABLE samples (wall REAL NOT NULL, series INTEGER NOT NULL, value REAL NOT NULL);
+CREATE TABLE events (id INTEGER PRIMARY KEY, session INTEGER NOT NULL, wall REAL NOT NULL,
+                     offset_ns INTEGER, kind TEXT NOT NULL, data TEXT NOT NULL);
+CREATE TABLE progress (
+    session INTEGER PRIMARY KEY, version TEXT NOT NULL, pid INTEGER NOT NULL,
+    started_wall REAL NOT NULL, started_offset_ns INTEGER NOT NULL,
+    wall REAL NOT NULL, offset_ns INTEGER NOT NULL, phase_index INTEGER,
+    seqs TEXT NOT NULL, rollup_from_id INTEGER NOT NULL, stopped INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE totals (
+    target TEXT NOT NULL, phase TEXT NOT NULL, outcome TEXT NOT NULL,
+    status_class TEXT NOT NULL, requests INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL, oom INTEGER NOT NULL,
+    PRIMARY KEY (target, phase, outcome, status_class)
+) WITHOUT ROWID;
+CREATE TABLE histograms (kind TEXT NOT NULL, target TEXT NOT NULL, counts TEXT NOT NULL,
+                         sum REAL NOT NULL, PRIMARY KEY (kind, target)) WITHOUT ROWID;
+CREATE TABLE rollups (
+    target TEXT NOT NULL, phase TEXT NOT NULL, window INTEGER NOT NULL,
+    upto_id INTEGER NOT NULL, wall_min REAL NOT NULL, wall_max REAL NOT NULL,
+    stats BLOB NOT NULL, PRIMARY KEY (target, phase, window)
+) WITHOUT ROWID;
+"""
+    + _MISSED_TABLE
+    + ";\n"
+)
+
+INSERT_REQUEST = "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+REQUEST_COLUMNS = (
+    "id",
+    "session",
+    "wall",
+    "target",
+    "phase",
+    "seq",
+    "scheduled_ns",
+    "sent_ns",
+    "end_ns",
+    "lag_ns",
+    "ttft_ns",
+    "e2e_ns",
+    "tpot_ns",
+    "itl_count",
+    "itl_mean_ns",
+    "itl_p50_ns",
+    "itl_max_ns",
+    "itl",
+    "status",
+    "error",
+    "oom",
+    "prompt_tokens",
+    "output_tokens",
+    "usage_reported",
+)
+
+
+class JournalError(Exception):
+    """A journal that cannot be used as asked, phrased for the user as one line."""
+
+
+def connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    """An autocommit connection (transactions are explicit), or JournalError."""
+    try:
+        if readonly:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+        else:
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+        conn.execute("PRAGMA busy_timeout = 5000")
+    except sqlite3.Error as exc:
+        raise JournalError(f"{path}: cannot open the journal: {exc}") from None
+    return conn
+
+
+def create(conn: sqlite3.Connection, meta: dict[str, Any]) -> None:
+    """A new journal's tables, its identity pragmas and its ``meta`` rows, in one transaction."""
+    conn.execute("BEGIN")
+    for stmt in _SCHEMA.split(";"):
+        if stmt.strip():
+            conn.execute(stmt)
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    conn.executemany(
+        "INSERT INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in meta.items()]
+    )
+    conn.execute("COMMIT")
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring a journal this soakd continues to SCHEMA_VERSION (v1 -> v2: the missed table)."""
+    if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+        conn.execute("BEGIN")
+        conn.execute(_MISSED_TABLE)  # v1 -> v2: nothing else changed
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute("COMMIT")
+
+
+def check_schema(conn: sqlite3.Connection, path: Path, *, writing: bool) -> dict[str, Any]:
+    """The journal's ``meta``, once it is known to be a soakd journal this soakd can read
+    (``writing``: and continue); JournalError otherwise."""
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if app_id != APPLICATION_ID:
+            raise JournalError(f"{path}: not a soakd journal")
+        meta = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM meta")}
+    except sqlite3.DatabaseError as exc:
+        raise JournalError(f"{path}: not a readable soakd journal ({exc})") from None
+    if version not in READS_SCHEMAS:
+        by = meta.get("soakd_version", "?")
+        newer = version > SCHEMA_VERSION
+        raise JournalError(
+            f"{path}: journal schema v{version} (written by soakd {by}) is "
+            + ("newer than" if newer else "not readable by")
+            + f" this soakd {__version__} (schema v{SCHEMA_VERSION})"
+            + ("; upgrade soakd" if newer else "; use the soakd version that wrote it")
+        )
+    if writing and version != SCHEMA_VERSION:
+        raise JournalError(
+            f"{path}: journal schema v{version} can be read but not continued by soakd "
+            f"{__version__}"
+        )
+    return meta
