@@ -202,8 +202,7 @@ class Soak:
 
     def _status_snapshot(self) -> dict[str, Any]:
         """/status, as the run loop last computed it (read on the exporter's thread)."""
-        return self._status or {"run_id": self.run_id, "version": __version__, "phase": None,
-                                "starting": True}
+        return self._status or {}
 
     def _alive(self) -> str | None:
         """None while the run loop turns; else why /healthz should say 503."""
@@ -250,6 +249,7 @@ class Soak:
         self._setup_metrics()
         # the exporter binds first: a busy address must fail before a journal exists (or
         # the next try in this directory would "resume" a run that never ran)
+        self._status = self.status()  # /status answers in full from the first moment
         self.http = await self._start_http()
         log.info("exporter_listening", url=self.http.url)
         try:
@@ -271,6 +271,7 @@ class Soak:
             self._starting = asyncio.ensure_future(self._start_parts())
             try:
                 await self._starting
+                self._status = self.status()
             except asyncio.CancelledError:
                 if not self._signals:
                     raise

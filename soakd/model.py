@@ -51,6 +51,9 @@ SHED_BY_CODE = {
     "queue_timeout": ErrorKind.SHED_QUEUE_TIMEOUT,
 }
 """The guard gateway's OpenAI-shaped error ``code`` -> the kind it is counted under."""
+GATEWAY_ORIGIN_HEADER = "X-Soakd-Origin"
+"""Set to ``gateway`` on every answer ``soakd gateway`` writes itself: only those answers are
+the guard's own refusals (a cloud's 503 with a look-alike code is the cloud's)."""
 
 
 OK = "ok"

@@ -33,7 +33,7 @@ from soakd.config import GatewayConfig, GatewayModes
 from soakd.gateway.breaker import Admit, ErrorRateBreakerState, State, VramBreakerState
 from soakd.gateway.concurrency import AimdLimit, Limiter
 from soakd.metrics import GatewayMetrics
-from soakd.model import status_class
+from soakd.model import GATEWAY_ORIGIN_HEADER, status_class
 
 log = structlog.get_logger()
 
@@ -50,7 +50,9 @@ AUTO_HEADERS: Final = ("Accept-Encoding", "User-Agent", "Content-Type")
 def error_response(
     status: int, code: str, message: str, *, retry_after_s: float | None = None
 ) -> web.Response:
-    """An OpenAI-shaped error: ``{"error": {message, type, param, code}}``."""
+    """An OpenAI-shaped error: ``{"error": {message, type, param, code}}``, marked as the
+    gateway's own answer (``GATEWAY_ORIGIN_HEADER``): soakd counts the load it sheds apart from the
+    server's failures, and a cloud's 503 with a look-alike code is never taken for it."""
     kind = {
         429: "rate_limit_exceeded",
         503: "service_unavailable",
@@ -58,7 +60,7 @@ def error_response(
         504: "upstream_timeout",
     }.get(status, "invalid_request_error")
     body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    headers = {}
+    headers = {GATEWAY_ORIGIN_HEADER: "gateway"}
     if retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
     return web.json_response(body, status=status, headers=headers)

@@ -39,7 +39,13 @@ from yarl import URL
 
 from soakd import __version__
 from soakd.config import ConfigError, TargetConfig
-from soakd.model import SHED_BY_CODE, ErrorKind, Outcome, RequestSpec
+from soakd.model import (
+    GATEWAY_ORIGIN_HEADER,
+    SHED_BY_CODE,
+    ErrorKind,
+    Outcome,
+    RequestSpec,
+)
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
@@ -469,7 +475,9 @@ class OpenAITarget:
         out.oom, fields = _error_fields(body)
         if status in (429, 503):
             out.retry_after_s = retry_after(resp.headers)
-        self._fail(out, _status_kind(status, fields), f"http {status} {fields}".rstrip())
+        from_guard = resp.headers.get(GATEWAY_ORIGIN_HEADER) == "gateway"
+        self._fail(out, _status_kind(status, fields, from_guard),
+                   f"http {status} {fields}".rstrip())
 
     async def _not_sse(self, resp: aiohttp.ClientResponse, out: Outcome, ctype: str) -> None:
         """A stream was asked for, something else came (often a JSON error with 200)."""
@@ -706,8 +714,8 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _status_kind(status: int, fields: str = "") -> ErrorKind:
-    if status in (429, 503) and fields:  # the guard's own refusal, by its error code
+def _status_kind(status: int, fields: str = "", from_guard: bool = False) -> ErrorKind:
+    if from_guard and status in (429, 503):  # the guard's own refusal, by its error code
         for word in fields.split():
             shed = SHED_BY_CODE.get(word)
             if shed is not None:
