@@ -40,6 +40,7 @@ phases:
   - {{name: warm, duration: 20s, load: {{mode: closed, concurrency: 2}}}}
   - {{name: steady, duration: 60s, load: {{mode: poisson, rate: 10}}}}
 gpu: {{source: nvml, interval: 1s, leak_window: 60s}}
+slo: {{vram_peak: 3.9GB}}
 probes: {{scrape_interval: 1s, health_interval: 1s}}
 """
 NEEDED = (
@@ -70,7 +71,8 @@ def main() -> int:
         soakd = subprocess.Popen(
             [sys.executable, "-m", "soakd", "run", str(config), "--no-live",
              "--metrics-addr", f"127.0.0.1:{args.port}", "--run-dir", str(Path(tmp) / "run")],
-            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.getcwd()},
+            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))},
         )  # fmt: skip
         try:
             deadline = time.monotonic() + 120
