@@ -339,7 +339,7 @@ class Soak:
         # the gateways soakd started, on soakd's own /metrics (their ports are random)
         self.gateway_export = export_gateways(
             {t: g.url for t, g in self._gateways.items()},
-            self.cfg.probes.scrape_interval, self.metrics.registry)
+            self.cfg.probes.scrape_interval, self.metrics.registry, self.journal.sample)
         self.runner = Runner(
             self.plan, self.targets, make_prompt_source(self.cfg.workload),
             # the journal hands outcomes on to Metrics once committed: Prometheus

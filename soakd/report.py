@@ -67,6 +67,10 @@ SAMPLE_NAMES = (
     "soakd_gpu_power_watts",
     "soakd_target_restarts_total",
     "soakd_target_oom_events_total",
+    # the guard gateways soakd ran (soakd/probes/gateways.py journals them on change)
+    "soakd_gateway_breaker_transitions_total",
+    "soakd_gateway_concurrency_limit",
+    "soakd_gateway_rejections_total",
 )
 
 # --- the report's data ------------------------------------------------------------------------
@@ -126,6 +130,20 @@ class GpuRow:
 
 
 @dataclass
+class GuardRow:
+    """What the guard gateway in front of a target did in one phase."""
+
+    phase: str
+    target: str
+    modes: str  # the features the phase switched on ("vram_breaker, adaptive"...)
+    breaker_openings: dict[str, int]  # breaker -> times it opened
+    shed: dict[str, int]  # shed_* kind -> requests soakd counted so
+    rejections: dict[str, int]  # the gateway's own count, by its reason
+    limit_min: float | None  # concurrency limit over the phase
+    limit_max: float | None
+
+
+@dataclass
 class Series:
     """One line of a plot: x in plan hours, y in the plot's unit (None breaks the line)."""
 
@@ -151,6 +169,7 @@ class Report:
     overall: dict[str, Row]
     by_phase: dict[str, dict[str, Row]]
     gpus: list[GpuRow]
+    guard: list[GuardRow]
     best: dict[str, list[str]]
     plots: dict[str, list[Series]]
     notes: list[str]
@@ -381,6 +400,7 @@ def build_report(
                     )
                     setattr(row, attr, round(total))
     gpus = probe.gpus(targets, config)
+    guard = _guard_rows(probe, by_phase, targets, phase_names, config, events)
     _vram(overall, targets, probe, gpus)
     price = energy_price_per_kwh
     if price is None:
@@ -437,6 +457,7 @@ def build_report(
         overall=overall,
         by_phase=by_phase,
         gpus=gpus,
+        guard=guard,
         best=best,
         plots=plots,
         notes=notes,
@@ -559,6 +580,68 @@ def _row(
     p99s = {i: v for i, s in slices.items() if (v := slice_p99(s)) is not None}
     row.jitter, row.jitter_slices = worst_window_jitter(p99s, JITTER_SLICES)
     return row
+
+
+def _guard_rows(
+    probe: _Probes,
+    by_phase: dict[str, dict[str, Row]],
+    targets: list[str],
+    phases: list[str],
+    config: dict[str, Any],
+    events: list[dict[str, Any]],
+) -> list[GuardRow]:
+    """Per phase and guarded target: the modes the phase set, breaker openings, the sheds
+    soakd counted and the gateway's own rejections, the concurrency limit's range."""
+    guarded = [t["name"] for t in config.get("targets", []) if t.get("gateway") is not None]
+    guarded += [t for t in targets if t not in guarded and any(
+        k.startswith("shed_") for row in (p.get(t) for p in by_phase.values()) if row
+        for k in row.errors_by_kind)]
+    modes: dict[tuple[str, str], str] = {}
+    state: dict[str, dict[str, bool]] = {}  # a phase changes the features it names only
+    current = None
+    for e in events:
+        if e["kind"] == "phase":
+            current = e["data"].get("name")
+        elif e["kind"] == "gateway_modes" and current is not None:
+            target = e["data"].get("target", "")
+            flags = state.setdefault(target, {})
+            flags.update({k: v for k, v in e["data"].items() if isinstance(v, bool)})
+            modes[(current, target)] = ", ".join(k for k, v in flags.items() if v) or "none"
+    rows = []
+    for target in guarded:
+        openings: dict[str, dict[str, float]] = {}
+        for labels, _ in probe.find("soakd_gateway_breaker_transitions_total",
+                                    {"target": target, "to": "open"}):
+            b = labels.get("breaker", "?")
+            openings[b] = probe.increase("soakd_gateway_breaker_transitions_total",
+                                         {"target": target, "to": "open", "breaker": b}) or {}
+        rejected: dict[str, dict[str, float]] = {}
+        for labels, _ in probe.find("soakd_gateway_rejections_total", {"target": target}):
+            reason = labels.get("reason", "?")
+            rejected[reason] = probe.increase("soakd_gateway_rejections_total",
+                                              {"target": target, "reason": reason}) or {}
+        limits: dict[str, list[float]] = {}
+        for _, points in probe.find("soakd_gateway_concurrency_limit", {"target": target}):
+            pts = sorted(points)  # journaled on change: a step function of plan time
+            for name, start, end in probe.timeline.phases:
+                before = [v for t, v in pts if t < start]
+                inside = [v for t, v in pts if start <= t < end]
+                values = ([before[-1]] if before else []) + inside
+                if values:
+                    limits.setdefault(name, []).extend(values)
+        for phase in phases:
+            row = by_phase.get(phase, {}).get(target)
+            shed = {k: n for k, n in (row.errors_by_kind if row else {}).items()
+                    if k.startswith("shed_")}
+            lim = limits.get(phase, [])
+            rows.append(GuardRow(
+                phase, target, modes.get((phase, target), "-"),
+                {b: round(v.get(phase, 0.0)) for b, v in openings.items()},
+                shed,
+                {r: n for r, v in rejected.items() if (n := round(v.get(phase, 0.0)))},
+                min(lim) if lim else None, max(lim) if lim else None,
+            ))
+    return rows
 
 
 DEFAULT_LAG_LIMIT_S = 0.1
@@ -1042,6 +1125,10 @@ def _definitions(rep: Report) -> list[str]:
         "transport errors, timeouts and broken streams over the requests that reached the "
         "server (429 and 4xx refusals count against goodput only). docs/slo.md.",
         "Cost per month: the run's cost rate at the measured load x 730 h.",
+        "The guard, phase by phase: features on as the phase left them; sheds as soakd "
+        "counted them (shed_* outcomes, the phase they were sent in); the gateway's own "
+        "breaker openings and rejections as read from it every probes.scrape_interval, in "
+        "the phase of the read (so they may lag into the next phase).",
     ]
 
 
@@ -1165,6 +1252,27 @@ def cost_section(rep: Report) -> Section | None:
     )
 
 
+def guard_section(rep: Report) -> Section | None:
+    """The guard gateway, phase by phase (the edge plan's load-shedding stages)."""
+    def counts(d: dict[str, int], strip: str = "") -> str:
+        return ", ".join(f"{k.removeprefix(strip)} {n:,}" for k, n in sorted(d.items()) if n) or "0"
+
+    rows = []
+    for g in rep.guard:
+        lo, hi = g.limit_min, g.limit_max
+        limit = "-" if lo is None else (f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}")
+        rows.append([g.phase, g.target, g.modes, counts(g.breaker_openings),
+                     counts(g.shed, "shed_"), counts(g.rejections), limit])
+    if not rows:
+        return None
+    return (
+        "The guard, phase by phase",
+        ["phase", "target", "features on", "breaker openings", "shed (soakd counted)",
+         "gateway rejections", "concurrency limit"],
+        rows,
+    )
+
+
 def _md_section(section: Section, level: str = "##") -> list[str]:
     title, header, rows = section
     out = ["", f"{level} {title}", ""]
@@ -1197,9 +1305,9 @@ def render_markdown(rep: Report) -> str:
         out += _md_section(section)
     out += ["", "## Targets side by side", ""]
     out += _md_table(rep, rep.overall, _columns())
-    cost = cost_section(rep)
-    if cost is not None:
-        out += _md_section(cost)
+    for extra in (cost_section(rep), guard_section(rep)):
+        if extra is not None:
+            out += _md_section(extra)
     kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
     if kinds:
         out += [
@@ -1320,9 +1428,9 @@ def render_html(rep: Report) -> str:
     parts += [_html_section(section) for section in verdict_sections(rep)]
     parts.append("<h2>Targets side by side</h2>")
     parts.append(_html_table(rep, rep.overall, _columns()))
-    cost = cost_section(rep)
-    if cost is not None:
-        parts.append(_html_section(cost))
+    for extra in (cost_section(rep), guard_section(rep)):
+        if extra is not None:
+            parts.append(_html_section(extra))
     kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
     if kinds:
         parts.append(
@@ -1556,6 +1664,15 @@ def terminal_summary(rep: Report) -> list[Any]:
             )
         out.append(vt)
     out.append(table)
+    guard = guard_section(rep)
+    if guard is not None:
+        title, header, rows = guard
+        gt = Table(title=title, title_justify="left")
+        for h in header:
+            gt.add_column(h)
+        for row in rows:
+            gt.add_row(*row)
+        out.append(gt)
     kinds = sorted({k for r in rep.overall.values() for k in r.errors_by_kind})
     if kinds:
         errors = Table(title="errors by kind", title_justify="left")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import aiohttp
 import structlog
@@ -21,21 +21,36 @@ from prometheus_client import CollectorRegistry, Metric
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from soakd.model import Sample
 from soakd.probes._http import Endpoint, fetch
 from soakd.probes._ticks import sleep_until_next
 
 log = structlog.get_logger()
 
 GATEWAY_PREFIX = "soakd_gateway_"
+JOURNALED = frozenset({
+    "soakd_gateway_breaker_transitions",
+    "soakd_gateway_concurrency_limit",
+    "soakd_gateway_rejections",
+    "soakd_gateway_breaker_state",
+})
+"""Families (as the parser names them, without ``_total``) journaled for the report."""
 UP = "soakd_gateway_up"
 
 
 class GatewayExport:
     """The last ``/metrics`` of each gateway, re-exported with ``target``; a Collector."""
 
-    def __init__(self, urls: Mapping[str, str], interval: float) -> None:
+    def __init__(
+        self,
+        urls: Mapping[str, str],
+        interval: float,
+        emit: Callable[[Sample], None] | None = None,
+    ) -> None:
         self.urls = dict(urls)  # target -> the gateway's /metrics URL
         self.interval = interval
+        self._emit = emit  # the journal: what the guard did, for the report's stages
+        self._journaled: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._families: dict[str, list[Metric]] = {}  # target -> families last read
         self._up: dict[str, bool] = dict.fromkeys(self.urls, False)
 
@@ -55,6 +70,24 @@ class GatewayExport:
             return
         self._families[target] = families
         self._up[target] = True
+        if self._emit is not None:
+            self._journal(target, families)
+
+    def _journal(self, target: str, families: list[Metric]) -> None:
+        """The series the report reads per phase, as samples, each when it changed."""
+        wall = time.time()
+        assert self._emit is not None
+        for family in families:
+            if family.name not in JOURNALED:
+                continue
+            for s in family.samples:
+                if s.name.endswith("_created"):
+                    continue
+                labels = tuple(sorted({**s.labels, "target": target}.items()))
+                key = (s.name, labels)
+                if self._journaled.get(key) != s.value:
+                    self._journaled[key] = s.value
+                    self._emit(Sample(wall, s.name, s.value, labels))
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily(
@@ -97,9 +130,15 @@ class GatewayExport:
 
 
 def export_gateways(
-    urls: Mapping[str, str], interval: float, registry: CollectorRegistry
+    urls: Mapping[str, str],
+    interval: float,
+    registry: CollectorRegistry,
+    emit: Callable[[Sample], None] | None = None,
 ) -> GatewayExport:
-    """A ``GatewayExport`` for ``urls`` (target -> gateway root URL), registered."""
-    export = GatewayExport({t: u.rstrip("/") + "/metrics" for t, u in urls.items()}, interval)
+    """A ``GatewayExport`` for ``urls`` (target -> gateway root URL), registered; ``emit``
+    (the journal) gets what the report shows of the guard, phase by phase."""
+    export = GatewayExport(
+        {t: u.rstrip("/") + "/metrics" for t, u in urls.items()}, interval, emit
+    )
     registry.register(export)
     return export

@@ -56,3 +56,24 @@ async def test_rehearse_the_three_stages(tmp_path: Path) -> None:
         changed = [json.loads(ln) for ln in lines if '"gateway_modes_changed"' in ln]
         assert len(changed) == 3
         assert {k: changed[-1][k] for k in final} == final
+
+    # the report reads the stages: per phase and gateway, the features it had on, what its
+    # breakers and its guard did (from the journaled gateway series and soakd's outcomes)
+    from soakd.report import build_report, render_markdown
+
+    rep = build_report(tmp_path / "run")
+    rows = {(g.phase, g.target): g for g in rep.guard}
+    assert set(rows) == {(p, t) for p in ("plain", "breaker", "adaptive")
+                         for t in ("edge", "cloud")}
+    assert rows[("plain", "edge")].modes == "none"
+    assert "vram_breaker" in rows[("breaker", "edge")].modes
+    assert rows[("adaptive", "edge")].modes == "vram_breaker, error_breaker, adaptive"
+    assert rows[("adaptive", "cloud")].limit_min is not None  # the limit was journaled
+    # the gateway's own count (journaled at its scrapes, so it lags) never exceeds the
+    # sheds soakd counted, and every opening of a breaker shows
+    shed = sum(sum(g.shed.values()) for g in rep.guard)
+    rejected = sum(sum(g.rejections.values()) for g in rep.guard)
+    assert rejected <= shed, (rejected, shed)
+    if shed:
+        assert sum(sum(g.breaker_openings.values()) for g in rep.guard) >= 1
+    assert "The guard, phase by phase" in render_markdown(rep)
