@@ -591,7 +591,7 @@ async def test_bad_ca_file_is_a_config_error(tmp_path: Path) -> None:
     bad = tmp_path / "ca.pem"
     bad.write_text("not a certificate")
     cfg = config("https://127.0.0.1:1", api_key_env=None, tls={"ca_file": bad})
-    with pytest.raises(ConfigError, match=r"targets\.local\.tls\.ca_file"):
+    with pytest.raises(ConfigError, match=r"targets\[local\]\.tls\.ca_file"):
         await open_target(cfg)
 
 
