@@ -19,6 +19,7 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -97,6 +98,13 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+async def _close_all(what: str, closes: list[Coroutine[Any, Any, None]]) -> None:
+    """Close these together; one that fails is logged and the others still close."""
+    for result in await asyncio.gather(*closes, return_exceptions=True):
+        if isinstance(result, Exception):
+            log.warning("close_failed", what=what, error=f"{type(result).__name__}: {result}")
 
 
 def new_run_id(name: str) -> str:
@@ -290,16 +298,12 @@ class Soak:
                         gateways.cancel()
         finally:
             self._remove_signals()
-            for target in self.targets.values():
-                await target.aclose()
-            if self.probes is not None:
-                await self.probes.aclose()
             for task in self._mode_tasks:
                 task.cancel()
-            for gateway in self._gateways.values():
-                await gateway.aclose()
-            for sim in self._sims:
-                await sim.aclose()
+            # the clients first; the child servers only once the run is recorded (a
+            # simulator with thousands of connections can take seconds to go)
+            await _close_all("client", [t.aclose() for t in self.targets.values()]
+                             + ([self.probes.aclose()] if self.probes is not None else []))
             elapsed = time.monotonic() - started
             active = self.runner.active_s() if self.runner is not None else 0.0
             summary = self.stats.overall(active, self.ledger.by_target(session=True))
@@ -314,6 +318,8 @@ class Soak:
                      cancelled=cancelled,
                      requests={k: v["requests"] for k, v in summary.items()},
                      errors={k: v["errors"] for k, v in summary.items()})
+            await _close_all("child", [g.aclose() for g in self._gateways.values()]
+                             + [sim.aclose() for sim in self._sims])
             if self.http is not None:
                 await self.http.aclose()
             close_logging()
