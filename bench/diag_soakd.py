@@ -131,46 +131,22 @@ if __name__ == "__main__":
 
         runner_mod.sleep_until_ns = _coarse  # type: ignore[assignment]
     pumps: list[int] = []
-    if os.environ.get("DIAG_SLICED_PUMP"):  # prototype: hand back at most N outcomes a callback
-        import soakd.journal as journal_mod
-
-        slice_n = int(os.environ["DIAG_SLICED_PUMP"])
-
-        def _sliced_pump(self):  # type: ignore[no-untyped-def]
-            self._pump_scheduled = False
-            sink = self._forward
-            while self._done:
-                try:
-                    batch = self._done.popleft()
-                except IndexError:
-                    return
-                head, rest = batch[:slice_n], batch[slice_n:]
-                if sink is not None:
-                    for o in head:
-                        sink.record(o)
-                if rest or self._done:
-                    if rest:
-                        self._done.appendleft(rest)
-                    loop = self._loop
-                    if loop is not None and not loop.is_closed():
-                        self._pump_scheduled = True
-                        loop.call_soon(self._pump)
-                        return
-
-        journal_mod.Journal._pump = _sliced_pump  # type: ignore[method-assign]
+    if os.environ.get("DIAG_SLICED_PUMP"):  # the prototype became the journal's own hand-off
+        sys.exit("diag: DIAG_SLICED_PUMP is gone: the journal hands outcomes back in slices "
+                 "of soakd.journal.handoff.PUMP_SLICE itself")
     if os.environ.get("DIAG_PUMP"):  # time the journal's hand-back of committed outcomes
-        import soakd.journal as journal_mod
+        from soakd.journal.handoff import HandOff
 
-        _orig_pump = journal_mod.Journal._pump
+        _orig_pump = HandOff.pump
 
         def _timed_pump(self):  # type: ignore[no-untyped-def]
             t = _perf()
             _orig_pump(self)
             pumps.append(_perf() - t)
 
-        journal_mod.Journal._pump = _timed_pump  # type: ignore[method-assign]
+        HandOff.pump = _timed_pump  # type: ignore[method-assign]
         atexit.register(lambda: print(
-            f"diag: journal _pump: n={len(pumps)} p50={sorted(pumps)[len(pumps) // 2] / 1e6:.2f} ms "
+            f"diag: journal pump: n={len(pumps)} p50={sorted(pumps)[len(pumps) // 2] / 1e6:.2f} ms "
             f"p99={sorted(pumps)[int(len(pumps) * 0.99)] / 1e6:.2f} ms max={max(pumps) / 1e6:.2f} ms",
             file=sys.stderr) if pumps else None)
     from soakd.cli import main
