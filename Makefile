@@ -6,10 +6,14 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: demo test test-fast test-docker lint setup setup-servers setup-system clean
 
+PIP_LOG := .cache/setup-venv-pip.log
+
 $(STAMP): pyproject.toml
+	@mkdir -p .cache
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	@echo "installing soakd and its test tools into $(VENV) (log: $(PIP_LOG))"
+	@{ $(BIN)/pip install -q --upgrade pip && $(BIN)/pip install -q -e '.[test]'; } \
+		>$(PIP_LOG) 2>&1 || { tail -n 30 $(PIP_LOG); echo "pip failed: see $(PIP_LOG)"; exit 1; }
 	touch $(STAMP)
 
 setup: $(STAMP)
