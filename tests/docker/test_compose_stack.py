@@ -414,8 +414,8 @@ def test_prometheus_scrapes_soakd_by_service_name_and_loads_the_rules(stack: Sta
 
 def test_a_vram_page_reaches_the_webhook_through_alertmanager(stack: Stack) -> None:
     """edge-4gb-surge passes 3.9 GB with 4 running requests (from the steady phase on,
-    a minute in): VramAboveLimit (for: 5s) -> Alertmanager (page: group_wait 5s) ->
-    the alert-webhook container."""
+    a minute in): VramAboveLimit (the median of the last 10 s above the line, no `for`)
+    -> Alertmanager (page: group_wait 5s) -> the alert-webhook container."""
 
     def page() -> tuple[str, dict[str, Any]] | None:
         for line in stack.logs("alert-webhook", timestamps=True).splitlines():
@@ -435,17 +435,18 @@ def test_a_vram_page_reaches_the_webhook_through_alertmanager(stack: Stack) -> N
     stack.figures["page_delay_after_firing_s"] = round(received - starts, 1)
     crossed_at = first_vram_crossing(received)
     stack.figures["page_delay_after_vram_first_crossed_s"] = round(received - crossed_at, 1)
-    # the alert's activeAt: the start of the crossing that held for its `for: 5s`
+    # the alert's activeAt: when the 10 s median first stood above the line (no `for`)
     (held,) = prom_query('ALERTS_FOR_STATE{alertname="VramAboveLimit"}')
     active_at = float(held["value"][1])
     stack.figures["page_delay_after_alert_active_s"] = round(received - active_at, 1)
-    assert 10 <= received - active_at < 60
+    assert 4 <= received - active_at < 60  # Alertmanager's group_wait (5 s), give or take
     up_wall = time.time() - (time.monotonic() - stack.up_started)
     stack.figures["page_after_up_s"] = round(received - up_wall, 1)
-    # for: 5s + evaluation (1 s) + group_wait 5s, with room for a loaded machine
+    # group_wait 5s after it fired, with room for a loaded machine
     assert 0 <= received - starts < 60
-    # for: 5s + evaluation + group_wait 5s after the first scrape above the limit
-    assert 10 <= received - crossed_at < 90
+    # after the first reading above the line: the median needs 6 of its 11 readings above
+    # (about 5 s at 1 s scrapes), then evaluation and group_wait 5s
+    assert 8 <= received - crossed_at < 90
 
 
 def first_vram_crossing(until: float) -> float:
