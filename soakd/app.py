@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import structlog
 import yaml
 
@@ -296,6 +297,7 @@ class Soak:
                     probing.cancel()
                     if gateways is not None:
                         gateways.cancel()
+                        await self._final_gateway_read()
         finally:
             self._remove_signals()
             for task in self._mode_tasks:
@@ -325,6 +327,15 @@ class Soak:
             close_logging()
         return RunResult(self.run_id, self.run_dir, completed, elapsed, cancelled, summary,
                          session=self.journal.session)
+
+    async def _final_gateway_read(self) -> None:
+        """The gateways' final counts into the journal (they are still up: closed later)."""
+        if self.gateway_export is None:
+            return
+        try:
+            await asyncio.wait_for(self.gateway_export.read_all(), 5.0)
+        except (TimeoutError, OSError, aiohttp.ClientError) as exc:
+            log.warning("gateway_final_read_failed", error=type(exc).__name__)
 
     async def _start_parts(self) -> None:
         """Simulators, gateways, target clients, guards, probes, then the runner."""

@@ -121,6 +121,14 @@ class GatewayExport:
                 await asyncio.gather(*(self._read(session, t) for t in self.urls))
                 next_t = await sleep_until_next(next_t, self.interval)
 
+    async def read_all(self) -> None:
+        """One more read of every gateway: at the end of a run, so the journal holds their
+        final counts (the report's breaker openings and rejections of the last phase)."""
+        if not self.urls:
+            return
+        async with aiohttp.ClientSession(trust_env=False) as session:
+            await asyncio.gather(*(self._read(session, t) for t in self.urls))
+
     async def _read(self, session: aiohttp.ClientSession, target: str) -> None:
         got = await fetch(session, Endpoint(self.urls[target]), max(0.5, self.interval), attempts=1)
         was_up = self._up.get(target, False)
