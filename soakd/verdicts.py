@@ -72,6 +72,14 @@ def _all(results: Iterable[bool | None]) -> bool | None:
     return all(seen)
 
 
+def _at_most(key: str, limit: float, value: float | None, unit: str, absent: str) -> Criterion:
+    """A criterion met when the measured value is at most the limit; not judged (with why)
+    when there is no value."""
+    if value is None:
+        return Criterion(key, limit, None, unit, None, absent)
+    return Criterion(key, limit, value, unit, value <= limit)
+
+
 _LATENCY = (("ttft_p99", "ttft"), ("tpot_p99", "tpot"), ("e2e_p99", "e2e"))
 
 
@@ -92,29 +100,11 @@ def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) 
             why = "no request" if not tally.sent else "no value (e.g. one-token answers)"
             out.append(Criterion(key, limit, None, "s", None, why))
     if slo.error_ratio is not None:
-        ratio = tally.error_ratio
-        out.append(
-            Criterion(
-                "error_ratio",
-                slo.error_ratio,
-                ratio,
-                "ratio",
-                None if ratio is None else ratio <= slo.error_ratio,
-                "" if ratio is not None else "no request reached the server",
-            )
-        )
+        out.append(_at_most("error_ratio", slo.error_ratio, tally.error_ratio, "ratio",
+                            "no request reached the server"))
     if slo.jitter is not None:
-        j = row.jitter
-        out.append(
-            Criterion(
-                "jitter",
-                slo.jitter,
-                j,
-                "ratio",
-                None if j is None else j <= slo.jitter,
-                "" if j is not None else "too few slices with enough requests",
-            )
-        )
+        out.append(_at_most("jitter", slo.jitter, row.jitter, "ratio",
+                            "too few slices with enough requests"))
     if slo.oom_events is not None:
         if row.oom_events is None and not tally.sent:  # no probe, no request: no evidence
             out.append(
@@ -135,17 +125,8 @@ def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) 
                 )
             )
     if slo.vram_peak is not None:
-        peak = row.vram_peak_bytes
-        out.append(
-            Criterion(
-                "vram_peak",
-                slo.vram_peak,
-                peak,
-                "bytes",
-                None if peak is None else peak <= slo.vram_peak,
-                "" if peak is not None else "no GPU memory readings",
-            )
-        )
+        out.append(_at_most("vram_peak", slo.vram_peak, row.vram_peak_bytes, "bytes",
+                            "no GPU memory readings"))
     return Verdict(
         target,
         phase,
