@@ -72,8 +72,20 @@ LABEL = {
     "soakd-arenas": "soakd run, glibc default malloc arenas (before soakd/_malloc.py)",
     "soakd-nogpu": "soakd run, gpu source none (no NVML)",
     "soakd-nice": "soakd run, its other threads at nice 19 (experiment)",
+    "soakd-noyield": "soakd run, the journal writer never yields (before YIELD_EVERY)",
+    "soakd-diag": "soakd run with bench/slowcb.py (slow loop callbacks, GC pauses)",
 }
-SOAKD_RUNS = ("soakd", "soakd-arenas", "soakd-nogpu", "soakd-nice")
+SOAKD_RUNS = ("soakd", "soakd-arenas", "soakd-nogpu", "soakd-nice", "soakd-noyield", "soakd-diag")
+# `soakd run` with bench/slowcb.py: the loop's slow callbacks and GC pauses ($SLOWCB_OUT)
+DIAG = (
+    f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import slowcb\n"
+    "from soakd.cli import main; sys.exit(main())"
+)
+# `soakd run` as before the journal writer's sched_yield slices (soakd/journal/writer.py)
+NO_YIELD = (
+    "import sys, soakd.journal.writer as w; w.YIELD_EVERY = 0\n"
+    "from soakd.cli import main; sys.exit(main())"
+)
 # `soakd run` as before soakd/_malloc.py: the arena cap patched out, nothing else changed
 NO_ARENA_CAP = (
     "import sys, soakd._malloc as m; m.limit_arenas = lambda *a, **k: False; "
@@ -331,7 +343,12 @@ def command(case: Case, url: str, out: Path) -> tuple[list[str], str | None]:
     if case.tool in SOAKD_RUNS:
         cfg = out / "soak.yaml"
         soakd_config(case, url, cfg)
-        patch = {"soakd-arenas": NO_ARENA_CAP, "soakd-nice": NICE_THREADS}.get(case.tool)
+        patch = {
+            "soakd-arenas": NO_ARENA_CAP,
+            "soakd-nice": NICE_THREADS,
+            "soakd-noyield": NO_YIELD,
+            "soakd-diag": DIAG,
+        }.get(case.tool)
         soakd = [PY, "-c", patch] if patch else SOAKD
         argv = [
             *soakd,
