@@ -14,6 +14,7 @@ import atexit
 import gc
 import json
 import os
+import threading
 import time
 
 _perf = time.perf_counter_ns
@@ -68,6 +69,7 @@ def _dump() -> None:
         }
         for g, v in _gc.items()
     }
+    names = {t.native_id: t.name for t in threading.enumerate()}
     threads = {}
     tick = os.sysconf("SC_CLK_TCK")
     for tid in os.listdir("/proc/self/task"):
@@ -78,7 +80,7 @@ def _dump() -> None:
             continue
         comm = st[st.index("(") + 1 : st.rindex(")")]
         utime, stime = (int(x) for x in st[st.rindex(")") + 2 :].split()[11:13])
-        threads[f"{comm} {tid}"] = (utime + stime) / tick
+        threads[f"{names.get(int(tid), comm)} {tid}"] = (utime + stime) / tick
     with open(out, "w") as f:
         json.dump({"slow_callbacks": slow[:40], "gc": gcs, "thread_cpu_s": threads}, f, indent=1)
 
