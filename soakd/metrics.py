@@ -21,6 +21,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from soakd import __version__
+from soakd.buckets import BucketChild, BucketHistogram
 from soakd.config import AlertLimits, Slo
 from soakd.model import OK, ErrorKind, Outcome, status_class
 from soakd.workload.ledger import MISSED_REASONS
@@ -57,7 +58,7 @@ class _TargetChildren:
 
     e2e: Histogram
     ttft: Histogram
-    itl: Histogram
+    itl: BucketChild
     tpot: Histogram
     lag: Histogram
     output_tokens: Counter
@@ -100,7 +101,7 @@ class Metrics:
             "soakd_time_to_first_token_seconds",
             "Send to the first chunk carrying generated content.",
             ["target"], buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram(
+        self.itl = BucketHistogram(  # one observation per token: soakd/buckets.py
             "soakd_inter_token_latency_seconds", "Gap between consecutive content chunks.",
             ["target"], buckets=ITL_BUCKETS, registry=r)
         self.tpot = Histogram(
@@ -249,9 +250,8 @@ class Metrics:
         tpot = o.tpot_ns
         if tpot is not None:
             c.tpot.observe(tpot * NS)
-        observe = c.itl.observe
-        for gap in o.itl_ns:
-            observe(gap * NS)
+        if o.itl_ns:
+            c.itl.observe_ns(o.itl_ns)
 
 
     def restore(
