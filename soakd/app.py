@@ -34,7 +34,7 @@ from soakd import __version__
 from soakd.config import Config, ConfigError, TargetConfig
 from soakd.gateway.spawn import GatewayProcess, spawn_gateway
 from soakd.goodput import GoodputWindow
-from soakd.http import HttpServer, start_http, tls_context
+from soakd.http import HttpServer, start_http
 from soakd.journal import (
     JOURNAL_FILE,
     Journal,
@@ -48,6 +48,7 @@ from soakd.journal import (
 from soakd.logs import close_logging, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
+from soakd.net import parse_host_port
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
 from soakd.sim.spawn import SimProcess, spawn_sim
@@ -445,7 +446,7 @@ class Soak:
         are open beyond this machine without a password."""
         exp = self.cfg.exporter
         auth = (exp.basic_auth.username, exp.basic_auth.password()) if exp.basic_auth else None
-        ctx = tls_context(exp.tls) if exp.tls else None
+        ctx = exp.tls.context() if exp.tls else None
         if auth is None and not _loopback(host):
             log.warning("exporter_exposed", host=host,
                         note="/metrics and /status answer anyone who can reach this address; "
@@ -453,9 +454,7 @@ class Soak:
         return {"auth": auth, "ssl_context": ctx}
 
     def _listen(self) -> tuple[str, int]:
-        listen = self.opts.metrics_addr or self.cfg.exporter.listen
-        host, _, port = listen.rpartition(":")
-        return host.strip("[]"), int(port)
+        return parse_host_port(self.opts.metrics_addr or self.cfg.exporter.listen)
 
     def _on_phase(self, phase: Phase | None) -> None:
         m = self.metrics

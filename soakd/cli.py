@@ -16,6 +16,7 @@ from typing import NoReturn
 from soakd import __version__
 from soakd.config import Config, ConfigError, load_config, parse_duration
 from soakd.journal import JournalError
+from soakd.net import parse_host_port
 
 EXIT_USAGE = 2
 
@@ -31,9 +32,10 @@ def _duration(text: str) -> float:
 
 
 def _addr(text: str) -> str:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    try:
+        parse_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
@@ -117,9 +119,7 @@ def _check_exporter(cfg: Config) -> None:
     if cfg.exporter.basic_auth is not None:
         cfg.exporter.basic_auth.password()
     if cfg.exporter.tls is not None:
-        from soakd.http import tls_context
-
-        tls_context(cfg.exporter.tls)
+        cfg.exporter.tls.context()
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -225,7 +225,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     judge_by = None
     if args.config is not None:
-        from soakd.redact import config_doc
+        from soakd.config.redact import config_doc
 
         judge_by = config_doc(load_config(args.config))
     rep = build_report(args.run_dir, energy_price_per_kwh=args.energy_price, judge_by=judge_by)
