@@ -177,7 +177,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _malloc.limit_arenas()  # before any thread allocates: RSS on many cores (docs/benchmarks.md)
     from rich.console import Console
 
-    from soakd.app import RunOptions, Soak
+    from soakd.app import RunOptions, Soak, StartError
     from soakd.live import errors_table, target_table
     from soakd.report import build_report, terminal_summary
 
@@ -194,7 +194,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # GIL switch interval a token read meanwhile is stamped up to 5 ms late. 0.5 ms cut
     # the TTFT p99 error by ~30 % at 64 streams, same CPU (docs/benchmarks.md).
     sys.setswitchinterval(GIL_SWITCH_S)
-    result = asyncio.run(soak.run())
+    try:
+        result = asyncio.run(soak.run())
+    except StartError as exc:  # a simulator or gateway soakd starts did not come up
+        _fail(str(exc))
     # off a terminal (CI logs, files) rich would squeeze the table into 80 columns
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     state = "completed" if result.completed else "stopped early"
