@@ -47,7 +47,7 @@ REFUSALS = frozenset(
 
 def guard_refusal(error: str | None, origin: str | None = None) -> bool:
     """The guard gateway answered this itself (shed it): the ``shed_*`` kinds, which the
-    client gives by the gateway's error ``code`` (soakd/targets/openai.py). ``origin`` is
+    client gives by the gateway's error ``code`` (soakd/targets/errors.py). ``origin`` is
     for a future journal column; the kind carries it today."""
     return error is not None and (origin == "gateway" or error.startswith("shed_"))
 
