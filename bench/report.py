@@ -324,6 +324,9 @@ MANYCORE_LABEL = {
     "soakd-nice": "`soakd run`, other threads at nice 19 (experiment)",
     "soakd-noyield": "`soakd run`, writer without sched_yield (before)",
     "soakd-diag": "`soakd run`, slow-callback diagnosis",
+    "soakd-x1": "`soakd run`, experiment 1",
+    "soakd-x2": "`soakd run`, experiment 2",
+    "soakd-x3": "`soakd run`, experiment 3",
     "soakd-hot": "soakd hot path, in-process",
 }
 
