@@ -1,4 +1,4 @@
-"""Probes room, DCGM: GPU readings from a dcgm-exporter's /metrics (or the simulator's).
+"""Probes room, GPU through DCGM: GPU readings from a dcgm-exporter's /metrics (or the simulator's).
 
 dcgm-exporter reports framebuffer memory in MiB, power in W, energy in mJ since boot,
 clocks in MHz and utilisation in percent; everything is converted to soakd's base
@@ -15,7 +15,7 @@ import aiohttp
 import structlog
 
 from soakd.probes._http import Endpoint, fetch
-from soakd.probes.gpu import GpuReading, XidCallback
+from soakd.probes.gpu.model import GpuReading, XidCallback
 from soakd.probes.server import parse_samples
 
 log = structlog.get_logger()
