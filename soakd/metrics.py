@@ -22,10 +22,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from soakd import __version__
 from soakd.config import AlertLimits, Slo
-from soakd.model import OK, ErrorKind, Outcome, status_class
+from soakd.model import OK, S_PER_NS, ErrorKind, Outcome, status_class
 from soakd.workload.ledger import MISSED_REASONS
-
-NS = 1e-9
 
 # No `*_created` series: one per counter and histogram child, undocumented and unused by
 # the rules and dashboards (a counter's reset shows in the counter itself). A process-wide
@@ -233,7 +231,7 @@ class Metrics:
         if o.resends:
             self.resends.labels(o.target).inc(o.resends)
         if o.sent_ns:
-            c.lag.observe(o.dispatch_lag_ns * NS)
+            c.lag.observe(o.dispatch_lag_ns * S_PER_NS)
         if o.output_tokens:
             c.output_tokens.inc(o.output_tokens)
         if o.prompt_tokens:
@@ -242,16 +240,16 @@ class Metrics:
             self.oom_errors.labels(o.target).inc()
         if o.error is not None:
             return
-        c.e2e.observe(o.e2e_ns * NS)
+        c.e2e.observe(o.e2e_ns * S_PER_NS)
         ttft = o.ttft_ns
         if ttft is not None:
-            c.ttft.observe(ttft * NS)
+            c.ttft.observe(ttft * S_PER_NS)
         tpot = o.tpot_ns
         if tpot is not None:
-            c.tpot.observe(tpot * NS)
+            c.tpot.observe(tpot * S_PER_NS)
         observe = c.itl.observe
         for gap in o.itl_ns:
-            observe(gap * NS)
+            observe(gap * S_PER_NS)
 
 
     def restore(
