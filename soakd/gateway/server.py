@@ -18,9 +18,9 @@ from aiohttp import web
 
 from soakd import __version__
 from soakd.config import GatewayConfig
+from soakd.gateway.metrics import GatewayMetrics
 from soakd.gateway.proxy import Gateway, make_app
 from soakd.gateway.vram import VramWatch
-from soakd.metrics import GatewayMetrics
 from soakd.probes.gpu import make_gpu_source
 
 log = structlog.get_logger()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import structlog
 
-from soakd.metrics import GatewayMetrics
+from soakd.gateway.metrics import GatewayMetrics
 from soakd.probes._ticks import sleep_until_next
 from soakd.probes.gpu import GpuReading, GpuSource
 

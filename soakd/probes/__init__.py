@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from soakd import metric_names as mn
 from soakd.config import Config, TargetConfig
 from soakd.metrics import ProbeMetrics
 from soakd.model import Outcome, Sample
@@ -258,13 +259,13 @@ class Probes:
                 state.tick()
                 t = (("target", name),)
                 if state.up is not None:
-                    self._emit(Sample(wall, "soakd_target_up", 1.0 if state.up else 0.0, t))
-                self._emit(Sample(wall, "soakd_target_restarts_total", float(state.restarts), t))
+                    self._emit(Sample(wall, mn.TARGET_UP, 1.0 if state.up else 0.0, t))
+                self._emit(Sample(wall, mn.TARGET_RESTARTS_TOTAL, float(state.restarts), t))
                 for source in COUNTED_SOURCES:
                     self._emit(
                         Sample(
                             wall,
-                            "soakd_target_oom_events_total",
+                            mn.TARGET_OOM_EVENTS_TOTAL,
                             float(self.oom.totals.get((name, source), 0)),
                             (("source", source), ("target", name)),
                         )

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import structlog
 
+from soakd import metric_names as mn
 from soakd.metrics import ProbeMetrics
 from soakd.model import Sample
 from soakd.probes._ticks import sleep_until_next
@@ -108,7 +109,7 @@ class GpuProbe:
         self._emit(
             Sample(
                 self._wall(),
-                "soakd_gpu_xid_errors_total",
+                mn.GPU_XID_ERRORS_TOTAL,
                 float(total),
                 (("gpu", gpu), ("xid", str(code))),
             )
@@ -152,9 +153,9 @@ class GpuProbe:
             if value is not None:
                 gauge.labels(g).set(value)
         for value, gauge, name in (
-            (r.used, m.mem_used, "soakd_gpu_memory_used_bytes"),
-            (r.temperature_c, m.temperature, "soakd_gpu_temperature_celsius"),
-            (r.power_w, m.power, "soakd_gpu_power_watts"),
+            (r.used, m.mem_used, mn.GPU_MEMORY_USED_BYTES),
+            (r.temperature_c, m.temperature, mn.GPU_TEMPERATURE_CELSIUS),
+            (r.power_w, m.power, mn.GPU_POWER_WATTS),
         ):
             if value is not None:
                 gauge.labels(g).set(value)
@@ -167,7 +168,7 @@ class GpuProbe:
             m.leak_window_fill.labels(g).set(self._slopes[(g, "")].fill_ratio)
             if slope is not None:
                 m.leak_slope.labels(g).set(slope)
-                out.append(Sample(wall, "soakd_gpu_memory_leak_slope_bytes_per_hour", slope, lg))
+                out.append(Sample(wall, mn.GPU_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR, slope, lg))
         if r.energy_j is not None:
             last = self._energy_last.get(g)
             self._energy_last[g] = r.energy_j
@@ -177,7 +178,7 @@ class GpuProbe:
                 energy.inc(delta)
                 self._energy_total[g] = self._energy_total.get(g, 0.0) + delta
             self._energy_total.setdefault(g, 0.0)
-            out.append(Sample(wall, "soakd_gpu_energy_joules_total", self._energy_total[g], lg))
+            out.append(Sample(wall, mn.GPU_ENERGY_JOULES_TOTAL, self._energy_total[g], lg))
         if r.throttle is not None:
             for bit, reason in THROTTLE_BITS:
                 m.throttle.labels(g, reason).set(1 if r.throttle & bit else 0)
@@ -201,7 +202,7 @@ class GpuProbe:
             value = sums.get(target, 0.0)
             labels = (("gpu", g), ("target", target))
             m.proc_mem.labels(g, target).set(value)
-            out.append(Sample(wall, "soakd_gpu_process_memory_bytes", value, labels))
+            out.append(Sample(wall, mn.GPU_PROCESS_MEMORY_BYTES, value, labels))
             key = (g, target)
             now_pids = frozenset(pids.get(target, ()))
             if self._pids.get(key) != now_pids:  # another process: its memory is a new series
@@ -216,7 +217,7 @@ class GpuProbe:
                 m.proc_leak_slope.labels(g, target).set(slope)
                 out.append(
                     Sample(
-                        wall, "soakd_gpu_process_memory_leak_slope_bytes_per_hour", slope, labels
+                        wall, mn.GPU_PROCESS_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR, slope, labels
                     )
                 )
         for v in r.vanished:
