@@ -29,12 +29,14 @@ from soakd.probes._ticks import sleep_until_next
 log = structlog.get_logger()
 
 GATEWAY_PREFIX = "soakd_gateway_"
-JOURNALED = frozenset({
-    mn.GATEWAY_BREAKER_TRANSITIONS_TOTAL.removesuffix("_total"),
-    mn.GATEWAY_CONCURRENCY_LIMIT,
-    mn.GATEWAY_REJECTIONS_TOTAL.removesuffix("_total"),
-    mn.GATEWAY_BREAKER_STATE,
-})
+JOURNALED = frozenset(
+    {
+        mn.GATEWAY_BREAKER_TRANSITIONS_TOTAL.removesuffix("_total"),
+        mn.GATEWAY_CONCURRENCY_LIMIT,
+        mn.GATEWAY_REJECTIONS_TOTAL.removesuffix("_total"),
+        mn.GATEWAY_BREAKER_STATE,
+    }
+)
 """Families (as the parser names them, without ``_total``) journaled for the report."""
 UP = mn.GATEWAY_UP
 
@@ -146,8 +148,6 @@ def export_gateways(
 ) -> GatewayExport:
     """A ``GatewayExport`` for ``urls`` (target -> gateway root URL), registered; ``emit``
     (the journal) gets what the report shows of the guard, phase by phase."""
-    export = GatewayExport(
-        {t: u.rstrip("/") + "/metrics" for t, u in urls.items()}, interval, emit
-    )
+    export = GatewayExport({t: u.rstrip("/") + "/metrics" for t, u in urls.items()}, interval, emit)
     registry.register(export)
     return export

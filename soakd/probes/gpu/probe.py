@@ -216,9 +216,7 @@ class GpuProbe:
             if slope is not None:
                 m.proc_leak_slope.labels(g, target).set(slope)
                 out.append(
-                    Sample(
-                        wall, mn.GPU_PROCESS_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR, slope, labels
-                    )
+                    Sample(wall, mn.GPU_PROCESS_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR, slope, labels)
                 )
         for v in r.vanished:
             if v.target == OTHER:
