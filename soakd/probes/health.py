@@ -232,9 +232,7 @@ class TargetState:
 
     def _emit_up(self) -> None:
         self._emit(
-            Sample(
-                self._wall(), mn.TARGET_UP, 1.0 if self.up else 0.0, (("target", self.name),)
-            )
+            Sample(self._wall(), mn.TARGET_UP, 1.0 if self.up else 0.0, (("target", self.name),))
         )
 
 
