@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from soakd.config import TargetConfig
 from soakd.probes.gpu.model import OTHER, ProcMem, Vanished
+
+
+class NvmlProcess(Protocol):
+    """One entry of NVML's process list (``usedGpuMemory`` is read when present)."""
+
+    @property
+    def pid(self) -> int: ...
 
 
 class ProcFs(Protocol):
@@ -63,7 +70,7 @@ class ProcessMap:
         self._known: dict[int, dict[int, ProcMem]] = {}
         self._mapped: dict[int, str] = {}
 
-    def update(self, i: int, procs: Iterable[Any]) -> tuple[list[ProcMem], list[Vanished]]:
+    def update(self, i: int, procs: Iterable[NvmlProcess]) -> tuple[list[ProcMem], list[Vanished]]:
         current: dict[int, ProcMem] = {}
         for p in procs:
             pid = int(p.pid)
