@@ -30,9 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from soakd.config import Slo
-from soakd.model import ErrorKind, Outcome
-
-NS_PER_S = 1_000_000_000
+from soakd.model import NS_PER_S, ErrorKind, Outcome
 
 Class = Literal["ok", "error", "refused", "guard", "excluded"]
 
