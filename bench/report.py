@@ -340,6 +340,11 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
         by.setdefault(r["case"]["tool"], []).append(r)
     bare = {r["case"]["rep"]: r for r in by.get("bare", [])}
     tools = [t for t in MANYCORE_ORDER if t in by]
+    experiments = doc.get("experiments", {})
+
+    def label(tool: str) -> str:
+        what = experiments.get(tool)
+        return f"`soakd run`, {what}" if what else MANYCORE_LABEL[tool]
 
     def ratio(tool: str) -> list[float]:
         out = []
@@ -368,7 +373,7 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
         if loads
         else "",
         "",
-        "| | " + " | ".join(MANYCORE_LABEL[t] for t in tools) + " |",
+        "| | " + " | ".join(label(t) for t in tools) + " |",
         "|---|" + "---:|" * len(tools),
     ]
     rows = [

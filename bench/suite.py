@@ -862,6 +862,8 @@ def section_manycore(a: argparse.Namespace) -> None:
         "stub_cpus": stub_cpus,
         "stub_workers": workers,
         "command": "python bench/suite.py " + " ".join(sys.argv[1:]),
+        "experiments": {t: EXPERIMENTS[t].replace("\n", "; ") for t in a.manycore_tools
+                        if EXPERIMENTS.get(t)},
     }
     name = a.name or f"manycore-{len(cpus)}c"
     save(name, doc)
