@@ -314,6 +314,9 @@ MANYCORE_ORDER = [
     "soakd-nogpu",
     "soakd-nice",
     "soakd-diag",
+    "soakd-x1",
+    "soakd-x2",
+    "soakd-x3",
     "soakd-hot",
 ]
 MANYCORE_LABEL = {
