@@ -11,7 +11,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LOG="$ROOT/.cache/setup-apt.log"
+# shellcheck source=lib/apt.sh
+source "$ROOT/scripts/lib/apt.sh"
 
 say() { printf 'setup-chromium: %s\n' "$*"; }
 
@@ -22,16 +23,5 @@ if have chromium; then
   exit 0
 fi
 
-SUDO=()
-if [[ $(id -u) -ne 0 ]]; then
-  have sudo || { say "ERROR: not root and no sudo; install chromium by hand" >&2; exit 1; }
-  SUDO=(sudo)
-fi
-
-say "installing chromium (log: $LOG)"
-mkdir -p "$(dirname "$LOG")"
-{ "${SUDO[@]}" apt-get update -q \
-    && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a NEEDRESTART_SUSPEND=1 \
-      apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends chromium fonts-dejavu-core; } >>"$LOG" 2>&1 \
-  || { tail -n 20 "$LOG" >&2; say "ERROR: apt-get install chromium fonts-dejavu-core failed (full log: $LOG)" >&2; exit 1; }
+apt_install setup-chromium chromium fonts-dejavu-core
 say "installed: $(chromium --version 2>/dev/null | head -n1)"

@@ -12,6 +12,8 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOG="$ROOT/.cache/setup-apt.log"
+# shellcheck source=lib/apt.sh
+source "$ROOT/scripts/lib/apt.sh"
 
 say() { printf 'setup-docker: %s\n' "$*"; }
 die() { printf 'setup-docker: ERROR: %s\n' "$*" >&2; exit 1; }
@@ -27,18 +29,7 @@ if ((${#missing[@]} == 0)); then
   exit 0
 fi
 
-SUDO=()
-if [[ $(id -u) -ne 0 ]]; then
-  have sudo || die "not root and no sudo; install ${missing[*]} by hand"
-  SUDO=(sudo)
-fi
-
-mkdir -p "$(dirname "$LOG")"
-say "installing ${missing[*]} (log: $LOG)"
-{ "${SUDO[@]}" apt-get update -q \
-    && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a NEEDRESTART_SUSPEND=1 \
-        apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends "${missing[@]}"; } >>"$LOG" 2>&1 \
-  || { tail -n 20 "$LOG" >&2; die "apt-get install ${missing[*]} failed (full log: $LOG)"; }
+apt_install setup-docker "${missing[@]}"
 
 for bin in dockerd docker-compose mmdebstrap; do
   have "$bin" || die "$bin still missing after apt-get install (log: $LOG)"

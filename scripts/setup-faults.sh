@@ -11,7 +11,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LOG="$ROOT/.cache/setup-apt.log"
+# shellcheck source=lib/apt.sh
+source "$ROOT/scripts/lib/apt.sh"
 
 say() { printf 'setup-faults: %s\n' "$*"; }
 
@@ -34,15 +35,4 @@ if ((${#missing[@]} == 0)); then
   exit 0
 fi
 
-SUDO=()
-if [[ $(id -u) -ne 0 ]]; then
-  command -v sudo >/dev/null 2>&1 || { say "ERROR: not root and no sudo; install ${missing[*]}" >&2; exit 1; }
-  SUDO=(sudo)
-fi
-
-say "installing ${missing[*]} (log: $LOG)"
-mkdir -p "$(dirname "$LOG")"
-{ "${SUDO[@]}" apt-get update -q \
-    && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a NEEDRESTART_SUSPEND=1 \
-      apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends "${missing[@]}"; } >>"$LOG" 2>&1 \
-  || { tail -n 20 "$LOG" >&2; say "ERROR: apt-get install ${missing[@]} failed (full log: $LOG)" >&2; exit 1; }
+apt_install setup-faults "${missing[@]}"

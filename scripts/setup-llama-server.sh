@@ -84,19 +84,9 @@ command -v c++ >/dev/null 2>&1 || missing+=(g++)
 command -v cc >/dev/null 2>&1 || missing+=(gcc)
 command -v make >/dev/null 2>&1 || missing+=(make)
 if ((${#missing[@]})); then
-    SUDO=()
-    if [[ $(id -u) -ne 0 ]]; then
-        command -v sudo >/dev/null 2>&1 || die "not root and no sudo; install ${missing[*]}"
-        SUDO=(sudo)
-    fi
-    APT_LOG="$ROOT/.cache/setup-apt.log"
-    mkdir -p "$ROOT/.cache"
-    say "installing ${missing[*]} (log: $APT_LOG)"
-    { "${SUDO[@]}" apt-get update -q \
-        && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a NEEDRESTART_SUSPEND=1 \
-            apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends "${missing[@]}"; } \
-        >>"$APT_LOG" 2>&1 \
-        || { tail_log "$APT_LOG"; die "apt-get install ${missing[*]} failed (full log: $APT_LOG)"; }
+    # shellcheck source=lib/apt.sh
+    source "$ROOT/scripts/lib/apt.sh"
+    apt_install setup-llama-server "${missing[@]}"
 fi
 
 if [[ -z "${PYTHON:-}" ]]; then

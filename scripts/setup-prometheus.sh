@@ -16,7 +16,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-LOG="$ROOT/.cache/setup-apt.log"
+# shellcheck source=lib/apt.sh
+source "$ROOT/scripts/lib/apt.sh"
 
 say() { printf 'setup-prometheus: %s\n' "$*"; }
 
@@ -32,18 +33,7 @@ if ((${#missing[@]} == 0)); then
   exit 0
 fi
 
-SUDO=()
-if [[ $(id -u) -ne 0 ]]; then
-  have sudo || { say "ERROR: not root and no sudo; install ${missing[*]} by hand" >&2; exit 1; }
-  SUDO=(sudo)
-fi
-
-say "installing ${missing[*]} (log: $LOG)"
-mkdir -p "$(dirname "$LOG")"
-{ "${SUDO[@]}" apt-get update -q \
-    && "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive NEEDRESTART_MODE=a NEEDRESTART_SUSPEND=1 \
-      apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends "${missing[@]}"; } >>"$LOG" 2>&1 \
-  || { tail -n 20 "$LOG" >&2; say "ERROR: apt-get install ${missing[@]} failed (full log: $LOG)" >&2; exit 1; }
+apt_install setup-prometheus "${missing[@]}"
 
 for bin in prometheus promtool amtool; do
   have "$bin" || { say "ERROR: $bin still missing after apt-get install" >&2; exit 1; }
