@@ -31,6 +31,7 @@ import structlog
 import yaml
 
 from soakd import __version__
+from soakd.analysis import SessionRow
 from soakd.config import Config, ConfigError, TargetConfig
 from soakd.gateway.spawn import GatewayProcess, spawn_gateway
 from soakd.goodput import GoodputWindow
@@ -86,7 +87,7 @@ class RunResult:
     completed: bool  # the plan ran to its end (not stopped by a signal)
     elapsed_s: float
     cancelled: int  # requests cut at the drain deadline
-    summary: dict[str, dict[str, Any]] = field(default_factory=dict)  # this session only
+    summary: dict[str, SessionRow] = field(default_factory=dict)  # this session only
     session: int = 1  # 2 and up: a resumed run
 
 
