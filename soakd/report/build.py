@@ -98,8 +98,12 @@ def build_report(
         phase_active[name] = phase_active.get(name, 0.0) + max(0.0, min(end, active_s) - start)
     timeline = Timeline(
         [
-            Session(s["started_wall"], s["started_offset_ns"] / NS_PER_S, s["wall"],
-                    s["offset_ns"] / NS_PER_S)
+            Session(
+                s["started_wall"],
+                s["started_offset_ns"] / NS_PER_S,
+                s["wall"],
+                s["offset_ns"] / NS_PER_S,
+            )
             for s in sessions
         ],
         plan_phases,
@@ -340,7 +344,8 @@ def _row(
     for kind in LATENCY_KINDS:
         digest = getattr(stats, kind)
         row.latency_ms[kind] = Quantiles(
-            p50=ms(digest.quantile(0.5)), p95=ms(digest.quantile(0.95)),
+            p50=ms(digest.quantile(0.5)),
+            p95=ms(digest.quantile(0.95)),
             p99=ms(digest.quantile(0.99)),
         )
     p99s = {i: v for i, s in slices.items() if (v := slice_p99(s)) is not None}

@@ -89,8 +89,7 @@ def render_html(rep: Report) -> str:
     ]
     parts += [f'<p class="meta">{e(line)}</p>' for line in header_lines(rep)]
     parts += [html_table(table) for table in verdict_tables(rep)]
-    parts.append(html_table(metric_table(rep, "Targets side by side", rep.overall),
-                            title_sep="\n"))
+    parts.append(html_table(metric_table(rep, "Targets side by side", rep.overall), title_sep="\n"))
     for extra in (cost_table(rep), guard_table(rep)):
         if extra is not None:
             parts.append(html_table(extra))
@@ -106,8 +105,12 @@ def render_html(rep: Report) -> str:
         parts.append("</div>")
     for phase in rep.phases:
         rows = rep.by_phase[phase]
-        parts.append(html_table(metric_table(rep, phase_title(rep, phase), rows, PHASE_COLUMNS,
-                                             marks=False), title_sep="\n"))
+        parts.append(
+            html_table(
+                metric_table(rep, phase_title(rep, phase), rows, PHASE_COLUMNS, marks=False),
+                title_sep="\n",
+            )
+        )
         verdicts = phase_verdict_table(rep, phase)
         if verdicts is not None:
             parts.append(html_table(verdicts, "h3"))

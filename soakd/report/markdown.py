@@ -47,8 +47,9 @@ def render_markdown(rep: Report) -> str:
             out += md_table(extra)
     for phase in rep.phases:
         rows = rep.by_phase[phase]
-        out += md_table(metric_table(rep, phase_title(rep, phase), rows, PHASE_COLUMNS,
-                                     marks=False))
+        out += md_table(
+            metric_table(rep, phase_title(rep, phase), rows, PHASE_COLUMNS, marks=False)
+        )
         verdicts = phase_verdict_table(rep, phase)
         if verdicts is not None:
             out += md_table(verdicts, "###")

@@ -144,9 +144,7 @@ class Samples:
         by_phase = counted or self.power_energy(gpu) or {}
         return (None if total is None else sum(total.values())), by_phase
 
-    def gpus(
-        self, charged: Mapping[str, list[str]]
-    ) -> tuple[list[GpuRow], list[GpuEnergy]]:
+    def gpus(self, charged: Mapping[str, list[str]]) -> tuple[list[GpuRow], list[GpuEnergy]]:
         """The GPU table's rows, and each GPU's energy for the attribution (``analysis``)."""
         rows, energy = [], []
         for g, targets in charged.items():
@@ -182,9 +180,19 @@ def dcgm_owner(config: Mapping[str, Any]) -> str | None:
     if not url:
         return next((t["name"] for t in targets if t.get("simulator")), None)
     host = urlsplit(url).netloc
-    return next((t["name"] for t in targets
-                 if host and host in (urlsplit(t.get("base_url") or "").netloc,
-                                      urlsplit(t.get("metrics_url") or "").netloc)), None)
+    return next(
+        (
+            t["name"]
+            for t in targets
+            if host
+            and host
+            in (
+                urlsplit(t.get("base_url") or "").netloc,
+                urlsplit(t.get("metrics_url") or "").netloc,
+            )
+        ),
+        None,
+    )
 
 
 def vram(overall: dict[str, Row], targets: list[str], probe: Samples, gpus: list[GpuRow]) -> None:
@@ -218,9 +226,17 @@ def guard_rows(
     """Per phase and guarded target: the modes the phase set, breaker openings, the sheds
     soakd counted and the gateway's own rejections, the concurrency limit's range."""
     guarded = [t["name"] for t in config.get("targets", []) if t.get("gateway") is not None]
-    guarded += [t for t in targets if t not in guarded and any(
-        k.startswith("shed_") for row in (p.get(t) for p in by_phase.values()) if row
-        for k in row.errors_by_kind)]
+    guarded += [
+        t
+        for t in targets
+        if t not in guarded
+        and any(
+            k.startswith("shed_")
+            for row in (p.get(t) for p in by_phase.values())
+            if row
+            for k in row.errors_by_kind
+        )
+    ]
     modes: dict[tuple[str, str], str] = {}
     state: dict[str, dict[str, bool]] = {}  # a phase changes the features it names only
     current = None
@@ -235,16 +251,23 @@ def guard_rows(
     rows = []
     for target in guarded:
         openings: dict[str, dict[str, float]] = {}
-        for labels, _ in probe.find(names.GATEWAY_BREAKER_TRANSITIONS,
-                                    {"target": target, "to": "open"}):
+        for labels, _ in probe.find(
+            names.GATEWAY_BREAKER_TRANSITIONS, {"target": target, "to": "open"}
+        ):
             b = labels.get("breaker", "?")
-            openings[b] = probe.increase(names.GATEWAY_BREAKER_TRANSITIONS,
-                                         {"target": target, "to": "open", "breaker": b}) or {}
+            openings[b] = (
+                probe.increase(
+                    names.GATEWAY_BREAKER_TRANSITIONS,
+                    {"target": target, "to": "open", "breaker": b},
+                )
+                or {}
+            )
         rejected: dict[str, dict[str, float]] = {}
         for labels, _ in probe.find(names.GATEWAY_REJECTIONS, {"target": target}):
             reason = labels.get("reason", "?")
-            rejected[reason] = probe.increase(names.GATEWAY_REJECTIONS,
-                                              {"target": target, "reason": reason}) or {}
+            rejected[reason] = (
+                probe.increase(names.GATEWAY_REJECTIONS, {"target": target, "reason": reason}) or {}
+            )
         limits: dict[str, list[float]] = {}
         for _, points in probe.find(names.GATEWAY_CONCURRENCY_LIMIT, {"target": target}):
             pts = sorted(points)  # journaled on change: a step function of plan time
@@ -256,14 +279,22 @@ def guard_rows(
                     limits.setdefault(name, []).extend(values)
         for phase in phases:
             row = by_phase.get(phase, {}).get(target)
-            shed = {k: n for k, n in (row.errors_by_kind if row else {}).items()
-                    if k.startswith("shed_")}
+            shed = {
+                k: n
+                for k, n in (row.errors_by_kind if row else {}).items()
+                if k.startswith("shed_")
+            }
             lim = limits.get(phase, [])
-            rows.append(GuardRow(
-                phase, target, modes.get((phase, target), "-"),
-                {b: round(v.get(phase, 0.0)) for b, v in openings.items()},
-                shed,
-                {r: n for r, v in rejected.items() if (n := round(v.get(phase, 0.0)))},
-                min(lim) if lim else None, max(lim) if lim else None,
-            ))
+            rows.append(
+                GuardRow(
+                    phase,
+                    target,
+                    modes.get((phase, target), "-"),
+                    {b: round(v.get(phase, 0.0)) for b, v in openings.items()},
+                    shed,
+                    {r: n for r, v in rejected.items() if (n := round(v.get(phase, 0.0)))},
+                    min(lim) if lim else None,
+                    max(lim) if lim else None,
+                )
+            )
     return rows

@@ -172,8 +172,12 @@ def metric_cell(rep: Report, row: Row, key: str, marked: bool) -> str:
 
 
 def metric_table(
-    rep: Report, title: str, rows: dict[str, Row], keys: Iterable[str] | None = None,
-    *, marks: bool = True,
+    rep: Report,
+    title: str,
+    rows: dict[str, Row],
+    keys: Iterable[str] | None = None,
+    *,
+    marks: bool = True,
 ) -> Table:
     """The targets side by side, one metric a row; ``marks``: the better values marked."""
     table = Table(title, ["metric", *rep.targets], numeric=[False] + [True] * len(rep.targets))
@@ -212,14 +216,18 @@ def gpu_table(rep: Report) -> Table | None:
         numeric=[False, True, True, True, True, False],
     )
     for g in rep.gpus:
-        table.rows.append(cells([
-            g.gpu,
-            fmt_value("vram_peak_bytes", g.peak_used_bytes),
-            gpu_leak(g),
-            "-" if g.energy_j is None else f"{g.energy_j / 3.6e6:.3f} kWh",
-            "-" if g.mean_power_w is None else f"{g.mean_power_w:.0f} W",
-            ", ".join(g.targets) or "-",
-        ]))
+        table.rows.append(
+            cells(
+                [
+                    g.gpu,
+                    fmt_value("vram_peak_bytes", g.peak_used_bytes),
+                    gpu_leak(g),
+                    "-" if g.energy_j is None else f"{g.energy_j / 3.6e6:.3f} kWh",
+                    "-" if g.mean_power_w is None else f"{g.mean_power_w:.0f} W",
+                    ", ".join(g.targets) or "-",
+                ]
+            )
+        )
     return table
 
 
@@ -238,13 +246,15 @@ def verdict_tables(rep: Report) -> list[Table]:
             continue
         table.rows.append(cells([t, "all criteria", "", "", result(v.passed).upper()]))
         table.rows += [
-            cells([
-                t,
-                c.name,
-                fmt_criterion(c.unit, c.measured),
-                fmt_criterion(c.unit, c.limit),
-                result(c.passed, c.note),
-            ])
+            cells(
+                [
+                    t,
+                    c.name,
+                    fmt_criterion(c.unit, c.measured),
+                    fmt_criterion(c.unit, c.limit),
+                    result(c.passed, c.note),
+                ]
+            )
             for c in v.criteria
         ]
     out = [table]
@@ -303,31 +313,54 @@ def cost_table(rep: Report) -> Table | None:
     for t in rep.targets:
         r = rep.overall[t]
         if r.cost_basis:
-            table.rows.append(cells([
-                t,
-                r.cost_basis,
-                fmt_value("cost_per_mtok", r.cost_per_mtok, rep.currency),
-                fmt_value("cost_per_month", r.cost_per_month, rep.currency),
-                fmt_value("output_tps", r.output_tps),
-            ]))
+            table.rows.append(
+                cells(
+                    [
+                        t,
+                        r.cost_basis,
+                        fmt_value("cost_per_mtok", r.cost_per_mtok, rep.currency),
+                        fmt_value("cost_per_month", r.cost_per_month, rep.currency),
+                        fmt_value("output_tps", r.output_tps),
+                    ]
+                )
+            )
     return table if table.rows else None
 
 
 def guard_table(rep: Report) -> Table | None:
     """The guard gateway, phase by phase (the edge plan's load-shedding stages)."""
+
     def counts(d: dict[str, int], strip: str = "") -> str:
         return ", ".join(f"{k.removeprefix(strip)} {n:,}" for k, n in sorted(d.items()) if n) or "0"
 
     table = Table(
         "The guard, phase by phase",
-        ["phase", "target", "features on", "breaker openings", "shed (soakd counted)",
-         "gateway rejections", "concurrency limit"],
+        [
+            "phase",
+            "target",
+            "features on",
+            "breaker openings",
+            "shed (soakd counted)",
+            "gateway rejections",
+            "concurrency limit",
+        ],
     )
     for g in rep.guard:
         lo, hi = g.limit_min, g.limit_max
         limit = "-" if lo is None else (f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}")
-        table.rows.append(cells([g.phase, g.target, g.modes, counts(g.breaker_openings),
-                                 counts(g.shed, "shed_"), counts(g.rejections), limit]))
+        table.rows.append(
+            cells(
+                [
+                    g.phase,
+                    g.target,
+                    g.modes,
+                    counts(g.breaker_openings),
+                    counts(g.shed, "shed_"),
+                    counts(g.rejections),
+                    limit,
+                ]
+            )
+        )
     return table if table.rows else None
 
 

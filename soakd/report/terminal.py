@@ -54,8 +54,9 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
         right = [i >= 2 for i in range(len(table.header))]
         out.append(rich_table(table, title_style="bold", numeric=right))
     out.append(
-        rich_table(metric_table(rep, "targets side by side (✓ better)", rep.overall,
-                                TERMINAL_COLUMNS))
+        rich_table(
+            metric_table(rep, "targets side by side (✓ better)", rep.overall, TERMINAL_COLUMNS)
+        )
     )
     guard = guard_table(rep)
     if guard is not None:
