@@ -125,8 +125,9 @@ def build_report(
     overall: dict[str, Row] = {}
     by_phase: dict[str, dict[str, Row]] = {p: {} for p in phase_names}
     oom_rows: dict[tuple[str, str], int] = {}
-    for target, phase, _, _, _, _, _, oom in totals:
-        oom_rows[(target, phase)] = oom_rows.get((target, phase), 0) + oom
+    for counted in totals:
+        key = (counted.target, counted.phase)
+        oom_rows[key] = oom_rows.get(key, 0) + counted.oom
     for target in targets:
         mine = [r for r in rollups if r.target == target]
         overall[target] = _row(target, None, mine, active_s, slice_s, window_s)
@@ -156,20 +157,11 @@ def build_report(
     notes: list[str] = []
     probe = Samples(series, samples, timeline)
     for target in targets:
-        rows = [overall[target], *(by_phase[p][target] for p in phase_names)]
-        for counter, attr in (
-            (names.TARGET_RESTARTS, "restarts"),
-            (names.TARGET_OOM_EVENTS, "oom_events"),
-        ):
-            per_phase = probe.increase(counter, {"target": target})
-            if per_phase is not None:
-                for row in rows:
-                    total = (
-                        sum(per_phase.values())
-                        if row.phase is None
-                        else per_phase.get(row.phase, 0.0)
-                    )
-                    setattr(row, attr, round(total))
+        restarts = probe.increase(names.TARGET_RESTARTS, {"target": target})
+        ooms = probe.increase(names.TARGET_OOM_EVENTS, {"target": target})
+        for row in (overall[target], *(by_phase[p][target] for p in phase_names)):
+            row.restarts = _count(restarts, row.phase)
+            row.oom_events = _count(ooms, row.phase)
     gpus, gpu_energy = probe.gpus(probe.charged(targets, config))
     guard = guard_rows(probe, by_phase, targets, phase_names, config, events)
     vram(overall, targets, probe, gpus)
@@ -198,7 +190,7 @@ def build_report(
             "no probe samples in the journal: OOM events, restarts, VRAM and "
             "energy are not measured"
         )
-    dropped = sum(t[4] for t in totals) - sum(r.requests for r in overall.values())
+    dropped = sum(t.requests for t in totals) - sum(r.requests for r in overall.values())
     if dropped > 0:
         notes.append(
             f"{dropped} request(s) were counted but not journaled (queue full or "
@@ -260,6 +252,13 @@ def decisions_from(stored: Config, other: Config) -> dict[str, Any]:
         for t in stored.get("targets", [])
     ]
     return out
+
+
+def _count(per_phase: dict[str, float] | None, phase: str | None) -> int | None:
+    """A counter's increase over the run (``phase`` None) or one phase; None: no series."""
+    if per_phase is None:
+        return None
+    return round(sum(per_phase.values()) if phase is None else per_phase.get(phase, 0.0))
 
 
 def _counted(t: Tally) -> int:
