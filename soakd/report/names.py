@@ -1,8 +1,8 @@
 """Report room, names: every metric name the report reads from the journal's samples.
 
 The one place the report spells a metric name, so that moving to ``soakd.metrics``'
-constants is a change to this file alone. The metric-name test reads ``SAMPLE_NAMES``
-(re-exported by ``soakd.report``) and checks each one is registered.
+constants is a change to this file alone. ``SAMPLE_NAMES`` lists them all (re-exported
+as ``soakd.report.SAMPLE_NAMES``, for a test that checks each one is registered).
 """
 
 from __future__ import annotations
