@@ -7,7 +7,7 @@ format what this returns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from soakd.report.model import (
     LATENCY_KINDS,
     METRIC_COLUMNS,
     NOT_RANKED,
+    Doc,
     Downtime,
     Report,
     Row,
@@ -49,9 +50,6 @@ from soakd.verdicts import overall as overall_verdict
 NS_PER_S = 1e9
 HOUR_S = 3600.0
 JOULES_PER_KWH = 3.6e6
-
-Config = Mapping[str, Any]
-"""The config document stored in the journal (``soakd.redact.config_doc``)."""
 
 
 def build_report(
@@ -73,7 +71,7 @@ def build_report(
         series = reader.series()
         samples = reader.samples(names.SAMPLE_NAMES)
         window_s = reader.window_ns / NS_PER_S
-        config: Config = meta.get("config", {})
+        config: Doc = meta.get("config", {})
         if judge_by is not None:
             config = decisions_from(config, judge_by)
         targets = [t["name"] for t in config.get("targets", [])]
@@ -237,7 +235,7 @@ DECISION_KEYS = ("slo", "compare", "report")
 TARGET_DECISION_KEYS = ("slo", "cost")
 
 
-def decisions_from(stored: Config, other: Config) -> dict[str, Any]:
+def decisions_from(stored: Doc, other: Doc) -> dict[str, Any]:
     """The run's config with what decides (slo, compare, costs, report) taken from
     ``other``; targets are matched by name, targets ``other`` lacks keep none of it."""
     out = dict(stored)
@@ -266,7 +264,7 @@ def _counted(t: Tally) -> int:
 
 
 def _decision_config(
-    config: Config, targets: list[str]
+    config: Doc, targets: list[str]
 ) -> tuple[dict[str, Slo], Compare | None, str | None]:
     """The stored config's slo (per target, overrides applied) and compare sections."""
     try:
@@ -355,7 +353,7 @@ def _row(
 DEFAULT_LAG_LIMIT_S = 0.1
 
 
-def _client_limits(overall: dict[str, Row], targets: list[str], config: Config) -> list[str]:
+def _client_limits(overall: dict[str, Row], targets: list[str], config: Doc) -> list[str]:
     """Say so when soakd itself was the bottleneck: its dispatch lag past the limit, or
     planned sends it could not make in time. Those latency figures are the client's."""
     limits = config.get("alert_limits") or {}
@@ -392,7 +390,7 @@ def _energy_and_cost(
     overall: dict[str, Row],
     by_phase: dict[str, dict[str, Row]],
     targets: list[str],
-    config: Config,
+    config: Doc,
     gpus: Sequence[GpuEnergy],
     price: float | None,
     notes: list[str],

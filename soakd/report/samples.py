@@ -12,12 +12,11 @@ import itertools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 from soakd.analysis import GpuEnergy, leak_note, leak_slope
 from soakd.report import names
-from soakd.report.model import GpuRow, GuardRow, Row
+from soakd.report.model import Doc, GpuRow, GuardRow, Row
 
 Points = list[tuple[float, float]]
 """(plan seconds, value), in time order."""
@@ -111,7 +110,7 @@ class Samples:
         found = (lbl for name in names.GPU_NAMES for lbl, _ in self.by_name.get(name, []))
         return sorted({lbl.get("gpu", "?") for lbl in found})
 
-    def charged(self, targets: list[str], config: Mapping[str, Any]) -> dict[str, list[str]]:
+    def charged(self, targets: list[str], config: Doc) -> dict[str, list[str]]:
         """GPU -> the targets charged with it: ``cost.gpus``, else the GPUs the target's
         process was seen on, else every GPU when there is one target (or it owns the DCGM
         page the readings came from)."""
@@ -168,7 +167,7 @@ class Samples:
         return rows, energy
 
 
-def dcgm_owner(config: Mapping[str, Any]) -> str | None:
+def dcgm_owner(config: Doc) -> str | None:
     """The target whose own page the GPU readings came from: with ``gpu.source: dcgm`` and
     no ``dcgm_url``, the first simulator target (as the probe picks it); with a
     ``dcgm_url``, the target whose server answers on that host and port."""
@@ -220,8 +219,8 @@ def guard_rows(
     by_phase: dict[str, dict[str, Row]],
     targets: list[str],
     phases: list[str],
-    config: Mapping[str, Any],
-    events: Sequence[Mapping[str, Any]],
+    config: Doc,
+    events: Sequence[Doc],
 ) -> list[GuardRow]:
     """Per phase and guarded target: the modes the phase set, breaker openings, the sheds
     soakd counted and the gateway's own rejections, the concurrency limit's range."""
