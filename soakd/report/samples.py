@@ -137,7 +137,9 @@ class Samples:
 
     def energy(self, gpu: str) -> tuple[float | None, dict[str, float]]:
         """A GPU's joules over the run (None: not measured) and per phase: the energy
-        counter's increase, else power integrated over time."""
+        counter's increase, else power integrated over time. Kept as the single-module
+        report had it: an energy counter that never rose gives 0 J over the run but the
+        power integral per phase."""
         counted = self.increase(names.GPU_ENERGY, {"gpu": gpu})
         total = counted if counted is not None else self.power_energy(gpu)
         by_phase = counted or self.power_energy(gpu) or {}
