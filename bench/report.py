@@ -306,13 +306,27 @@ def switch_table(rows: list[dict[str, Any]], lines: list[str]) -> None:
     lines.append("")
 
 
-MANYCORE_ORDER = ["bare", "soakd", "soakd-arenas", "soakd-nogpu", "soakd-nice", "soakd-hot"]
+MANYCORE_ORDER = [
+    "bare",
+    "soakd",
+    "soakd-noyield",
+    "soakd-arenas",
+    "soakd-nogpu",
+    "soakd-nice",
+    "soakd-diag",
+    "soakd-hot",
+]
 MANYCORE_LABEL = {
     "bare": "bare aiohttp loop",
     "soakd": "`soakd run`",
     "soakd-arenas": "`soakd run`, glibc's default arenas (before)",
     "soakd-nogpu": "`soakd run`, `gpu: {source: none}`",
     "soakd-nice": "`soakd run`, other threads at nice 19 (experiment)",
+    "soakd-noyield": "`soakd run`, writer without sched_yield (before)",
+    "soakd-diag": "`soakd run`, slow-callback diagnosis",
+    "soakd-x1": "`soakd run`, experiment 1",
+    "soakd-x2": "`soakd run`, experiment 2",
+    "soakd-x3": "`soakd run`, experiment 3",
     "soakd-hot": "soakd hot path, in-process",
 }
 

@@ -72,8 +72,32 @@ LABEL = {
     "soakd-arenas": "soakd run, glibc default malloc arenas (before soakd/_malloc.py)",
     "soakd-nogpu": "soakd run, gpu source none (no NVML)",
     "soakd-nice": "soakd run, its other threads at nice 19 (experiment)",
+    "soakd-noyield": "soakd run, the journal writer never yields (before YIELD_EVERY)",
+    "soakd-diag": "soakd run with bench/slowcb.py (slow loop callbacks, GC pauses)",
 }
-SOAKD_RUNS = ("soakd", "soakd-arenas", "soakd-nogpu", "soakd-nice")
+SOAKD_RUNS = (
+    "soakd",
+    "soakd-arenas",
+    "soakd-nogpu",
+    "soakd-nice",
+    "soakd-noyield",
+    "soakd-diag",
+    "soakd-x1",
+    "soakd-x2",
+    "soakd-x3",
+)
+# experiments, set by --manycore-x1/2/3 (Python run before soakd's CLI main)
+EXPERIMENTS = {"soakd-x1": "", "soakd-x2": "", "soakd-x3": ""}
+# `soakd run` with bench/slowcb.py: the loop's slow callbacks and GC pauses ($SLOWCB_OUT)
+DIAG = (
+    f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import slowcb\n"
+    "from soakd.cli import main; sys.exit(main())"
+)
+# `soakd run` as before the journal writer's sched_yield slices (soakd/journal/writer.py)
+NO_YIELD = (
+    "import sys, soakd.journal.writer as w; w.YIELD_EVERY = 0\n"
+    "from soakd.cli import main; sys.exit(main())"
+)
 # `soakd run` as before soakd/_malloc.py: the arena cap patched out, nothing else changed
 NO_ARENA_CAP = (
     "import sys, soakd._malloc as m; m.limit_arenas = lambda *a, **k: False; "
@@ -331,7 +355,16 @@ def command(case: Case, url: str, out: Path) -> tuple[list[str], str | None]:
     if case.tool in SOAKD_RUNS:
         cfg = out / "soak.yaml"
         soakd_config(case, url, cfg)
-        patch = {"soakd-arenas": NO_ARENA_CAP, "soakd-nice": NICE_THREADS}.get(case.tool)
+        patch = {
+            "soakd-arenas": NO_ARENA_CAP,
+            "soakd-nice": NICE_THREADS,
+            "soakd-noyield": NO_YIELD,
+            "soakd-diag": DIAG,
+            **{
+                k: f"import sys\n{v}\nfrom soakd.cli import main; sys.exit(main())"
+                for k, v in EXPERIMENTS.items()
+            },
+        }.get(case.tool)
         soakd = [PY, "-c", patch] if patch else SOAKD
         argv = [
             *soakd,
@@ -1066,10 +1099,14 @@ def main() -> None:
         help="manycore: what each round runs (bare, soakd, soakd-arenas, soakd-nogpu, soakd-hot)",
     )
     ap.add_argument("--out", type=Path, help="manycore: also copy the results here")
+    for x in ("x1", "x2", "x3"):
+        ap.add_argument(f"--manycore-{x}", default="", help=f"manycore: soakd-{x}'s patch code")
     ap.add_argument("--name", help="manycore: results file name (default manycore-<cores>c)")
     a = ap.parse_args()
     a.tools = a.tools.split(",")
     a.manycore_tools = a.manycore_tools.split(",")
+    for x in ("x1", "x2", "x3"):
+        EXPERIMENTS[f"soakd-{x}"] = getattr(a, f"manycore_{x}").replace(";;", "\n")
     if a.quick:
         a.reps, a.requests_8, a.requests_64, a.openloop_seconds = 1, 400, 1500, 5
         a.endurance_requests, a.endurance_minutes = 50_000, 2

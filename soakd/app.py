@@ -1,9 +1,10 @@
 """Composition root: builds every part from the Config, owns the tasks, signals and shutdown order.
 
 Shutdown order: stop arrivals -> drain in-flight requests (deadline) -> close targets
--> flush and close the journal -> write the summary -> close HTTP last, so a final scrape
-still sees the totals. A run dir holding an unfinished journal is resumed (same run id,
-the plan clock and the counters continue): docs/journal.md.
+-> flush and close the journal -> write the summary -> stop the child servers -> close
+HTTP last, so a final scrape still sees the totals. Each close is on one AsyncExitStack:
+one that fails skips none of the others. A run dir holding an unfinished journal is
+resumed (same run id, the plan clock and the counters continue): docs/journal.md.
 """
 
 from __future__ import annotations
@@ -12,10 +13,7 @@ import asyncio
 import contextlib
 import errno
 import ipaddress
-import json
 import os
-import resource
-import secrets
 import signal
 import sys
 import time
@@ -24,18 +22,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
-import yaml
 
 from soakd import __version__
 from soakd.analysis import SessionRow
 from soakd.config import Config, ConfigError, TargetConfig
-from soakd.gateway.spawn import GatewayProcess, spawn_gateway
+from soakd.gateway.fronts import Fronts
 from soakd.goodput import GoodputWindow
-from soakd.http import HttpServer, start_http, tls_context
+from soakd.http import HttpServer, start_http
 from soakd.journal import (
     JOURNAL_FILE,
     Journal,
@@ -49,15 +45,17 @@ from soakd.journal import (
 from soakd.logs import close_logging, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
+from soakd.net import parse_host_port
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
+from soakd.rundir import new_run_id, prepare_dir, raise_fd_limit, write_summary
 from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.stats import RunStats
 from soakd.targets.openai import open_target
 from soakd.types import Target
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.ledger import SendLedger
-from soakd.workload.plan import build_plan, describe_plan
+from soakd.workload.plan import build_plan
 from soakd.workload.prompts import make_prompt_source
 from soakd.workload.runner import Runner
 
@@ -65,7 +63,6 @@ log = structlog.get_logger()
 
 TICK_S = 1.0
 STALL_S = 30.0  # /healthz says 503 when the run loop has not ticked for this long
-FD_RESERVE = 256  # files beyond the requests: the journal, logs, probes, the exporter
 PROGRESS_LOG_S = 10.0
 
 
@@ -109,8 +106,13 @@ async def _close_all(what: str, closes: list[Coroutine[Any, Any, None]]) -> None
             log.warning("close_failed", what=what, error=f"{type(result).__name__}: {result}")
 
 
-def new_run_id(name: str) -> str:
-    return f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+class StartError(Exception):
+    """A child soakd starts (a simulator, a gateway) did not come up. ``str()`` is one
+    line naming the target's field; the CLI prints it and exits 2, with no traceback."""
+
+    def __init__(self, where: str, cause: Exception) -> None:
+        why = " ".join(str(cause).split())  # the child's log tail, on one line
+        super().__init__(f"{where}: {why[:400]}")
 
 
 class Soak:
@@ -149,8 +151,7 @@ class Soak:
         self.http: HttpServer | None = None
         self._signals = 0
         self._sims: list[SimProcess] = []
-        self._gateways: dict[str, GatewayProcess] = {}  # target -> the gateway soakd started
-        self._mode_tasks: set[asyncio.Task[Any]] = set()
+        self.fronts = Fronts(cfg.phases, self.run_dir)  # the gateways soakd starts
         self.guard_metrics = GuardMetrics(self.metrics.registry)
         self.guards = Guards(())
         self.ledger = SendLedger()
@@ -159,6 +160,11 @@ class Soak:
         self.gateway_export: GatewayExport | None = None
         self._status: dict[str, Any] | None = None  # /status, refreshed by the ticker
         self._last_tick: float | None = None
+        self._started = time.monotonic()  # this session's clock, from the journal's opening
+        self._elapsed = 0.0
+        self._cancelled = 0  # requests cut at the drain deadline
+        self._completed = False
+        self._summary: dict[str, SessionRow] = {}
 
     # --- status ---------------------------------------------------------------------------
 
@@ -228,56 +234,42 @@ class Soak:
 
     # --- the run --------------------------------------------------------------------------
 
-    def _raise_fd_limit(self) -> None:
-        """Every request in flight holds a socket: make sure the open-file limit allows the
-        busiest phase (raising the soft limit up to the hard one), or say so before the run."""
-        need = FD_RESERVE + max(
-            (sum(s.concurrency if s.mode == "closed" else s.max_in_flight
-                 for s in phase.loads.values()) for phase in self.plan.phases),
-            default=0,
-        )
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and soft < need:
-            if hard != resource.RLIM_INFINITY and hard < need:
-                raise ConfigError(
-                    f"the busiest phase can hold {need - FD_RESERVE} requests open, and this "
-                    f"process may open only {hard} files (hard limit): raise it (ulimit -n, "
-                    "LimitNOFILE= in the systemd unit, ulimits in compose) or lower the "
-                    "concurrency / max_in_flight / max_connections"
-                )
-            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-
     async def run(self) -> RunResult:
-        self._raise_fd_limit()
-        self._prepare_dir()
+        """The whole run. Every resource is closed on one exit stack, each close after the
+        ones opened later, and each even when another failed: the clients, then the
+        journal's final flush and the summary, then the child servers (once the run is
+        recorded: a simulator with thousands of connections can take seconds to go), then
+        the exporter (a final scrape still sees the totals), then the log."""
+        raise_fd_limit(self.plan)
+        prepare_dir(self.run_dir, self.cfg, self.plan)
         setup_logging(self.cfg.logging.level, self.cfg.logging.format,
                       log_file=self.run_dir / "soakd.log", console=self.opts.console_logs)
-        structlog.contextvars.bind_contextvars(run_id=self.run_id)
-        log.info("run_starting", version=__version__, run_dir=str(self.run_dir),
-                 targets=self.names, phases=len(self.plan.phases),
-                 plan_s=self.plan.duration_ns / 1e9)
-        self._setup_metrics()
-        # the exporter binds first: a busy address must fail before a journal exists (or
-        # the next try in this directory would "resume" a run that never ran)
-        self._status = self.status()  # /status answers in full from the first moment
-        self.http = await self._start_http()
-        log.info("exporter_listening", url=self.http.url)
-        try:
-            self.journal = await self._open_journal()
-        except BaseException:
-            await self.http.aclose()
-            close_logging()
-            raise
-        self.ledger = SendLedger(self.journal.restored.missed if self.resume and
-                                 self.journal.restored else None, on_miss=self.metrics.missed)
-        for key, n in self.ledger.counts.items():
-            self.metrics.missed(*key, n)  # continue the counter
-        started = time.monotonic()
-        cancelled = 0
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            stack.callback(close_logging)
+            structlog.contextvars.bind_contextvars(run_id=self.run_id)
+            log.info("run_starting", version=__version__, run_dir=str(self.run_dir),
+                     targets=self.names, phases=len(self.plan.phases),
+                     plan_s=self.plan.duration_ns / 1e9)
+            self._setup_metrics()
+            # the exporter binds first: a busy address must fail before a journal exists
+            # (or the next try in this directory would "resume" a run that never ran)
+            self._status = self.status()  # /status answers in full from the first moment
+            self.http = await self._start_http()
+            stack.push_async_callback(self.http.aclose)
+            log.info("exporter_listening", url=self.http.url)
+            stack.push_async_callback(self._close_children)
+            self.journal = journal = await self._open_journal()
+            self._started = time.monotonic()
+            stack.push_async_callback(self._finish)
+            self.ledger = SendLedger(journal.restored.missed if self.resume and
+                                     journal.restored else None, on_miss=self.metrics.missed)
+            for key, n in self.ledger.counts.items():
+                self.metrics.missed(*key, n)  # continue the counter
+            stack.push_async_callback(self._close_clients)
             # signals from here on: one during the start-up (a simulator, a gateway, a
             # slow target) stops the run before it sends, journal closed as usual
             self._install_signals()
+            stack.callback(self._stop_listening)
             self._starting = asyncio.ensure_future(self._start_parts())
             try:
                 await self._starting
@@ -287,47 +279,61 @@ class Soak:
                     raise
                 log.warning("stopped_before_start")
             if self.runner is not None and self.probes is not None:
-                async with asyncio.TaskGroup() as tg:
-                    ticker = tg.create_task(self._tick())
-                    probing = tg.create_task(self.probes.run())
-                    gateways = tg.create_task(self.gateway_export.run()) \
-                        if self.gateway_export is not None else None
-                    await self.runner.run(self.resume.offset_ns if self.resume else 0)
-                    cancelled = await self._drain()
-                    ticker.cancel()
-                    probing.cancel()
-                    if gateways is not None:
-                        gateways.cancel()
-                        await self._final_gateway_read()
-        finally:
-            self._remove_signals()
-            for task in self._mode_tasks:
-                task.cancel()
-            # the clients first; the child servers only once the run is recorded (a
-            # simulator with thousands of connections can take seconds to go)
-            await _close_all("client", [t.aclose() for t in self.targets.values()]
-                             + ([self.probes.aclose()] if self.probes is not None else []))
-            elapsed = time.monotonic() - started
-            active = self.runner.active_s() if self.runner is not None else 0.0
-            summary = self.stats.overall(active, self.ledger.by_target(session=True))
-            for name, row in summary.items():  # this session's goodput (the report: the run's)
-                tally = self.goodput.total[name]
-                row["goodput"] = tally.goodput
-                row["goodput_rps"] = tally.good / active if active > 0 else 0.0
-            completed = bool(self.runner and self.runner.finished)
-            await self.journal.aclose(completed=completed)
-            self._write_summary(summary, completed, elapsed, active, cancelled)
-            log.info("run_finished", completed=completed, elapsed_s=round(elapsed, 3),
-                     cancelled=cancelled,
-                     requests={k: v["requests"] for k, v in summary.items()},
-                     errors={k: v["errors"] for k, v in summary.items()})
-            await _close_all("child", [g.aclose() for g in self._gateways.values()]
-                             + [sim.aclose() for sim in self._sims])
-            if self.http is not None:
-                await self.http.aclose()
-            close_logging()
-        return RunResult(self.run_id, self.run_dir, completed, elapsed, cancelled, summary,
-                         session=self.journal.session)
+                await self._run_parts()
+        return RunResult(self.run_id, self.run_dir, self._completed, self._elapsed,
+                         self._cancelled, self._summary, session=journal.session)
+
+    async def _run_parts(self) -> None:
+        assert self.runner is not None
+        assert self.probes is not None
+        async with asyncio.TaskGroup() as tg:
+            ticker = tg.create_task(self._tick())
+            probing = tg.create_task(self.probes.run())
+            gateways = tg.create_task(self.gateway_export.run()) \
+                if self.gateway_export is not None else None
+            await self.runner.run(self.resume.offset_ns if self.resume else 0)
+            self._cancelled = await self._drain()
+            ticker.cancel()
+            probing.cancel()
+            if gateways is not None:
+                gateways.cancel()
+                await self._final_gateway_read()
+
+    def _stop_listening(self) -> None:
+        self._remove_signals()
+        self.fronts.cancel_switches()
+
+    async def _close_clients(self) -> None:
+        await _close_all("client", [t.aclose() for t in self.targets.values()]
+                         + ([self.probes.aclose()] if self.probes is not None else []))
+
+    async def _close_children(self) -> None:
+        await _close_all("child", self.fronts.closes()
+                         + [sim.aclose() for sim in self._sims])
+
+    async def _finish(self) -> None:
+        """The journal's final flush and the summary: what this session did."""
+        assert self.journal is not None
+        self._elapsed = elapsed = time.monotonic() - self._started
+        active = self.runner.active_s() if self.runner is not None else 0.0
+        summary = self.stats.overall(active, self.ledger.by_target(session=True))
+        for name, row in summary.items():  # this session's goodput (the report: the run's)
+            tally = self.goodput.total[name]
+            row["goodput"] = tally.goodput
+            row["goodput_rps"] = tally.good / active if active > 0 else 0.0
+        self._summary = summary
+        self._completed = completed = bool(self.runner and self.runner.finished)
+        await self.journal.aclose(completed=completed)
+        write_summary(self.run_dir, {
+            "run_id": self.run_id, "version": __version__, "completed": completed,
+            "elapsed_s": round(elapsed, 3), "active_s": round(active, 3),
+            "rate_basis": "active plan time (active_s): rates count the time soakd was "
+                          "sending, not start-up or the drain",
+            "cancelled": self._cancelled, "targets": summary})
+        log.info("run_finished", completed=completed, elapsed_s=round(elapsed, 3),
+                 cancelled=self._cancelled,
+                 requests={k: v["requests"] for k, v in summary.items()},
+                 errors={k: v["errors"] for k, v in summary.items()})
 
     async def _final_gateway_read(self) -> None:
         """The gateways' final counts into the journal (they are still up: closed later)."""
@@ -344,19 +350,25 @@ class Soak:
         urls: dict[str, str] = {}
         for tcfg in self.cfg.targets:
             if tcfg.simulator:
-                sim = await spawn_sim(tcfg.simulator, tcfg.model,
-                                      self.run_dir / f"sim-{tcfg.name}.log")
+                try:
+                    sim = await spawn_sim(tcfg.simulator, tcfg.model,
+                                          self.run_dir / f"sim-{tcfg.name}.log")
+                except RuntimeError as exc:
+                    raise StartError(f"targets[{tcfg.name}].simulator", exc) from None
                 self._sims.append(sim)
                 tcfg = tcfg.model_copy(update={"base_url": sim.base_url})
             urls[tcfg.name] = tcfg.base_url  # probes watch the server, not a gateway
             if tcfg.gateway is not None:
-                tcfg = await self._front_with_gateway(tcfg)
+                try:
+                    tcfg = await self.fronts.front(tcfg)
+                except RuntimeError as exc:
+                    raise StartError(f"targets[{tcfg.name}].gateway", exc) from None
             self.targets[tcfg.name] = await open_target(tcfg)
             self._add_guard(tcfg)
         self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
         # the gateways soakd started, on soakd's own /metrics (their ports are random)
         self.gateway_export = export_gateways(
-            {t: g.url for t, g in self._gateways.items()},
+            {t: g.url for t, g in self.fronts.gateways.items()},
             self.cfg.probes.scrape_interval, self.metrics.registry, self.journal.sample)
         self.runner = Runner(
             self.plan, self.targets, make_prompt_source(self.cfg.workload),
@@ -389,12 +401,6 @@ class Soak:
         return drain.result()
 
     # --- parts ----------------------------------------------------------------------------
-
-    def _prepare_dir(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        effective = config_doc(self.cfg)  # the same redacted copy the journal keeps
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(effective, sort_keys=False))
-        (self.run_dir / "plan.txt").write_text(describe_plan(self.plan, self.cfg) + "\n")
 
     def _setup_metrics(self) -> None:
         m = self.metrics
@@ -446,7 +452,7 @@ class Soak:
         are open beyond this machine without a password."""
         exp = self.cfg.exporter
         auth = (exp.basic_auth.username, exp.basic_auth.password()) if exp.basic_auth else None
-        ctx = tls_context(exp.tls) if exp.tls else None
+        ctx = exp.tls.context() if exp.tls else None
         if auth is None and not _loopback(host):
             log.warning("exporter_exposed", host=host,
                         note="/metrics and /status answer anyone who can reach this address; "
@@ -454,9 +460,7 @@ class Soak:
         return {"auth": auth, "ssl_context": ctx}
 
     def _listen(self) -> tuple[str, int]:
-        listen = self.opts.metrics_addr or self.cfg.exporter.listen
-        host, _, port = listen.rpartition(":")
-        return host.strip("[]"), int(port)
+        return parse_host_port(self.opts.metrics_addr or self.cfg.exporter.listen)
 
     def _on_phase(self, phase: Phase | None) -> None:
         m = self.metrics
@@ -472,7 +476,7 @@ class Soak:
         set_phase(phase.name)
         if self.journal is not None:
             self.journal.event("phase", name=phase.name, index=phase.index)
-        self._gateway_modes(phase)
+        self.fronts.enter(phase.name, self.journal.event if self.journal else None)
         m.phase_info.labels(phase.name).set(1)
         m.phase_index.set(phase.index)
         for name in self.names:
@@ -480,22 +484,7 @@ class Soak:
             m.offered_concurrency.labels(name).set(
                 shape.concurrency if shape and shape.mode == "closed" else 0)
 
-    # --- cloud targets and gateways (docs/gateway.md) ---------------------------------------
-
-    async def _front_with_gateway(self, tcfg: TargetConfig) -> TargetConfig:
-        """Start ``soakd gateway`` in front of the target; the client then talks to it, the
-        probes still to the server itself."""
-        assert tcfg.gateway is not None
-        parts = urlsplit(tcfg.base_url)
-        origin = f"{parts.scheme}://{parts.netloc}"
-        gateway = await spawn_gateway(tcfg.name, tcfg.gateway, origin, self.run_dir)
-        self._gateways[tcfg.name] = gateway
-        root = tcfg.base_url.rstrip("/").removesuffix("/v1")
-        return tcfg.model_copy(update={
-            "base_url": gateway.url + parts.path,
-            "metrics_url": tcfg.metrics_url or root + "/metrics",
-            "health_url": tcfg.health_url or root + "/health",
-        })
+    # --- cloud targets (docs/gateway.md) ---------------------------------------------------
 
     def _add_guard(self, tcfg: TargetConfig) -> None:
         if tcfg.api_key_env:
@@ -511,22 +500,6 @@ class Soak:
                             on_event=self.journal.event if self.journal is not None else None)
         guard.report_to(self.guard_metrics.add_target(tcfg.name, limits, guard.used))
         self.guards.by_target[tcfg.name] = guard
-
-    def _gateway_modes(self, phase: Phase) -> None:
-        """Switch the phase's gateway features (a PUT to each gateway soakd started)."""
-        pcfg = next((p for p in self.cfg.phases if p.name == phase.name), None)
-        if pcfg is None or not pcfg.gateway:
-            return
-        for target, modes in pcfg.gateway.items():
-            gateway = self._gateways.get(target)
-            if gateway is None:
-                continue
-            if self.journal is not None:
-                self.journal.event("gateway_modes", target=target,
-                                   **modes.model_dump(exclude_none=True))
-            task = asyncio.get_running_loop().create_task(gateway.set_modes(modes))
-            self._mode_tasks.add(task)
-            task.add_done_callback(self._mode_tasks.discard)
 
     def _update_gauges(self) -> None:
         runner = self.runner
@@ -609,20 +582,3 @@ class Soak:
         else:
             log.warning("stop_forced", signal=sig.name)
             self._force.set()
-
-    def _write_summary(self, summary: dict[str, Any], completed: bool, elapsed: float,
-                       active: float, cancelled: int) -> None:
-        doc = {"run_id": self.run_id, "version": __version__, "completed": completed,
-               "elapsed_s": round(elapsed, 3), "active_s": round(active, 3),
-               "rate_basis": "active plan time (active_s): rates count the time soakd was "
-                             "sending, not start-up or the drain",
-               "cancelled": cancelled, "targets": summary}
-        tmp = self.run_dir / "summary.json.tmp"
-        try:
-            tmp.write_text(json.dumps(doc, indent=2, default=str))
-            os.replace(tmp, self.run_dir / "summary.json")
-        except OSError as exc:  # a full disk at the end: the journal and the metrics have it
-            log.error(  # noqa: TRY400 (one line: the cause is known, no traceback)
-                "summary_write_failed", error=f"{type(exc).__name__}: {exc.strerror}")
-            with contextlib.suppress(OSError):
-                tmp.unlink()

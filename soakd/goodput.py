@@ -30,9 +30,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from soakd.config import Slo
-from soakd.model import ErrorKind, Outcome
-
-NS_PER_S = 1_000_000_000
+from soakd.model import NS_PER_S, ErrorKind, Outcome
 
 Class = Literal["ok", "error", "refused", "guard", "excluded"]
 
@@ -47,7 +45,7 @@ REFUSALS = frozenset(
 
 def guard_refusal(error: str | None, origin: str | None = None) -> bool:
     """The guard gateway answered this itself (shed it): the ``shed_*`` kinds, which the
-    client gives by the gateway's error ``code`` (soakd/targets/openai.py). ``origin`` is
+    client gives by the gateway's error ``code`` (soakd/targets/errors.py). ``origin`` is
     for a future journal column; the kind carries it today."""
     return error is not None and (origin == "gateway" or error.startswith("shed_"))
 

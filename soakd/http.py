@@ -30,8 +30,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 from pydantic import SecretStr
 
-from soakd.config import ConfigError, ExporterTls
-
 StatusFn = Callable[[], dict[str, Any]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -96,20 +94,6 @@ def make_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", status_handler)
     return app
-
-
-def tls_context(tls: ExporterTls) -> ssl.SSLContext:
-    """The server's TLS context from ``exporter.tls``; ConfigError naming the file."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))
-    except (OSError, ssl.SSLError) as exc:
-        why = getattr(exc, "strerror", None) or getattr(exc, "reason", None) or type(exc).__name__
-        raise ConfigError(
-            f"exporter.tls: cannot load {tls.cert_file} / {tls.key_file}: {why}"
-        ) from None
-    return ctx
 
 
 @dataclass

@@ -1,6 +1,8 @@
-"""Metrics: every soakd metric name lives here, in an injected registry.
+"""Metrics: every metric of ``soakd run``, in an injected registry.
 
-docs/metrics.md lists them; the dashboards and alert rules use exactly these names.
+The names are ``soakd/metric_names.py``'s constants (``soakd gateway``'s metrics are in
+``soakd/gateway/metrics.py``); docs/metrics.md lists them; the dashboards and alert rules
+use exactly these names (``tests/unit/test_metric_names.py``).
 Labels are bounded: target and phase names come from config, outcome from ErrorKind.
 """
 
@@ -21,11 +23,22 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from soakd import __version__
+from soakd import metric_names as mn
+from soakd.buckets import BucketChild, BucketHistogram
 from soakd.config import AlertLimits, Slo
-from soakd.model import OK, ErrorKind, Outcome, status_class
+from soakd.metric_names import (
+    LIMIT_DRIFT,
+    LIMIT_E2E,
+    LIMIT_ERROR_RATIO,
+    LIMIT_JITTER,
+    LIMIT_LAG,
+    LIMIT_LEAK,
+    LIMIT_TPOT,
+    LIMIT_TTFT,
+    LIMIT_VRAM,
+)
+from soakd.model import OK, S_PER_NS, ErrorKind, Outcome, status_class
 from soakd.workload.ledger import MISSED_REASONS
-
-NS = 1e-9
 
 # No `*_created` series: one per counter and histogram child, undocumented and unused by
 # the rules and dashboards (a counter's reset shows in the counter itself). A process-wide
@@ -57,7 +70,7 @@ class _TargetChildren:
 
     e2e: Histogram
     ttft: Histogram
-    itl: Histogram
+    itl: BucketChild
     tpot: Histogram
     lag: Histogram
     output_tokens: Counter
@@ -70,87 +83,88 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry if registry is not None else CollectorRegistry()
-        self.build_info = Info("soakd_build", "soakd version and run identity.", registry=r)
+        self.build_info = Info(  # Info adds the "_info" to its name
+            mn.BUILD_INFO.removesuffix("_info"), "soakd version and run identity.", registry=r)
         self.build_info.info({"version": __version__})
 
         self.requests = Counter(
-            "soakd_requests", "Finished requests by outcome (ok or the error kind).",
+            mn.REQUESTS_TOTAL, "Finished requests by outcome (ok or the error kind).",
             ["target", "phase", "outcome", "status_class"], registry=r)
         self.output_tokens = Counter(
-            "soakd_output_tokens", "Generated tokens received.", ["target"], registry=r)
+            mn.OUTPUT_TOKENS_TOTAL, "Generated tokens received.", ["target"], registry=r)
         self.prompt_tokens = Counter(
-            "soakd_prompt_tokens", "Prompt tokens sent (as the server counted them).",
+            mn.PROMPT_TOKENS_TOTAL, "Prompt tokens sent (as the server counted them).",
             ["target"], registry=r)
         self.sends_missed = Counter(
-            "soakd_sends_missed", "Planned open-loop sends not made, by reason: late (the "
+            mn.SENDS_MISSED_TOTAL, "Planned open-loop sends not made, by reason: late (the "
             "instant was past max_lateness), in_flight_cap, spend_cap, rate_limited.",
             ["target", "phase", "reason"], registry=r)
         self.resends = Counter(
-            "soakd_connection_resends", "Requests sent again on a fresh connection because a "
+            mn.CONNECTION_RESENDS_TOTAL, "Requests sent again on a fresh connection because a "
             "reused keep-alive one was dead before any response byte (not an outcome).",
             ["target"], registry=r)
         self.oom_errors = Counter(
-            "soakd_oom_errors", "Requests whose error body said the device ran out of memory.",
+            mn.OOM_ERRORS_TOTAL, "Requests whose error body said the device ran out of memory.",
             ["target"], registry=r)
 
         self.e2e = Histogram(
-            "soakd_request_duration_seconds", "End-to-end latency: send to last byte.",
+            mn.REQUEST_DURATION_SECONDS, "End-to-end latency: send to last byte.",
             ["target"], buckets=E2E_BUCKETS, registry=r)
         self.ttft = Histogram(
-            "soakd_time_to_first_token_seconds",
+            mn.TIME_TO_FIRST_TOKEN_SECONDS,
             "Send to the first chunk carrying generated content.",
             ["target"], buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram(
-            "soakd_inter_token_latency_seconds", "Gap between consecutive content chunks.",
+        self.itl = BucketHistogram(  # one observation per token: soakd/buckets.py
+            mn.INTER_TOKEN_LATENCY_SECONDS, "Gap between consecutive content chunks.",
             ["target"], buckets=ITL_BUCKETS, registry=r)
         self.tpot = Histogram(
-            "soakd_time_per_output_token_seconds",
+            mn.TIME_PER_OUTPUT_TOKEN_SECONDS,
             "(E2E - TTFT) / (output tokens - 1), per request.",
             ["target"], buckets=ITL_BUCKETS, registry=r)
         self.lag = Histogram(
-            "soakd_dispatch_lag_seconds",
+            mn.DISPATCH_LAG_SECONDS,
             "Actual minus scheduled send time: how far the load generator fell behind.",
             ["target"], buckets=LAG_BUCKETS, registry=r)
 
         self.in_flight = Gauge(
-            "soakd_in_flight_requests", "Requests sent and not yet finished.", ["target"],
+            mn.IN_FLIGHT_REQUESTS, "Requests sent and not yet finished.", ["target"],
             registry=r)
         self.offered_rate = Gauge(
-            "soakd_offered_rate_rps", "Configured open-loop rate now (0 in closed loop).",
+            mn.OFFERED_RATE_RPS, "Configured open-loop rate now (0 in closed loop).",
             ["target"], registry=r)
         self.offered_concurrency = Gauge(
-            "soakd_offered_concurrency", "Configured closed-loop concurrency now.",
+            mn.OFFERED_CONCURRENCY, "Configured closed-loop concurrency now.",
             ["target"], registry=r)
         self.phase_info = Gauge(
-            "soakd_phase_active", "1 for the phase running now, 0 for the others.",
+            mn.PHASE_ACTIVE, "1 for the phase running now, 0 for the others.",
             ["phase"], registry=r)
         self.phase_index = Gauge(
-            "soakd_phase_index", "Index of the running phase (-1 before, len(phases) after).",
+            mn.PHASE_INDEX, "Index of the running phase (-1 before, len(phases) after).",
             registry=r)
         self.elapsed = Gauge(
-            "soakd_run_elapsed_seconds", "Plan time elapsed.", registry=r)
+            mn.RUN_ELAPSED_SECONDS, "Plan time elapsed.", registry=r)
         self.remaining = Gauge(
-            "soakd_run_remaining_seconds", "Plan time remaining.", registry=r)
+            mn.RUN_REMAINING_SECONDS, "Plan time remaining.", registry=r)
         self.loop_delay = Gauge(
-            "soakd_event_loop_delay_seconds", "How late soakd's run loop woke for its last "
+            mn.EVENT_LOOP_DELAY_SECONDS, "How late soakd's run loop woke for its last "
             "1 s tick: above a few ms, soakd is short of CPU and its timings suffer.",
             registry=r)
         self.run_start = Gauge(
-            "soakd_run_start_time_seconds", "Unix time the run started.", registry=r)
+            mn.RUN_START_TIME_SECONDS, "Unix time the run started.", registry=r)
 
         self.limits = _Limits()
         r.register(self.limits)
         self.goodput = Gauge(
-            "soakd_goodput_ratio",
+            mn.GOODPUT_RATIO,
             "Share of the requests sent in the last minute that succeeded within every "
             "latency SLO of the target (NaN: none sent).", ["target"], registry=r)
         self.goodput_rate = Gauge(
-            "soakd_goodput_rps",
+            mn.GOODPUT_RPS,
             "Requests per second over the last minute that succeeded within every latency "
             "SLO of the target.", ["target"], registry=r)
 
         self.run_5xx_ratio = Gauge(
-            "soakd_run_5xx_ratio",
+            mn.RUN_5XX_RATIO,
             "Share of this run's finished requests answered with HTTP 5xx (since the run "
             "started, across resumes); 0 before the first request.", ["target"], registry=r)
 
@@ -233,7 +247,7 @@ class Metrics:
         if o.resends:
             self.resends.labels(o.target).inc(o.resends)
         if o.sent_ns:
-            c.lag.observe(o.dispatch_lag_ns * NS)
+            c.lag.observe(o.dispatch_lag_ns * S_PER_NS)
         if o.output_tokens:
             c.output_tokens.inc(o.output_tokens)
         if o.prompt_tokens:
@@ -242,16 +256,15 @@ class Metrics:
             self.oom_errors.labels(o.target).inc()
         if o.error is not None:
             return
-        c.e2e.observe(o.e2e_ns * NS)
+        c.e2e.observe(o.e2e_ns * S_PER_NS)
         ttft = o.ttft_ns
         if ttft is not None:
-            c.ttft.observe(ttft * NS)
+            c.ttft.observe(ttft * S_PER_NS)
         tpot = o.tpot_ns
         if tpot is not None:
-            c.tpot.observe(tpot * NS)
-        observe = c.itl.observe
-        for gap in o.itl_ns:
-            observe(gap * NS)
+            c.tpot.observe(tpot * S_PER_NS)
+        if o.itl_ns:
+            c.itl.observe_ns(o.itl_ns)
 
 
     def restore(
@@ -303,15 +316,6 @@ def _ratio_of(counts: list[int]) -> float:
     return counts[1] / counts[0] if counts[0] else 0.0
 
 
-LIMIT_VRAM = "soakd_vram_limit_bytes"
-LIMIT_ERROR_RATIO = "soakd_error_ratio_limit"
-LIMIT_E2E = "soakd_slo_e2e_p99_seconds"
-LIMIT_TTFT = "soakd_slo_ttft_p99_seconds"
-LIMIT_TPOT = "soakd_slo_tpot_p99_seconds"
-LIMIT_JITTER = "soakd_jitter_ratio_limit"
-LIMIT_LEAK = "soakd_vram_leak_limit_bytes_per_hour"
-LIMIT_LAG = "soakd_dispatch_lag_limit_seconds"
-LIMIT_DRIFT = "soakd_e2e_p99_drift_limit_seconds_per_hour"
 LIMIT_HELP = {
     LIMIT_VRAM: "VRAM limit (slo.vram_peak).",
     LIMIT_ERROR_RATIO: "Error ratio limit (slo.error_ratio).",
@@ -343,35 +347,35 @@ JOURNAL_KINDS = ("request", "sample", "event")
 
 
 class JournalMetrics:
-    """The journal's own health (soakd/journal.py), and the run's downtime across resumes."""
+    """The journal's own health (soakd/journal/), and the run's downtime across resumes."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.records = Counter(
-            "soakd_journal_records", "Records committed to the journal.", ["kind"], registry=r)
+            mn.JOURNAL_RECORDS_TOTAL, "Records committed to the journal.", ["kind"], registry=r)
         self.dropped = Counter(
-            "soakd_journal_dropped_records",
+            mn.JOURNAL_DROPPED_RECORDS_TOTAL,
             "Records not journaled because the writer's queue was full.", ["kind"], registry=r)
         self.write_errors = Counter(
-            "soakd_journal_write_errors",
+            mn.JOURNAL_WRITE_ERRORS_TOTAL,
             "Failed journal commits (disk full, read-only, I/O error); the batch is retried.",
             registry=r)
         self.queue_depth = Gauge(
-            "soakd_journal_queue_depth", "Records waiting for the journal writer.", registry=r)
+            mn.JOURNAL_QUEUE_DEPTH, "Records waiting for the journal writer.", registry=r)
         self.commit = Histogram(
-            "soakd_journal_commit_seconds", "Time to write and commit one batch.",
+            mn.JOURNAL_COMMIT_SECONDS, "Time to write and commit one batch.",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=r)
         self.last_commit = Gauge(
-            "soakd_journal_last_commit_time_seconds", "Unix time of the last successful commit.",
+            mn.JOURNAL_LAST_COMMIT_TIME_SECONDS, "Unix time of the last successful commit.",
             registry=r)
         self.size = Gauge(
-            "soakd_journal_size_bytes", "journal.db and its write-ahead log on disk.",
+            mn.JOURNAL_SIZE_BYTES, "journal.db and its write-ahead log on disk.",
             registry=r)
         self.downtime = Counter(
-            "soakd_run_downtime_seconds",
+            mn.RUN_DOWNTIME_SECONDS_TOTAL,
             "Time the run was down between a stop or crash and its resume.", registry=r)
-        self.resumes = Counter("soakd_run_resumes", "Times this run was resumed.", registry=r)
+        self.resumes = Counter(mn.RUN_RESUMES_TOTAL, "Times this run was resumed.", registry=r)
         for kind in JOURNAL_KINDS:
             self.records.labels(kind)
             self.dropped.labels(kind)
@@ -389,103 +393,103 @@ class ProbeMetrics:
         r = registry
         gpu = ["gpu"]
         self.probe_up = Gauge(
-            "soakd_gpu_probe_up", "1 when the GPU source answers, 0 when absent or failing.",
+            mn.GPU_PROBE_UP, "1 when the GPU source answers, 0 when absent or failing.",
             ["source"], registry=r)
         self.gpu_info = Gauge(
-            "soakd_gpu_info", "Always 1; names each GPU.", ["gpu", "uuid", "name"], registry=r)
-        self.mem_total = Gauge("soakd_gpu_memory_total_bytes", "GPU memory in all.", gpu,
+            mn.GPU_INFO, "Always 1; names each GPU.", ["gpu", "uuid", "name"], registry=r)
+        self.mem_total = Gauge(mn.GPU_MEMORY_TOTAL_BYTES, "GPU memory in all.", gpu,
                                registry=r)
-        self.mem_used = Gauge("soakd_gpu_memory_used_bytes", "GPU memory used.", gpu,
+        self.mem_used = Gauge(mn.GPU_MEMORY_USED_BYTES, "GPU memory used.", gpu,
                               registry=r)
-        self.mem_free = Gauge("soakd_gpu_memory_free_bytes", "GPU memory free.", gpu,
+        self.mem_free = Gauge(mn.GPU_MEMORY_FREE_BYTES, "GPU memory free.", gpu,
                               registry=r)
-        self.mem_reserved = Gauge("soakd_gpu_memory_reserved_bytes",
+        self.mem_reserved = Gauge(mn.GPU_MEMORY_RESERVED_BYTES,
                                   "GPU memory reserved by the driver.", gpu, registry=r)
-        self.mem_peak = Gauge("soakd_gpu_memory_used_peak_bytes",
+        self.mem_peak = Gauge(mn.GPU_MEMORY_USED_PEAK_BYTES,
                               "Highest GPU memory used seen this run.", gpu, registry=r)
         self.proc_mem = Gauge(
-            "soakd_gpu_process_memory_bytes",
+            mn.GPU_PROCESS_MEMORY_BYTES,
             "GPU memory of the target's process ('other' for processes of no target).",
             ["gpu", "target"], registry=r)
         self.leak_slope = Gauge(
-            "soakd_gpu_memory_leak_slope_bytes_per_hour",
+            mn.GPU_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR,
             "Robust (Theil-Sen) slope of GPU memory used over the leak window.", gpu,
             registry=r)
         self.leak_window_fill = Gauge(
-            "soakd_gpu_memory_leak_window_fill_ratio",
+            mn.GPU_MEMORY_LEAK_WINDOW_FILL_RATIO,
             "How much of the leak window the slope's readings span (0-1): the VramLeak alert "
             "waits for 0.8.", gpu, registry=r)
         self.proc_leak_slope = Gauge(
-            "soakd_gpu_process_memory_leak_slope_bytes_per_hour",
+            mn.GPU_PROCESS_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR,
             "Robust slope of the target's GPU process memory over the leak window.",
             ["gpu", "target"], registry=r)
-        self.temperature = Gauge("soakd_gpu_temperature_celsius", "GPU temperature.", gpu,
+        self.temperature = Gauge(mn.GPU_TEMPERATURE_CELSIUS, "GPU temperature.", gpu,
                                  registry=r)
-        self.power = Gauge("soakd_gpu_power_watts", "GPU power draw.", gpu, registry=r)
-        self.energy = Counter("soakd_gpu_energy_joules", "GPU energy used since soakd started.",
+        self.power = Gauge(mn.GPU_POWER_WATTS, "GPU power draw.", gpu, registry=r)
+        self.energy = Counter(mn.GPU_ENERGY_JOULES_TOTAL, "GPU energy used since soakd started.",
                               gpu, registry=r)
-        self.sm_clock = Gauge("soakd_gpu_sm_clock_hertz", "SM clock.", gpu, registry=r)
-        self.mem_clock = Gauge("soakd_gpu_memory_clock_hertz", "Memory clock.", gpu,
+        self.sm_clock = Gauge(mn.GPU_SM_CLOCK_HERTZ, "SM clock.", gpu, registry=r)
+        self.mem_clock = Gauge(mn.GPU_MEMORY_CLOCK_HERTZ, "Memory clock.", gpu,
                                registry=r)
-        self.utilization = Gauge("soakd_gpu_utilization_ratio", "GPU busy fraction (0-1).",
+        self.utilization = Gauge(mn.GPU_UTILIZATION_RATIO, "GPU busy fraction (0-1).",
                                  gpu, registry=r)
         self.throttle = Gauge(
-            "soakd_gpu_throttle_active", "1 while the clock is held back for this reason.",
+            mn.GPU_THROTTLE_ACTIVE, "1 while the clock is held back for this reason.",
             ["gpu", "reason"], registry=r)
-        self.xid = Counter("soakd_gpu_xid_errors", "XID critical errors by code.",
+        self.xid = Counter(mn.GPU_XID_ERRORS_TOTAL, "XID critical errors by code.",
                            ["gpu", "xid"], registry=r)
 
         target = ["target"]
         self.target_up = Gauge(
-            "soakd_target_up", "1 when the target's health check answers.", target, registry=r)
+            mn.TARGET_UP, "1 when the target's health check answers.", target, registry=r)
         self.restarts = Counter(
-            "soakd_target_restarts", "Times the target's server restarted.", target, registry=r)
+            mn.TARGET_RESTARTS_TOTAL, "Times the target's server restarted.", target, registry=r)
         self.oom_events = Counter(
-            "soakd_target_oom_events", "Out-of-memory events, by where soakd saw them.",
+            mn.TARGET_OOM_EVENTS_TOTAL, "Out-of-memory events, by where soakd saw them.",
             ["target", "source"], registry=r)
         self.scrape_errors = Counter(
-            "soakd_target_scrape_errors", "Failed scrapes of the target's /metrics.", target,
+            mn.TARGET_SCRAPE_ERRORS_TOTAL, "Failed scrapes of the target's /metrics.", target,
             registry=r)
-        self.running = Gauge("soakd_server_requests_running",
+        self.running = Gauge(mn.SERVER_REQUESTS_RUNNING,
                              "Requests the server is running (vllm:num_requests_running).",
                              target, registry=r)
-        self.waiting = Gauge("soakd_server_requests_waiting",
+        self.waiting = Gauge(mn.SERVER_REQUESTS_WAITING,
                              "Requests queued in the server (vllm:num_requests_waiting).",
                              target, registry=r)
-        self.kv_cache = Gauge("soakd_server_kv_cache_usage_ratio",
+        self.kv_cache = Gauge(mn.SERVER_KV_CACHE_USAGE_RATIO,
                               "KV cache in use, 0-1 (vllm:kv_cache_usage_perc).", target,
                               registry=r)
-        self.preemptions = Counter("soakd_server_preemptions",
+        self.preemptions = Counter(mn.SERVER_PREEMPTIONS_TOTAL,
                                    "Preemptions reported by the server.", target, registry=r)
-        self.server_rss = Gauge("soakd_server_resident_memory_bytes",
+        self.server_rss = Gauge(mn.SERVER_RESIDENT_MEMORY_BYTES,
                                 "The server process's resident memory.", target, registry=r)
-        self.server_start = Gauge("soakd_server_start_time_seconds",
+        self.server_start = Gauge(mn.SERVER_START_TIME_SECONDS,
                                   "The server process's start time (Unix).", target, registry=r)
         self.server_rss_leak_slope = Gauge(
-            "soakd_server_resident_memory_leak_slope_bytes_per_hour",
+            mn.SERVER_RESIDENT_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR,
             "Robust slope of the server process's resident memory over the leak window.",
             target, registry=r)
         self.server_means = {
-            "ttft": Gauge("soakd_server_time_to_first_token_mean_seconds",
+            "ttft": Gauge(mn.SERVER_TIME_TO_FIRST_TOKEN_MEAN_SECONDS,
                           "Server-side mean TTFT over the last scrape interval "
                           "(vllm:time_to_first_token_seconds).", target, registry=r),
-            "e2e": Gauge("soakd_server_request_duration_mean_seconds",
+            "e2e": Gauge(mn.SERVER_REQUEST_DURATION_MEAN_SECONDS,
                          "Server-side mean end-to-end latency over the last scrape interval "
                          "(vllm:e2e_request_latency_seconds).", target, registry=r),
-            "queue": Gauge("soakd_server_queue_time_mean_seconds",
+            "queue": Gauge(mn.SERVER_QUEUE_TIME_MEAN_SECONDS,
                            "Server-side mean queue time over the last scrape interval "
                            "(vllm:request_queue_time_seconds).", target, registry=r),
-            "itl": Gauge("soakd_server_inter_token_latency_mean_seconds",
+            "itl": Gauge(mn.SERVER_INTER_TOKEN_LATENCY_MEAN_SECONDS,
                          "Server-side mean time per generated token over the last scrape "
                          "interval (vllm:inter_token_latency_seconds, llama.cpp's "
                          "tokens_predicted_seconds / tokens_predicted).", target, registry=r),
         }
         self.e2e_p99_interval = Gauge(
-            "soakd_e2e_p99_interval_seconds",
+            mn.E2E_P99_INTERVAL_SECONDS,
             "Client-side P99 end-to-end latency of the last closed drift interval.", target,
             registry=r)
         self.e2e_p99_drift = Gauge(
-            "soakd_e2e_p99_drift_seconds_per_hour",
+            mn.E2E_P99_DRIFT_SECONDS_PER_HOUR,
             "Robust (Theil-Sen) slope of the per-interval P99 end-to-end latency over the "
             "drift window.", target, registry=r)
 
@@ -502,19 +506,19 @@ class GuardMetrics:
         r = registry
         target_reason = ["target", "reason"]
         self.paused = Gauge(
-            "soakd_target_paused", "1 while the target's sends are paused, by reason.",
+            mn.TARGET_PAUSED, "1 while the target's sends are paused, by reason.",
             target_reason, registry=r)
         self.pauses = Counter(
-            "soakd_target_pauses", "Times the target's sends were paused, by reason.",
+            mn.TARGET_PAUSES_TOTAL, "Times the target's sends were paused, by reason.",
             target_reason, registry=r)
         self.cap_hits = Counter(
-            "soakd_spend_cap_hits", "Times a spend cap paused the target.", ["target", "cap"],
+            mn.SPEND_CAP_HITS_TOTAL, "Times a spend cap paused the target.", ["target", "cap"],
             registry=r)
         self.used = Gauge(
-            "soakd_spend_used", "What the spend caps compare against: requests or tokens in "
+            mn.SPEND_USED, "What the spend caps compare against: requests or tokens in "
             "the last hour, or in the whole run.", ["target", "cap"], registry=r)
         self.limit = Gauge(
-            "soakd_spend_limit", "Configured spend caps (absent when not set).",
+            mn.SPEND_LIMIT, "Configured spend caps (absent when not set).",
             ["target", "cap"], registry=r)
 
     def add_target(
@@ -552,93 +556,3 @@ class TargetGuardGauges:
 
     def cap_hit(self, cap: str) -> None:
         self.m.cap_hits.labels(self.target, cap).inc()
-
-
-GATEWAY_BREAKERS = ("vram", "error_rate")
-GATEWAY_BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
-GATEWAY_REJECTIONS = ("vram_breaker_open", "error_breaker_open", "queue_full", "queue_timeout",
-                      "body_too_large", "headers_too_large")
-GATEWAY_UPSTREAM_ERRORS = ("connect", "timeout", "truncated")
-GATEWAY_FEATURES = ("vram_breaker", "error_breaker", "adaptive")
-GATEWAY_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0,
-                           1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-
-
-class GatewayMetrics:
-    """``soakd gateway`` (soakd/gateway/): admission, breakers, concurrency, the upstream."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = r = registry if registry is not None else CollectorRegistry()
-        self.build_info = Info("soakd_gateway_build", "soakd gateway version.", registry=r)
-        self.build_info.info({"version": __version__})
-        self.responses = Counter(
-            "soakd_gateway_upstream_responses", "Upstream answers passed on, by status class.",
-            ["status_class"], registry=r)
-        self.upstream_errors = Counter(
-            "soakd_gateway_upstream_errors",
-            "Upstream failures with no (whole) answer: connect, timeout, truncated.",
-            ["kind"], registry=r)
-        self.rejections = Counter(
-            "soakd_gateway_rejections", "Requests the gateway answered itself, by reason.",
-            ["reason"], registry=r)
-        self.in_flight = Gauge(
-            "soakd_gateway_in_flight_requests", "Requests in flight to the upstream.", registry=r)
-        self.queue_depth = Gauge(
-            "soakd_gateway_queue_depth", "Requests waiting for a concurrency slot.", registry=r)
-        self.limit = Gauge(
-            "soakd_gateway_concurrency_limit", "Requests allowed in flight to the upstream now.",
-            registry=r)
-        self.limit_changes = Counter(
-            "soakd_gateway_concurrency_limit_changes",
-            "Adaptive limit changes, by direction (up, down).", ["direction"], registry=r)
-        self.ttfb_p95 = Gauge(
-            "soakd_gateway_upstream_ttfb_p95_seconds",
-            "The adaptive controller's last P95 of upstream time to first byte.", registry=r)
-        self.latency_target = Gauge(
-            "soakd_gateway_latency_target_seconds",
-            "Configured P95 upstream time-to-first-byte target.", registry=r)
-        self.breaker_state = Gauge(
-            "soakd_gateway_breaker_state", "0 closed, 1 half-open, 2 open.", ["breaker"],
-            registry=r)
-        self.transitions = Counter(
-            "soakd_gateway_breaker_transitions", "Breaker state changes, by the state entered.",
-            ["breaker", "to"], registry=r)
-        self.feature = Gauge(
-            "soakd_gateway_feature_enabled", "1 when the feature is on.", ["feature"], registry=r)
-        self.vram_used = Gauge(
-            "soakd_gateway_vram_used_bytes", "The VRAM reading the breaker compares.", registry=r)
-        self.vram_limit = Gauge(
-            "soakd_gateway_vram_limit_bytes", "VRAM breaker: open above this (for hold).",
-            registry=r)
-        self.vram_lower = Gauge(
-            "soakd_gateway_vram_lower_mark_bytes", "VRAM breaker: close below this.", registry=r)
-        self.vram_up = Gauge(
-            "soakd_gateway_vram_probe_up", "1 when the VRAM source answers.", registry=r)
-        self.ttfb = Histogram(
-            "soakd_gateway_upstream_ttfb_seconds",
-            "Upstream time to first response byte (headers and the first body chunk).",
-            buckets=GATEWAY_LATENCY_BUCKETS, registry=r)
-        self.duration = Histogram(
-            "soakd_gateway_upstream_duration_seconds",
-            "Upstream request duration, send to last byte passed on.",
-            buckets=GATEWAY_LATENCY_BUCKETS, registry=r)
-        self.queue_wait = Histogram(
-            "soakd_gateway_queue_wait_seconds", "Time admitted requests waited for a slot.",
-            buckets=GATEWAY_LATENCY_BUCKETS, registry=r)
-        for sc in ("2xx", "3xx", "4xx", "5xx"):
-            self.responses.labels(sc)
-        for kind in GATEWAY_UPSTREAM_ERRORS:
-            self.upstream_errors.labels(kind)
-        for reason in GATEWAY_REJECTIONS:
-            self.rejections.labels(reason)
-        for direction in ("up", "down"):
-            self.limit_changes.labels(direction)
-        for breaker in GATEWAY_BREAKERS:
-            self.breaker_state.labels(breaker).set(0)
-            for state in GATEWAY_BREAKER_STATES:
-                self.transitions.labels(breaker, state)
-
-    def set_breaker(self, breaker: str, state: str, transition: bool = True) -> None:
-        self.breaker_state.labels(breaker).set(GATEWAY_BREAKER_STATES[state])
-        if transition:
-            self.transitions.labels(breaker, state).inc()

@@ -251,9 +251,9 @@ def soakd_sample_names() -> set[str]:
     """Every sample name soakd can put on /metrics: its own metric classes, the limit gauges
     (exported when their slo key is set), and the gateways it runs, re-exported
     (soakd/probes/gateways.py). No ``*_created``: soakd switches them off."""
+    from soakd.gateway.metrics import GatewayMetrics
     from soakd.metrics import (
         LIMIT_HELP,
-        GatewayMetrics,
         GuardMetrics,
         JournalMetrics,
         Metrics,

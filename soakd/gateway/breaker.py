@@ -10,12 +10,11 @@ it and moves the gauge).
 from __future__ import annotations
 
 import enum
-import math
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
 from soakd.config import ErrorBreaker, VramBreaker
+from soakd.sliding import SlidingCount
 
 
 class State(enum.StrEnum):
@@ -170,10 +169,7 @@ class ErrorRateBreakerState(_Breaker):
         super().__init__(on_change)
         self.cfg = cfg
         self.enabled = cfg.enabled
-        self.width = cfg.window / self.BUCKETS
-        self._buckets: deque[list[float]] = deque()  # [start, requests, failures]
-        self.requests = 0.0
-        self.failures = 0.0
+        self._window = SlidingCount(cfg.window, self.BUCKETS)  # requests, failures
         self.open_until = 0.0
 
     def admit(self, now: float) -> Admit:
@@ -186,16 +182,7 @@ class ErrorRateBreakerState(_Breaker):
 
     def result(self, now: float, failed: bool) -> None:
         """One finished upstream request (not the probe: see probe_done)."""
-        self._prune(now)
-        start = math.floor(now / self.width) * self.width
-        if not self._buckets or self._buckets[-1][0] != start:
-            self._buckets.append([start, 0.0, 0.0])
-        bucket = self._buckets[-1]
-        bucket[1] += 1
-        self.requests += 1
-        if failed:
-            bucket[2] += 1
-            self.failures += 1
+        self._window.add(now, 1.0, 1.0 if failed else 0.0)
         if not self.enabled or self.state is not State.CLOSED:
             return
         if self.requests >= self.cfg.min_requests and self.ratio > self.cfg.threshold:
@@ -209,6 +196,15 @@ class ErrorRateBreakerState(_Breaker):
                     "window_s": self.cfg.window,
                 },
             )
+
+    @property
+    def requests(self) -> float:
+        """Upstream requests in the window (as of the last result)."""
+        return self._window.sums[0]
+
+    @property
+    def failures(self) -> float:
+        return self._window.sums[1]
 
     @property
     def ratio(self) -> float:
@@ -227,18 +223,8 @@ class ErrorRateBreakerState(_Breaker):
     def retry_after_s(self, now: float) -> float:
         return max(1.0, self.open_until - now)
 
-    def _prune(self, now: float) -> None:
-        horizon = now - self.cfg.window
-        while self._buckets and self._buckets[0][0] + self.width <= horizon:
-            _, requests, failures = self._buckets.popleft()
-            self.requests -= requests
-            self.failures -= failures
-        if not self._buckets:
-            self.requests = self.failures = 0.0
-
     def _clear(self) -> None:
-        self._buckets.clear()
-        self.requests = self.failures = 0.0
+        self._window.clear()
 
     def _reset(self, now: float) -> None:
         self._clear()

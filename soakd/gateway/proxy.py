@@ -32,7 +32,7 @@ from soakd import __version__
 from soakd.config import GatewayConfig, GatewayModes
 from soakd.gateway.breaker import Admit, ErrorRateBreakerState, State, VramBreakerState
 from soakd.gateway.concurrency import AimdLimit, Limiter
-from soakd.metrics import GatewayMetrics
+from soakd.gateway.metrics import GatewayMetrics
 from soakd.model import GATEWAY_ORIGIN_HEADER, status_class
 
 log = structlog.get_logger()

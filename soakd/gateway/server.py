@@ -18,9 +18,10 @@ from aiohttp import web
 
 from soakd import __version__
 from soakd.config import GatewayConfig
+from soakd.gateway.metrics import GatewayMetrics
 from soakd.gateway.proxy import Gateway, make_app
-from soakd.gateway.vram import VramWatch, make_source
-from soakd.metrics import GatewayMetrics
+from soakd.gateway.vram import VramWatch
+from soakd.probes.gpu import make_gpu_source
 
 log = structlog.get_logger()
 
@@ -82,7 +83,7 @@ async def start_gateway(
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
     server = GatewayServer(f"http://{host}:{port}", gw, runner)
     watch = VramWatch(
-        make_source(cfg.gpu, cfg.upstream),
+        make_gpu_source(cfg.gpu, dcgm_base=cfg.upstream),
         gw.on_vram,
         gw.m,
         interval=cfg.gpu.interval,

@@ -8,13 +8,9 @@ and its log to ``gateway-<target>.log``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import secrets
-import sys
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +19,7 @@ import structlog
 import yaml
 
 from soakd.config import GatewayModes, GatewaySettings
-from soakd.sim.spawn import _die_with_parent, free_port
+from soakd.spawn import Child, free_port, spawn_soakd
 
 log = structlog.get_logger()
 
@@ -31,11 +27,11 @@ TOKEN_ENV = "SOAKD_GATEWAY_ADMIN_TOKEN"  # noqa: S105 - the name of a variable, 
 
 
 @dataclass
-class GatewayProcess:
-    proc: asyncio.subprocess.Process
-    url: str
+class GatewayProcess(Child):
+    """A running ``soakd gateway`` in front of ``target``'s server."""
+
     target: str
-    _token: str
+    _token: str = field(repr=False)  # never in a repr, a log line or a traceback
 
     async def set_modes(self, modes: GatewayModes) -> dict[str, Any] | None:
         """Switch features (a phase's ``gateway:``); None (logged) when it did not answer."""
@@ -59,15 +55,6 @@ class GatewayProcess:
         log.error("gateway_modes_failed", target=self.target, modes=body, reason=why)
         return None
 
-    async def aclose(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                await asyncio.wait_for(self.proc.wait(), 5)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-
 
 async def spawn_gateway(
     target: str,
@@ -90,38 +77,15 @@ async def spawn_gateway(
     token = secrets.token_urlsafe(24)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SOAKD_GATEWAY__")}
     env[TOKEN_ENV] = token
-    with log_path.open("ab") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "soakd",
-            "gateway",
-            "--config",
-            str(cfg_path),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-            env=env,
-            preexec_fn=_die_with_parent,  # a SIGKILLed soakd leaves no gateway behind
-        )
-    gw = GatewayProcess(proc, f"http://127.0.0.1:{port}", target, token)
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession(trust_env=False) as session:
-        while time.monotonic() < deadline:
-            if proc.returncode is not None:
-                tail = log_path.read_text(errors="replace").strip()[-300:]
-                raise RuntimeError(f"gateway for {target} exited ({proc.returncode}): {tail}")
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with session.get(gw.url + "/healthz") as resp:
-                    if resp.status == 200:
-                        log.info(
-                            "gateway_started",
-                            target=target,
-                            url=gw.url,
-                            upstream=upstream,
-                            pid=proc.pid,
-                        )
-                        return gw
-            await asyncio.sleep(0.1)
-    await gw.aclose()
-    raise RuntimeError(f"gateway for {target} did not answer on {gw.url} within {timeout_s:g} s")
+    child = await spawn_soakd(
+        ["gateway", "--config", str(cfg_path)],
+        what=f"gateway for {target}",
+        url=f"http://127.0.0.1:{port}",
+        ready_path="/healthz",
+        log_path=log_path,
+        env=env,
+        timeout_s=timeout_s,
+    )
+    gw = GatewayProcess(child.proc, child.url, target, token)
+    log.info("gateway_started", target=target, url=gw.url, upstream=upstream, pid=gw.proc.pid)
+    return gw

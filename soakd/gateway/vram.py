@@ -1,8 +1,8 @@
 """Gateway room, VRAM: readings for the VRAM breaker, from soakd's own GPU sources.
 
-The same ``GpuSource`` the probes use (``soakd/probes``): NVML on the box, or a DCGM
-exporter's page (the simulator serves one on its /metrics). One reading each
-``gpu.interval`` on a fixed grid; the breaker sees the chosen GPU's memory used (by
+The same ``GpuSource`` the probes use, from the same factory (``make_gpu_source``): NVML
+on the box, or a DCGM exporter's page (the simulator serves one on its /metrics). One
+reading each ``gpu.interval`` on a fixed grid; the breaker sees the chosen GPU's memory used (by
 default the fullest GPU's), or nothing when the source failed.
 """
 
@@ -13,27 +13,14 @@ from collections.abc import Callable
 
 import structlog
 
-from soakd.config import GpuConfig
-from soakd.metrics import GatewayMetrics
-from soakd.probes._http import Endpoint, base_root
+from soakd.gateway.metrics import GatewayMetrics
 from soakd.probes._ticks import sleep_until_next
-from soakd.probes.dcgm import DcgmSource
-from soakd.probes.gpu import GpuReading, GpuSource, NvmlSource
+from soakd.probes.gpu import GpuReading, GpuSource
 
 log = structlog.get_logger()
 
 Reading = Callable[[float, float | None], None]
 """``(now, used bytes or None)``."""
-
-
-def make_source(cfg: GpuConfig, upstream: str) -> GpuSource | None:
-    """The configured source; ``dcgm`` without a URL reads the upstream's /metrics."""
-    if cfg.source == "none":
-        return None
-    if cfg.source == "dcgm":
-        url = cfg.dcgm_url or base_root(upstream) + "/metrics"
-        return DcgmSource(Endpoint(url), timeout_s=min(5.0, max(cfg.interval, 0.5)))
-    return NvmlSource(required=cfg.source == "nvml")
 
 
 def pick(readings: list[GpuReading] | None, gpu: int | None) -> float | None:

@@ -13,9 +13,10 @@ One package, one concern per module (docs/architecture.md, "The journal's rooms"
 - ``reader``: ``JournalReader`` for the report and the export.
 
 Everything other modules import is re-exported here: ``from soakd.journal import X``.
-The config as stored (``config_doc``) lives in ``soakd.redact``.
+The config as stored (``config_doc``) lives in ``soakd.config.redact``.
 """
 
+from soakd.config.redact import config_doc
 from soakd.journal.codec import (
     outcome_from_row,
     pack_itl,
@@ -47,7 +48,6 @@ from soakd.journal.writer import (
     RunInfo,
     open_journal,
 )
-from soakd.redact import config_doc
 
 __all__ = [
     "APPLICATION_ID",

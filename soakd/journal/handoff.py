@@ -24,7 +24,7 @@ from typing import Any
 from soakd.model import Outcome
 from soakd.types import OutcomeSink
 
-PUMP_SLICE = 64
+PUMP_SLICE = 8
 """Committed outcomes handed to Metrics per event-loop callback."""
 
 
@@ -99,8 +99,9 @@ class HandOff:
         """On the loop: one slice of committed outcomes to Metrics, then yield.
 
         A whole commit (up to half a second of outcomes) in one callback held the loop
-        ~5-10 ms at 500 req/s, stamping tokens read meanwhile late; slices of
-        ``PUMP_SLICE`` keep each callback well under a millisecond."""
+        ~5-10 ms at 500 req/s, stamping tokens read meanwhile late. Slices of 64 still
+        held it up to 2.9 ms (TTFT p99 error 7-11 ms with the client on one core); slices
+        of ``PUMP_SLICE`` = 8 took that to 1.5-2.0 ms (docs/benchmarks.md, "Many cores")."""
         self._pump_scheduled = False
         try:
             batch = self._done.popleft()

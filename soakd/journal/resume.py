@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from soakd.config import Config
+from soakd.config.redact import config_doc
 from soakd.journal.schema import LOCK_FILE, JournalError, check_schema, connect
 from soakd.model import Plan
-from soakd.redact import config_doc
 
 _UNCOMPARED = ("exporter", "logging", "journal", "report", "probes", "run.drain_timeout")
 

@@ -20,8 +20,8 @@ from soakd.analysis import TargetStats
 from soakd.buckets import Hist, add_hist, observe
 from soakd.journal.codec import copy_stats, outcome_from_row, stats_from_blob, stats_to_blob
 from soakd.journal.schema import REQUEST_COLUMNS
-from soakd.metrics import HISTOGRAM_BUCKETS, NS
-from soakd.model import Outcome, Plan, status_class
+from soakd.metrics import HISTOGRAM_BUCKETS
+from soakd.model import S_PER_NS, Outcome, Plan, status_class
 
 TotalsKey = tuple[str, str, str, str]
 """(target, phase, outcome, status class): one row of ``totals``."""
@@ -72,15 +72,15 @@ class Deltas:
         # histogram buckets, as Metrics observes them
         hists = self.hists
         if o.sent_ns:
-            _observe(hists, "lag", o.target, [o.dispatch_lag_ns * NS])
+            _observe(hists, "lag", o.target, [o.dispatch_lag_ns * S_PER_NS])
         if o.error is None:
-            _observe(hists, "e2e", o.target, [o.e2e_ns * NS])
+            _observe(hists, "e2e", o.target, [o.e2e_ns * S_PER_NS])
             if ttft is not None:
-                _observe(hists, "ttft", o.target, [ttft * NS])
+                _observe(hists, "ttft", o.target, [ttft * S_PER_NS])
             if tpot is not None:
-                _observe(hists, "tpot", o.target, [tpot * NS])
+                _observe(hists, "tpot", o.target, [tpot * S_PER_NS])
             if ordered:
-                _observe(hists, "itl", o.target, [g * NS for g in ordered])
+                _observe(hists, "itl", o.target, [g * S_PER_NS for g in ordered])
         # the rollup window it completed in
         wkey = (o.target, o.phase, end_ns // window_ns)
         win = self.windows.get(wkey)

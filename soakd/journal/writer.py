@@ -61,6 +61,14 @@ MAX_BATCH = 5000  # records per transaction; more wait for the next one
 RETENTION_EVERY_S = 60.0
 IDLE_HEARTBEAT_S = 1.0
 RETRY_MAX_S = 30.0
+YIELD_EVERY = 32
+"""Records the writer encodes between two ``os.sched_yield()`` calls (0: never yield).
+
+The writer thread runs Python (encoding rows, folding digests) while holding the GIL. The
+event loop, woken by a token, must then wait for the GIL, and on a busy or pinned core for
+the CPU too: every timestamp it takes meanwhile is late (TTFT p99 +11 ms at 64 streams with
+the client on one core, docs/benchmarks.md "Many cores"). ``sched_yield`` releases the GIL
+and the CPU every few dozen records, so the loop waits for at most one slice."""
 
 
 @dataclass(frozen=True)
@@ -450,7 +458,10 @@ class Journal:
         clock = progress.clock
         origin = clock.origin_ns if clock is not None else 0
         session, itl_gaps, window_ns = progress.session, self.cfg.itl_gaps, agg.window_ns
-        for item in batch.items:
+        every = YIELD_EVERY
+        for i, item in enumerate(batch.items, 1):
+            if every and not i % every:
+                os.sched_yield()  # the loop's turn (YIELD_EVERY)
             kind = type(item)
             if kind is Outcome:
                 row, ordered = outcome_row(item, next_id, session, origin, itl_gaps=itl_gaps)

@@ -19,14 +19,14 @@ from typing import Any
 import aiohttp
 import structlog
 
+from soakd import metric_names as mn
 from soakd.config import Config, TargetConfig
 from soakd.metrics import ProbeMetrics
 from soakd.model import Outcome, Sample
 from soakd.probes._http import Endpoint, base_root, endpoint_for, resolve_proxy
 from soakd.probes._ticks import sleep_until_next
-from soakd.probes.dcgm import DcgmSource
 from soakd.probes.drift import LatencyDrift
-from soakd.probes.gpu import GpuProbe, GpuSource, NvmlApi, NvmlSource, ProcFs
+from soakd.probes.gpu import GpuProbe, NvmlApi, ProcFs, make_gpu_source
 from soakd.probes.health import TargetState, health_loop
 from soakd.probes.oom import COUNTED_SOURCES, LogTail, OomWatch, tail_loop
 from soakd.probes.server import ServerScraper
@@ -153,29 +153,15 @@ class Probes:
         self, targets: dict[str, str], nvml: NvmlApi | None, procfs: ProcFs | None
     ) -> GpuProbe | None:
         g = self.cfg.gpu
-        source: GpuSource
-        if g.source == "none":
+        sim = next((t for t in self.cfg.targets if t.simulator), None)
+        sim_base = (targets.get(sim.name) or sim.base_url) if sim is not None else ""
+        source = make_gpu_source(
+            g, dcgm_base=sim_base or "", targets=self.cfg.targets, nvml=nvml, procfs=procfs
+        )
+        if source is None:
+            if g.source == "dcgm":  # no URL to read (logged): say so in the gauge too
+                self.metrics.probe_up.labels("dcgm").set(0)
             return None
-        if g.source == "dcgm":
-            url = g.dcgm_url
-            if url is None:
-                sim = next((t for t in self.cfg.targets if t.simulator), None)
-                base = (targets.get(sim.name) or sim.base_url) if sim is not None else ""
-                if not base:
-                    log.error(
-                        "gpu_probe_absent",
-                        source="dcgm",
-                        reason="gpu.source is dcgm but there is no dcgm_url and no "
-                        "simulator target with a URL",
-                    )
-                    self.metrics.probe_up.labels("dcgm").set(0)
-                    return None
-                url = base_root(base) + "/metrics"
-            source = DcgmSource(Endpoint(url), timeout_s=min(5.0, max(g.interval, 1.0)))
-        else:  # auto and nvml: NVML when a driver answers
-            source = NvmlSource(
-                self.cfg.targets, nvml=nvml, procfs=procfs, required=g.source == "nvml"
-            )
         return GpuProbe(
             source,
             self.metrics,
@@ -273,13 +259,13 @@ class Probes:
                 state.tick()
                 t = (("target", name),)
                 if state.up is not None:
-                    self._emit(Sample(wall, "soakd_target_up", 1.0 if state.up else 0.0, t))
-                self._emit(Sample(wall, "soakd_target_restarts_total", float(state.restarts), t))
+                    self._emit(Sample(wall, mn.TARGET_UP, 1.0 if state.up else 0.0, t))
+                self._emit(Sample(wall, mn.TARGET_RESTARTS_TOTAL, float(state.restarts), t))
                 for source in COUNTED_SOURCES:
                     self._emit(
                         Sample(
                             wall,
-                            "soakd_target_oom_events_total",
+                            mn.TARGET_OOM_EVENTS_TOTAL,
                             float(self.oom.totals.get((name, source), 0)),
                             (("source", source), ("target", name)),
                         )

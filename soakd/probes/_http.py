@@ -6,18 +6,16 @@ a second): a slow or failing answer is itself the reading, never retried.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp.helpers import get_env_proxy_for_url
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_fixed
-from yarl import URL
 
 from soakd.config import TargetConfig
+from soakd.net import env_proxy
 
 BODY_LIMIT = 8 << 20
 """Largest /metrics page read (vLLM's is ~60 kB); a longer one is a failed scrape."""
@@ -55,29 +53,23 @@ class Endpoint:
 
 
 def endpoint_for(url: str, tcfg: TargetConfig | None) -> Endpoint:
-    """The URL with the target's TLS settings (a CA file is read here, once)."""
+    """The URL with the target's TLS settings (a CA file is read here, once). A CA file
+    that cannot be loaded is a ConfigError naming the field, as for the target client."""
     if tcfg is None:
         return Endpoint(url)
-    ctx: ssl.SSLContext | bool = True
-    if not tcfg.tls.verify:
-        ctx = False
-    elif tcfg.tls.ca_file is not None:
-        try:
-            ctx = ssl.create_default_context(cafile=str(tcfg.tls.ca_file))
-        except (OSError, ssl.SSLError):
-            ctx = True  # the target client reports the bad CA file; probes use the default
-    return Endpoint(url, ctx, tcfg.proxy)
+    return Endpoint(url, tcfg.ssl_context(), tcfg.proxy)
 
 
 async def resolve_proxy(ep: Endpoint) -> Endpoint:
-    """HTTP(S)_PROXY / NO_PROXY for the URL, once, as the target client does."""
+    """HTTP(S)_PROXY / NO_PROXY for the URL, once, as the target client does. A probe
+    goes direct when the environment's proxy cannot be read (the client reports it)."""
     if ep.proxy is not None:
         return ep
     try:
-        proxy, _auth = await asyncio.to_thread(get_env_proxy_for_url, URL(ep.url))
-    except (LookupError, ValueError, OSError):
+        proxy, _auth = await env_proxy(ep.url)
+    except (ValueError, OSError):
         return ep
-    return Endpoint(ep.url, ep.ssl, str(proxy))
+    return ep if proxy is None else Endpoint(ep.url, ep.ssl, str(proxy))
 
 
 def base_root(base_url: str) -> str:

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from soakd import metric_names as mn
 from soakd.analysis import Digest, theil_sen
 from soakd.metrics import ProbeMetrics
 from soakd.model import Outcome, Sample
@@ -120,7 +121,7 @@ class LatencyDrift:
         wall = self._wall()
         labels = (("target", target),)
         self._metrics.e2e_p99_interval.labels(target).set(p99)
-        self._emit(Sample(wall, "soakd_e2e_p99_interval_seconds", p99, labels))
+        self._emit(Sample(wall, mn.E2E_P99_INTERVAL_SECONDS, p99, labels))
         if len(series.points) < self.min_points:
             return
         slope = theil_sen([p[0] for p in series.points], [p[1] for p in series.points])
@@ -128,4 +129,4 @@ class LatencyDrift:
             return
         series.slope = slope * HOUR_S
         self._metrics.e2e_p99_drift.labels(target).set(series.slope)
-        self._emit(Sample(wall, "soakd_e2e_p99_drift_seconds_per_hour", series.slope, labels))
+        self._emit(Sample(wall, mn.E2E_P99_DRIFT_SECONDS_PER_HOUR, series.slope, labels))

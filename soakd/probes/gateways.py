@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Metric
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
+from soakd import metric_names as mn
 from soakd.model import Sample
 from soakd.probes._http import Endpoint, fetch
 from soakd.probes._ticks import sleep_until_next
@@ -28,14 +29,16 @@ from soakd.probes._ticks import sleep_until_next
 log = structlog.get_logger()
 
 GATEWAY_PREFIX = "soakd_gateway_"
-JOURNALED = frozenset({
-    "soakd_gateway_breaker_transitions",
-    "soakd_gateway_concurrency_limit",
-    "soakd_gateway_rejections",
-    "soakd_gateway_breaker_state",
-})
+JOURNALED = frozenset(
+    {
+        mn.GATEWAY_BREAKER_TRANSITIONS_TOTAL.removesuffix("_total"),
+        mn.GATEWAY_CONCURRENCY_LIMIT,
+        mn.GATEWAY_REJECTIONS_TOTAL.removesuffix("_total"),
+        mn.GATEWAY_BREAKER_STATE,
+    }
+)
 """Families (as the parser names them, without ``_total``) journaled for the report."""
-UP = "soakd_gateway_up"
+UP = mn.GATEWAY_UP
 
 
 class GatewayExport:
@@ -145,8 +148,6 @@ def export_gateways(
 ) -> GatewayExport:
     """A ``GatewayExport`` for ``urls`` (target -> gateway root URL), registered; ``emit``
     (the journal) gets what the report shows of the guard, phase by phase."""
-    export = GatewayExport(
-        {t: u.rstrip("/") + "/metrics" for t, u in urls.items()}, interval, emit
-    )
+    export = GatewayExport({t: u.rstrip("/") + "/metrics" for t, u in urls.items()}, interval, emit)
     registry.register(export)
     return export

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import aiohttp
 import structlog
 
+from soakd import metric_names as mn
 from soakd.metrics import ProbeMetrics
 from soakd.model import ErrorKind, Outcome, Sample
 from soakd.probes._http import Endpoint, fetch
@@ -221,7 +222,7 @@ class TargetState:
         self._emit(
             Sample(
                 self._wall(),
-                "soakd_target_restarts_total",
+                mn.TARGET_RESTARTS_TOTAL,
                 float(self.restarts),
                 (("target", self.name),),
             )
@@ -231,9 +232,7 @@ class TargetState:
 
     def _emit_up(self) -> None:
         self._emit(
-            Sample(
-                self._wall(), "soakd_target_up", 1.0 if self.up else 0.0, (("target", self.name),)
-            )
+            Sample(self._wall(), mn.TARGET_UP, 1.0 if self.up else 0.0, (("target", self.name),))
         )
 
 

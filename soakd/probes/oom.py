@@ -38,6 +38,7 @@ from pathlib import Path
 
 import structlog
 
+from soakd import metric_names as mn
 from soakd.metrics import OOM_SOURCES, ProbeMetrics
 from soakd.model import ErrorKind, Outcome, Sample
 
@@ -141,7 +142,7 @@ class OomWatch:
         self._emit(
             Sample(
                 self._wall(),
-                "soakd_target_oom_events_total",
+                mn.TARGET_OOM_EVENTS_TOTAL,
                 float(total),
                 (("source", source), ("target", target)),
             )

@@ -27,6 +27,7 @@ import aiohttp
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
+from soakd import metric_names as mn
 from soakd.metrics import ProbeMetrics
 from soakd.model import Sample
 from soakd.probes._http import Endpoint, fetch
@@ -41,34 +42,34 @@ SCRAPE_TIMEOUT_S = 5.0
 # soakd field -> server names, most preferred first; ``_total`` is dropped before matching
 # (prometheus_client's parser adds it to counters that lack it).
 FIELDS: dict[str, tuple[str, ...]] = {
-    "running": ("vllm:num_requests_running", "llamacpp:requests_processing"),
-    "waiting": ("vllm:num_requests_waiting", "llamacpp:requests_deferred"),
+    "running": (mn.VLLM_REQUESTS_RUNNING, mn.LLAMACPP_REQUESTS_PROCESSING),
+    "waiting": (mn.VLLM_REQUESTS_WAITING, mn.LLAMACPP_REQUESTS_DEFERRED),
     "kv_cache": (
-        "vllm:kv_cache_usage_perc",
-        "vllm:gpu_cache_usage_perc",
-        "llamacpp:kv_cache_usage_ratio",
+        mn.VLLM_KV_CACHE_USAGE,
+        mn.VLLM_GPU_CACHE_USAGE,
+        mn.LLAMACPP_KV_CACHE_USAGE,
     ),
-    "preemptions": ("vllm:num_preemptions",),
-    "rss": ("process_resident_memory_bytes",),
-    "start_time": ("process_start_time_seconds",),
+    "preemptions": (mn.VLLM_PREEMPTIONS,),
+    "rss": (mn.PROCESS_RESIDENT_MEMORY_BYTES,),
+    "start_time": (mn.PROCESS_START_TIME_SECONDS,),
     # cumulative sums and counts behind the server-side latency means
-    "ttft_sum": ("vllm:time_to_first_token_seconds_sum",),
-    "ttft_count": ("vllm:time_to_first_token_seconds_count",),
-    "e2e_sum": ("vllm:e2e_request_latency_seconds_sum",),
-    "e2e_count": ("vllm:e2e_request_latency_seconds_count",),
-    "queue_sum": ("vllm:request_queue_time_seconds_sum",),
-    "queue_count": ("vllm:request_queue_time_seconds_count",),
-    "itl_sum": ("vllm:inter_token_latency_seconds_sum", "llamacpp:tokens_predicted_seconds"),
-    "itl_count": ("vllm:inter_token_latency_seconds_count", "llamacpp:tokens_predicted"),
+    "ttft_sum": (mn.VLLM_TTFT_SECONDS + "_sum",),
+    "ttft_count": (mn.VLLM_TTFT_SECONDS + "_count",),
+    "e2e_sum": (mn.VLLM_E2E_SECONDS + "_sum",),
+    "e2e_count": (mn.VLLM_E2E_SECONDS + "_count",),
+    "queue_sum": (mn.VLLM_QUEUE_SECONDS + "_sum",),
+    "queue_count": (mn.VLLM_QUEUE_SECONDS + "_count",),
+    "itl_sum": (mn.VLLM_ITL_SECONDS + "_sum", mn.LLAMACPP_TOKENS_PREDICTED_SECONDS),
+    "itl_count": (mn.VLLM_ITL_SECONDS + "_count", mn.LLAMACPP_TOKENS_PREDICTED),
 }
 _MAX_FIELDS = frozenset({"kv_cache"})
 _WANTED = frozenset(n for names in FIELDS.values() for n in names)
 
 MEANS: dict[str, str] = {
-    "ttft": "soakd_server_time_to_first_token_mean_seconds",
-    "e2e": "soakd_server_request_duration_mean_seconds",
-    "queue": "soakd_server_queue_time_mean_seconds",
-    "itl": "soakd_server_inter_token_latency_mean_seconds",
+    "ttft": mn.SERVER_TIME_TO_FIRST_TOKEN_MEAN_SECONDS,
+    "e2e": mn.SERVER_REQUEST_DURATION_MEAN_SECONDS,
+    "queue": mn.SERVER_QUEUE_TIME_MEAN_SECONDS,
+    "itl": mn.SERVER_INTER_TOKEN_LATENCY_MEAN_SECONDS,
 }
 """Server-side latency -> the soakd gauge of its mean over each scrape interval."""
 
@@ -204,10 +205,10 @@ class ServerScraper:
         labels = (("target", self.target),)
         samples: list[Sample] = []
         for value, gauge, name in (
-            (r.running, self._running, "soakd_server_requests_running"),
-            (r.waiting, self._waiting, "soakd_server_requests_waiting"),
-            (r.kv_cache, self._kv, "soakd_server_kv_cache_usage_ratio"),
-            (r.rss, self._rss, "soakd_server_resident_memory_bytes"),
+            (r.running, self._running, mn.SERVER_REQUESTS_RUNNING),
+            (r.waiting, self._waiting, mn.SERVER_REQUESTS_WAITING),
+            (r.kv_cache, self._kv, mn.SERVER_KV_CACHE_USAGE_RATIO),
+            (r.rss, self._rss, mn.SERVER_RESIDENT_MEMORY_BYTES),
         ):
             if value is not None:
                 gauge.set(value)
@@ -241,7 +242,7 @@ class ServerScraper:
                 samples.append(
                     Sample(
                         wall,
-                        "soakd_server_resident_memory_leak_slope_bytes_per_hour",
+                        mn.SERVER_RESIDENT_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR,
                         slope,
                         labels,
                     )

@@ -27,6 +27,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+from soakd import metric_names as mn
 from soakd.sim.gpu import GpuSample
 from soakd.sim.profiles import Profile
 
@@ -78,26 +79,26 @@ class VllmMetrics:
             return Histogram(name, doc, names, registry=registry, buckets=buckets).labels(**lbl)
 
         gauge(
-            "vllm:num_requests_running",
+            mn.VLLM_REQUESTS_RUNNING,
             "Number of requests in model execution batches.",
             gauges.running,
         )
         gauge(
-            "vllm:num_requests_waiting",
+            mn.VLLM_REQUESTS_WAITING,
             "Number of requests waiting to be processed.",
             gauges.waiting,
         )
         gauge(
-            "vllm:kv_cache_usage_perc",
+            mn.VLLM_KV_CACHE_USAGE,
             "KV-cache usage. 1 means 100 percent usage.",
             gauges.kv_usage,
         )
         self.preemptions = counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+            mn.VLLM_PREEMPTIONS, "Cumulative number of preemption from the engine."
         )
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter(
-            "vllm:generation_tokens", "Number of generation tokens processed."
+            mn.VLLM_GENERATION_TOKENS, "Number of generation tokens processed."
         )
         success = Counter(
             "vllm:request_success",
@@ -125,12 +126,12 @@ class VllmMetrics:
             TOKEN_COUNT_BUCKETS,
         )
         self.ttft = histogram(
-            "vllm:time_to_first_token_seconds",
+            mn.VLLM_TTFT_SECONDS,
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
         )
         self.itl = histogram(
-            "vllm:inter_token_latency_seconds",
+            mn.VLLM_ITL_SECONDS,
             "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
         )
@@ -140,12 +141,12 @@ class VllmMetrics:
             ITL_BUCKETS,
         )
         self.e2e = histogram(
-            "vllm:e2e_request_latency_seconds",
+            mn.VLLM_E2E_SECONDS,
             "Histogram of e2e request latency in seconds.",
             REQUEST_TIME_BUCKETS,
         )
         self.queue_time = histogram(
-            "vllm:request_queue_time_seconds",
+            mn.VLLM_QUEUE_SECONDS,
             "Histogram of time spent in WAITING phase for request.",
             REQUEST_TIME_BUCKETS,
         )
@@ -224,22 +225,22 @@ def render_dcgm(sample: GpuSample, card: CardIdentity) -> str:
     """The sample as dcgm-exporter's text page (help, type, one line per field)."""
     lbl = "{" + card.labels() + "}"
     rows = (
-        ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz).",
+        (mn.DCGM_SM_CLOCK, "gauge", "SM clock frequency (in MHz).",
          str(round(sample.sm_clock_mhz))),
-        ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz).",
+        (mn.DCGM_MEM_CLOCK, "gauge", "Memory clock frequency (in MHz).",
          str(round(sample.mem_clock_mhz))),
-        ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C).",
+        (mn.DCGM_GPU_TEMP, "gauge", "GPU temperature (in C).",
          str(round(sample.gpu_temp_c))),
-        ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", f"{sample.power_w:.6f}"),
-        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+        (mn.DCGM_POWER_USAGE, "gauge", "Power draw (in W).", f"{sample.power_w:.6f}"),
+        (mn.DCGM_TOTAL_ENERGY, "counter",
          "Total energy consumption since boot (in mJ).", str(int(sample.total_energy_mj))),
-        ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).",
+        (mn.DCGM_GPU_UTIL, "gauge", "GPU utilization (in %).",
          str(round(sample.gpu_util_pct))),
-        ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered.",
+        (mn.DCGM_XID_ERRORS, "gauge", "Value of the last XID error encountered.",
          str(sample.xid_last)),
-        ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB).",
+        (mn.DCGM_FB_FREE, "gauge", "Framebuffer memory free (in MiB).",
          str(round(sample.fb_free_mib))),
-        ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB).",
+        (mn.DCGM_FB_USED, "gauge", "Framebuffer memory used (in MiB).",
          str(round(sample.fb_used_mib))),
     )  # fmt: skip
     return "".join(

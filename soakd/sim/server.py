@@ -3,24 +3,20 @@
 One engine task steps the pure scheduler model (``engine.py``) in real time and
 hands tokens to the request handlers; the handlers speak vLLM's wire format
 byte for byte where soak tests look (SSE chunks, usage, error bodies, /health,
-/metrics). Nothing per request outlives the request, so memory stays flat.
-
-Prompt length is the number of whitespace-separated words of the prompt (chat:
-the message contents joined): a stand-in for a tokenizer, close enough for
-English prose (real tokenizers give ~1.3 tokens a word) and exactly predictable.
+/metrics). Nothing per request outlives the request, so memory stays flat. What the
+bytes are (parsing, error bodies, SSE frames) is ``wire.py``'s; the serving is here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import signal
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import structlog
 from aiohttp import web
@@ -36,72 +32,24 @@ from soakd.sim.exposition import (
 )
 from soakd.sim.gpu import GpuModel
 from soakd.sim.profiles import Profile, get_profile
+from soakd.sim.wire import (
+    DONE,
+    SSE_CONTENT_TYPE,
+    VOCAB,
+    ApiError,
+    Frames,
+    SimRequest,
+    completion_body,
+    error_body,
+    error_response,
+    parse,
+    word,
+)
 
 log = structlog.get_logger()
 
-# Output text: short words, one a token, each with its leading space (as BPE tokens).
-# fmt: off
-_VOCAB: Final = (
-    " the", " a", " of", " and", " to", " in", " is", " it", " on", " as", " at", " by", " we",
-    " be", " or", " an", " so", " up", " no", " go", " do", " if", " me", " my", " he", " us",
-    " new", " old", " red", " sun", " sea", " day", " way", " key", " log", " map", " run",
-    " set", " top", " end", " box", " cat", " dog", " fox", " owl", " gpu", " kv", " batch",
-    " token", " cache", " queue", " soak", " test", " load", " time", " heat", " fan", " disk",
-    " node", " edge", " card", " byte", " word", " line",
-)
-# fmt: on
-_VOCAB_JSON: Final = tuple(json.dumps(w) for w in _VOCAB)
 _MAX_LAG_S: Final = 0.25  # behind schedule by more than this: resync instead of bursting
 _METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-_SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
-_DONE: Final = b"data: [DONE]\n\n"
-
-
-def _word(seq_id: int, i: int) -> int:
-    """Index of the i-th token's word: varied, reproducible, no state kept."""
-    return (seq_id * 17 + i * 5) % len(_VOCAB)
-
-
-class _ApiError(Exception):
-    """A request vLLM would refuse, with the status and the body it would send."""
-
-    def __init__(self, status: int, err_type: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.err_type = err_type
-        self.message = message
-        self.param = param
-
-    def response(self) -> web.Response:
-        return _error_response(self.status, self.err_type, self.message, self.param)
-
-
-def _error_body(status: int, err_type: str, message: str, param: str | None = None) -> str:
-    """vLLM's ErrorResponse: ``{"error": {"message", "type", "param", "code"}}``."""
-    info = {"message": message, "type": err_type, "param": param, "code": status}
-    return json.dumps({"error": info})
-
-
-def _error_response(
-    status: int, err_type: str, message: str, param: str | None = None
-) -> web.Response:
-    return web.Response(
-        status=status,
-        text=_error_body(status, err_type, message, param),
-        content_type="application/json",
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class _Request:
-    """What the simulator needs from a completion request; the body itself is dropped."""
-
-    chat: bool
-    prompt_tokens: int
-    max_tokens: int
-    stream: bool
-    include_usage: bool
-    ignore_eos: bool
 
 
 @dataclass(slots=True, eq=False)
@@ -161,7 +109,7 @@ class _Runtime:
     def refuse(self) -> web.Response | None:
         """The error vLLM would answer at arrival (dead engine, OOM, injected fault)."""
         if self.dead:
-            return _error_response(
+            return error_response(
                 503,
                 "ServiceUnavailableError",
                 "EngineCore encountered an issue. See stack trace (above) for the root cause.",
@@ -174,10 +122,10 @@ class _Runtime:
         if too_big or self.gpu.vram_exhausted(now, batch):
             self.metrics.success["error"].inc()
             log.debug("sim_oom", batch=batch)
-            return _error_response(500, "InternalServerError", self._oom_message(now, batch))
+            return error_response(500, "InternalServerError", self._oom_message(now, batch))
         if p.error_rate > 0.0 and self._rng.random() < p.error_rate:
             self.metrics.success["error"].inc()
-            return _error_response(500, "InternalServerError", "Internal server error")
+            return error_response(500, "InternalServerError", "Internal server error")
         return None
 
     def _oom_message(self, now: float, batch: int) -> str:
@@ -195,7 +143,7 @@ class _Runtime:
     def new_request_id(self, chat: bool) -> str:
         return f"{'chatcmpl' if chat else 'cmpl'}-{self._rng.getrandbits(128):032x}"
 
-    def submit(self, req: _Request) -> _Stream:
+    def submit(self, req: SimRequest) -> _Stream:
         seq_id = self.engine.submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos)
         st = _Stream(seq_id, req.prompt_tokens, arrival=self.clock())
         self._streams[seq_id] = st
@@ -291,163 +239,10 @@ class _Runtime:
 RUNTIME: Final = web.AppKey("soakd_sim_runtime", _Runtime)
 
 
-# -- request parsing ------------------------------------------------------------------
-
-
-def _count_words(text: str) -> int:
-    return len(text.split())
-
-
-def _chat_prompt_tokens(body: dict[str, Any]) -> int:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _ApiError(400, "BadRequestError", "messages must be a non-empty list", "messages")
-    words = 0
-    for msg in messages:
-        if not isinstance(msg, dict):
-            raise _ApiError(400, "BadRequestError", "each message must be an object", "messages")
-        content = msg.get("content")
-        if isinstance(content, str):
-            words += _count_words(content)
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    words += _count_words(part["text"])
-        elif content is not None:
-            raise _ApiError(400, "BadRequestError", "message content must be text", "messages")
-    return max(1, words)  # a chat template always adds some tokens
-
-
-def _completion_prompt_tokens(body: dict[str, Any]) -> int:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        return max(1, _count_words(prompt))
-    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-        return len(prompt)  # token ids
-    raise _ApiError(
-        400, "BadRequestError", "prompt must be a string or a list of token ids", "prompt"
-    )
-
-
-def _parse(body: object, chat: bool, profile: Profile, model: str) -> _Request:
-    if not isinstance(body, dict):
-        raise _ApiError(400, "BadRequestError", "request body must be a JSON object")
-    asked_model = body.get("model")
-    if asked_model is not None and asked_model != model:
-        raise _ApiError(404, "NotFoundError", f"The model `{asked_model}` does not exist.")
-    n = body.get("n", 1)
-    if n not in (1, None):
-        raise _ApiError(400, "BadRequestError", "the simulator serves n=1 only", "n")
-    stream = body.get("stream") is True
-    options = body.get("stream_options")
-    if options is not None and not stream:
-        raise _ApiError(
-            400,
-            "BadRequestError",
-            "Stream options can only be defined when `stream=True`.",
-            "stream_options",
-        )
-    include_usage = isinstance(options, dict) and options.get("include_usage") is True
-
-    prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
-    limit = profile.max_model_len
-    if prompt_tokens >= limit:
-        raise _ApiError(
-            400,
-            "BadRequestError",
-            f"This model's maximum context length is {limit} tokens. However, your prompt "
-            f"contains {prompt_tokens} input tokens, which exceeds this limit even without "
-            "any output tokens. Please reduce the length of the input prompt.",
-            "input_tokens",
-        )
-    requested = body.get("max_completion_tokens") if chat else None
-    if requested is None:
-        requested = body.get("max_tokens")
-    if requested is not None:
-        if type(requested) is not int or requested < 1:
-            raise _ApiError(
-                400, "BadRequestError", f"max_tokens must be at least 1, got {requested}.",
-                "max_tokens",
-            )  # fmt: skip
-        if requested > limit:
-            raise _ApiError(
-                400,
-                "BadRequestError",
-                f"max_tokens={requested} cannot be greater than max_model_len={limit}. "
-                "Please request fewer output tokens.",
-                "max_tokens",
-            )
-    # vLLM clamps the output to what is left of the context.
-    max_tokens = min(requested or limit, limit - prompt_tokens)
-    return _Request(
-        chat=chat,
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        stream=stream,
-        include_usage=include_usage,
-        ignore_eos=body.get("ignore_eos") is True,
-    )
-
-
-# -- responses ------------------------------------------------------------------------
-
-
-class _Frames:
-    """Pre-rendered SSE frames of one response: per token only the word changes.
-
-    The JSON is what vLLM 0.32 writes (``model_dump_json(exclude_unset=True)``).
-    """
-
-    def __init__(self, chat: bool, request_id: str, created: int, model: str) -> None:
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        head = json.dumps(
-            {"id": request_id, "object": obj, "created": created, "model": model},
-            separators=(",", ":"),
-        )[:-1]
-        self.head = head
-        if chat:
-            self.role: bytes = (
-                f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant",'
-                '"content":""},"logprobs":null,"finish_reason":null}],'
-                '"prompt_token_ids":null,"prompt_text":null}\n\n'
-            ).encode()
-            self._pre = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'
-            self._open = '},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
-            self._close = (
-                '},"logprobs":null,"finish_reason":"',
-                '","stop_reason":null,"token_ids":null}]}\n\n',
-            )
-        else:
-            self.role = b""
-            self._pre = f'data: {head},"choices":[{{"index":0,"text":'
-            self._open = (
-                ',"logprobs":null,"finish_reason":null,"stop_reason":null,'
-                '"prompt_token_ids":null,"token_ids":null}]}\n\n'
-            )
-            self._close = (
-                ',"logprobs":null,"finish_reason":"',
-                '","stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n',
-            )
-
-    def token(self, word: int, finish: str | None) -> str:
-        if finish is None:
-            return self._pre + _VOCAB_JSON[word] + self._open
-        return self._pre + _VOCAB_JSON[word] + self._close[0] + finish + self._close[1]
-
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        total = prompt_tokens + completion_tokens
-        return (
-            f'data: {self.head},"choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
-            f'"total_tokens":{total},"completion_tokens":{completion_tokens}}}}}\n\n'
-        ).encode()
-
-
 async def _stream_response(
-    request: web.Request, rt: _Runtime, st: _Stream, req: _Request, frames: _Frames
+    request: web.Request, rt: _Runtime, st: _Stream, req: SimRequest, frames: Frames
 ) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": _SSE_CONTENT_TYPE})
+    resp = web.StreamResponse(headers={"Content-Type": SSE_CONTENT_TYPE})
     await resp.prepare(request)
     sent = 0
     try:
@@ -462,7 +257,7 @@ async def _stream_response(
                 ok_finish = st.finish if st.finish in ("stop", "length") else None
                 for i in range(sent, ready):
                     finish = ok_finish if done and i == ready - 1 else None
-                    parts.append(frames.token(_word(st.seq_id, i), finish).encode())
+                    parts.append(frames.token(word(st.seq_id, i), finish).encode())
                 await resp.write(b"".join(parts))
                 # Counted once written, so the counter equals what clients received.
                 rt.metrics.generation_tokens.inc(ready - sent)
@@ -470,59 +265,32 @@ async def _stream_response(
             if done:
                 break
         if st.finish == "error":
-            error = _error_body(500, "InternalServerError", "Internal server error")
-            await resp.write(f"data: {error}\n\n".encode() + _DONE)
+            error = error_body(500, "InternalServerError", "Internal server error")
+            await resp.write(f"data: {error}\n\n".encode() + DONE)
         else:
             tail = frames.usage(st.prompt_tokens, sent) if req.include_usage else b""
-            await resp.write(tail + _DONE)
+            await resp.write(tail + DONE)
         await resp.write_eof()
     except ConnectionResetError:
         log.debug("sim_client_gone", seq_id=st.seq_id, sent=sent)
     return resp
 
 
-async def _full_response(rt: _Runtime, st: _Stream, req: _Request, request_id: str) -> web.Response:
+async def _full_response(
+    rt: _Runtime, st: _Stream, req: SimRequest, request_id: str
+) -> web.Response:
     while st.finish is None:
         st.wake.clear()
         await st.wake.wait()
     if st.finish == "error":
-        return _error_response(500, "InternalServerError", "Internal server error")
+        return error_response(500, "InternalServerError", "Internal server error")
     n = st.ready
-    text = "".join(_VOCAB[_word(st.seq_id, i)] for i in range(n))
-    usage = {
-        "prompt_tokens": st.prompt_tokens,
-        "total_tokens": st.prompt_tokens + n,
-        "completion_tokens": n,
-        "prompt_tokens_details": None,
-        "completion_tokens_details": None,
-    }
-    if req.chat:
-        message = {
-            "role": "assistant",
-            "content": text,
-            "refusal": None,
-            "annotations": None,
-            "audio": None,
-            "function_call": None,
-            "reasoning": None,
-        }
-        choice: dict[str, Any] = {"index": 0, "message": message}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text}
-        obj = "text_completion"
-    choice |= {"logprobs": None, "finish_reason": st.finish, "stop_reason": None, "token_ids": None}
-    body = {
-        "id": request_id,
-        "object": obj,
-        "created": int(time.time()),
-        "model": rt.model,
-        "choices": [choice],
-        "service_tier": None,
-        "system_fingerprint": None,
-        "usage": usage,
-        "kv_transfer_params": None,
-    }
+    text = "".join(VOCAB[word(st.seq_id, i)] for i in range(n))
+    created = int(time.time())
+    finish = st.finish
+    body = completion_body(
+        req.chat, request_id, created, rt.model, text, finish, st.prompt_tokens, n
+    )
     rt.metrics.generation_tokens.inc(n)
     return web.json_response(body)
 
@@ -532,10 +300,10 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     try:
         body = await request.json()
     except ValueError:
-        return _error_response(400, "BadRequestError", "JSON decode error")
+        return error_response(400, "BadRequestError", "JSON decode error")
     try:
-        req = _parse(body, chat, rt.profile, rt.model)
-    except _ApiError as exc:
+        req = parse(body, chat, rt.profile, rt.model)
+    except ApiError as exc:
         return exc.response()
     del body
     refused = rt.refuse()
@@ -545,7 +313,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     st = rt.submit(req)
     try:
         if req.stream:
-            frames = _Frames(chat, request_id, int(time.time()), rt.model)
+            frames = Frames(chat, request_id, int(time.time()), rt.model)
             return await _stream_response(request, rt, st, req, frames)
         return await _full_response(rt, st, req, request_id)
     finally:

@@ -7,18 +7,14 @@ records named instants into the Outcome as bytes arrive. Every failure is data
 Secrets: the API key lives in the session's default headers and in a ``SecretStr``
 used to scrub; no repr, log line, exception text or ``error_detail`` carries it, and
 error details are built from sanitized fields (OpenAI ``error.type``/``code``),
-never from a body or an exception message.
+never from a body or an exception message (``errors.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import re
-import ssl
 import time
-from collections.abc import Callable, Mapping
-from email.utils import parsedate_to_datetime
+from collections.abc import Callable
 from json import dumps, loads
 from types import SimpleNamespace
 from typing import Any, Final
@@ -33,20 +29,24 @@ from aiohttp import (
     TCPConnector,
     TraceConfig,
 )
-from aiohttp.helpers import get_env_proxy_for_url
 from pydantic import SecretStr
 from yarl import URL
 
 from soakd import __version__
-from soakd.config import ConfigError, TargetConfig
-from soakd.model import (
-    GATEWAY_ORIGIN_HEADER,
-    SHED_BY_CODE,
-    ErrorKind,
-    Outcome,
-    RequestSpec,
+from soakd.config import TargetConfig
+from soakd.model import GATEWAY_ORIGIN_HEADER, ErrorKind, Outcome, RequestSpec
+from soakd.net import env_proxy
+from soakd.targets.errors import (
+    clean,
+    client_error,
+    error_fields,
+    exc_name,
+    redact,
+    retry_after,
+    status_kind,
 )
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
+from soakd.targets.stream import Fault, StreamParser, apply_usage, idle_cut
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
 
@@ -60,130 +60,8 @@ DRAIN_GRACE_S: Final = 1.0
 """After ``[DONE]``, how long to wait for the body's end so the connection is reused."""
 
 _perf_ns = time.perf_counter_ns
-_OOM_WORDS = (b"out of memory", b"outofmemory")  # matched on the lower-cased body
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]+")
 # Keys soakd itself controls: extra_body must not desynchronize the parser or the prompt.
 _RESERVED = ("stream", "messages", "prompt")
-
-
-class _Fault(Exception):
-    """A response problem found while parsing: ends the read with this kind."""
-
-    def __init__(self, kind: ErrorKind, detail: str, *, oom: bool = False) -> None:
-        super().__init__(detail)
-        self.kind = kind
-        self.detail = detail
-        self.oom = oom
-
-
-def idle_cut(out: Outcome, idle_s: float | None, total_at: float) -> bool:
-    """Did the deadline that fired belong to the idle limit (not the total one)?"""
-    if idle_s is None or out.last_token_ns is None:
-        return False
-    return out.last_token_ns / 1e9 + idle_s < total_at
-
-
-class _StreamParser:
-    """Per-request state of one SSE stream: turns each ``data`` payload into Outcome
-    fields. Lives only during ``send``; keeps counters, never text."""
-
-    __slots__ = (
-        "armed",
-        "chat",
-        "choices_seen",
-        "cm",
-        "done",
-        "finished",
-        "idle_s",
-        "out",
-        "resched_at",
-        "total_at",
-    )
-
-    def __init__(
-        self,
-        out: Outcome,
-        chat: bool,
-        cm: asyncio.Timeout,
-        resched_at: float | None,
-        idle_s: float | None = None,
-        total_at: float = float("inf"),
-    ) -> None:
-        self.out = out
-        self.chat = chat
-        self.cm = cm
-        self.resched_at = resched_at  # the total deadline, applied at the first token
-        self.idle_s = idle_s  # after the first token: the deadline is min(total, last + idle)
-        self.armed = 0.0  # when the idle deadline was last moved (monotonic s)
-        self.total_at = total_at
-        self.done = False  # saw [DONE]
-        self.finished = False  # saw a finish_reason
-        self.choices_seen = False
-
-    def _rearm(self, now_ns: int) -> None:
-        """Move the idle deadline to ``now + idle``, capped by the total deadline.
-
-        Moved at most ten times per idle window (a timer re-armed per token would cost
-        more than the rest of the token's handling), so a silence is cut between 0.9 and
-        1.0 times ``idle`` after the last chunk. perf_counter and the loop's clock are
-        both CLOCK_MONOTONIC here."""
-        idle = self.idle_s
-        assert idle is not None
-        t = now_ns / 1e9
-        if t - self.armed >= idle * 0.1:
-            self.armed = t
-            self.cm.reschedule(min(self.total_at, t + idle))
-
-    def event(self, payload: str, now: int) -> None:
-        """Apply one event's payload received at ``now``; raises ``_Fault``."""
-        if self.done:
-            return  # nothing after [DONE] counts
-        if payload == "[DONE]":
-            self.done = True
-            return
-        if not payload:
-            return  # "data:" alone: a keep-alive some proxies send
-        try:
-            obj = loads(payload)
-        except ValueError:  # JSONDecodeError
-            raise _Fault(ErrorKind.BAD_CHUNK, "chunk is not JSON") from None
-        if type(obj) is not dict:
-            raise _Fault(ErrorKind.BAD_CHUNK, "chunk is not a JSON object")
-        try:
-            choices = obj.get("choices")
-            if choices:
-                self.choices_seen = True
-                c0 = choices[0]
-                if self.chat:
-                    d = c0.get("delta")
-                    text = d and (
-                        d.get("content") or d.get("reasoning_content") or d.get("reasoning")
-                    )
-                else:
-                    text = c0.get("text")
-                if text:
-                    out = self.out
-                    last = out.last_token_ns
-                    if last is None:
-                        out.first_token_ns = now
-                        if self.resched_at is not None:
-                            self.cm.reschedule(self.resched_at)  # ttft met: now the total
-                    else:
-                        out.itl_ns.append(now - last)
-                    if self.idle_s is not None:
-                        self._rearm(now)
-                    out.last_token_ns = now
-                    out.content_chunks += 1
-                if c0.get("finish_reason"):
-                    self.finished = True
-            elif obj.get("error") or obj.get("object") == "error":
-                oom, detail = _error_fields(payload.encode())
-                raise _Fault(ErrorKind.BAD_RESPONSE, f"stream error {detail}".rstrip(), oom=oom)
-            usage = obj.get("usage")
-            if usage:
-                _apply_usage(self.out, usage)
-        except (AttributeError, LookupError, TypeError):
-            raise _Fault(ErrorKind.BAD_CHUNK, "chunk has an unexpected shape") from None
 
 
 class OpenAITarget:
@@ -319,7 +197,7 @@ class OpenAITarget:
                     await self._read_stream(
                         resp,
                         out,
-                        _StreamParser(out, self._chat, cm, resched_at, self._idle_s, total_at),
+                        StreamParser(out, self._chat, cm, resched_at, self._idle_s, total_at),
                     )
                 else:
                     await self._read_json(resp, out)
@@ -341,9 +219,9 @@ class OpenAITarget:
             elif isinstance(exc, aiohttp.ServerTimeoutError):  # only sock_connect is set
                 self._fail(out, ErrorKind.TIMEOUT_CONNECT, "connect timed out")
             else:
-                self._fail(out, ErrorKind.CLIENT_ERROR, _exc_name(exc))
+                self._fail(out, ErrorKind.CLIENT_ERROR, exc_name(exc))
         except aiohttp.ClientError as exc:
-            kind, detail = _client_error(exc, out.status != 0)
+            kind, detail = client_error(exc, out.status != 0)
             self._fail(out, kind, detail)
         except Exception as exc:  # a bug or an unforeseen library error: still data
             self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
@@ -357,7 +235,7 @@ class OpenAITarget:
     # --- readers -------------------------------------------------------------------------
 
     async def _read_stream(
-        self, resp: aiohttp.ClientResponse, out: Outcome, p: _StreamParser
+        self, resp: aiohttp.ClientResponse, out: Outcome, p: StreamParser
     ) -> None:
         """The hot path: SSE events -> token instants. Keeps what arrived before a fault."""
         ctype = resp.content_type
@@ -386,9 +264,9 @@ class OpenAITarget:
         except aiohttp.ClientError as exc:
             out.end_ns = _perf_ns()
             if not p.finished:  # after a finish_reason the answer is whole
-                self._fail(out, ErrorKind.STREAM_TRUNCATED, f"{_exc_name(exc)} mid-stream")
+                self._fail(out, ErrorKind.STREAM_TRUNCATED, f"{exc_name(exc)} mid-stream")
             return
-        except (SSEError, _Fault) as exc:
+        except (SSEError, Fault) as exc:
             self._fail_parse(out, exc)
             return
         if not p.done:
@@ -398,7 +276,7 @@ class OpenAITarget:
             try:
                 for data in decoder.close():
                     event(data, now)
-            except (SSEError, _Fault):
+            except (SSEError, Fault):
                 if not p.finished:
                     self._fail(out, ErrorKind.STREAM_TRUNCATED, "cut inside an event")
                     return
@@ -440,7 +318,7 @@ class OpenAITarget:
             self._fail(out, ErrorKind.BAD_RESPONSE, "body is not a JSON object")
             return
         if obj.get("error") or obj.get("object") == "error":
-            out.oom, detail = _error_fields(body)
+            out.oom, detail = error_fields(body)
             self._fail(out, ErrorKind.BAD_RESPONSE, f"error body {detail}".rstrip())
             return
         try:
@@ -456,7 +334,7 @@ class OpenAITarget:
                 text = c0.get("text")
             usage = obj.get("usage")
             if usage:
-                _apply_usage(out, usage)
+                apply_usage(out, usage)
         except (AttributeError, LookupError, TypeError):
             self._fail(out, ErrorKind.BAD_RESPONSE, "body has an unexpected shape")
             return
@@ -472,22 +350,22 @@ class OpenAITarget:
         except aiohttp.ClientError:
             body = b""  # the status already says what happened
         out.end_ns = _perf_ns()
-        out.oom, fields = _error_fields(body)
+        out.oom, fields = error_fields(body)
         if status in (429, 503):
             out.retry_after_s = retry_after(resp.headers)
         from_guard = resp.headers.get(GATEWAY_ORIGIN_HEADER) == "gateway"
-        self._fail(out, _status_kind(status, fields, from_guard),
+        self._fail(out, status_kind(status, fields, from_guard),
                    f"http {status} {fields}".rstrip())
 
     async def _not_sse(self, resp: aiohttp.ClientResponse, out: Outcome, ctype: str) -> None:
         """A stream was asked for, something else came (often a JSON error with 200)."""
-        detail = f"expected text/event-stream, got {_clean(ctype)}"
+        detail = f"expected text/event-stream, got {clean(ctype)}"
         if ctype == "application/json":
             try:
                 body, _ = await _read_prefix(resp, ERROR_BODY_LIMIT, out)
             except aiohttp.ClientError:
                 body = b""
-            out.oom, fields = _error_fields(body)
+            out.oom, fields = error_fields(body)
             if fields:
                 detail = f"error body {fields}"
         out.end_ns = _perf_ns()
@@ -500,8 +378,8 @@ class OpenAITarget:
             out.error = kind
             out.error_detail = self._scrub(detail)
 
-    def _fail_parse(self, out: Outcome, exc: SSEError | _Fault) -> None:
-        if isinstance(exc, _Fault):
+    def _fail_parse(self, out: Outcome, exc: SSEError | Fault) -> None:
+        if isinstance(exc, Fault):
             out.oom = out.oom or exc.oom
             self._fail(out, exc.kind, exc.detail)
         elif isinstance(exc, SSELineTooLong):
@@ -527,8 +405,9 @@ async def open_target(cfg: TargetConfig) -> OpenAITarget:
     """Build the client for one target: read its key once, set up TLS, the proxy and
     the connection pool. Raises ConfigError (naming the setting, never the key)."""
     key = cfg.api_key()
-    ssl_arg = _ssl_context(cfg)
-    proxy, proxy_auth = await _proxy_for(cfg)
+    ssl_arg = cfg.ssl_context()
+    proxy, proxy_auth = (URL(cfg.proxy), None) if cfg.proxy is not None \
+        else await env_proxy(cfg.endpoint)
     headers = {
         "User-Agent": f"soakd/{__version__}",
         "Content-Type": "application/json",
@@ -588,40 +467,6 @@ async def _reused(_session: ClientSession, ctx: SimpleNamespace, _params: object
         attempt.reused = True
 
 
-def _ssl_context(cfg: TargetConfig) -> ssl.SSLContext | bool:
-    if not cfg.tls.verify:
-        return False
-    ca_file = cfg.tls.ca_file
-    try:
-        return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
-    except (OSError, ssl.SSLError) as exc:
-        why = getattr(exc, "strerror", None) or type(exc).__name__
-        raise ConfigError(
-            f"targets[{cfg.name}].tls.ca_file: cannot load {ca_file}: {why}"
-        ) from None
-
-
-async def _proxy_for(cfg: TargetConfig) -> tuple[URL | None, BasicAuth | None]:
-    """cfg.proxy, else HTTP(S)_PROXY / NO_PROXY (and ~/.netrc proxy auth) for the
-    endpoint, resolved once: the same answer trust_env would give per request."""
-    if cfg.proxy is not None:
-        return URL(cfg.proxy), None
-    try:
-        return await asyncio.to_thread(get_env_proxy_for_url, URL(cfg.endpoint))
-    except LookupError:
-        return None, None
-
-
-def _apply_usage(out: Outcome, usage: dict[str, Any]) -> None:
-    prompt = usage.get("prompt_tokens")
-    if type(prompt) is int:
-        out.prompt_tokens = prompt
-    completion = usage.get("completion_tokens")
-    if type(completion) is int:
-        out.output_tokens = completion
-        out.usage_reported = True
-
-
 async def _read_prefix(
     resp: aiohttp.ClientResponse, limit: int, out: Outcome
 ) -> tuple[bytes, bool]:
@@ -637,129 +482,3 @@ async def _read_prefix(
         parts.append(raw)
         size += len(raw)
     return b"".join(parts), False
-
-
-def _error_fields(body: bytes) -> tuple[bool, str]:
-    """(mentions out-of-memory, "type code") from an error body. Never the message:
-    it can echo the prompt or part of the key."""
-    low = body.lower()
-    oom = any(word in low for word in _OOM_WORDS)
-    try:
-        obj = loads(body)
-    except ValueError:
-        return oom, ""
-    if type(obj) is not dict:
-        return oom, ""
-    err = obj.get("error")
-    src = err if type(err) is dict else obj  # vLLM < 0.7 put type/code at the top level
-    parts = [_clean(src.get(k)) for k in ("type", "code")]
-    return oom, " ".join(p for p in parts if p)
-
-
-REDACT_WINDOW: Final = 8
-"""A word of a detail holding any this many consecutive characters of the key is masked."""
-
-
-def redact(text: str, key: str) -> str:
-    """``text`` without the key, whole or in part. A server that echoes the key in an
-    error's type or code gets it cut to 48 characters by ``_clean``: that prefix is no
-    longer the key, so plain replacement would let most of it through."""
-    if key in text:
-        text = text.replace(key, "***")
-    n = min(len(key), REDACT_WINDOW)
-    parts = {key[i : i + n] for i in range(len(key) - n + 1)}
-    if not any(p in text for p in parts):
-        return text
-    return " ".join("***" if any(p in w for p in parts) else w for w in text.split(" "))
-
-
-def _clean(value: object) -> str:
-    """A short token safe for logs: letters, digits and ``_.:/-`` only."""
-    if value is None or isinstance(value, dict | list):
-        return ""
-    return _UNSAFE.sub("", str(value))[:48]
-
-
-AUTH_ERROR_WORDS: Final = frozenset(
-    {"auth_error", "authentication_error", "invalid_api_key", "no_db_connection"}
-)
-"""Error ``type``/``code`` values that make a 400 an auth failure. ``no_db_connection`` is
-LiteLLM's answer to any key but its master key when it runs without a database (it
-cannot look the key up): in practice a wrong key (docs/gateway.md)."""
-
-
-def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` (OpenAI, Azure) or ``Retry-After``
-    (seconds or an HTTP date); None when absent or unreadable."""
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            value = float(ms) / 1000.0
-        except ValueError:
-            value = -1.0
-        if 0 <= value < 1e7:
-            return value
-    text = headers.get("Retry-After")
-    if text is None:
-        return None
-    text = text.strip()
-    if text.isdigit():
-        return float(text)
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - time.time())
-
-
-def _status_kind(status: int, fields: str = "", from_guard: bool = False) -> ErrorKind:
-    if from_guard and status in (429, 503):  # the guard's own refusal, by its error code
-        for word in fields.split():
-            shed = SHED_BY_CODE.get(word)
-            if shed is not None:
-                return shed
-    if status in (401, 403):
-        return ErrorKind.HTTP_AUTH
-    if status == 400 and fields and not AUTH_ERROR_WORDS.isdisjoint(fields.split()):
-        return ErrorKind.HTTP_AUTH
-    if status == 429:
-        return ErrorKind.HTTP_429
-    if status >= 500:
-        return ErrorKind.HTTP_5XX
-    if status >= 400:
-        return ErrorKind.HTTP_4XX
-    return ErrorKind.BAD_RESPONSE  # 3xx: redirects are not followed (the key stays put)
-
-
-def _exc_name(exc: BaseException) -> str:
-    return type(exc).__name__
-
-
-def _client_error(exc: aiohttp.ClientError, responded: bool) -> tuple[ErrorKind, str]:
-    """aiohttp's exception -> (kind, detail). Details are class names and errno names,
-    never ``str(exc)`` (it can hold URLs and request headers)."""
-    if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
-        return ErrorKind.CONNECT_ERROR, f"proxy: {_exc_name(exc)}"
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        return ErrorKind.CONNECT_ERROR, "tls certificate rejected"
-    if isinstance(exc, aiohttp.ClientSSLError):
-        return ErrorKind.CONNECT_ERROR, "tls handshake failed"
-    if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return ErrorKind.CONNECT_ERROR, "dns lookup failed"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        if isinstance(exc.os_error, ConnectionRefusedError):
-            return ErrorKind.CONNECT_REFUSED, "connection refused"
-        return ErrorKind.CONNECT_ERROR, _os_detail(exc.os_error)
-    if isinstance(exc, aiohttp.ClientResponseError):  # an unparsable HTTP response
-        return ErrorKind.BAD_RESPONSE, f"invalid http response: {_exc_name(exc)}"
-    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientConnectionError):
-        when = "after" if responded else "before"
-        return ErrorKind.STREAM_TRUNCATED, f"{_exc_name(exc)} {when} response headers"
-    return ErrorKind.CLIENT_ERROR, _exc_name(exc)
-
-
-def _os_detail(err: OSError) -> str:
-    code = errno.errorcode.get(err.errno or 0)
-    return f"connect failed: {code or type(err).__name__}"

@@ -22,9 +22,7 @@ from __future__ import annotations
 import math
 import random
 
-from soakd.model import LoadShape
-
-NS = 1_000_000_000
+from soakd.model import NS_PER_S, LoadShape
 
 
 def arrivals(shape: LoadShape, duration_ns: int, rng: random.Random) -> Arrivals:
@@ -54,7 +52,7 @@ class Arrivals:
         self._rng = rng
         self._s = 0.0  # the last point (random shapes)
         self._k = 0  # the next index (constant)
-        seconds = max(0, duration_ns) / NS
+        seconds = max(0, duration_ns) / NS_PER_S
         if shape.mode == "ramp":
             r0, r1 = max(0.0, shape.rate), max(0.0, shape.rate_end)
             self._rate = r0
@@ -65,7 +63,7 @@ class Arrivals:
             self._a = 0.0
             self._expected = self._rate * seconds
         self._done = duration_ns <= 0 or self._expected <= 0
-        self._gap = NS / self._rate if shape.mode == "constant" and self._rate > 0 else 0.0
+        self._gap = NS_PER_S / self._rate if shape.mode == "constant" and self._rate > 0 else 0.0
         self._k_end = self._first_k(duration_ns) if self._gap else 0
 
     def __iter__(self) -> Arrivals:
@@ -86,7 +84,7 @@ class Arrivals:
         if self._s >= self._expected:
             self._done = True
             raise StopIteration
-        offset = int(self._offset_s(self._s) * NS)
+        offset = int(self._offset_s(self._s) * NS_PER_S)
         if offset >= self._duration:  # float rounding at the very end
             self._done = True
             raise StopIteration
@@ -101,7 +99,7 @@ class Arrivals:
             k = min(self._k_end, max(self._k, self._first_k(offset_ns)))
             skipped, self._k = k - self._k, k
             return skipped
-        target = min(self._expected, self._cumulative(min(offset_ns, self._duration) / NS))
+        target = min(self._expected, self._cumulative(min(offset_ns, self._duration) / NS_PER_S))
         if target <= self._s:
             return 0
         skipped = poisson_count(target - self._s, self._rng)
@@ -144,7 +142,7 @@ def poisson_count(mean: float, rng: random.Random) -> int:
 
 def expected_count(shape: LoadShape, duration_ns: int) -> float:
     """How many arrivals a phase should hold on average (for plan summaries and tests)."""
-    seconds = max(0, duration_ns) / NS
+    seconds = max(0, duration_ns) / NS_PER_S
     if shape.mode in ("constant", "poisson"):
         return shape.rate * seconds
     if shape.mode == "ramp":

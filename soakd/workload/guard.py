@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Final, Protocol
 
@@ -22,6 +21,7 @@ import structlog
 
 from soakd.config import RateLimit, SpendGuard
 from soakd.model import ErrorKind, Outcome
+from soakd.sliding import SlidingCount
 
 log = structlog.get_logger()
 
@@ -47,58 +47,6 @@ class GuardGauges(Protocol):
     def cap_hit(self, cap: str) -> None: ...
 
 
-class SlidingCount:
-    """Requests and tokens of the last ``span_s`` seconds, in fixed buckets (bounded memory)."""
-
-    def __init__(self, span_s: float = HOUR_S, buckets: int = BUCKETS_PER_HOUR) -> None:
-        self.span_s = span_s
-        self.width_s = span_s / buckets
-        self._buckets: deque[list[float]] = deque()  # [start, requests, tokens]
-        self.requests = 0.0
-        self.tokens = 0.0
-
-    def add(self, now: float, requests: float = 0.0, tokens: float = 0.0) -> None:
-        self._prune(now)
-        start = math.floor(now / self.width_s) * self.width_s
-        if not self._buckets or self._buckets[-1][0] != start:
-            self._buckets.append([start, 0.0, 0.0])
-        bucket = self._buckets[-1]
-        bucket[1] += requests
-        bucket[2] += tokens
-        self.requests += requests
-        self.tokens += tokens
-
-    def totals(self, now: float) -> tuple[float, float]:
-        self._prune(now)
-        return self.requests, self.tokens
-
-    def peek(self, now: float) -> tuple[float, float]:
-        """``totals`` without pruning: safe to call from another thread (the exporter's)."""
-        live = [b for b in list(self._buckets) if b[0] + self.width_s + self.span_s > now]
-        return sum(b[1] for b in live), sum(b[2] for b in live)
-
-    def below_at(self, now: float, cap: float, index: int) -> float:
-        """The earliest instant at which the count (1: requests, 2: tokens) is below ``cap``,
-        as old buckets leave the window (``now`` when it already is)."""
-        self._prune(now)
-        total = self.requests if index == 1 else self.tokens
-        for bucket in self._buckets:
-            if total < cap:
-                break
-            total -= bucket[index]
-            now = max(now, bucket[0] + self.width_s + self.span_s)
-        return now
-
-    def _prune(self, now: float) -> None:
-        buckets = self._buckets
-        while buckets and buckets[0][0] + self.width_s + self.span_s <= now:
-            _, requests, tokens = buckets.popleft()
-            self.requests -= requests
-            self.tokens -= tokens
-        if not buckets:
-            self.requests = self.tokens = 0.0  # no float residue
-
-
 class TargetGuard:
     """When one target may be sent to. See the module docstring."""
 
@@ -120,7 +68,7 @@ class TargetGuard:
         self._gauges = gauges
         self._on_event = on_event
         self._clock = clock
-        self.hour = SlidingCount()
+        self.hour = SlidingCount(HOUR_S, BUCKETS_PER_HOUR)  # requests, tokens
         self.requests = 0  # sent, whole run
         self.tokens = 0  # prompt + output, whole run
         self._rate_until = 0.0  # honouring a Retry-After until this instant
@@ -147,7 +95,7 @@ class TargetGuard:
 
     def sent(self) -> None:
         self.requests += 1
-        self.hour.add(self._clock(), requests=1)
+        self.hour.add(self._clock(), 1.0, 0.0)
 
     @property
     def pause_reason(self) -> str:
@@ -176,7 +124,7 @@ class TargetGuard:
         tokens = (outcome.prompt_tokens or 0) + outcome.output_tokens
         if tokens:
             self.tokens += tokens
-            self.hour.add(now, tokens=tokens)
+            self.hour.add(now, 0.0, tokens)
         error = outcome.error
         if error is ErrorKind.HTTP_AUTH:
             self._auth_failed(outcome, now)
@@ -196,11 +144,11 @@ class TargetGuard:
             return math.inf, "tokens"
         at, cap = now, None
         if s.max_requests_per_hour is not None:
-            free = self.hour.below_at(now, s.max_requests_per_hour, 1)
+            free = self.hour.below_at(now, s.max_requests_per_hour, 0)
             if free > at:
                 at, cap = free, "requests_per_hour"
         if s.max_tokens_per_hour is not None:
-            free = self.hour.below_at(now, s.max_tokens_per_hour, 2)
+            free = self.hour.below_at(now, s.max_tokens_per_hour, 1)
             if free > at:
                 at, cap = free, "tokens_per_hour"
         return at, cap

@@ -17,10 +17,9 @@ from datetime import UTC, datetime, timedelta
 from apscheduler.triggers.cron import CronTrigger
 
 from soakd.config import Config, ConfigError, Load, PhaseConfig, format_duration
-from soakd.model import LoadShape, Phase, Plan
+from soakd.model import NS_PER_S, LoadShape, Phase, Plan
 from soakd.workload.arrivals import expected_count
 
-NS = 1_000_000_000
 MAX_PHASES = 100_000  # a looped plan of tiny phases would otherwise fill memory
 _DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _DOW_NUMERIC = re.compile(r"(\*|\d+(?:-\d+)?)(?:/(\d+))?")
@@ -40,7 +39,7 @@ def load_shape(load: Load, max_connections: int = 0) -> LoadShape:
         rate=load.rate,
         rate_end=rate_end,
         max_in_flight=load.max_in_flight or max_connections,
-        max_lateness_ns=round(load.max_lateness * NS),
+        max_lateness_ns=round(load.max_lateness * NS_PER_S),
     )
 
 
@@ -102,7 +101,7 @@ def build_plan(
     if rehearse_s is not None:
         if rehearse_s <= 0:
             raise ConfigError(f"--rehearse: must be above zero, got {rehearse_s:g}s")
-        scale = rehearse_s * NS / t
+        scale = rehearse_s * NS_PER_S / t
         bounds = [(pc, round(a * scale), round(b * scale)) for pc, a, b in bounds]
 
     shapes = {pc.name: _shapes(cfg, pc) for pc in cfg.phases}
@@ -161,7 +160,7 @@ def describe_plan(plan: Plan, cfg: Config, max_rows: int = 60) -> str:
 
     lines = [_table(header, rows)]
     configured = plan.duration_ns / plan.scale
-    summary = f"total: {format_duration(configured / NS)} in {len(phases)} phase(s)"
+    summary = f"total: {format_duration(configured / NS_PER_S)} in {len(phases)} phase(s)"
     if cfg.run.loop:
         summary += " (looped)"
     lines.append(summary)
@@ -193,11 +192,11 @@ def _cap_ns(cfg: Config, duration_cap_s: float | None) -> int | None:
     if cfg.run.duration is not None:
         if cfg.run.duration <= 0:
             raise ConfigError(f"run.duration: must be above zero, got {cfg.run.duration:g}s")
-        caps.append(round(cfg.run.duration * NS))
+        caps.append(round(cfg.run.duration * NS_PER_S))
     if duration_cap_s is not None:
         if duration_cap_s <= 0:
             raise ConfigError(f"--duration: must be above zero, got {duration_cap_s:g}s")
-        caps.append(round(duration_cap_s * NS))
+        caps.append(round(duration_cap_s * NS_PER_S))
     return min(caps) if caps else None
 
 
@@ -213,7 +212,7 @@ def _phase_ns(pc: PhaseConfig, begins: datetime) -> int:
     """The phase's length when it begins at the calendar instant ``begins``."""
     if pc.until is None:
         assert pc.duration is not None  # the config model guarantees one of them
-        return round(pc.duration * NS)
+        return round(pc.duration * NS_PER_S)
     where = f"phases[{pc.name}].until"
     text = pc.until.strip()
     if _is_cron(text):
@@ -282,7 +281,7 @@ def _td_ns(delta: timedelta) -> int:
 
 
 def _dur(ns: float) -> str:
-    seconds = ns / NS
+    seconds = ns / NS_PER_S
     return format_duration(float(f"{seconds:.3g}") if seconds < 60 else seconds)
 
 

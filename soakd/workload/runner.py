@@ -93,6 +93,7 @@ class Runner:
         self._drivers: set[asyncio.Task[None]] = set()  # open-loop dispatchers
         self._requests: set[asyncio.Task[Any]] = set()  # requests and closed-loop workers
         self._gates = dict(gates or {})  # spend caps and Retry-After pauses, per target
+        self.failures: dict[str, int] = {}  # tasks that died of an exception, per target
 
     # --- clock --------------------------------------------------------------------------
 
@@ -213,20 +214,47 @@ class Runner:
         if shape.mode in ("constant", "poisson", "ramp"):
             self._spawn(self._drivers, self._open_loop(name, shape, phase))
 
-    def _spawn(self, into: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any]) -> None:
+    def _spawn(
+        self, into: set[asyncio.Task[Any]], coro: Coroutine[Any, Any, Any]
+    ) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         into.add(task)
         task.add_done_callback(into.discard)
+        return task
 
     async def _grow(self, name: str, pool: _Pool) -> None:
         """Start the pool's missing workers, a batch per loop turn. Only the missing ones:
         those still finishing the previous phase's request carry on, so concurrency never
         overshoots at a boundary."""
         while pool.workers < pool.want and not self.stopping:
-            pool.workers += 1
-            self._spawn(self._requests, self._closed_worker(name, pool))
+            self._start_worker(name, pool)
             if pool.workers % SPAWN_BATCH == 0:
                 await asyncio.sleep(0)
+
+    def _start_worker(self, name: str, pool: _Pool) -> None:
+        pool.workers += 1
+        task = self._spawn(self._requests, self._closed_worker(name, pool))
+        task.add_done_callback(partial(self._worker_done, name, pool))
+
+    def _worker_done(self, name: str, pool: _Pool, task: asyncio.Task[Any]) -> None:
+        """The supervisor: a closed-loop worker that died of an exception (a sink that
+        raised, a target that broke its contract) is logged and replaced at once, so the
+        pool keeps its concurrency. A done callback, so the hot path pays nothing."""
+        if task.cancelled() or task.exception() is None:
+            return
+        self._failed(name, "worker_failed", task)
+        if not self.stopping and pool.phase is not None and pool.workers < pool.want:
+            self._start_worker(name, pool)
+
+    def _failed(self, name: str, event: str, task: asyncio.Task[Any]) -> None:
+        """Log a task's exception: the first per target with its traceback, then one line
+        at each power of two (a sink that fails on every outcome must not flood the log)."""
+        n = self.failures[name] = self.failures.get(name, 0) + 1
+        exc = task.exception()
+        if n == 1:
+            log.error(event, target=name, failures=n, exc_info=exc)
+        elif n & (n - 1) == 0:
+            log.error(event, target=name, failures=n, error=f"{type(exc).__name__}: {exc}")
 
     def _send(self, name: str, spec: RequestSpec) -> None:
         """Spawn one open-loop request; it counts as in flight from here (the cap is
@@ -239,6 +267,8 @@ class Runner:
     def _sent_done(self, name: str, task: asyncio.Task[Any]) -> None:
         self._requests.discard(task)
         self._busy[name] -= 1
+        if not task.cancelled() and task.exception() is not None:
+            self._failed(name, "request_failed", task)  # retrieved: never lost unseen
 
     def _spec(self, name: str, phase: Phase, scheduled_ns: int) -> RequestSpec:
         seq = self._seq[name]

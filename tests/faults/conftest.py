@@ -19,6 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from soakd.spawn import die_with_parent
 from tests.hostile_server import HostileServer, serve_hostile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,6 +137,7 @@ def start_soakd(
         text=True,
         env={**os.environ, **(env or {})},
         cwd=ROOT,
+        preexec_fn=die_with_parent,  # a killed pytest leaves no soakd behind
     )
 
 

@@ -13,7 +13,7 @@ import structlog
 from soakd import logs
 from soakd.config import ConfigError, config_from_dict, parse_duration
 from soakd.model import Outcome, RequestSpec
-from soakd.targets.openai import redact
+from soakd.targets.errors import redact
 from soakd.targets.sse import SSEDecoder, SSELineTooLong
 from soakd.workload.plan import build_plan
 from soakd.workload.prompts import make_prompt_source

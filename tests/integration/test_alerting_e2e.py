@@ -63,7 +63,8 @@ from prometheus_client import (
 )
 
 from soakd.config import AlertLimits, Slo
-from soakd.metrics import THROTTLE_REASONS, GatewayMetrics, Metrics, ProbeMetrics
+from soakd.gateway.metrics import GatewayMetrics
+from soakd.metrics import THROTTLE_REASONS, Metrics, ProbeMetrics
 from soakd.probes.gateways import GatewayExport
 
 try:

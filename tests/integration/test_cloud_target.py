@@ -17,7 +17,7 @@ from aiohttp import web
 from soakd.config import TargetConfig
 from soakd.model import ErrorKind, RequestSpec
 from soakd.targets import open_target
-from soakd.targets.openai import retry_after
+from soakd.targets.errors import retry_after
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(20)]
 

@@ -22,6 +22,7 @@ from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
 from soakd.export import export
 from soakd.report import write_report
+from soakd.spawn import die_with_parent
 from tests.litellm_proxy import SETUP_HINT, LiteLLM, litellm_ready, run_litellm
 from tests.vllm_server import VllmServer, free_port, sum_samples
 
@@ -54,6 +55,7 @@ def doomed_sim() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "soakd", "sim", "--port", str(port), "--profile", "edge-4gb",
          "--model", "doomed"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        preexec_fn=die_with_parent,
     )  # fmt: skip
     yield proc, f"http://127.0.0.1:{port}"
     if proc.poll() is None:

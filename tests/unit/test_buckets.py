@@ -97,3 +97,39 @@ def test_a_value_on_a_bound_counts_in_that_bucket_as_prometheus_does() -> None:
     observe(hists, ("k", "t"), bounds, [0.1])
     observe(hists, ("k", "t"), bounds, [0.05, 0.5, 0.7, 1.0, 2.0])
     assert hists[("k", "t")] == ([2, 1, 2, 1], 0.1 + (0.05 + 0.5 + 0.7 + 1.0 + 2.0))
+
+
+def test_bucket_histogram_exposes_what_a_prometheus_histogram_would() -> None:
+    """The per-token ITL histogram is counted outside prometheus_client (no lock, one
+    bisect a value); a scrape must read exactly what client_python's Histogram writes."""
+    from prometheus_client import CollectorRegistry
+
+    from soakd.buckets import BucketHistogram
+    from soakd.metrics import ITL_BUCKETS
+
+    rng = random.Random(7)
+    gaps_ns = [rng.randrange(0, 3_000_000_000) for _ in range(5000)]
+    gaps_ns += [round(b * 1e9) for b in ITL_BUCKETS]  # on the bounds, and past the last
+    gaps_ns += [0, 10_000_000_000]
+    ref_reg, our_reg = CollectorRegistry(), CollectorRegistry()
+    ref = Histogram("x_seconds", "doc", ["target"], buckets=ITL_BUCKETS, registry=ref_reg)
+    ours = BucketHistogram("x_seconds", "doc", ["target"], ITL_BUCKETS, registry=our_reg)
+    for target, share in (("a", gaps_ns[::2]), ("b", gaps_ns[1::2])):
+        for g in share:
+            ref.labels(target).observe(g * 1e-9)
+        ours.labels(target).observe_ns(share[:-3])
+        for g in share[-3:]:
+            ours.labels(target).observe(g * 1e-9)
+    ours.labels("idle")
+    ref.labels("idle")
+
+    def lines(reg: CollectorRegistry) -> list[str]:
+        text = generate_latest(reg).decode()
+        return [ln for ln in text.splitlines() if "_created" not in ln and "_sum" not in ln]
+
+    assert lines(our_reg) == lines(ref_reg)
+    get_ref, get_ours = ref_reg.get_sample_value, our_reg.get_sample_value
+    for target in ("a", "b", "idle"):
+        want = get_ref("x_seconds_sum", {"target": target})
+        assert want is not None
+        assert abs((get_ours("x_seconds_sum", {"target": target}) or 0) - want) <= 1e-6

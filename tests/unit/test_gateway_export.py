@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.metrics import GatewayMetrics
+from soakd.gateway.metrics import GatewayMetrics
 from soakd.probes.gateways import export_gateways
 
 

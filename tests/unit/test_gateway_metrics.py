@@ -7,7 +7,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from soakd.metrics import GATEWAY_REJECTIONS, GatewayMetrics, GuardMetrics
+from soakd.gateway.metrics import GATEWAY_REJECTIONS, GatewayMetrics
+from soakd.metrics import GuardMetrics
 
 DOCS = Path(__file__).parents[2] / "docs" / "metrics.md"
 

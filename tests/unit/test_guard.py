@@ -12,7 +12,8 @@ from structlog.testing import capture_logs
 from soakd.config import RateLimit, SpendGuard
 from soakd.metrics import GuardMetrics
 from soakd.model import ErrorKind, Outcome
-from soakd.workload.guard import SlidingCount, TargetGuard
+from soakd.sliding import SlidingCount
+from soakd.workload.guard import TargetGuard
 
 
 class Clock:
@@ -128,10 +129,10 @@ def test_hourly_token_cap() -> None:
 def test_sliding_count_prunes_and_is_bounded() -> None:
     c = SlidingCount(span_s=100.0, buckets=10)
     for t in range(1000):
-        c.add(float(t), requests=1)
+        c.add(float(t), 1.0)
     assert c.totals(999.0)[0] <= 110  # ~the last 100 s, never less
     assert c.totals(999.0)[0] >= 100
-    assert len(c._buckets) <= 12
+    assert len(c) <= 12
     assert c.totals(5000.0) == (0.0, 0.0)
 
 

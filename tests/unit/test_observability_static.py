@@ -1,6 +1,6 @@
 """The observability bundle, checked without running it: promtool and amtool accept the
-shipped files, every alert has unit tests, every metric name exists, the dashboards are
-what grafana/build.py builds.
+shipped files, every alert has unit tests, the dashboards are what grafana/build.py builds
+(that every metric name they read exists: tests/unit/test_metric_names.py).
 
 Needs promtool and amtool (scripts/setup-prometheus.sh); skipped without them, except in
 CI (``CI`` set), where a missing tool fails the test.
@@ -192,50 +192,8 @@ def test_metric_name_lexer() -> None:
     assert obs.metric_names(expr) == {"a_total", "b_limit", "c:rec:ratio", "vllm:x_bucket"}
 
 
-def test_every_metric_name_exists() -> None:
-    soakd = obs.soakd_sample_names()
-    recorded = {r["record"] for r in obs.recording_rules()}
-    external = obs.external_metric_names()
-    allowed = soakd | recorded | set(external)
-    used: dict[str, str] = {}
-    for rule in obs.alert_rules() + obs.recording_rules():
-        for name in obs.metric_names(rule["expr"]):
-            used.setdefault(name, f"rule {rule.get('alert') or rule.get('record')}")
-    for query in obs.dashboard_queries():
-        for name in obs.metric_names(query.expr):
-            used.setdefault(name, f"panel {query}")
-    for dashboard, query in obs.dashboard_variable_queries():
-        used.setdefault(obs.label_values_metric(query), f"variable of {dashboard}")
-    unknown = {name: where for name, where in used.items() if name not in allowed}
-    assert not unknown, "metric names that nobody exports:\n" + "\n".join(
-        f"  {name}  ({where})" for name, where in sorted(unknown.items())
-    )
-    unused = set(external) - set(used)
-    assert not unused, f"listed in {obs.EXTERNAL_METRICS.name} but used nowhere: {unused}"
-    # the soakd names in use are the documented ones
-    documented = (obs.ROOT / "docs" / "metrics.md").read_text()
-    engine = {
-        n
-        for n in used
-        if n in soakd
-        and not n.startswith("soakd_gpu_")
-        and not n.startswith(("soakd_target_", "soakd_server_"))
-    }
-    for name in engine:
-        base = re.sub(r"_(bucket|sum|count|created|info)$", "", name)
-        assert base in documented or base.removesuffix("_total") in documented, name
-
-
-def test_vllm_names_match_the_reference_capture() -> None:
-    capture = (obs.ROOT / "tests" / "data" / "vllm-0.32-cpu-metrics.txt").read_text()
-    exposed = {
-        line.split("{")[0].split()[0]
-        for line in capture.splitlines()
-        if line and not line.startswith("#")
-    }
-    vllm = {n for n, section in obs.external_metric_names().items() if section == "vllm"}
-    assert vllm, "no vLLM names listed"
-    assert vllm <= exposed, vllm - exposed
+# test_every_metric_name_exists: tests/unit/test_metric_names.py (with the probes' and the
+# report's names, and vLLM's reference capture)
 
 
 # --- dashboards ------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+import structlog
 
 from soakd.model import ErrorKind, LoadShape, Outcome, Phase, Plan, RequestSpec
 from soakd.workload.prompts import PromptSource
@@ -161,3 +162,48 @@ async def test_closed_loop_backs_off_from_a_dead_target() -> None:
     # 50 + 100 + 200 ms pauses fit in 0.5 s: a handful of probes per worker, not thousands
     assert 4 <= len(sink.outcomes) <= 12
     assert all(o.error == ErrorKind.CONNECT_REFUSED for o in sink.outcomes)
+
+
+class FailingSink(Sink):
+    """Raises on its ``fail_at``-th outcome (a bug in a reader), records the others."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+        self.seen = 0
+
+    def record(self, outcome: Outcome) -> None:
+        self.seen += 1
+        if self.seen == self.fail_at:
+            raise RuntimeError("sink bug")
+        self.outcomes.append(outcome)
+
+
+class CountingTarget(FakeTarget):
+    """Remembers how many requests were in flight when each one was sent."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, delay_s=0.01)
+        self.active_at_send: list[int] = []
+
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        self.active_at_send.append(self.active + 1)
+        return await super().send(spec, outcome)
+
+
+async def test_a_worker_whose_sink_raises_is_logged_and_replaced() -> None:
+    target = CountingTarget("a")
+    plan = plan_of(("p", 400, {"a": LoadShape("closed", concurrency=4)}))
+    sink = FailingSink(fail_at=8)
+    runner = Runner(plan, {"a": target}, Prompts(), [sink], max_tokens=8, temperature=0.7)
+    with structlog.testing.capture_logs() as logs:
+        await runner.run()
+        await runner.drain(5)
+    failed = [e for e in logs if e["event"] == "worker_failed"]
+    assert [e["target"] for e in failed] == ["a"]
+    assert runner.failures == {"a": 1}
+    # after the failure the pool is whole again: four requests in flight, not three
+    after = target.active_at_send[8:]
+    assert len(after) > 20
+    assert max(after) == 4
+    assert after.count(4) > len(after) // 2

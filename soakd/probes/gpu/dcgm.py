@@ -1,4 +1,4 @@
-"""Probes room, DCGM: GPU readings from a dcgm-exporter's /metrics (or the simulator's).
+"""Probes room, GPU through DCGM: GPU readings from a dcgm-exporter's /metrics (or the simulator's).
 
 dcgm-exporter reports framebuffer memory in MiB, power in W, energy in mJ since boot,
 clocks in MHz and utilisation in percent; everything is converted to soakd's base
@@ -14,8 +14,9 @@ from __future__ import annotations
 import aiohttp
 import structlog
 
+from soakd import metric_names as mn
 from soakd.probes._http import Endpoint, fetch
-from soakd.probes.gpu import GpuReading, XidCallback
+from soakd.probes.gpu.model import GpuReading, XidCallback
 from soakd.probes.server import parse_samples
 
 log = structlog.get_logger()
@@ -23,18 +24,18 @@ log = structlog.get_logger()
 MIB = 1 << 20
 DCGM_TIMEOUT_S = 5.0
 
-FB_USED = "DCGM_FI_DEV_FB_USED"
-FB_FREE = "DCGM_FI_DEV_FB_FREE"
-FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
-FB_TOTAL = "DCGM_FI_DEV_FB_TOTAL"
-TEMP = "DCGM_FI_DEV_GPU_TEMP"
-POWER = "DCGM_FI_DEV_POWER_USAGE"
-ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
-SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
-MEM_CLOCK = "DCGM_FI_DEV_MEM_CLOCK"
-UTIL = "DCGM_FI_DEV_GPU_UTIL"
-XID = "DCGM_FI_DEV_XID_ERRORS"
-THROTTLE = ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS")
+FB_USED = mn.DCGM_FB_USED
+FB_FREE = mn.DCGM_FB_FREE
+FB_RESERVED = mn.DCGM_FB_RESERVED
+FB_TOTAL = mn.DCGM_FB_TOTAL
+TEMP = mn.DCGM_GPU_TEMP
+POWER = mn.DCGM_POWER_USAGE
+ENERGY = mn.DCGM_TOTAL_ENERGY
+SM_CLOCK = mn.DCGM_SM_CLOCK
+MEM_CLOCK = mn.DCGM_MEM_CLOCK
+UTIL = mn.DCGM_GPU_UTIL
+XID = mn.DCGM_XID_ERRORS
+THROTTLE = (mn.DCGM_CLOCKS_EVENT_REASONS, mn.DCGM_CLOCK_THROTTLE_REASONS)
 WANTED = frozenset(
     {
         FB_USED,

@@ -1,4 +1,4 @@
-"""Redaction room: the effective config as it may be stored or shown, with no secret in it.
+"""Config room, redaction: the effective config as it may be stored or shown, with no secret in it.
 
 Keys are referenced in the config (env or file), never written in it, so the dump holds
 references only; header values and URL query values whose name looks secret are replaced
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from soakd.config import Config
+from soakd.config.run import Config
 
 _SECRETISH = ("auth", "key", "token", "secret", "password", "cookie", "session", "signature")
 

@@ -1,0 +1,177 @@
+"""Config room, base: the strict model, ConfigError, and the value types every section
+uses (durations, sizes, limits, http URLs, HOST:PORT).
+
+Nothing else in soakd reads config files or environment variables (API keys are read
+here too, by reference, and kept out of every repr).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from soakd.net import parse_host_port
+
+
+class ConfigError(Exception):
+    """A config problem, already phrased for the user: one line per problem, the first
+    leading and the others indented under it (``str()``), each naming its field path."""
+
+    def __init__(self, message: str, more: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = [message, *(more or [])]
+
+    def __str__(self) -> str:
+        return "\n  ".join(self.problems)
+
+    @classmethod
+    def of(cls, problems: list[str]) -> ConfigError:
+        return cls(problems[0], problems[1:])
+
+
+# --- durations, sizes, limits ----------------------------------------------------------
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+MAX_DURATION_S = 100 * 365 * 86400
+"""Longest duration accepted (100 years): beyond it calendar arithmetic overflows."""
+MAX_CONCURRENCY = 28_000
+"""The most requests one soakd can hold open to one server: each needs its own source
+port, and Linux hands out about 28,000 of them (net.ipv4.ip_local_port_range) per
+destination. A larger closed-loop concurrency or in-flight cap is a config error."""
+
+_YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 (a safe loader)
+
+
+def parse_duration(value: Any) -> float:
+    """``"72h"``, ``"1h30m"``, ``"500ms"``, ``"2.5s"`` or a number of seconds -> seconds."""
+    if isinstance(value, bool):
+        # ValueError, not TypeError: pydantic turns only ValueError into a field error
+        raise ValueError(f"not a duration: {value!r}")  # noqa: TRY004
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        if not text:
+            raise ValueError("empty duration")
+        try:
+            seconds = float(text)
+        except ValueError:
+            pos, seconds = 0, 0.0
+            for match in _DURATION_RE.finditer(text):
+                if match.start() != pos:
+                    break
+                seconds += float(match.group(1)) * _UNITS[match.group(2)]
+                pos = match.end()
+            if pos != len(text):
+                raise ValueError(
+                    f"bad duration {value!r}: use a number and a unit (ms, s, m, h, d), "
+                    "e.g. 72h or 1h30m"
+                ) from None
+    else:
+        raise ValueError(f"not a duration: {value!r}")  # noqa: TRY004 (as above)
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):  # nan, 1e400
+        raise ValueError(f"not a finite duration: {value!r}")
+    if seconds < 0:
+        raise ValueError(f"negative duration {value!r}")
+    if seconds > MAX_DURATION_S:  # past what a calendar (datetime) can add up
+        raise ValueError(f"duration {value!r} is over {MAX_DURATION_S // 86400}d")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds -> a short human form (``"72h"``, ``"1h30m"``, ``"2.5s"``)."""
+    if seconds < 60:
+        return f"{seconds:g}s"
+    whole = round(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{u}" for n, u in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return "".join(parts) or "0s"
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""Seconds, written in YAML as ``72h``, ``5m``, ``500ms``... ."""
+PositiveDuration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+"""A Duration that must be above zero (a deadline of 0 s would fail every request)."""
+
+PositiveRate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Count = Annotated[int, Field(ge=1)]
+
+Limit = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+"""A latency limit: a duration above zero (``2s``, ``100ms``)."""
+
+
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1e3,
+    "kb": 1e3,
+    "m": 1e6,
+    "mb": 1e6,
+    "g": 1e9,
+    "gb": 1e9,
+    "t": 1e12,
+    "tb": 1e12,
+    "kib": 1024.0,
+    "mib": 1024.0**2,
+    "gib": 1024.0**3,
+    "tib": 1024.0**4,
+}
+
+
+def parse_bytes(value: Any) -> Any:
+    """``"5GB"``, ``"512MiB"`` or a number -> bytes (other input is left to pydantic)."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
+        unit = match.group(2).lower() if match else None
+        if match is None or unit not in _BYTE_UNITS:
+            raise ValueError(f"bad size {value!r}: use a number and a unit, e.g. 5GB or 512MiB")
+        return int(float(match.group(1)) * _BYTE_UNITS[unit])
+    return value
+
+
+Bytes = Annotated[float, BeforeValidator(parse_bytes), Field(gt=0)]
+"""Bytes, written in YAML as ``3.9GB``, ``512MiB`` or a number."""
+
+
+class Logging(Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+def http_url(value: str | None) -> str | None:
+    """A URL field: http or https, with a host, and no password in it."""
+    if not value:
+        return value
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"URL scheme must be http or https, got {value!r}")
+    if not parts.netloc:
+        raise ValueError(f"URL has no host: {value!r}")
+    if parts.password:
+        raise ValueError("URL must not carry a password: use api_key_env or api_key_file")
+    return value
+
+
+def host_port(value: str) -> str:
+    """A HOST:PORT field (``exporter.listen``, a gateway's ``listen``), kept as written."""
+    parse_host_port(value)
+    return value

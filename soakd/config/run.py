@@ -1,0 +1,195 @@
+"""Config room, the run: the exporter, the journal, the run block, and ``Config``, the
+root that checks what crosses sections (names, compare, concurrency against connections)."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from collections import Counter
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, SecretStr, field_validator, model_validator
+
+from soakd.config.base import (
+    MAX_CONCURRENCY,
+    ConfigError,
+    Duration,
+    Logging,
+    Strict,
+    host_port,
+    parse_bytes,
+)
+from soakd.config.gateway import GpuConfig, Probes
+from soakd.config.slo import AlertLimits, Compare, ReportConfig, Slo
+from soakd.config.targets import TargetConfig
+from soakd.config.workload import Load, PhaseConfig, Workload
+from soakd.net import TlsFileError, parse_host_port, server_ssl
+
+
+class ExporterBasicAuth(Strict):
+    """HTTP basic auth on /metrics and /status (not on /healthz and /readyz, which say
+    nothing and serve container health checks). The password is read by reference."""
+
+    username: Annotated[str, Field(min_length=1, pattern=r"^[^:\s]+$")]
+    password_file: Path | None = None
+    password_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExporterBasicAuth:
+        if (self.password_file is None) == (self.password_env is None):
+            raise ValueError("set password_file or password_env (one of them)")
+        return self
+
+    def password(self) -> SecretStr:
+        """Read it. Raises ConfigError naming the reference, never the password."""
+        if self.password_env:
+            value = os.environ.get(self.password_env, "").strip()
+            if not value:
+                raise ConfigError(
+                    f"exporter.basic_auth.password_env: environment variable "
+                    f"{self.password_env} is not set"
+                )
+            return SecretStr(value)
+        assert self.password_file is not None
+        try:
+            value = self.password_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise ConfigError(
+                f"exporter.basic_auth.password_file: cannot read {self.password_file}: {why}"
+            ) from None
+        if not value:
+            raise ConfigError(f"exporter.basic_auth.password_file: {self.password_file} is empty")
+        return SecretStr(value)
+
+
+class ExporterTls(Strict):
+    """Serve /metrics, /status... over HTTPS with this certificate (PEM files)."""
+
+    cert_file: Path
+    key_file: Path
+
+    def context(self) -> ssl.SSLContext:
+        """Read the files; a ConfigError naming them when they cannot be loaded."""
+        try:
+            return server_ssl(self.cert_file, self.key_file)
+        except TlsFileError as exc:
+            raise ConfigError(f"exporter.tls: {exc}") from None
+
+
+class Exporter(Strict):
+    listen: str = "127.0.0.1:9464"  # loopback: anything wider is an explicit choice
+    basic_auth: ExporterBasicAuth | None = None
+    tls: ExporterTls | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        return host_port(value)
+
+    @property
+    def host(self) -> str:
+        return parse_host_port(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return parse_host_port(self.listen)[1]
+
+
+class JournalConfig(Strict):
+    """The run's durable journal (``journal.db``, SQLite WAL): docs/journal.md."""
+
+    synchronous: Literal["full", "normal"] = "full"  # full: a power cut loses <= 1 flush
+    flush_interval: Duration = 0.5  # a commit at least this often: a kill loses < 1 s
+    queue_size: Annotated[int, Field(ge=100)] = 10_000  # records waiting; beyond: dropped
+    keep_samples: Duration | None = None  # delete probe samples older than this
+    keep_requests: Duration | None = None  # delete request rows older than this
+    max_bytes: Annotated[int, BeforeValidator(parse_bytes), Field(ge=1_000_000)] | None = None
+    itl_gaps: bool = True  # keep every inter-token gap (4 bytes each) for export
+
+    @field_validator("flush_interval")
+    @classmethod
+    def _flush(cls, value: float) -> float:
+        if not 0.01 <= value <= 0.5:
+            raise ValueError(f"flush_interval must be within 10ms..500ms, got {value:g}s")
+        return value
+
+
+class RunConfig(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")] = "soak"
+    node: str = Field(default_factory=lambda: os.uname().nodename)
+    duration: Duration | None = None  # a cap on the whole run
+    loop: bool = False  # repeat the phases until duration
+    drain_timeout: Duration = 30.0
+    start_at: str | None = None  # ISO datetime: the plan's calendar start (default: now)
+
+
+class Config(Strict):
+    run: RunConfig = RunConfig()
+    targets: Annotated[list[TargetConfig], Field(min_length=1)]
+    workload: Workload = Workload()
+    phases: Annotated[list[PhaseConfig], Field(min_length=1)]
+    exporter: Exporter = Exporter()
+    gpu: GpuConfig = GpuConfig()
+    probes: Probes = Probes()
+    logging: Logging = Logging()
+    journal: JournalConfig = JournalConfig()
+    report: ReportConfig = ReportConfig()
+    slo: Slo = Slo()
+    alert_limits: AlertLimits = AlertLimits()
+    compare: Compare | None = None
+
+    @model_validator(mode="after")
+    def _names(self) -> Config:
+        names = [t.name for t in self.targets]
+        known = set(names)
+        if len(known) != len(names):
+            dupes = sorted(n for n, count in Counter(names).items() if count > 1)
+            raise ValueError(f"duplicate target names: {', '.join(dupes)}")
+        gated = {t.name for t in self.targets if t.gateway is not None}
+        if self.compare is not None:
+            for role in ("baseline", "candidate"):
+                name = getattr(self.compare, role)
+                if name not in names:
+                    raise ValueError(
+                        f"compare.{role}: unknown target {name!r} (known: {', '.join(names)})"
+                    )
+            if self.compare.baseline == self.compare.candidate:
+                raise ValueError("compare: baseline and candidate are the same target")
+        for phase in self.phases:
+            unknown = sorted(set(phase.targets) - known)
+            if unknown:
+                raise ValueError(
+                    f"phase {phase.name!r} sets load for unknown target(s) {', '.join(unknown)}"
+                    f" (known: {', '.join(names)})"
+                )
+            for t in self.targets:
+                load = phase.targets.get(t.name, phase.load)
+                if load.mode == "closed" and load.concurrency > t.max_connections:
+                    raise ValueError(
+                        f"phase {phase.name!r}: concurrency {load.concurrency} for "
+                        f"{t.name!r} is above its max_connections ({t.max_connections}): the "
+                        "requests past it would wait inside soakd for a connection, and the "
+                        "wait would count as TTFT; raise targets[].max_connections (at most "
+                        f"{MAX_CONCURRENCY}) or lower the concurrency"
+                    )
+            stray = sorted(set(phase.gateway) - gated)
+            if stray:
+                raise ValueError(
+                    f"phase {phase.name!r} sets gateway modes for {', '.join(stray)}, which "
+                    f"has no gateway (targets with one: {', '.join(sorted(gated)) or 'none'})"
+                )
+        if self.run.loop and self.run.duration is None:
+            raise ValueError("run.loop needs run.duration, or it would never end")
+        return self
+
+    def target(self, name: str) -> TargetConfig:
+        return next(t for t in self.targets if t.name == name)
+
+    def slo_for(self, name: str) -> Slo:
+        """The run-wide slo with the target's own keys over it."""
+        return self.target(name).slo.over(self.slo)
+
+    def load_for(self, phase: PhaseConfig, target: str) -> Load:
+        return phase.targets.get(target, phase.load)

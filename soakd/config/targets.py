@@ -1,0 +1,188 @@
+"""Config room, targets: one server to soak, how to reach it, what it may cost, and how
+its keys are read (by reference, never written in the config)."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from soakd.config.base import (
+    MAX_CONCURRENCY,
+    ConfigError,
+    Count,
+    Duration,
+    PositiveDuration,
+    Strict,
+    http_url,
+)
+from soakd.config.gateway import GatewaySettings
+from soakd.config.slo import Slo, TargetCost
+from soakd.net import TlsFileError, client_ssl
+
+
+class Timeouts(Strict):
+    connect: PositiveDuration = 10.0
+    ttft: PositiveDuration = 60.0
+    idle: PositiveDuration | None = 60.0  # longest silence between content chunks; None: none
+    total: PositiveDuration = 600.0
+
+
+class Tls(Strict):
+    verify: bool = True
+    ca_file: Path | None = None
+
+
+class SpendGuard(Strict):
+    """Caps on what soakd sends a target, so a 72 h soak of a paid endpoint cannot run up
+    an unbounded bill. Requests count when sent, tokens (prompt + output, from the
+    server's usage) when they finish; per-hour caps are over the last hour, sliding.
+    When a cap is reached the target pauses (logged, journaled, exported), never silently."""
+
+    max_requests_per_hour: Count | None = None
+    max_tokens_per_hour: Count | None = None
+    max_requests: Count | None = None  # in the whole run
+    max_tokens: Count | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return any(
+            v is not None
+            for v in (
+                self.max_requests_per_hour,
+                self.max_tokens_per_hour,
+                self.max_requests,
+                self.max_tokens,
+            )
+        )
+
+
+class RateLimit(Strict):
+    """What a 429 (or a 503 with Retry-After) does to the target's sends. The 429s are
+    counted either way; honouring pauses the target's sends for the time asked."""
+
+    honour_retry_after: bool = True
+    default_pause: Duration = 1.0  # a 429 without Retry-After pauses this long (0: none)
+    max_pause: Duration = 300.0  # the longest pause one answer can cause
+
+
+class TargetConfig(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+    base_url: str = ""  # required unless `simulator` is set
+    simulator: str | None = None  # start the embedded simulator with this profile
+    api: Literal["chat", "completions"] = "chat"
+    model: str = "soakd-sim"
+    stream: bool = True
+    api_key_env: str | None = None
+    api_key_file: Path | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    timeouts: Timeouts = Timeouts()
+    proxy: str | None = None  # an http(s) proxy URL; None: honour HTTP(S)_PROXY / NO_PROXY
+    tls: Tls = Tls()
+    max_connections: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)] = 1024
+    # False: a new connection per request, for servers that drop kept-alive connections
+    # unannounced (llama-server, llama.cpp's cpp-httplib 0.58: after each streamed answer)
+    keep_alive: bool = True
+    metrics_url: str | None = None  # the server's own /metrics (default: base_url/metrics)
+    health_url: str | None = None  # default: base_url/health
+    scrape: bool = True  # scrape metrics_url and probe health_url
+    pid: int | None = None  # the server's PID, to map per-process GPU memory to this target
+    process_name: str | None = None  # or a substring of its command line / process name
+    oom_log: Path | None = None  # a log file to tail for out-of-memory lines
+    cost: TargetCost = TargetCost()
+    slo: Slo = Slo()  # overrides of the run-wide slo block for this target
+    # Cloud endpoints (docs/gateway.md): the API's dialect, a spend cap, 429 handling, and
+    # a `soakd gateway` that soakd starts in front of the target.
+    kind: Literal["openai", "azure"] = "openai"
+    api_version: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,40}$")] | None = None
+    deployment: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")] | None = None
+    organization: str | None = None  # OpenAI-Organization header
+    project: str | None = None  # OpenAI-Project header
+    path: Annotated[str, Field(pattern=r"^/[^?#\s]*$")] | None = None  # request path, as is
+    spend: SpendGuard = SpendGuard()
+    rate_limit: RateLimit = RateLimit()
+    gateway: GatewaySettings | None = None
+
+    @field_validator("base_url", "metrics_url", "health_url", "proxy")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        return http_url(value)
+
+    @field_validator("headers")
+    @classmethod
+    def _no_inline_auth(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if key.lower() in ("authorization", "api-key", "x-api-key"):
+                raise ValueError(
+                    f"header {key!r} would put a secret in the config: "
+                    "use api_key_env or api_key_file"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> TargetConfig:
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set api_key_env or api_key_file, not both")
+        if not self.base_url and not self.simulator:
+            raise ValueError("base_url is required (or simulator: PROFILE for the embedded one)")
+        if self.kind == "azure":
+            if not self.api_version:
+                raise ValueError("kind 'azure' needs api_version (e.g. \"2024-06-01\")")
+            if self.organization or self.project:
+                raise ValueError(
+                    "organization and project are OpenAI headers: not for kind 'azure'"
+                )
+            if self.path:
+                raise ValueError("kind 'azure' builds its own path: use kind 'openai' with path")
+        elif self.api_version or self.deployment:
+            raise ValueError("api_version and deployment are for kind 'azure'")
+        return self
+
+    def api_key(self) -> SecretStr | None:
+        """Read the key by reference. Raises ConfigError naming the reference, never the key."""
+        if self.api_key_env:
+            value = os.environ.get(self.api_key_env)
+            if not value:
+                raise ConfigError(
+                    f"targets[{self.name}].api_key_env: environment variable "
+                    f"{self.api_key_env} is not set"
+                )
+            return SecretStr(value.strip())
+        if self.api_key_file:
+            try:
+                value = self.api_key_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"targets[{self.name}].api_key_file: cannot read {self.api_key_file}: "
+                    f"{exc.strerror}"
+                ) from None
+            if not value:
+                raise ConfigError(
+                    f"targets[{self.name}].api_key_file: {self.api_key_file} is empty"
+                )
+            return SecretStr(value)
+        return None
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        """The TLS setting both the client and the probes use. A CA file that cannot be
+        loaded is a ConfigError naming the field, for both (never the default store)."""
+        try:
+            return client_ssl(self.tls.verify, self.tls.ca_file)
+        except TlsFileError as exc:
+            raise ConfigError(f"targets[{self.name}].tls.ca_file: {exc}") from None
+
+    @property
+    def endpoint(self) -> str:
+        path = "/chat/completions" if self.api == "chat" else "/completions"
+        base = self.base_url.rstrip("/")
+        if self.kind == "azure":
+            base = base.removesuffix("/openai")
+            deployment = self.deployment or self.model
+            return f"{base}/openai/deployments/{deployment}{path}?api-version={self.api_version}"
+        if self.path:
+            return base + self.path
+        return base + path if base.endswith("/v1") else base + "/v1" + path

@@ -1,0 +1,97 @@
+"""Config room, workload: prompts, load shapes and phases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from soakd.config.base import (
+    MAX_CONCURRENCY,
+    Duration,
+    PositiveDuration,
+    PositiveRate,
+    Strict,
+)
+from soakd.config.gateway import GatewayModes
+
+
+class TokenLength(Strict):
+    """A distribution of prompt lengths in tokens."""
+
+    dist: Literal["fixed", "uniform", "normal"] = "fixed"
+    mean: Annotated[int, Field(ge=1)] = 256
+    stddev: Annotated[float, Field(ge=0)] = 0.0  # normal
+    min: Annotated[int, Field(ge=1)] = 1
+    max: Annotated[int, Field(ge=1)] = 4096
+
+    @model_validator(mode="after")
+    def _bounds(self) -> TokenLength:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
+class Prompts(Strict):
+    source: Literal["synthetic", "file"] = "synthetic"
+    input_tokens: TokenLength = TokenLength()
+    file: Path | None = None  # JSONL: {"prompt": "..."} or {"messages": [...]} per line
+
+    @model_validator(mode="after")
+    def _file_given(self) -> Prompts:
+        if self.source == "file" and self.file is None:
+            raise ValueError("source is 'file' but no file is given")
+        return self
+
+
+class Load(Strict):
+    """The load shape of one target in one phase."""
+
+    mode: Literal["closed", "constant", "poisson", "ramp", "idle"] = "closed"
+    concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 1
+    rate: PositiveRate = 0.0
+    rate_end: PositiveRate | None = None
+    # open loop: sends out at once (0: the target's max_connections); a send that finds
+    # them all out is not made and is counted (soakd_sends_missed_total, in_flight_cap)
+    max_in_flight: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 0
+    # open loop: a send whose instant is more than this past is not made (counted, late)
+    max_lateness: PositiveDuration = 1.0
+
+    @model_validator(mode="after")
+    def _shape(self) -> Load:
+        if (
+            self.mode in ("constant", "poisson", "ramp")
+            and self.rate <= 0
+            and not (self.mode == "ramp" and (self.rate_end or 0) > 0)
+        ):
+            raise ValueError(f"mode {self.mode!r} needs rate > 0")
+        if self.mode == "ramp" and self.rate_end is None:
+            raise ValueError("mode 'ramp' needs rate_end")
+        if self.mode == "closed" and self.concurrency < 1:
+            raise ValueError("mode 'closed' needs concurrency >= 1")
+        return self
+
+
+class PhaseConfig(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+    duration: Duration | None = None
+    until: str | None = None  # an ISO datetime, or a cron expression: run until it next fires
+    load: Load = Load()
+    targets: dict[str, Load] = Field(default_factory=dict)  # per-target overrides
+    gateway: dict[str, GatewayModes] = Field(default_factory=dict)  # target -> its gateway
+
+    @model_validator(mode="after")
+    def _one_end(self) -> PhaseConfig:
+        if (self.duration is None) == (self.until is None):
+            raise ValueError("give a phase either duration or until")
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError(f"duration must be above zero, got {self.duration:g}s")
+        return self
+
+
+class Workload(Strict):
+    prompts: Prompts = Prompts()
+    max_tokens: Annotated[int, Field(ge=1)] = 512
+    temperature: Annotated[float, Field(ge=0, le=2)] = 0.7
+    seed: int = 0

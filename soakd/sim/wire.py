@@ -1,0 +1,283 @@
+"""Simulator room, wire: vLLM's OpenAI-compatible request and response formats, pure.
+
+What a request asks for (``parse``: the checks and the error bodies vLLM answers with) and
+what the answers look like byte for byte (``Frames`` for SSE chunks, ``completion_body``
+for a whole response). No IO, no clock: ``server.py`` does the serving.
+
+Prompt length is the number of whitespace-separated words of the prompt (chat:
+the message contents joined): a stand-in for a tokenizer, close enough for
+English prose (real tokenizers give ~1.3 tokens a word) and exactly predictable.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+
+from soakd.sim.profiles import Profile
+
+# Output text: short words, one a token, each with its leading space (as BPE tokens).
+# fmt: off
+VOCAB: Final = (
+    " the", " a", " of", " and", " to", " in", " is", " it", " on", " as", " at", " by", " we",
+    " be", " or", " an", " so", " up", " no", " go", " do", " if", " me", " my", " he", " us",
+    " new", " old", " red", " sun", " sea", " day", " way", " key", " log", " map", " run",
+    " set", " top", " end", " box", " cat", " dog", " fox", " owl", " gpu", " kv", " batch",
+    " token", " cache", " queue", " soak", " test", " load", " time", " heat", " fan", " disk",
+    " node", " edge", " card", " byte", " word", " line",
+)
+# fmt: on
+VOCAB_JSON: Final = tuple(json.dumps(w) for w in VOCAB)
+SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
+DONE: Final = b"data: [DONE]\n\n"
+
+
+def word(seq_id: int, i: int) -> int:
+    """Index of the i-th token's word: varied, reproducible, no state kept."""
+    return (seq_id * 17 + i * 5) % len(VOCAB)
+
+
+class ApiError(Exception):
+    """A request vLLM would refuse, with the status and the body it would send."""
+
+    def __init__(self, status: int, err_type: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+        self.message = message
+        self.param = param
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.err_type, self.message, self.param)
+
+
+def error_body(status: int, err_type: str, message: str, param: str | None = None) -> str:
+    """vLLM's ErrorResponse: ``{"error": {"message", "type", "param", "code"}}``."""
+    info = {"message": message, "type": err_type, "param": param, "code": status}
+    return json.dumps({"error": info})
+
+
+def error_response(
+    status: int, err_type: str, message: str, param: str | None = None
+) -> web.Response:
+    return web.Response(
+        status=status,
+        text=error_body(status, err_type, message, param),
+        content_type="application/json",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """What the simulator needs from a completion request; the body itself is dropped."""
+
+    chat: bool
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool
+
+
+# -- request parsing ------------------------------------------------------------------
+
+
+def _count_words(text: str) -> int:
+    return len(text.split())
+
+
+def _chat_prompt_tokens(body: dict[str, Any]) -> int:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "BadRequestError", "messages must be a non-empty list", "messages")
+    words = 0
+    for msg in messages:
+        if not isinstance(msg, dict):
+            raise ApiError(400, "BadRequestError", "each message must be an object", "messages")
+        content = msg.get("content")
+        if isinstance(content, str):
+            words += _count_words(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    words += _count_words(part["text"])
+        elif content is not None:
+            raise ApiError(400, "BadRequestError", "message content must be text", "messages")
+    return max(1, words)  # a chat template always adds some tokens
+
+
+def _completion_prompt_tokens(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return max(1, _count_words(prompt))
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return len(prompt)  # token ids
+    raise ApiError(
+        400, "BadRequestError", "prompt must be a string or a list of token ids", "prompt"
+    )
+
+
+def parse(body: object, chat: bool, profile: Profile, model: str) -> SimRequest:
+    if not isinstance(body, dict):
+        raise ApiError(400, "BadRequestError", "request body must be a JSON object")
+    asked_model = body.get("model")
+    if asked_model is not None and asked_model != model:
+        raise ApiError(404, "NotFoundError", f"The model `{asked_model}` does not exist.")
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise ApiError(400, "BadRequestError", "the simulator serves n=1 only", "n")
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise ApiError(
+            400,
+            "BadRequestError",
+            "Stream options can only be defined when `stream=True`.",
+            "stream_options",
+        )
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+
+    prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
+    limit = profile.max_model_len
+    if prompt_tokens >= limit:
+        raise ApiError(
+            400,
+            "BadRequestError",
+            f"This model's maximum context length is {limit} tokens. However, your prompt "
+            f"contains {prompt_tokens} input tokens, which exceeds this limit even without "
+            "any output tokens. Please reduce the length of the input prompt.",
+            "input_tokens",
+        )
+    requested = body.get("max_completion_tokens") if chat else None
+    if requested is None:
+        requested = body.get("max_tokens")
+    if requested is not None:
+        if type(requested) is not int or requested < 1:
+            raise ApiError(
+                400, "BadRequestError", f"max_tokens must be at least 1, got {requested}.",
+                "max_tokens",
+            )  # fmt: skip
+        if requested > limit:
+            raise ApiError(
+                400,
+                "BadRequestError",
+                f"max_tokens={requested} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
+                "max_tokens",
+            )
+    # vLLM clamps the output to what is left of the context.
+    max_tokens = min(requested or limit, limit - prompt_tokens)
+    return SimRequest(
+        chat=chat,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=include_usage,
+        ignore_eos=body.get("ignore_eos") is True,
+    )
+
+
+# -- responses ------------------------------------------------------------------------
+
+
+class Frames:
+    """Pre-rendered SSE frames of one response: per token only the word changes.
+
+    The JSON is what vLLM 0.32 writes (``model_dump_json(exclude_unset=True)``).
+    """
+
+    def __init__(self, chat: bool, request_id: str, created: int, model: str) -> None:
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = json.dumps(
+            {"id": request_id, "object": obj, "created": created, "model": model},
+            separators=(",", ":"),
+        )[:-1]
+        self.head = head
+        if chat:
+            self.role: bytes = (
+                f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant",'
+                '"content":""},"logprobs":null,"finish_reason":null}],'
+                '"prompt_token_ids":null,"prompt_text":null}\n\n'
+            ).encode()
+            self._pre = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'
+            self._open = '},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n\n'
+            self._close = (
+                '},"logprobs":null,"finish_reason":"',
+                '","stop_reason":null,"token_ids":null}]}\n\n',
+            )
+        else:
+            self.role = b""
+            self._pre = f'data: {head},"choices":[{{"index":0,"text":'
+            self._open = (
+                ',"logprobs":null,"finish_reason":null,"stop_reason":null,'
+                '"prompt_token_ids":null,"token_ids":null}]}\n\n'
+            )
+            self._close = (
+                ',"logprobs":null,"finish_reason":"',
+                '","stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n',
+            )
+
+    def token(self, word: int, finish: str | None) -> str:
+        if finish is None:
+            return self._pre + VOCAB_JSON[word] + self._open
+        return self._pre + VOCAB_JSON[word] + self._close[0] + finish + self._close[1]
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        total = prompt_tokens + completion_tokens
+        return (
+            f'data: {self.head},"choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
+            f'"total_tokens":{total},"completion_tokens":{completion_tokens}}}}}\n\n'
+        ).encode()
+
+
+def completion_body(
+    chat: bool,
+    request_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str,
+    prompt_tokens: int,
+    n: int,
+) -> dict[str, Any]:
+    """A whole (not streamed) answer as vLLM 0.32 writes it."""
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + n,
+        "completion_tokens": n,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": None,
+    }
+    if chat:
+        message = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "reasoning": None,
+        }
+        choice: dict[str, Any] = {"index": 0, "message": message}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text}
+        obj = "text_completion"
+    choice |= {"logprobs": None, "finish_reason": finish, "stop_reason": None, "token_ids": None}
+    body = {
+        "id": request_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage,
+        "kv_transfer_params": None,
+    }
+    return body
