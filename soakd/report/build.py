@@ -31,6 +31,7 @@ from soakd.config import Compare, Slo, TargetCost
 from soakd.cost import cost_line
 from soakd.goodput import Tally, journal_tallies
 from soakd.journal import JournalReader, Rollup
+from soakd.model import NS_PER_S
 from soakd.report import names
 from soakd.report.model import (
     LATENCY_KINDS,
@@ -47,7 +48,6 @@ from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
 from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
 from soakd.verdicts import overall as overall_verdict
 
-NS_PER_S = 1e9
 HOUR_S = 3600.0
 JOULES_PER_KWH = 3.6e6
 

@@ -1,22 +1,24 @@
 """Report room, names: every metric name the report reads from the journal's samples.
 
-The one place the report spells a metric name, so that moving to ``soakd.metrics``'
-constants is a change to this file alone. ``SAMPLE_NAMES`` lists them all (re-exported
-as ``soakd.report.SAMPLE_NAMES``, for a test that checks each one is registered).
+The report's one door to ``soakd.metric_names``: the rest of the package says
+``names.GPU_ENERGY``. ``SAMPLE_NAMES`` lists them all (re-exported as
+``soakd.report.SAMPLE_NAMES``; ``tests/unit/test_metric_names.py`` checks each is registered).
 """
 
 from __future__ import annotations
 
-GPU_MEMORY_USED = "soakd_gpu_memory_used_bytes"
-GPU_PROCESS_MEMORY = "soakd_gpu_process_memory_bytes"
-GPU_ENERGY = "soakd_gpu_energy_joules_total"
-GPU_POWER = "soakd_gpu_power_watts"
-TARGET_RESTARTS = "soakd_target_restarts_total"
-TARGET_OOM_EVENTS = "soakd_target_oom_events_total"
+from soakd import metric_names as mn
+
+GPU_MEMORY_USED = mn.GPU_MEMORY_USED_BYTES
+GPU_PROCESS_MEMORY = mn.GPU_PROCESS_MEMORY_BYTES
+GPU_ENERGY = mn.GPU_ENERGY_JOULES_TOTAL
+GPU_POWER = mn.GPU_POWER_WATTS
+TARGET_RESTARTS = mn.TARGET_RESTARTS_TOTAL
+TARGET_OOM_EVENTS = mn.TARGET_OOM_EVENTS_TOTAL
 # the guard gateways soakd ran (soakd/probes/gateways.py journals them on change)
-GATEWAY_BREAKER_TRANSITIONS = "soakd_gateway_breaker_transitions_total"
-GATEWAY_CONCURRENCY_LIMIT = "soakd_gateway_concurrency_limit"
-GATEWAY_REJECTIONS = "soakd_gateway_rejections_total"
+GATEWAY_BREAKER_TRANSITIONS = mn.GATEWAY_BREAKER_TRANSITIONS_TOTAL
+GATEWAY_CONCURRENCY_LIMIT = mn.GATEWAY_CONCURRENCY_LIMIT
+GATEWAY_REJECTIONS = mn.GATEWAY_REJECTIONS_TOTAL
 
 GPU_NAMES = (GPU_MEMORY_USED, GPU_ENERGY, GPU_POWER, GPU_PROCESS_MEMORY)
 """The series a GPU of the report's GPU table is found in."""
