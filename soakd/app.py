@@ -197,11 +197,12 @@ class Soak:
         gpu = self.probes.gpu if self.probes is not None else None
         if gpu is None or not gpu.peak:
             return []
-        reg = self.metrics.registry
         owner = self._gpu_owner()
         out = []
         for index, peak in sorted(gpu.peak.items()):
-            used = reg.get_sample_value("soakd_gpu_memory_used_bytes", {"gpu": index})
+            # the probe's own last reading: the registry's get_sample_value would collect
+            # every metric family on the run loop, each second (~ms)
+            used = gpu.used.get(index)
             limit = self.cfg.slo_for(owner).vram_peak if owner else self.cfg.slo.vram_peak
             out.append({"gpu": index, "target": owner, "used_bytes": used, "peak_bytes": peak,
                         "limit_bytes": limit})

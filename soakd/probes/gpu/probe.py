@@ -56,6 +56,7 @@ class GpuProbe:
         self.leak_window_s = leak_window_s
         self.leak_limit = leak_limit_bytes_per_hour
         self.peak: dict[str, float] = {}
+        self.used: dict[str, float] = {}  # the last reading per GPU (the live view, /status)
         self.xids: dict[tuple[str, int], int] = {}
         self._m = metrics
         self._emit = emit
@@ -161,6 +162,7 @@ class GpuProbe:
                 gauge.labels(g).set(value)
                 out.append(Sample(wall, name, value, lg))
         if r.used is not None:
+            self.used[g] = r.used
             peak = max(self.peak.get(g, 0.0), r.used)
             self.peak[g] = peak
             m.mem_peak.labels(g).set(peak)
