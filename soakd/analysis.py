@@ -1,8 +1,12 @@
-"""Analysis: pure statistics over outcomes (percentiles, windows, jitter, summaries). No IO.
+"""Analysis: pure statistics over outcomes and samples. No IO.
 
 Percentiles over days without keeping per-request lists: a log-bucketed histogram
 (``Digest``) with 1 % relative precision and a fixed footprint, in the spirit of
-HdrHistogram/DDSketch. Windowed views keep a ring of short digests.
+HdrHistogram/DDSketch. Windowed views keep a ring of short digests. Beside them, the
+figures the report derives (docs/journal.md has the definitions): P99 jitter, the leak
+slope of a memory series, which target is best on a metric, and whose energy a GPU's
+joules are. The live view, ``/status`` and ``summary.json`` share one typed row
+(``SummaryRow``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections import Counter as CounterDict
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, NotRequired, TypedDict, cast
 
 from soakd.model import OK, Outcome
 
@@ -241,7 +246,63 @@ def fmt_ms(value: float | None) -> str:
     return f"{value:.2f} ms"
 
 
-def summary_row(stats: TargetStats, seconds: float) -> dict[str, float | int | None]:
+class Quantiles(TypedDict, total=False):
+    """One latency's percentiles in ms (None: no successful request): a report row's
+    ``latency_ms[kind]``."""
+
+    p50: float | None
+    p95: float | None
+    p99: float | None
+
+
+def quantile_of(q: Quantiles, name: str) -> float | None:
+    """``q``'s percentile ``name`` ("p50", "p95", "p99"; None when absent), for a name read
+    from a key ("e2e.p99", "ttft_p99")."""
+    return cast("Mapping[str, float | None]", q).get(name)
+
+
+class SummaryRow(TypedDict):
+    """One target's headline numbers (``summary_row``): the live view, ``/status``'s
+    ``targets`` and ``summary.json``'s ``targets``; latencies in ms, None: no success."""
+
+    requests: int
+    ok: int
+    errors: int
+    error_ratio: float
+    rps: float
+    output_tps: float
+    output_tokens: int
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    e2e_p50_ms: float | None
+    e2e_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    tpot_p50_ms: float | None
+    lag_p99_ms: float | None
+
+
+class RecentRow(SummaryRow):
+    """``/status`` and the live view: the last minute, with its goodput (goodput.py)."""
+
+    goodput: float | None
+    goodput_rps: float | None
+
+
+class SessionRow(SummaryRow):
+    """``summary.json`` and the end of ``soakd run``: the session, what was offered against
+    sent (``missed``: sends not made, by reason) and, once the run is over, its goodput."""
+
+    offered: int
+    missed: int
+    missed_by_reason: dict[str, int]
+    shed: int
+    errors_by_kind: dict[str, int]
+    goodput: NotRequired[float | None]
+    goodput_rps: NotRequired[float]
+
+
+def summary_row(stats: TargetStats, seconds: float) -> SummaryRow:
     """One target's headline numbers, as the live view, /status and the summary show them."""
     return {
         "requests": stats.requests,
@@ -262,19 +323,143 @@ def summary_row(stats: TargetStats, seconds: float) -> dict[str, float | int | N
     }
 
 
+# --- leak slope: a memory series' growth over plan time -------------------------------------
+
+HOUR_S = 3600.0
+LEAK_POINTS = 120
+"""A series is averaged into at most this many time bins before the slope is taken."""
+LEAK_MIN_SPAN_S = 1800.0
+"""A memory slope over less than this is no finding: a load step in a 3-minute rehearsal
+extrapolates to gigabytes an hour. Shorter series say "too short to tell"."""
+TOO_SHORT = "too short to tell"
+
+
+def theil_sen(ts: Sequence[float], vs: Sequence[float]) -> float | None:
+    """Median of the pairwise slopes (value units per time unit); None with < 2 points."""
+    n = len(ts)
+    slopes = [
+        (vs[j] - vs[i]) / (ts[j] - ts[i])
+        for i in range(n)
+        for j in range(i + 1, n)
+        if ts[j] != ts[i]
+    ]
+    return statistics.median(slopes) if slopes else None
+
+
+def leak_note(points: Sequence[tuple[float, float]]) -> str | None:
+    """Why a series gives no slope although it has samples (None: it gives one, or has none)."""
+    if len(points) < 2:
+        return None
+    span = max(t for t, _ in points) - min(t for t, _ in points)
+    return TOO_SHORT if span < LEAK_MIN_SPAN_S else None
+
+
+def leak_slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Theil-Sen slope in units per hour of ``(seconds, value)`` points, on at most
+    ``LEAK_POINTS`` bin means; None under six samples or under ``LEAK_MIN_SPAN_S``."""
+    if len(points) < 6:
+        return None
+    pts = sorted(points)
+    span = pts[-1][0] - pts[0][0]
+    if span < LEAK_MIN_SPAN_S:
+        return None
+    width = span / LEAK_POINTS
+    bins: dict[int, list[tuple[float, float]]] = {}
+    for t, v in pts:
+        bins.setdefault(min(LEAK_POINTS - 1, int((t - pts[0][0]) / width)), []).append((t, v))
+    ts = [statistics.fmean(t for t, _ in b) for b in bins.values()]
+    vs = [statistics.fmean(v for _, v in b) for b in bins.values()]
+    slope = theil_sen(ts, vs)
+    return None if slope is None else slope * HOUR_S
+
+
+# --- best: which target wins a metric ---------------------------------------------------------
+
+LATENCY_TIE = 0.02
+"""Percentiles closer than this (relative) are a tie: each digest is within ~1 %."""
+
+
+def best_of(
+    values: Mapping[str, float], better: Literal["min", "max"], tie: float = 0.0
+) -> list[str]:
+    """The names holding the better value; none when fewer than two differ, or when the
+    runner-up is within ``tie`` (relative) of it."""
+    if len(values) < 2 or len(set(values.values())) < 2:
+        return []
+    ranked = sorted(values.values(), reverse=better == "max")
+    pick, runner_up = ranked[0], ranked[1]
+    if tie and abs(runner_up - pick) <= tie * max(abs(pick), 1e-12):
+        return []
+    return [name for name, v in values.items() if v == pick]
+
+
+# --- energy: whose joules a GPU's are ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEnergy:
+    """One GPU's energy: the targets charged with it, in all and per phase (joules)."""
+
+    gpu: str
+    targets: Sequence[str]
+    joules: float | None  # None: not measured
+    by_phase: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class EnergyShare:
+    joules: float
+    shared: bool  # the GPUs also serve other targets: tokens per joule is theirs together
+    tokens_per_joule: float | None
+
+
+def energy_share(
+    target: str, gpus: Sequence[GpuEnergy], output_tokens: Mapping[str, int], phase: str | None
+) -> EnergyShare | None:
+    """The energy of the measured GPUs charged to ``target`` over the run (``phase`` None)
+    or one phase, against the output tokens (by target, same span) of every target those
+    GPUs serve. None: no measured GPU is charged to it."""
+    mine = [g for g in gpus if target in g.targets and g.joules is not None]
+    if not mine:
+        return None
+    sharers = sorted({t for g in mine for t in g.targets})
+    if phase is None:
+        joules = sum(g.joules or 0.0 for g in mine)
+    else:
+        joules = sum(g.by_phase.get(phase, 0.0) for g in mine)
+    tokens = sum(output_tokens[t] for t in sharers)
+    return EnergyShare(joules, len(sharers) > 1, tokens / joules if joules > 0 else None)
+
+
 __all__ = [
     "JITTER_MIN_OK",
     "JITTER_MIN_SLICES",
     "JITTER_SLICES",
     "JITTER_WINDOW_S",
+    "LATENCY_TIE",
+    "LEAK_MIN_SPAN_S",
+    "LEAK_POINTS",
     "OK",
+    "TOO_SHORT",
     "Digest",
+    "EnergyShare",
+    "GpuEnergy",
+    "Quantiles",
+    "RecentRow",
+    "SessionRow",
+    "SummaryRow",
     "TargetStats",
     "Window",
+    "best_of",
+    "energy_share",
     "fmt_ms",
     "jitter",
+    "leak_note",
+    "leak_slope",
     "ms",
+    "quantile_of",
     "slice_p99",
     "summary_row",
+    "theil_sen",
     "worst_window_jitter",
 ]

@@ -27,6 +27,7 @@ import aiohttp
 import structlog
 
 from soakd import __version__
+from soakd.analysis import SessionRow
 from soakd.config import Config, ConfigError, TargetConfig
 from soakd.gateway.fronts import Fronts
 from soakd.goodput import GoodputWindow
@@ -83,7 +84,7 @@ class RunResult:
     completed: bool  # the plan ran to its end (not stopped by a signal)
     elapsed_s: float
     cancelled: int  # requests cut at the drain deadline
-    summary: dict[str, dict[str, Any]] = field(default_factory=dict)  # this session only
+    summary: dict[str, SessionRow] = field(default_factory=dict)  # this session only
     session: int = 1  # 2 and up: a resumed run
 
 
@@ -163,7 +164,7 @@ class Soak:
         self._elapsed = 0.0
         self._cancelled = 0  # requests cut at the drain deadline
         self._completed = False
-        self._summary: dict[str, dict[str, Any]] = {}
+        self._summary: dict[str, SessionRow] = {}
 
     # --- status ---------------------------------------------------------------------------
 

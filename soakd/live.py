@@ -7,7 +7,7 @@ unit rule of every soakd surface (``fmt_ms``: ms below a second, s above).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rich.console import Group
@@ -17,7 +17,14 @@ from rich.text import Text
 from soakd.analysis import fmt_ms
 from soakd.config import format_duration
 
-Row = dict[str, Any]
+Row = Mapping[str, object]
+"""A target's row: ``analysis.RecentRow`` (/status) or ``analysis.SessionRow`` (the end of
+a run), with ``missed`` added; a key a row lacks shows as "-"."""
+
+
+def _float(r: Row, key: str) -> float | None:
+    value = r.get(key)
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _num(fmt: str, key: str) -> Callable[[Row], str]:
@@ -25,11 +32,16 @@ def _num(fmt: str, key: str) -> Callable[[Row], str]:
 
 
 def _pct(key: str) -> Callable[[Row], str]:
-    return lambda r: "-" if r.get(key) is None else f"{r[key] * 100:.1f} %"
+    return lambda r: "-" if (v := _float(r, key)) is None else f"{v * 100:.1f} %"
 
 
 def _lat(key: str) -> Callable[[Row], str]:
-    return lambda r: fmt_ms(r.get(key))
+    return lambda r: fmt_ms(_float(r, key))
+
+
+def _kinds(r: Row) -> Mapping[str, int]:
+    kinds = r.get("errors_by_kind")
+    return kinds if isinstance(kinds, dict) else {}
 
 
 COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
@@ -52,7 +64,7 @@ SHOWN_ORDER = ("req/s", "tok/s", "ok", "errors", "goodput", "shed", "not sent", 
                "TTFT p99", "E2E p50", "E2E p99", "ITL p50", "lag p99")
 
 
-def target_table(rows: dict[str, Row], title: str, width: int | None = None) -> Table:
+def target_table(rows: Mapping[str, Row], title: str, width: int | None = None) -> Table:
     """One line per target; with ``width``, only the columns (by priority) that fit."""
     cells = {name: {title_: fn(r) for title_, fn in COLUMNS} for name, r in rows.items()}
     name_w = max([len("target"), *(len(n) for n in rows)])
@@ -133,8 +145,8 @@ def _vram_line(v: dict[str, Any]) -> Text:
                          (" peak over" if not above and (peak or 0) > limit else "", "yellow"))
 
 
-def errors_table(rows: dict[str, Row]) -> Table | None:
-    kinds = sorted({k for r in rows.values() for k in r.get("errors_by_kind", {})})
+def errors_table(rows: Mapping[str, Row]) -> Table | None:
+    kinds = sorted({k for r in rows.values() for k in _kinds(r)})
     if not kinds:
         return None
     table = Table(title="errors by kind", title_justify="left")
@@ -142,5 +154,5 @@ def errors_table(rows: dict[str, Row]) -> Table | None:
     for kind in kinds:
         table.add_column(kind, justify="right")
     for name, r in rows.items():
-        table.add_row(name, *(str(r["errors_by_kind"].get(k, 0)) for k in kinds))
+        table.add_row(name, *(str(_kinds(r).get(k, 0)) for k in kinds))
     return table

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
 
-from soakd.analysis import TargetStats, Window, summary_row
+from soakd.analysis import SessionRow, SummaryRow, TargetStats, Window, summary_row
 from soakd.model import Outcome
 
 
@@ -32,10 +31,10 @@ class RunStats:
         stats.add(outcome)
         self.window[outcome.target].add(outcome, int(time.monotonic()))
 
-    def recent(self) -> dict[str, dict[str, Any]]:
+    def recent(self) -> dict[str, SummaryRow]:
         """Per target: rates and percentiles over the last window."""
         now = int(time.monotonic())
-        rows = {}
+        rows: dict[str, SummaryRow] = {}
         for target in self.targets:
             stats, seconds = self.window[target].snapshot(now)
             rows[target] = summary_row(stats, seconds)
@@ -43,16 +42,18 @@ class RunStats:
 
     def overall(
         self, seconds: float | None = None, missed: Mapping[str, Mapping[str, int]] | None = None
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, SessionRow]:
         """Per target: whole-session numbers, errors by kind, and what was offered against
         sent (``missed``: sends not made by reason). Rates are over ``seconds``: the active
         plan time (sending), not the process's life."""
         seconds = seconds if seconds is not None else time.monotonic() - self.started
-        rows = {}
+        rows: dict[str, SessionRow] = {}
         for target in self.targets:
             stats = self.total[target]
             not_made = dict((missed or {}).get(target, {}))
-            rows[target] = summary_row(stats, seconds) | {
+            # goodput and goodput_rps: added once the run is over (app.py)
+            rows[target] = {
+                **summary_row(stats, seconds),  # type: ignore[typeddict-item]
                 "offered": stats.requests + sum(not_made.values()),
                 "missed": sum(not_made.values()),
                 "missed_by_reason": not_made,

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from soakd.analysis import Quantiles, quantile_of
 from soakd.config import Compare, Slo
 from soakd.goodput import Tally
 
@@ -26,7 +27,7 @@ class RowLike(Protocol):
     """What verdicts read of a report row (soakd.report.Row)."""
 
     success_rate: float | None
-    latency_ms: dict[str, dict[str, float | None]]
+    latency_ms: dict[str, Quantiles]  # "ttft", "itl", "tpot", "e2e"
     jitter: float | None
     oom_events: int | None
     oom_responses: int
@@ -189,7 +190,7 @@ def compared_value(key: str, row: RowLike, verdict: Verdict) -> float | None:
         rate: float | None = getattr(row, key)
         return rate
     kind, q = key.split("_")
-    ms = row.latency_ms.get(kind, {}).get(q)
+    ms = quantile_of(row.latency_ms.get(kind, Quantiles()), q)
     return None if ms is None else ms / MS_PER_S
 
 

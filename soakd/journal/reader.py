@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from soakd.analysis import TargetStats
 from soakd.journal.codec import stats_from_blob
@@ -24,6 +24,20 @@ from soakd.journal.schema import (
     check_schema,
     connect,
 )
+
+
+class Total(NamedTuple):
+    """One row of the ``totals`` table: the counts of one (target, phase, outcome, status
+    class), dropped outcomes included."""
+
+    target: str
+    phase: str
+    outcome: str
+    status_class: str
+    requests: int
+    output_tokens: int
+    prompt_tokens: int
+    oom: int
 
 
 @dataclass
@@ -83,9 +97,9 @@ class JournalReader:
         except sqlite3.OperationalError:  # v1: no such table
             return {}
 
-    def totals(self) -> list[tuple[str, str, str, str, int, int, int, int]]:
+    def totals(self) -> list[Total]:
         return [
-            (a, b, c, d, int(e), int(f), int(g), int(h))
+            Total(a, b, c, d, int(e), int(f), int(g), int(h))
             for a, b, c, d, e, f, g, h in self.conn.execute("SELECT * FROM totals")
         ]
 

@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from soakd import metric_names as mn
-from soakd.analysis import Digest
+from soakd.analysis import Digest, theil_sen
 from soakd.metrics import ProbeMetrics
 from soakd.model import Outcome, Sample
 from soakd.probes._ticks import sleep_until_next
-from soakd.probes.leak import HOUR_S, theil_sen
+from soakd.probes.leak import HOUR_S
 
 MIN_REQUESTS = 20
 MIN_POINTS = 6

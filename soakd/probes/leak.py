@@ -20,23 +20,11 @@ the usual shape of a leak through a caching allocator, reads as its average rise
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
-from collections.abc import Sequence
+
+from soakd.analysis import theil_sen  # the one estimator: the report's leak slope uses it too
 
 HOUR_S = 3600.0
-
-
-def theil_sen(ts: Sequence[float], vs: Sequence[float]) -> float | None:
-    """Median of the pairwise slopes (value units per time unit); None with < 2 points."""
-    n = len(ts)
-    slopes = [
-        (vs[j] - vs[i]) / (ts[j] - ts[i])
-        for i in range(n)
-        for j in range(i + 1, n)
-        if ts[j] != ts[i]
-    ]
-    return statistics.median(slopes) if slopes else None
 
 
 class LeakSlope:

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from soakd.probes.leak import LeakSlope, theil_sen
+from soakd.analysis import theil_sen
+from soakd.probes.leak import LeakSlope
 
 MB = 1e6
 WINDOW = 3600.0

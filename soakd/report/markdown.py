@@ -1,0 +1,66 @@
+"""Report room, Markdown: the report's tables as one Markdown document."""
+
+from __future__ import annotations
+
+from soakd.report.model import PHASE_COLUMNS, Report
+from soakd.report.table import (
+    Table,
+    cost_table,
+    definitions,
+    errors_table,
+    fmt_duration,
+    gpu_table,
+    guard_table,
+    header_lines,
+    metric_table,
+    phase_title,
+    phase_verdict_table,
+    verdict_tables,
+)
+
+
+def md_table(table: Table, level: str = "##") -> list[str]:
+    """A titled table; a best cell in bold."""
+    out = ["", f"{level} {table.title}", ""]
+    if not table.rows:
+        return out[:-1]
+    numeric = table.numeric or [False] * len(table.header)
+    out += [
+        "| " + " | ".join(table.header) + " |",
+        "|" + "".join("---:|" if n else "---|" for n in numeric),
+    ]
+    out += [
+        "| " + " | ".join(f"**{c.text}**" if c.best else c.text for c in row) + " |"
+        for row in table.rows
+    ]
+    return out
+
+
+def render_markdown(rep: Report) -> str:
+    out = [f"# soakd report: {rep.run_id}", ""]
+    out += [f"- {line}" for line in header_lines(rep)]
+    for table in verdict_tables(rep):
+        out += md_table(table)
+    out += md_table(metric_table(rep, "Targets side by side", rep.overall))
+    for extra in (cost_table(rep), guard_table(rep), errors_table(rep, "Errors by kind")):
+        if extra is not None:
+            out += md_table(extra)
+    for phase in rep.phases:
+        rows = rep.by_phase[phase]
+        out += md_table(
+            metric_table(rep, phase_title(rep, phase), rows, PHASE_COLUMNS, marks=False)
+        )
+        verdicts = phase_verdict_table(rep, phase)
+        if verdicts is not None:
+            out += md_table(verdicts, "###")
+    gpus = gpu_table(rep)
+    if gpus is not None:
+        out += md_table(gpus)
+    if rep.downtimes:
+        out += ["", "## Downtime", ""]
+        out += [
+            f"- at {d['offset_h']:.3f} h of plan time: down {fmt_duration(d['seconds'])}"
+            for d in rep.downtimes
+        ]
+    out += ["", "## Notes", ""] + [f"- {n}" for n in rep.notes + definitions(rep)]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,222 @@
+"""Report room, the data: a typed ``Report`` of plain numbers, and the metric columns.
+
+``build`` fills it from the journal; the renderers only read it. ``render_json`` writes
+it with ``dataclasses.asdict``, so the field names and their order here are the JSON
+report's keys and order: add at the end, rename never.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, TypedDict
+
+from soakd.analysis import Quantiles, quantile_of
+from soakd.verdicts import CompareVerdict, Verdict
+
+Doc = Mapping[str, Any]
+"""A JSON document as the journal stores it: the run's config (``soakd.redact.config_doc``),
+an event's data. Read with ``.get``: a key an older soakd did not write is absent."""
+
+LatencyKind = Literal["ttft", "itl", "tpot", "e2e"]
+LATENCY_KINDS: tuple[LatencyKind, ...] = ("ttft", "itl", "tpot", "e2e")
+QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
+
+
+class Downtime(TypedDict):
+    offset_h: float  # plan time (hours) where soakd was down
+    seconds: float
+
+
+@dataclass
+class Row:
+    """One target over the whole run or over one phase. None: not measured."""
+
+    target: str
+    phase: str | None
+    active_s: float = 0.0
+    offered: int = 0  # open-loop instants planned (sent or not) + closed-loop sends
+    missed: int = 0  # planned sends not made (soakd_sends_missed_total)
+    missed_by_reason: dict[str, int] = field(default_factory=dict)
+    requests: int = 0  # sent: each one ends as one outcome
+    ok: int = 0
+    shed: int = 0  # refused by the guard gateway (shed_* outcomes), not the server's failure
+    success_rate: float | None = None
+    errors: int = 0
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+    oom_responses: int = 0
+    oom_events: int | None = None
+    restarts: int | None = None
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    rps: float | None = None
+    output_tps: float | None = None
+    goodput: float | None = None  # share of sent requests within every SLO (soakd/goodput.py)
+    goodput_rps: float | None = None
+    error_ratio: float | None = None  # as slo.error_ratio counts it
+    latency_ms: dict[str, Quantiles] = field(default_factory=dict)  # LatencyKind -> Quantiles
+    lag_p99_ms: float | None = None  # soakd's own dispatch lag: high = client-limited
+    jitter: float | None = None
+    jitter_slices: int = 0
+    vram_peak_bytes: float | None = None
+    leak_bytes_per_hour: float | None = None
+    leak_note: str | None = None  # why there is no slope ("too short to tell")
+    energy_j: float | None = None
+    energy_shared: bool = False
+    tokens_per_joule: float | None = None
+    cost: float | None = None
+    cost_per_mtok: float | None = None
+    cost_per_month: float | None = None
+    cost_basis: str | None = None
+
+
+@dataclass
+class GpuRow:
+    gpu: str
+    peak_used_bytes: float | None
+    leak_bytes_per_hour: float | None
+    energy_j: float | None
+    mean_power_w: float | None
+    targets: list[str]
+    leak_note: str | None = None
+
+
+@dataclass
+class GuardRow:
+    """What the guard gateway in front of a target did in one phase."""
+
+    phase: str
+    target: str
+    modes: str  # the features the phase switched on ("vram_breaker, adaptive"...)
+    breaker_openings: dict[str, int]  # breaker -> times it opened
+    shed: dict[str, int]  # shed_* kind -> requests soakd counted so
+    rejections: dict[str, int]  # the gateway's own count, by its reason
+    limit_min: float | None  # concurrency limit over the phase
+    limit_max: float | None
+
+
+@dataclass
+class Series:
+    """One line of a plot: x in plan hours, y in the plot's unit (None breaks the line)."""
+
+    label: str
+    points: list[tuple[float, float | None]]
+    group: str = ""  # lines of one group (a target, a GPU) share a colour
+    dashed: bool = False
+
+
+@dataclass
+class Report:
+    run_id: str
+    created: str
+    versions: list[str]
+    sessions: int
+    completed: bool
+    active_s: float
+    plan_s: float
+    downtime_s: float
+    downtimes: list[Downtime]
+    targets: list[str]
+    phases: list[str]
+    overall: dict[str, Row]
+    by_phase: dict[str, dict[str, Row]]
+    gpus: list[GpuRow]
+    guard: list[GuardRow]
+    best: dict[str, list[str]]
+    plots: dict[str, list[Series]]
+    notes: list[str]
+    currency: str
+    slice_s: float
+    verdicts: dict[str, Verdict] = field(default_factory=dict)  # by target, whole run
+    phase_verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)
+    comparison: CompareVerdict | None = None
+    passed: bool | None = None  # None: nothing judged (no slo, no compare)
+
+
+Better = Literal["min", "max"]
+
+
+class Column(NamedTuple):
+    """A metric row of the side-by-side table: ``key`` is a ``Row`` field, or
+    ``kind.quantile`` for a latency ("e2e.p99")."""
+
+    key: str
+    title: str
+    better: Better | None
+
+
+METRIC_COLUMNS: list[Column] = [
+    Column("offered", "offered", None),
+    Column("missed", "sends not made", None),
+    Column("requests", "sent", None),
+    Column("goodput", "goodput (within SLO)", "max"),
+    Column("goodput_rps", "goodput (req/s)", "max"),
+    Column("success_rate", "success rate", "max"),
+    Column("errors", "errors", "min"),
+    Column("error_ratio", "error ratio (SLO)", "min"),
+    Column("shed", "shed by the guard", None),
+    Column("oom_events", "OOM events", "min"),
+    Column("oom_responses", "OOM error responses", "min"),
+    Column("restarts", "restarts", "min"),
+    Column("ttft.p50", "TTFT p50", "min"),
+    Column("ttft.p95", "TTFT p95", "min"),
+    Column("ttft.p99", "TTFT p99", "min"),
+    Column("itl.p50", "ITL p50", "min"),
+    Column("itl.p95", "ITL p95", "min"),
+    Column("itl.p99", "ITL p99", "min"),
+    Column("tpot.p50", "TPOT p50", "min"),
+    Column("tpot.p95", "TPOT p95", "min"),
+    Column("tpot.p99", "TPOT p99", "min"),
+    Column("e2e.p50", "E2E p50", "min"),
+    Column("e2e.p95", "E2E p95", "min"),
+    Column("e2e.p99", "E2E p99", "min"),
+    Column("jitter", "P99 jitter", "min"),
+    Column("rps", "throughput (req/s)", "max"),
+    Column("output_tps", "output tokens/s", "max"),
+    Column("lag_p99_ms", "dispatch lag p99", None),
+    Column("vram_peak_bytes", "VRAM peak", "min"),
+    Column("leak_bytes_per_hour", "VRAM leak slope", "min"),
+    Column("tokens_per_joule", "tokens per joule", "max"),
+    Column("cost_per_mtok", "cost per M output tokens", "min"),
+    Column("cost_per_month", "cost per month at this load", "min"),
+]
+TERMINAL_COLUMNS = (
+    "offered",
+    "missed",
+    "requests",
+    "goodput",
+    "goodput_rps",
+    "success_rate",
+    "errors",
+    "shed",
+    "oom_events",
+    "restarts",
+    "ttft.p50",
+    "ttft.p99",
+    "itl.p50",
+    "itl.p99",
+    "tpot.p50",
+    "e2e.p50",
+    "e2e.p99",
+    "jitter",
+    "rps",
+    "output_tps",
+    "vram_peak_bytes",
+    "tokens_per_joule",
+    "cost_per_mtok",
+    "cost_per_month",
+)
+# per phase: the same, less what only the whole run has (a GPU's VRAM peak, a monthly bill)
+PHASE_COLUMNS = frozenset(TERMINAL_COLUMNS) - {"vram_peak_bytes", "cost_per_month"}
+NOT_RANKED = frozenset({"goodput", "goodput_rps", "success_rate", "errors", "error_ratio"})
+"""Rows where any target may be marked best; on every other row only targets that pass the
+error criterion and succeeded on most requests compete (soakd/verdicts.py)."""
+
+
+def value_of(row: Row, key: str) -> float | None:
+    """A column's value for one row (``Column.key``)."""
+    if "." in key:
+        kind, q = key.split(".")
+        return quantile_of(row.latency_ms.get(kind, Quantiles()), q)
+    value = getattr(row, key)
+    return None if value is None else float(value)

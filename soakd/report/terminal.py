@@ -1,0 +1,68 @@
+"""Report room, terminal: the report's tables as rich renderables (``soakd run``'s end,
+``soakd report --format text``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from soakd.report.model import TERMINAL_COLUMNS, Report
+from soakd.report.table import (
+    Table,
+    errors_table,
+    guard_table,
+    header_lines,
+    metric_table,
+    verdict_tables,
+)
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+
+def _style(text: str, best: bool) -> str:
+    if best:
+        return "bold green"
+    return "bold red" if text == "FAIL" else ("bold green" if text == "PASS" else "")
+
+
+def rich_table(
+    table: Table, *, title_style: str | None = None, numeric: list[bool] | None = None
+) -> RenderableType:
+    """A titled table (a title alone when it has no rows); a best cell or a PASS in green,
+    a FAIL in red. ``numeric`` overrides the table's right-aligned columns."""
+    from rich.table import Table as RichTable
+    from rich.text import Text
+
+    if not table.rows:
+        return Text(table.title, style=title_style or "")
+    right = numeric if numeric is not None else (table.numeric or [False] * len(table.header))
+    out = RichTable(title=table.title, title_justify="left", title_style=title_style)
+    for h, r in zip(table.header, right, strict=True):
+        out.add_column(h, justify="right" if r else "left")
+    for row in table.rows:
+        out.add_row(*(Text(c.text, style=_style(c.text, c.best)) for c in row))
+    return out
+
+
+def terminal_summary(rep: Report) -> list[RenderableType]:
+    """Rich renderables for ``soakd run``'s end and ``soakd report --format text``."""
+    from rich.text import Text
+
+    out: list[RenderableType] = [Text("\n".join(header_lines(rep)))]
+    for table in verdict_tables(rep):
+        # the criterion's name beside the target; figures and results to the right
+        right = [i >= 2 for i in range(len(table.header))]
+        out.append(rich_table(table, title_style="bold", numeric=right))
+    out.append(
+        rich_table(
+            metric_table(rep, "targets side by side (✓ better)", rep.overall, TERMINAL_COLUMNS)
+        )
+    )
+    guard = guard_table(rep)
+    if guard is not None:
+        out.append(rich_table(guard))
+    errors = errors_table(rep, "errors by kind")
+    if errors is not None:
+        out.append(rich_table(errors))
+    out += [Text(f"note: {note}", style="dim") for note in rep.notes]
+    return out
