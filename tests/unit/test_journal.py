@@ -219,7 +219,6 @@ def test_a_full_disk_keeps_measuring_loses_nothing_written_and_recovers(
     with sqlite3.connect(tmp_path / "journal.db") as conn:
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
     j.cap = pages  # full from now on
-    time.sleep(0.1)
     second = make_outcomes(clock, 300, seed=2)
     for o in second:
         j.record(o)
