@@ -68,7 +68,9 @@ async def test_each_misbehaviour_maps_to_its_kind(hostile: HostileServer, mode: 
         figure(f"hostile.{mode}.detect_s", took)
     if out.error is not None and out.error.value.startswith("timeout"):
         deadline = 1.0 if out.error.value == "timeout_ttft" else 2.0
-        assert deadline <= took < deadline + 0.3, took  # on time, not late
+        # on time: never early, and less than a second late even on a loaded box (a
+        # deadline that did not fire would run to the end of the stream); exact: a figure
+        assert deadline <= took < deadline + 1.0, took
         figure(f"hostile.{mode}.detect_s", took)
     elif mode not in ("gzip_bomb",):
         assert took < 1.0, took  # everything else is recognised at once
