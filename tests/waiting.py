@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 POLL_S = 0.01
 
@@ -32,6 +32,17 @@ async def until(
     """Yield to the event loop until ``predicate()`` is true (a task makes it so)."""
     deadline = time.monotonic() + within
     while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {within:g} s")
+        await asyncio.sleep(POLL_S)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[object]], within: float = 10.0, what: str = "the condition"
+) -> None:
+    """Like ``until``, for a check that must itself await (a scrape, an HTTP call)."""
+    deadline = time.monotonic() + within
+    while not await check():
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not happen within {within:g} s")
         await asyncio.sleep(POLL_S)
