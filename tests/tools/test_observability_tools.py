@@ -47,8 +47,8 @@ def test_promtool_check_rules() -> None:
 
 
 def test_promtool_rule_unit_tests() -> None:
-    # over 120 s seen on a 2-core box with a load average of 7-10: the limit is the
-    # test's own (300 s) less a margin
+    # 177 s seen on a 2-core box with a load average of 12: the limit is the test's own
+    # (300 s) less a margin
     result = obs.run_tool(
         obs.promtool(),
         "test",
