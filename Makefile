@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-docker lint setup setup-servers setup-system clean
+.PHONY: demo test test-fast test-tools test-docker lint setup setup-servers setup-system clean
 
 PIP_LOG := .cache/setup-venv-pip.log
 
@@ -39,9 +39,11 @@ setup-system:
 	bash scripts/setup-llama-server.sh
 
 ## test: install everything the tests need (the servers and system packages above),
-## then lint, type-check and run every test; the Docker tests last (test-docker)
+## then lint, check the format, type-check and run every test (tests/unit, tests/tools,
+## tests/integration, tests/faults); the Docker tests last (test-docker)
 test: $(STAMP) setup-servers setup-system
 	$(BIN)/ruff check soakd tests
+	$(BIN)/ruff format --check soakd tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q -m "not docker"
 	$(MAKE) --no-print-directory test-docker
@@ -53,9 +55,15 @@ test: $(STAMP) setup-servers setup-system
 test-docker: $(STAMP)
 	bash scripts/test-docker.sh
 
-## test-fast: unit tests only, no servers
+## test-fast: unit tests only: no servers and no external tool (promtool, hadolint,
+## chromium, a compose CLI... are tests/tools: test-tools)
 test-fast: $(STAMP)
 	$(BIN)/pytest -q tests/unit
+
+## test-tools: the shipped files through their tools (promtool, amtool, check-jsonschema,
+## a compose CLI, hadolint, systemd-analyze, chromium); a missing tool skips (fails in CI)
+test-tools: $(STAMP)
+	$(BIN)/pytest -q tests/tools
 
 lint: $(STAMP)
 	$(BIN)/ruff check soakd tests

@@ -38,6 +38,7 @@ class FaultProxy:
         self.blackhole = False
         self.reset_after_bytes: int | None = None
         self.connections = 0
+        self.bytes_down = 0  # delivered to clients, all connections: what a test waits on
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()  # the client sides
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -153,6 +154,8 @@ class FaultProxy:
                 writer.write(piece)
                 await writer.drain()
                 sent += len(piece)
+                if downstream:
+                    self.bytes_down += len(piece)
                 if downstream and self.bandwidth_bps:
                     await asyncio.sleep(len(piece) / self.bandwidth_bps)
                 limit = self.reset_after_bytes

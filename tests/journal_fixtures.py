@@ -13,7 +13,7 @@ from typing import Any
 from soakd.config import Config, JournalConfig, config_from_dict
 from soakd.journal import Journal, RunInfo, config_doc, plan_doc, rollup_window_ns
 from soakd.metrics import JournalMetrics, Metrics
-from soakd.model import ErrorKind, Outcome, Phase, Plan
+from soakd.model import ErrorKind, Outcome, Phase, Plan, Sample
 from soakd.workload.plan import build_plan
 
 S = 1_000_000_000
@@ -122,3 +122,75 @@ def open_test_journal(
     j.start()
     j.attach(clock)
     return j
+
+
+HOUR = 3600.0
+KINDS = [None] * 20 + [
+    ErrorKind.HTTP_5XX,
+    ErrorKind.HTTP_429,
+    ErrorKind.TIMEOUT_TTFT,
+    ErrorKind.STREAM_TRUNCATED,
+]
+"""The error a synthetic request gets: one in six fails, four kinds."""
+
+
+def write_hour_run(d: Path) -> Path:
+    """A finished run in ``d``: one hour of plan time (two 30 min phases), two targets
+    (alpha, beta) with errors of four kinds, a probe sample a minute, restarts and an
+    OOM: the report tests' journal."""
+    clock = FakeClock(offset_s=HOUR + 1)
+    base_wall = time.time() - (time.perf_counter_ns() - clock.origin_ns) / 1e9
+    j = open_test_journal(d, config(), clock)
+    rng = random.Random(7)
+    seq = {"alpha": 0, "beta": 0}
+    for k in range(12):  # twelve 5-minute slices, each slower or faster: jitter
+        for target, slow in (("alpha", 1.0 + 0.1 * (k % 4)), ("beta", 1.3 + 0.25 * (k % 3))):
+            for _ in range(rng.randint(60, 90)):
+                end = k * 300 + rng.uniform(1, 299)
+                phase = "warm" if end < 1800 else "hot"
+                j.record(
+                    outcome(
+                        rng,
+                        clock,
+                        target,
+                        phase,
+                        seq[target],
+                        end,
+                        slow=slow,
+                        error=rng.choice(KINDS),
+                    )
+                )
+                seq[target] += 1
+    for t in range(0, 3600, 60):  # probes: a sample a minute
+        wall = base_wall + t + 0.5
+        j.sample(
+            Sample(
+                wall,
+                "soakd_gpu_process_memory_bytes",
+                2e9 + 5e6 * t / HOUR,
+                (("gpu", "0"), ("target", "alpha")),
+            )
+        )
+        j.sample(
+            Sample(wall, "soakd_gpu_process_memory_bytes", 3e9, (("gpu", "1"), ("target", "beta")))
+        )
+        j.sample(
+            Sample(wall, "soakd_gpu_memory_used_bytes", 2.5e9 + 5e6 * t / HOUR, (("gpu", "0"),))
+        )
+        j.sample(Sample(wall, "soakd_gpu_energy_joules_total", 100.0 * t, (("gpu", "0"),)))
+        j.sample(Sample(wall, "soakd_gpu_energy_joules_total", 1000.0 * t, (("gpu", "1"),)))
+        j.sample(Sample(wall, "soakd_gpu_power_watts", 100.0, (("gpu", "0"),)))
+    # restarts of alpha: one in warm, one in hot, then soakd itself restarted (counter back
+    # to 0) and one more in hot
+    for t, v in ((100, 0), (1000, 1), (2500, 2), (3000, 0), (3300, 1)):
+        j.sample(Sample(base_wall + t, "soakd_target_restarts_total", v, (("target", "alpha"),)))
+    j.sample(
+        Sample(
+            base_wall + 2000,
+            "soakd_target_oom_events_total",
+            1,
+            (("source", "xid"), ("target", "beta")),
+        )
+    )
+    j.close(completed=True)
+    return d

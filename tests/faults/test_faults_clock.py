@@ -208,11 +208,14 @@ async def test_wall_clock_jumps_in_process(monkeypatch: pytest.MonkeyPatch) -> N
     await runner.drain(2)
     await jumper
     took = time.perf_counter() - t0
-    assert 2.9 < took < 3.5
+    # A runner that followed time.time() would end its phases at the first jump (0.5 s
+    # in) or a day late; a quarter of a second tells those apart from a loaded loop.
+    late_s = 0.25
+    assert 3.0 - 0.1 < took < 3.0 + 2 * late_s
     starts = {name: at - t0 for name, at in entered}
-    assert abs(starts["b"] - 1.0) < 0.1, starts
-    assert abs(starts["c"] - 2.0) < 0.1, starts
-    assert abs(starts["-"] - 3.0) < 0.2
+    assert abs(starts["b"] - 1.0) < late_s, starts
+    assert abs(starts["c"] - 2.0) < late_s, starts
+    assert abs(starts["-"] - 3.0) < late_s
     walls = [o.wall_start for o in sink.outcomes]
     assert max(walls) - min(walls) > 86000  # the jumps were seen...
     assert all(0 < o.e2e_ns < 0.5 * S for o in sink.outcomes)  # ...by nothing timed

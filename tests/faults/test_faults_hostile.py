@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from soakd.config import TargetConfig
+from soakd.journal import JournalReader
 from soakd.model import Outcome, RequestSpec
 from soakd.sim.spawn import free_port
 from soakd.targets import open_target
@@ -27,6 +28,7 @@ from tests.faults.conftest import (
     write_config,
 )
 from tests.hostile_server import HUGE_LINE_BYTES, MODES, HostileServer
+from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -60,6 +62,7 @@ async def send_one(server: HostileServer, mode: str) -> tuple[Outcome, float, in
 
 @pytest.mark.parametrize("mode", sorted(m for m in MODES if m != "echo_key"))
 async def test_each_misbehaviour_maps_to_its_kind(hostile: HostileServer, mode: str) -> None:
+    gone = hostile.stats.client_gone[mode]
     out, took, peak = await send_one(hostile, mode)
     assert out.outcome == (MODES[mode] or "ok"), out.error_detail
     assert peak < PEAK_LIMIT.get(mode, DEFAULT_PEAK_LIMIT), f"{peak / 1e6:.1f} MB"
@@ -68,13 +71,15 @@ async def test_each_misbehaviour_maps_to_its_kind(hostile: HostileServer, mode: 
         figure(f"hostile.{mode}.detect_s", took)
     if out.error is not None and out.error.value.startswith("timeout"):
         deadline = 1.0 if out.error.value == "timeout_ttft" else 2.0
-        assert deadline <= took < deadline + 0.3, took  # on time, not late
+        # on time: never early, and less than a second late even on a loaded box (a
+        # deadline that did not fire would run to the end of the stream); exact: a figure
+        assert deadline <= took < deadline + 1.0, took
         figure(f"hostile.{mode}.detect_s", took)
     elif mode not in ("gzip_bomb",):
         assert took < 1.0, took  # everything else is recognised at once
     if mode in ("huge_line", "many_lines", "json_huge"):
         # soakd hung up long before the 100 MB were out: the server saw its writes fail
-        await asyncio.sleep(0.3)
+        await until(lambda: hostile.stats.client_gone[mode] > gone, what="a failed write")
         assert hostile.stats.bytes_sent[mode] < HUGE_LINE_BYTES / 4
 
 
@@ -170,11 +175,21 @@ def test_daemon_survives_every_misbehaviour_at_once(hostile: HostileServer, tmp_
     assert "Traceback" not in out + err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["completed"] is True
+    last_sent: dict[str, float] = {}
+    with JournalReader(tmp_path / "run") as journal:
+        for r in journal.request_rows(itl=False):
+            if r["sent_ns"] is not None:  # NULL: never sent
+                sent = r["sent_ns"] / 1e9
+                last_sent[r["target"]] = max(last_sent.get(r["target"], 0.0), sent)
     for mode in [t["name"] for t in cfg["targets"]]:
         row = summary["targets"][mode]
         kinds = set(row["errors_by_kind"])
         want = MODES.get(mode.replace("-", "_"))
-        assert row["requests"] >= 0.4 * 4 * seconds, (mode, row["requests"])  # load went on
+        # load went on to the end for every target (a stuck pool stops sending); how many
+        # requests a loaded box manages is a figure, not a floor
+        assert row["requests"] > 0, mode
+        assert last_sent[mode] >= seconds - 5, (mode, last_sent[mode], row["requests"])
+        figure(f"hostile.daemon.requests.{mode}", row["requests"])
         if mode == "random":
             assert kinds <= {"stream_truncated"}, kinds
         elif want is None:

@@ -20,10 +20,15 @@ from soakd.targets.openai import OpenAITarget
 from tests.fault_proxy import FaultProxy, fault_proxy, syn_blackhole
 from tests.faults.conftest import figure, open_fds, settle, tasks
 from tests.hostile_server import HostileServer, LoopThread
+from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 CONNECT_S, TTFT_S, TOTAL_S = 0.5, 1.0, 2.0
+LATE_S = 1.0
+"""A deadline fires no earlier than set and less than this late, even on a loaded 2-core
+box; a deadline that does not fire is off by the whole stream. The exact delays are
+figures (docs/faults.md), not budgets."""
 TIMEOUTS = {"connect": CONNECT_S, "ttft": TTFT_S, "total": TOTAL_S}
 
 
@@ -79,7 +84,7 @@ async def test_bandwidth_limit_stretches_the_stream(proxy: tuple[FaultProxy, Loo
     finally:
         await target.aclose()
     assert out.outcome == "timeout_total", out.error_detail
-    assert TOTAL_S <= took < TOTAL_S + 0.3
+    assert TOTAL_S <= took < TOTAL_S + LATE_S
     assert out.content_chunks > 3  # tokens were arriving, just too slowly
     assert slow.ok, slow.error_detail
     assert slow_took > 0.4
@@ -95,8 +100,9 @@ async def test_resets_cut_streams_and_soakd_reconnects(
         p.reset_after_bytes = 2000  # RST once a few tokens went through
         cut, _ = await send(target)
         p.reset_after_bytes = None
+        seen = p.bytes_down
         pending = asyncio.ensure_future(send(target, 1))
-        await asyncio.sleep(0.2)  # mid-stream
+        await until(lambda: p.bytes_down >= seen + 1000, what="a few tokens")  # mid-stream
         await asyncio.to_thread(lt.call, p.reset_all)
         cut2, _ = await pending
         again, _ = await send(target, 2)  # a fresh connection, nothing stuck in the pool
@@ -117,8 +123,9 @@ async def test_blackhole_before_and_after_the_first_token(
         p.blackhole = True
         before, took_before = await send(target)
         p.blackhole = False
+        seen = p.bytes_down
         pending = asyncio.ensure_future(send(target, 1))
-        await asyncio.sleep(0.15)  # a few tokens in
+        await until(lambda: p.bytes_down >= seen + 1000, what="a few tokens")
         p.blackhole = True
         after, took_after = await pending
         p.blackhole = False
@@ -126,10 +133,10 @@ async def test_blackhole_before_and_after_the_first_token(
     finally:
         await target.aclose()
     assert before.outcome == "timeout_ttft"
-    assert TTFT_S <= took_before < TTFT_S + 0.2, took_before
+    assert TTFT_S <= took_before < TTFT_S + LATE_S, took_before
     # after the first token only the total deadline is left: soakd has no idle timeout
     assert after.outcome == "timeout_total"
-    assert TOTAL_S <= took_after < TOTAL_S + 0.2, took_after
+    assert TOTAL_S <= took_after < TOTAL_S + LATE_S, took_after
     assert after.content_chunks >= 2
     assert back.ok, back.error_detail
     figure("network.blackhole_before_first_token.detect_s", took_before)
@@ -144,7 +151,7 @@ async def test_unanswered_handshake_is_a_connect_timeout() -> None:
         finally:
             await target.aclose()
     assert out.outcome == "timeout_connect", out.error_detail
-    assert CONNECT_S <= took < CONNECT_S + 0.2, took
+    assert CONNECT_S <= took < CONNECT_S + LATE_S, took
     figure("network.syn_blackhole.detect_s", took)
 
 
@@ -159,7 +166,7 @@ async def test_refused_is_immediate(proxy: tuple[FaultProxy, LoopThread]) -> Non
     finally:
         await target.aclose()
     assert out.outcome == "connect_refused"
-    assert took < 0.05
+    assert took < CONNECT_S  # a refusal, not a wait for the connect deadline
     assert back.ok
     figure("network.refused.detect_ms", took * 1000)
 

@@ -22,6 +22,7 @@ from soakd.config import ConfigError, TargetConfig
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.targets import open_target
 from soakd.targets import openai as openai_target
+from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(20)]
 
@@ -170,8 +171,14 @@ async def endless(request: web.Request, body: dict[str, Any]) -> web.StreamRespo
 
 async def stalls(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
     """Three tokens, then silence: a server that hangs mid-generation."""
-    parts: list[bytes | float] = [chunk({"content": "a"}), chunk({"content": "b"}), 0.05,
-                                  chunk({"content": "c"}), 5.0, DONE]
+    parts: list[bytes | float] = [
+        chunk({"content": "a"}),
+        chunk({"content": "b"}),
+        0.05,
+        chunk({"content": "c"}),
+        5.0,
+        DONE,
+    ]
     return await sse(request, parts)
 
 
@@ -556,7 +563,7 @@ async def test_cancel_records_then_reraises(server: Server) -> None:
     target = await open_target(config(f"{server.base}/slow_first"))
     out = Outcome.planned(SPEC)
     task = asyncio.create_task(target.send(SPEC, out))
-    await asyncio.sleep(0.1)
+    await until(lambda: out.sent_ns > 0, what="the request sent")  # cancelled mid-request
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from soakd.sim.profiles import Profile, get_profile
 from soakd.sim.server import RUNTIME, SimServer, run_sim, start_sim
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -321,8 +322,15 @@ async def test_requests_queue_past_max_num_seqs() -> None:
             asyncio.create_task(session.post("/v1/chat/completions", json=chat_body(40)))
             for _ in range(5)
         ]
-        await asyncio.sleep(0.05)
-        families = await scrape(session)
+        seen: list[Any] = []
+
+        async def all_five_in() -> bool:
+            seen[:] = [await scrape(session)]
+            running = value(seen[0], "vllm:num_requests_running")
+            return bool(running + value(seen[0], "vllm:num_requests_waiting") == 5)
+
+        await eventually(all_five_in, what="five requests in the engine")
+        families = seen[0]
         assert value(families, "vllm:num_requests_running") == 2
         assert value(families, "vllm:num_requests_waiting") == 3
         for resp in await asyncio.gather(*tasks):

@@ -1,8 +1,10 @@
-"""soakd end to end against the embedded simulator: real processes, real HTTP, real scrape."""
+"""soakd end to end against the embedded simulator: real processes, real HTTP, real scrape,
+and a real SIGTERM."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -12,6 +14,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -21,7 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
+from soakd.journal import JournalReader
+from soakd.sim.profiles import get_profile
+from soakd.sim.server import start_sim
 from soakd.sim.spawn import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -50,15 +57,20 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def total(metrics: dict, name: str, **labels: str) -> float:
-    return sum(v for (n, lbl), v in metrics.items()
-               if n == name and all(dict(lbl).get(k) == x for k, x in labels.items()))
+    return sum(
+        v
+        for (n, lbl), v in metrics.items()
+        if n == name and all(dict(lbl).get(k) == x for k, x in labels.items())
+    )
 
 
 async def test_two_targets_side_by_side(tmp_path: Path) -> None:
     cfg = config_from_dict(sim_config())
     port = free_port()
-    soak = Soak(cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{port}",
-                                console_logs=False))
+    soak = Soak(
+        cfg,
+        RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{port}", console_logs=False),
+    )
     scraped: dict[str, str] = {}
 
     async def scrape_during_run() -> None:
@@ -93,8 +105,11 @@ async def test_two_targets_side_by_side(tmp_path: Path) -> None:
         assert summary["errors"] == 0, summary["errors_by_kind"]
         ok = total(metrics, "soakd_requests_total", target=name, outcome="ok")
         assert ok == summary["requests"]
-        phases = {dict(lbl)["phase"] for (n, lbl), v in metrics.items()
-                  if n == "soakd_requests_total" and v and dict(lbl)["target"] == name}
+        phases = {
+            dict(lbl)["phase"]
+            for (n, lbl), v in metrics.items()
+            if n == "soakd_requests_total" and v and dict(lbl)["target"] == name
+        }
         assert phases == {"closed", "open"}
         assert total(metrics, "soakd_request_duration_seconds_count", target=name) == ok
         assert total(metrics, "soakd_time_to_first_token_seconds_count", target=name) == ok
@@ -109,48 +124,170 @@ async def test_two_targets_side_by_side(tmp_path: Path) -> None:
     assert (run_dir / "soakd.log").read_text().count("phase_started") == 2
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None and not os.environ.get("CI"),
-                    reason="promtool not installed (scripts/setup-prometheus.sh)")
-def test_cli_run_sigterm_drains_and_exports_clean_metrics(tmp_path: Path) -> None:
+DRAIN_S = 5.0
+
+
+def long_run_config(urls: dict[str, str]) -> dict[str, Any]:
+    """An hour of closed loop against simulators the test runs (so it can read their
+    counters after soakd is gone): SIGTERM always comes mid-run."""
+    cfg = sim_config(drain_timeout=f"{DRAIN_S:g}s")
+    for target in cfg["targets"]:
+        del target["simulator"]
+        target["base_url"] = urls[target["name"]]
+    cfg["phases"] = [
+        {"name": "long", "duration": "1h", "load": {"mode": "closed", "concurrency": 3}}
+    ]
+    return cfg
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> str:
+    async with session.get(url) as resp:
+        return await resp.text()
+
+
+async def test_cli_run_sigterm_mid_run_drains_and_counts_what_the_server_served(
+    tmp_path: Path,
+) -> None:
+    """`soakd run` (a real process) against two simulators, SIGTERM mid-run: it stops
+    sending, finishes what is in flight, exits 0 within drain_timeout + 2 s, and the
+    summary, the journal and the servers' own counters agree request for request."""
+    fast = get_profile("fast")
+    sims = {name: await start_sim("127.0.0.1", 0, fast, "m") for name in ("fast-a", "fast-b")}
+    proc = None
+    try:
+        path = tmp_path / "soak.yaml"
+        path.write_text(yaml.safe_dump(long_run_config({n: s.url for n, s in sims.items()})))
+        port = free_port()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "soakd",
+            "run",
+            str(path),
+            "--no-live",
+            "--metrics-addr",
+            f"127.0.0.1:{port}",
+            "--run-dir",
+            str(tmp_path / "run"),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        counted: dict[str, float] = {}
+
+        async def refresh() -> None:
+            with contextlib.suppress(aiohttp.ClientError):
+                text = await scrape(session, f"http://127.0.0.1:{port}/metrics")
+                counted.update(
+                    {n: total(samples(text), "soakd_requests_total", target=n) for n in sims}
+                )
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            deadline = time.monotonic() + 60  # a bound on a hang: start-up is seconds
+            while not (counted and min(counted.values()) >= 10):
+                assert proc.returncode is None, "soakd exited before the signal"
+                assert time.monotonic() < deadline, "soakd counted no requests in 60 s"
+                await refresh()
+                await asyncio.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            out, err = await asyncio.wait_for(proc.communicate(), DRAIN_S + 30)
+            stop_s = time.monotonic() - signalled
+            served = {
+                n: samples(await scrape(session, s.url + "/metrics")) for n, s in sims.items()
+            }
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for sim in sims.values():
+            await sim.aclose()
+    stdout, stderr = out.decode(), err.decode()
+    print(f"\nexited {stop_s:.2f} s after SIGTERM (drain_timeout {DRAIN_S:g} s)")
+    assert proc.returncode == 0, stderr[-2000:]
+    # the promise of the README: stop within the drain timeout (+ exit and final flush)
+    assert stop_s < DRAIN_S + 2, f"exited {stop_s:.1f} s after SIGTERM"
+    assert "stopped early" in stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["completed"] is False
+    assert summary["cancelled"] == 0  # everything in flight finished within the drain
+    with JournalReader(tmp_path / "run") as journal:
+        rows = [(r["target"], r["error"], r["output_tokens"]) for r in journal.request_rows()]
+        totals = journal.totals()
+        stopped = [e["data"] for e in journal.events() if e["kind"] == "run_stopped"]
+    assert stopped == [{"completed": False}]
+    for name in sims:
+        reported = summary["targets"][name]
+        assert name in stdout
+        assert reported["errors"] == 0, reported["errors_by_kind"]
+        mine = [r for r in rows if r[0] == name]
+        assert all(error is None for _, error, _ in mine)
+        finished = total(served[name], "vllm:request_success_total", finished_reason="stop") + (
+            total(served[name], "vllm:request_success_total", finished_reason="length")
+        )
+        # one number, four sources: the server's count of what it finished, the summary,
+        # the journal's rows and its totals (what the counters restart from)
+        print(f"{name}: served {finished:g}, summary {reported['requests']}, journal {len(mine)}")
+        assert reported["requests"] == finished == len(mine) >= 10
+        assert sum(t[4] for t in totals if t[0] == name) == len(mine)
+        assert total(served[name], "vllm:request_success_total", finished_reason="abort") == 0
+        assert total(served[name], "vllm:generation_tokens_total") == sum(r[2] for r in mine)
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None and not os.environ.get("CI"),
+    reason="promtool not installed (scripts/setup-prometheus.sh)",
+)
+def test_cli_run_exports_metrics_promtool_accepts(tmp_path: Path) -> None:
+    """What `soakd run` serves on /metrics mid-run passes `promtool check metrics`."""
     cfg = sim_config()
-    cfg["phases"] = [{"name": "long", "duration": "1h",
-                      "load": {"mode": "closed", "concurrency": 3}}]
+    cfg["phases"] = [
+        {"name": "long", "duration": "1h", "load": {"mode": "closed", "concurrency": 3}}
+    ]
     path = tmp_path / "soak.yaml"
     path.write_text(yaml.safe_dump(cfg))
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "soakd", "run", str(path), "--no-live",
-         "--metrics-addr", f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "run")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "soakd",
+            "run",
+            str(path),
+            "--no-live",
+            "--metrics-addr",
+            f"127.0.0.1:{port}",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    page: list[str] = []
+
+    def counting() -> bool:
+        url = f"http://127.0.0.1:{port}/metrics"
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as resp:
+            page[:] = [resp.read().decode()]
+        return bool(page) and total(samples(page[0]), "soakd_requests_total") >= 10
+
     try:
-        text = ""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            time.sleep(0.3)
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as resp:
-                    text = resp.read().decode()
-                if total(samples(text), "soakd_requests_total") >= 10:
-                    break
-            except OSError:
-                continue
-        check = subprocess.run(["promtool", "check", "metrics"], input=text,
-                               capture_output=True, text=True, check=False)
+        wait_until(counting, 60, "10 requests on soakd's /metrics")
+        check = subprocess.run(
+            ["promtool", "check", "metrics"],
+            input=page[0],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert check.returncode == 0, check.stdout + check.stderr
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
             proc.kill()
-    assert proc.returncode == 0, err[-2000:]
-    assert "stopped early" in out
-    assert "fast-a" in out
-    assert "fast-b" in out
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["completed"] is False
-    assert summary["cancelled"] == 0
-    assert all(t["errors"] == 0 for t in summary["targets"].values())
-    assert all(t["requests"] >= 5 for t in summary["targets"].values())
+            proc.wait()
 
 
 def test_check_reports_bad_config_in_one_line(tmp_path: Path) -> None:
@@ -158,8 +295,12 @@ def test_check_reports_bad_config_in_one_line(tmp_path: Path) -> None:
     cfg["phases"][0]["duration"] = "72x"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "soakd", "check", str(path)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "soakd", "check", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0
     assert "phases[closed].duration" in proc.stderr

@@ -30,6 +30,7 @@ from soakd.journal import writer as writer_mod
 from soakd.metrics import JournalMetrics, Metrics
 from soakd.model import ErrorKind, Outcome, Sample
 from tests.journal_fixtures import MS, FakeClock, config, open_test_journal, outcome, run_info
+from tests.waiting import wait_until
 
 KINDS = [None] * 12 + [ErrorKind.HTTP_5XX, ErrorKind.HTTP_429, ErrorKind.TIMEOUT_CONNECT]
 
@@ -62,10 +63,7 @@ def written(metrics: Metrics) -> float:
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+    wait_until(cond, timeout)
 
 
 def test_itl_packs_to_four_bytes_a_gap() -> None:
@@ -221,7 +219,6 @@ def test_a_full_disk_keeps_measuring_loses_nothing_written_and_recovers(
     with sqlite3.connect(tmp_path / "journal.db") as conn:
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
     j.cap = pages  # full from now on
-    time.sleep(0.1)
     second = make_outcomes(clock, 300, seed=2)
     for o in second:
         j.record(o)
@@ -384,7 +381,15 @@ def test_retention_deletes_old_rows_but_keeps_the_aggregates(
                 old + i if i < 30 else time.time(), "soakd_gpu_power_watts", 100.0, (("gpu", "0"),)
             )
         )
-    time.sleep(0.3)
+
+    def retention_done() -> bool:
+        # the writer deletes old rows after a commit (every commit here): wait for both
+        with sqlite3.connect(f"file:{tmp_path / 'journal.db'}?mode=ro", uri=True) as conn:
+            requests = conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
+            samples = conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
+        return bool(requests == 40 and samples == 20)
+
+    wait_for(retention_done)
     j.close()
     with JournalReader(tmp_path) as r:
         assert sum(1 for _ in r.request_rows()) == 40
@@ -417,15 +422,18 @@ def test_samples_and_events_round_trip(tmp_path: Path) -> None:
         assert r.meta["schema_version"] == journal_mod.SCHEMA_VERSION
 
 
-def test_recording_never_blocks(tmp_path: Path) -> None:
-    """The hot path is an append: 100k records take well under a second of loop time."""
+def test_recording_is_an_append_that_keeps_every_record(tmp_path: Path) -> None:
+    """The hot path is an append: a burst far faster than the writer is queued whole and
+    written whole, and the outcome is neither copied nor changed. (Its cost per call, a
+    few µs, is a figure of bench/micro.py, not a budget here.)"""
     clock = FakeClock(offset_s=1)
-    j = open_test_journal(tmp_path, config(), clock, journal_cfg=JournalConfig(queue_size=200_000))
+    j = open_test_journal(tmp_path, config(), clock, journal_cfg=JournalConfig(queue_size=20_000))
     o = make_outcomes(clock, 1)[0]
-    t0 = time.perf_counter()
-    for _ in range(100_000):
+    e2e = o.e2e_ns
+    for _ in range(5_000):
         j.record(o)
-    spent = time.perf_counter() - t0
     j.close()
-    assert spent < 0.5
-    assert o.e2e_ns > MS  # the same object, recorded 100k times, is never copied
+    assert o.e2e_ns == e2e > MS  # the same object, recorded 5000 times, is never copied
+    with JournalReader(tmp_path) as r:
+        assert sum(1 for _ in r.request_rows()) == 5_000  # none dropped
+        assert sum(t[4] for t in r.totals()) == 5_000

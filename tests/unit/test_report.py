@@ -1,6 +1,7 @@
 """The report from a synthetic journal: every number checked against values computed here,
 independently, from the same rows (exact percentiles from sorted lists, rates, error
-counts), in JSON, Markdown and HTML; the HTML opened in a real headless Chromium."""
+counts), in JSON, Markdown and HTML. The HTML in a real headless Chromium:
+tests/tools/test_report_chromium.py."""
 
 from __future__ import annotations
 
@@ -9,9 +10,7 @@ import math
 import os
 import random
 import re
-import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import time
@@ -24,17 +23,17 @@ import pytest
 from soakd.cli import main
 from soakd.export import export, records
 from soakd.journal import JournalReader, unpack_itl
-from soakd.model import ErrorKind, Sample
+from soakd.model import Sample
 from soakd.report import build_report, render_html, render_json, render_markdown
-from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome
+from tests.journal_fixtures import (
+    HOUR,
+    FakeClock,
+    config,
+    open_test_journal,
+    outcome,
+    write_hour_run,
+)
 
-HOUR = 3600.0
-KINDS = [None] * 20 + [
-    ErrorKind.HTTP_5XX,
-    ErrorKind.HTTP_429,
-    ErrorKind.TIMEOUT_TTFT,
-    ErrorKind.STREAM_TRUNCATED,
-]
 QS = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 
 
@@ -44,63 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One hour of plan time (two 30 min phases), two targets, probe samples."""
-    d = tmp_path_factory.mktemp("run")
-    clock = FakeClock(offset_s=HOUR + 1)
-    base_wall = time.time() - (time.perf_counter_ns() - clock.origin_ns) / 1e9
-    j = open_test_journal(d, config(), clock)
-    rng = random.Random(7)
-    seq = {"alpha": 0, "beta": 0}
-    for k in range(12):  # twelve 5-minute slices, each slower or faster: jitter
-        for target, slow in (("alpha", 1.0 + 0.1 * (k % 4)), ("beta", 1.3 + 0.25 * (k % 3))):
-            for _ in range(rng.randint(60, 90)):
-                end = k * 300 + rng.uniform(1, 299)
-                phase = "warm" if end < 1800 else "hot"
-                j.record(
-                    outcome(
-                        rng,
-                        clock,
-                        target,
-                        phase,
-                        seq[target],
-                        end,
-                        slow=slow,
-                        error=rng.choice(KINDS),
-                    )
-                )
-                seq[target] += 1
-    for t in range(0, 3600, 60):  # probes: a sample a minute
-        wall = base_wall + t + 0.5
-        j.sample(
-            Sample(
-                wall,
-                "soakd_gpu_process_memory_bytes",
-                2e9 + 5e6 * t / HOUR,
-                (("gpu", "0"), ("target", "alpha")),
-            )
-        )
-        j.sample(
-            Sample(wall, "soakd_gpu_process_memory_bytes", 3e9, (("gpu", "1"), ("target", "beta")))
-        )
-        j.sample(
-            Sample(wall, "soakd_gpu_memory_used_bytes", 2.5e9 + 5e6 * t / HOUR, (("gpu", "0"),))
-        )
-        j.sample(Sample(wall, "soakd_gpu_energy_joules_total", 100.0 * t, (("gpu", "0"),)))
-        j.sample(Sample(wall, "soakd_gpu_energy_joules_total", 1000.0 * t, (("gpu", "1"),)))
-        j.sample(Sample(wall, "soakd_gpu_power_watts", 100.0, (("gpu", "0"),)))
-    # restarts of alpha: one in warm, one in hot, then soakd itself restarted (counter back
-    # to 0) and one more in hot
-    for t, v in ((100, 0), (1000, 1), (2500, 2), (3000, 0), (3300, 1)):
-        j.sample(Sample(base_wall + t, "soakd_target_restarts_total", v, (("target", "alpha"),)))
-    j.sample(
-        Sample(
-            base_wall + 2000,
-            "soakd_target_oom_events_total",
-            1,
-            (("source", "xid"), ("target", "beta")),
-        )
-    )
-    j.close(completed=True)
-    return d
+    return write_hour_run(tmp_path_factory.mktemp("run"))
 
 
 def rows_of(run_dir: Path) -> list[dict[str, Any]]:
@@ -384,53 +327,6 @@ def test_a_report_without_probes_says_so(tmp_path: Path) -> None:
     assert "| restarts | - | - |" in md
 
 
-def _png_size(path: Path) -> tuple[int, int]:
-    head = path.read_bytes()[:24]
-    assert head[:8] == b"\x89PNG\r\n\x1a\n"
-    return struct.unpack(">II", head[16:24])
-
-
-@pytest.mark.skipif(
-    shutil.which("chromium") is None and not os.environ.get("CI"),
-    reason="chromium not installed (scripts/setup-chromium.sh)",
-)
-def test_html_opens_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
-    page = tmp_path / "report.html"
-    page.write_text(render_html(build_report(run_dir)))
-    shot = tmp_path / "report.png"
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--hide-scrollbars",
-        f"--user-data-dir={tmp_path / 'profile'}",
-    ]
-    dom = subprocess.run(
-        ["chromium", *flags, "--dump-dom", page.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    assert dom.count("<svg") == 5
-    assert "Targets side by side" in dom
-    assert "<parsererror" not in dom  # a broken SVG shows up as a parser error element
-    subprocess.run(
-        ["chromium", *flags, "--window-size=1200,3000", f"--screenshot={shot}", page.as_uri()],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
-    assert _png_size(shot) == (1200, 3000)
-    assert shot.stat().st_size > 50_000  # tables and plots drawn, not a blank page
-    keep = os.environ.get("SOAKD_SCREENSHOT_DIR")
-    if keep:
-        shutil.copy(shot, Path(keep) / "report.png")
-
-
 @pytest.mark.parametrize("command", ["check", "report", "export"])
 def test_a_reader_that_hung_up_is_not_an_error(run_dir: Path, command: str) -> None:
     """``soakd check ... | head -3``: the reader closed the pipe; soakd stops quietly, 0."""
@@ -444,7 +340,11 @@ def test_a_reader_that_hung_up_is_not_an_error(run_dir: Path, command: str) -> N
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "soakd", command, *args],
-            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, cwd=ROOT,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
         )
     finally:
         os.close(write)

@@ -11,6 +11,7 @@ import structlog
 from soakd.model import ErrorKind, LoadShape, Outcome, Phase, Plan, RequestSpec
 from soakd.workload.prompts import PromptSource
 from soakd.workload.runner import Runner
+from tests.waiting import until
 
 MS = 1_000_000
 
@@ -66,8 +67,9 @@ def plan_of(*phases: tuple[str, int, dict[str, LoadShape]]) -> Plan:
 
 def runner_for(plan: Plan, *targets: FakeTarget) -> tuple[Runner, Sink]:
     sink = Sink()
-    runner = Runner(plan, {t.name: t for t in targets}, Prompts(), [sink], max_tokens=8,
-                    temperature=0.7)
+    runner = Runner(
+        plan, {t.name: t for t in targets}, Prompts(), [sink], max_tokens=8, temperature=0.7
+    )
     return runner, sink
 
 
@@ -75,8 +77,11 @@ async def test_closed_loop_phases_and_concurrency() -> None:
     a, b = FakeTarget("a"), FakeTarget("b")
     plan = plan_of(
         ("warm", 200, {"a": LoadShape("closed", concurrency=2), "b": LoadShape("idle")}),
-        ("hot", 200, {"a": LoadShape("closed", concurrency=6),
-                      "b": LoadShape("closed", concurrency=3)}),
+        (
+            "hot",
+            200,
+            {"a": LoadShape("closed", concurrency=6), "b": LoadShape("closed", concurrency=3)},
+        ),
     )
     runner, sink = runner_for(plan, a, b)
     await runner.run()
@@ -99,8 +104,8 @@ async def test_open_loop_rate_and_lag() -> None:
     await runner.run()
     await runner.drain(5)
     assert len(sink.outcomes) == pytest.approx(200, abs=2)
-    lags = sorted(o.dispatch_lag_ns for o in sink.outcomes)
-    assert lags[len(lags) // 2] < 20 * MS  # recorded and small on an idle loop
+    # every send's lag is recorded (its size on this machine: bench/micro.py dispatch)
+    assert all(o.sent_ns >= o.scheduled_ns > 0 for o in sink.outcomes)
 
 
 async def test_stop_drains_in_flight_requests() -> None:
@@ -108,7 +113,7 @@ async def test_stop_drains_in_flight_requests() -> None:
     plan = plan_of(("long", 60_000, {"a": LoadShape("closed", concurrency=4)}))
     runner, sink = runner_for(plan, target)
     task = asyncio.create_task(runner.run())
-    await asyncio.sleep(0.1)
+    await until(lambda: target.active == 4)
     runner.stop()
     await task
     cancelled = await runner.drain(5)
@@ -123,7 +128,7 @@ async def test_drain_deadline_cancels_and_records() -> None:
     plan = plan_of(("long", 60_000, {"a": LoadShape("closed", concurrency=3)}))
     runner, sink = runner_for(plan, target)
     task = asyncio.create_task(runner.run())
-    await asyncio.sleep(0.05)
+    await until(lambda: target.active == 3)
     runner.stop()
     await task
     cancelled = await runner.drain(0.1)
@@ -134,14 +139,18 @@ async def test_drain_deadline_cancels_and_records() -> None:
 
 async def test_resume_mid_plan_skips_finished_phases() -> None:
     target = FakeTarget("a")
-    plan = plan_of(("one", 200, {"a": LoadShape("closed", concurrency=1)}),
-                   ("two", 200, {"a": LoadShape("closed", concurrency=1)}))
+    plan = plan_of(
+        ("one", 200, {"a": LoadShape("closed", concurrency=1)}),
+        ("two", 200, {"a": LoadShape("closed", concurrency=1)}),
+    )
     runner, sink = runner_for(plan, target)
-    started = time.monotonic()
     await runner.run(start_offset_ns=250 * MS)
     await runner.drain(5)
     assert {o.phase for o in sink.outcomes} == {"two"}
-    assert time.monotonic() - started < 0.35  # only the remaining 150 ms of "two"
+    # nothing scheduled before the resume point; the session sent for the remaining
+    # 150 ms of "two" only (plan time, the basis of every rate)
+    assert min(o.scheduled_ns for o in sink.outcomes) >= runner.origin_ns + 250 * MS
+    assert runner.active_s() == pytest.approx(0.15)
 
 
 class DeadTarget(FakeTarget):

@@ -67,5 +67,5 @@ async def test_retry_after_pauses_closed_loop_workers() -> None:
     first, second = sink.outcomes[0], sink.outcomes[1]
     assert first.error is ErrorKind.HTTP_429  # counted, not hidden
     gap_s = (second.sent_ns - first.end_ns) / 1e9
-    assert 0.28 <= gap_s < 0.6  # the 0.3 s asked for
+    assert gap_s >= 0.28  # the 0.3 s asked for, never less (the loop's clock granularity)
     assert len(sink.outcomes) > 20  # and sending went on afterwards
