@@ -135,6 +135,9 @@ class Metrics:
             "soakd_event_loop_delay_seconds", "How late soakd's run loop woke for its last "
             "1 s tick: above a few ms, soakd is short of CPU and its timings suffer.",
             registry=r)
+        self.loop_tasks = Gauge(
+            "soakd_event_loop_tasks", "asyncio tasks alive on soakd's run loop (its last tick).",
+            registry=r)
         self.run_start = Gauge(
             "soakd_run_start_time_seconds", "Unix time the run started.", registry=r)
 
