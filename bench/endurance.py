@@ -299,23 +299,42 @@ def _num(v: str) -> float | None:
         return None
 
 
-def slope_per_hour(xs: list[float], ys: list[float]) -> float:
-    n = len(xs)
-    if n < 2:
-        return math.nan
-    mx, my = sum(xs) / n, sum(ys) / n
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den * 3600 if den else 0
+WARM_S = 180.0
+"""Samples taken in the first 3 minutes of a session (soakd starting, connections opening,
+the simulators warming up) are plotted but left out of the table and the slopes."""
 
 
-def series(rows: list[dict[str, str]], col: str) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
+def slope_per_hour(points: list[tuple[int, float, float]]) -> float:
+    """Least squares slope within sessions, pooled: each session's own mean is taken out,
+    so a restart (RSS back to its start) is not read as a fall, nor the climb after it
+    as a rise."""
+    by: dict[int, list[tuple[float, float]]] = {}
+    for session, x, y in points:
+        by.setdefault(session, []).append((x, y))
+    num = den = 0.0
+    for pts in by.values():
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        num += sum((x - mx) * (y - my) for x, y in pts)
+        den += sum((x - mx) ** 2 for x, _ in pts)
+    return num / den * 3600 if den else math.nan
+
+
+def series(rows: list[dict[str, str]], col: str) -> list[tuple[int, float, float]]:
+    """(session, t_s, value) of the samples that have the figure."""
+    out = []
     for r in rows:
         y = _num(r[col])
         if y is not None and y >= 0:
-            xs.append(float(r["t_s"]))
-            ys.append(y)
-    return xs, ys
+            out.append((int(r["session"]), float(r["t_s"]), y))
+    return out
+
+
+def warm(rows: list[dict[str, str]], warm_s: float = WARM_S) -> list[dict[str, str]]:
+    first: dict[str, float] = {}
+    for r in rows:
+        first.setdefault(r["session"], float(r["t_s"]))
+    return [r for r in rows if float(r["t_s"]) - first[r["session"]] >= warm_s]
 
 
 def svg(xs: list[float], ys: list[float], title: str, unit: str,
@@ -349,7 +368,7 @@ def svg(xs: list[float], ys: list[float], title: str, unit: str,
     return "\n".join(parts) + "\n"
 
 
-def render(samples: Path, docs: Path) -> str:
+def render(samples: Path, docs: Path, warm_s: float = WARM_S) -> str:
     rows = list(csv.DictReader(samples.open()))
     events = samples.with_name("events.jsonl")
     kills = []
@@ -357,17 +376,27 @@ def render(samples: Path, docs: Path) -> str:
         kills = [float(e["t_s"]) for e in map(json.loads, events.open())
                  if e["kind"] == "sigkill"]
     docs.mkdir(parents=True, exist_ok=True)
-    lines = ["| figure | start | middle | end | slope per hour | plot |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| figure | start | middle | end | min - max | slope per hour (within sessions) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    steady = warm(rows, warm_s)
     for col, title, unit in FIGURES:
-        xs, ys = series(rows, col)
-        if not ys:
+        pts = series(rows, col)
+        if not pts:
             continue
+        xs, ys = [x for _, x, _ in pts], [y for _, _, y in pts]
         (docs / f"{col}.svg").write_text(svg(xs, ys, title, unit, kills))
-        mid = len(ys) // 2
+        wpts = series(steady, col)
+        if not wpts:
+            continue
+        wy = [y for _, _, y in wpts]
+        mid = min(range(len(wpts)), key=lambda i: abs(wpts[i][1] - xs[-1] / 2))
         u = f" {unit}" if unit else ""
-        lines.append(f"| {title} | {ys[0]:.4g}{u} | {ys[mid]:.4g}{u} | {ys[-1]:.4g}{u} | "
-                     f"{slope_per_hour(xs, ys):+.3g}{u} | [{col}.svg]({col}.svg) |")
+        lines.append(
+            f"| [{title}]({col}.svg) | {wy[0]:.4g}{u} | {wy[mid]:.4g}{u} | {wy[-1]:.4g}{u} | "
+            f"{min(wy):.4g} - {max(wy):.4g} | {slope_per_hour(wpts):+.3g}{u} |"
+        )
     table = "\n".join(lines) + "\n"
     (docs / "table.md").write_text(table)
     return table
@@ -380,13 +409,15 @@ def main() -> None:
     p.add_argument("--sample-every", type=duration, default=60.0)
     p.add_argument("--grace", type=duration, default=300.0,
                    help="after --duration plus the resumes' downtime, SIGTERM")
+    p.add_argument("--warm", type=duration, default=WARM_S,
+                   help="the start of each session left out of the table (default 3m)")
     p.add_argument("--out", default="/tmp/endure/run")
     p.add_argument("--docs", default=None, help="write table.md and the SVGs here")
     p.add_argument("--render", default=None, metavar="CSV", help="only render these samples")
     args = p.parse_args()
     samples = Path(args.render) if args.render else run(args)
     docs = Path(args.docs) if args.docs else samples.parent / "docs"
-    print(render(samples, docs))
+    print(render(samples, docs, args.warm))
 
 
 if __name__ == "__main__":
