@@ -56,8 +56,10 @@ class LogFile:
         if self._f is None or self._f.closed:
             return
         try:
-            if self._size and self._size + len(line) + 1 > self.max_bytes and self.path.is_file():
-                self._rotate()
+            if self._size and self._size + len(line) + 1 > self.max_bytes:
+                self._size = size = self.path.stat().st_size  # logrotate may have truncated it
+                if size and size + len(line) + 1 > self.max_bytes:
+                    self._rotate()
             self._f.write(line + "\n")
             self._f.flush()
             self._size += len(line) + 1  # characters: bytes for the ASCII JSON writes

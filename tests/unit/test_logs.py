@@ -118,3 +118,19 @@ def test_the_log_file_rotates_at_its_size_cap(tmp_path: Path) -> None:
     assert all(f.stat().st_size <= 10_000 for f in files)
     last = json.loads(path.read_text().splitlines()[-1])
     assert last["n"] == 1_999  # the newest lines are in soakd.log
+
+
+def test_a_file_truncated_from_outside_is_not_rotated(tmp_path: Path) -> None:
+    """logrotate's copytruncate empties the file under soakd: no early rotation then."""
+    path = tmp_path / "soakd.log"
+    setup_logging(log_file=path, console=False, max_bytes=10_000)
+    log = structlog.get_logger()
+    try:
+        for i in range(50):  # about 6.5 KB
+            log.info("line", n=i, pad="x" * 40)
+        path.write_text("")  # copytruncate
+        for i in range(50):  # about 6.5 KB
+            log.info("line", n=i, pad="x" * 40)
+    finally:
+        close_logging()
+    assert [f.name for f in tmp_path.iterdir()] == ["soakd.log"]
