@@ -339,7 +339,8 @@ def warm(rows: list[dict[str, str]], warm_s: float = WARM_S) -> list[dict[str, s
 
 def svg(xs: list[float], ys: list[float], title: str, unit: str,
         kills: list[float]) -> str:
-    """One polyline, axes with min/max labels, dashed lines at the SIGKILLs."""
+    """One polyline, axes with min/max labels, dashed lines at the SIGKILLs. The table's
+    links are relative to the folder above ``docs`` (docs/benchmarks.md for docs/endurance)."""
     w, h, left, right, top, bottom = 640, 220, 60, 15, 28, 30
     x1 = max(xs[-1], 1.0)
     lo, hi = min(0.0, min(ys)), max(ys) * 1.1 or 1.0
@@ -394,8 +395,8 @@ def render(samples: Path, docs: Path, warm_s: float = WARM_S) -> str:
         mid = min(range(len(wpts)), key=lambda i: abs(wpts[i][1] - xs[-1] / 2))
         u = f" {unit}" if unit else ""
         lines.append(
-            f"| [{title}]({col}.svg) | {wy[0]:.4g}{u} | {wy[mid]:.4g}{u} | {wy[-1]:.4g}{u} | "
-            f"{min(wy):.4g} - {max(wy):.4g} | {slope_per_hour(wpts):+.3g}{u} |"
+            f"| [{title}]({docs.name}/{col}.svg) | {wy[0]:.4g}{u} | {wy[mid]:.4g}{u} | "
+            f"{wy[-1]:.4g}{u} | {min(wy):.4g} - {max(wy):.4g} | {slope_per_hour(wpts):+.3g}{u} |"
         )
     table = "\n".join(lines) + "\n"
     (docs / "table.md").write_text(table)
