@@ -586,6 +586,9 @@ def render(results: Path, dest: Path, notes: Path | None = None) -> None:
     if ab.exists():
         ab_table(json.loads(ab.read_text()), lines)
     lines += manycore_section(results)
+    hours = ROOT / "bench" / "ENDURANCE.md"  # bench/endurance.py's hours-long run, by hand
+    if hours.exists():
+        lines += [hours.read_text().rstrip(), ""]
     if notes and notes.exists():
         lines += [notes.read_text().rstrip(), ""]
     notes_default = ROOT / "bench" / "NOTES.md"

@@ -42,7 +42,7 @@ from soakd.journal import (
     read_resume_state,
     rollup_window_ns,
 )
-from soakd.logs import close_logging, set_phase, setup_logging
+from soakd.logs import close_logging, flush_repeats, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
 from soakd.net import parse_host_port
@@ -540,6 +540,8 @@ class Soak:
                 now = time.monotonic()
                 self.metrics.loop_delay.set(max(0.0, now - due))  # how late this tick woke
                 self._last_tick = now
+                self.metrics.loop_tasks.set(len(asyncio.all_tasks()))
+                flush_repeats()  # the log's summaries of repeated lines whose window closed
                 self._update_gauges()
                 st = self._status = self.status()
                 if live is not None:
