@@ -150,7 +150,7 @@ class Metrics:
             "1 s tick: above a few ms, soakd is short of CPU and its timings suffer.",
             registry=r)
         self.loop_tasks = Gauge(
-            "soakd_event_loop_tasks", "asyncio tasks alive on soakd's run loop (its last tick).",
+            mn.EVENT_LOOP_TASKS, "asyncio tasks alive on soakd's run loop (its last tick).",
             registry=r)
         self.run_start = Gauge(
             mn.RUN_START_TIME_SECONDS, "Unix time the run started.", registry=r)
