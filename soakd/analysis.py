@@ -21,6 +21,16 @@ _LOG_GAMMA = math.log(_GAMMA)
 _MIN_NS = 1_000  # 1 us: anything faster is recorded as 1 us
 
 
+def digest_key(value_ns: int) -> int:
+    """The ``Digest`` bucket a duration falls in (the journal stores ITL gaps as these)."""
+    return 0 if value_ns <= _MIN_NS else int(math.log(value_ns / _MIN_NS) / _LOG_GAMMA) + 1
+
+
+def digest_value(key: int) -> int:
+    """A duration in the middle of bucket ``key``: ``digest_key(digest_value(k)) == k``."""
+    return _MIN_NS if key == 0 else round(_MIN_NS * _GAMMA ** (key - 0.5))
+
+
 class Digest:
     """Quantiles of nanosecond durations, +-1 % relative error, O(buckets) memory."""
 

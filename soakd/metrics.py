@@ -372,6 +372,16 @@ class JournalMetrics:
             "soakd_run_downtime_seconds",
             "Time the run was down between a stop or crash and its resume.", registry=r)
         self.resumes = Counter("soakd_run_resumes", "Times this run was resumed.", registry=r)
+        # the disk budget (journal.max_bytes, soakd/journal/budget.py)
+        self.max_bytes = Gauge("soakd_journal_max_bytes", "The journal's disk budget.", registry=r)
+        self.disk_free = Gauge("soakd_journal_disk_free_bytes",
+                               "Free space of the journal's file system.", registry=r)
+        self.rows_kept = Gauge("soakd_journal_rows_kept",
+                               "1 while per-request rows are written, 0 once near the budget "
+                               "(rollups only).", registry=r)
+        self.rows_dropped = Counter("soakd_journal_rows_dropped",
+                                    "Requests kept only in the rollups and totals (no row): "
+                                    "the journal was near its budget.", registry=r)
         for kind in JOURNAL_KINDS:
             self.records.labels(kind)
             self.dropped.labels(kind)

@@ -289,6 +289,19 @@ class _Timeline:
         return self.phases[-1][0] if self.phases and offset_s >= self.phases[-1][2] else None
 
 
+def _rows_stopped_notes(events: list[dict[str, Any]]) -> list[str]:
+    """A note per session that stopped writing request rows near the journal's budget."""
+    return [
+        f"session {e['session']} stopped writing per-request rows at "
+        f"{(e['offset_ns'] or 0) / NS / HOUR_S:.2f} h (the journal reached 90 % of "
+        f"journal.max_bytes, {e['data'].get('max_bytes', 0) / 1e9:.2f} GB): every "
+        "percentile, count and plot here comes from the rollups and stays whole; "
+        "the export holds no rows after that point"
+        for e in events
+        if e["kind"] == "rows_stopped"
+    ]
+
+
 def build_report(
     run_dir: Path,
     *,
@@ -417,7 +430,8 @@ def build_report(
         notes.append(
             "goodput and the error ratio count the journaled request rows: "
             + ", ".join(
-                f"{t} has {n} fewer (retention or dropped records)" for t, n in short.items()
+                f"{t} has {n} fewer (retention, dropped records or journal.max_bytes)"
+                for t, n in short.items()
             )
         )
     if not samples or not any(samples.values()):
@@ -437,6 +451,7 @@ def build_report(
             "retention deleted old rows; totals, percentiles and plots still cover "
             "the whole run (rollups are kept), the export does not"
         )
+    notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
 
     notes += _client_limits(overall, targets, config)
     eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}

@@ -19,10 +19,10 @@ from soakd.journal.codec import stats_from_blob
 from soakd.journal.rollups import unfolded_rollups
 from soakd.journal.schema import (
     JOURNAL_FILE,
-    REQUEST_COLUMNS,
     JournalError,
     check_schema,
     connect,
+    request_columns,
 )
 
 
@@ -128,12 +128,19 @@ class JournalReader:
             out[sid].append((wall, value))
         return out
 
+    @property
+    def version(self) -> int:
+        """The journal's schema version (``PRAGMA user_version``)."""
+        return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+
     def request_rows(self, *, itl: bool = True) -> Iterator[sqlite3.Row]:
-        """Every request row, streamed (constant memory), in commit order."""
-        cols = [c for c in REQUEST_COLUMNS if itl or c != "itl"]
+        """Every request row, streamed (constant memory), in commit order; any schema
+        version reads the same columns (``itl_hist`` NULL before v3). ITL gaps of a row:
+        ``codec.row_itl_ns``."""
         cur = self.conn.cursor()
         cur.row_factory = sqlite3.Row
-        cur.execute(f"SELECT {', '.join(cols)} FROM requests ORDER BY id")  # noqa: S608
+        cols = request_columns(self.version, itl=itl)
+        cur.execute(f"SELECT {cols} FROM requests ORDER BY id")  # noqa: S608
         while True:
             chunk = cur.fetchmany(1000)
             if not chunk:
