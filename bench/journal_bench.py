@@ -41,6 +41,7 @@ class Clock:
         self.finished = False
         self.stopping = False
         self.next_seq: dict[str, int] = {}
+        self.missed: dict[tuple[str, str, str], int] = {}
 
 
 GAPS = ("wide", "tight")

@@ -11,7 +11,7 @@ import math
 import statistics
 from collections import Counter as CounterDict
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from soakd.model import OK, Outcome
@@ -24,6 +24,16 @@ _MIN_NS = 1_000  # 1 us: anything faster is recorded as 1 us
 def digest_key(value_ns: int) -> int:
     """The ``Digest`` bucket a duration falls in (the journal stores ITL gaps as these)."""
     return 0 if value_ns <= _MIN_NS else int(math.log(value_ns / _MIN_NS) / _LOG_GAMMA) + 1
+
+
+def digest_counts(values: Iterable[int]) -> dict[int, int]:
+    """How many of ``values`` fall in each ``Digest`` bucket (``digest_key``, inlined)."""
+    counts: dict[int, int] = {}
+    log, lg, lo = math.log, _LOG_GAMMA, _MIN_NS
+    for v in values:
+        k = 0 if v <= lo else int(log(v / lo) / lg) + 1
+        counts[k] = counts.get(k, 0) + 1
+    return counts
 
 
 def digest_value(key: int) -> int:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
-from soakd.analysis import Digest, TargetStats, digest_key, digest_value
+from soakd.analysis import Digest, TargetStats, digest_counts, digest_value
 from soakd.model import ErrorKind, Outcome
 
 _BIG = sys.byteorder == "big"
@@ -65,10 +65,7 @@ def pack_itl_hist(gaps_ns: Sequence[int]) -> bytes:
     and its count, then (keys skipped, count) per bucket. Dense: the first key, the number
     of keys, then every key's count (zeros included), as varints, or two to a byte when
     every count is below 16 (nibbles, low first). Whichever is shorter."""
-    counts: dict[int, int] = {}
-    for g in gaps_ns:
-        k = digest_key(g)
-        counts[k] = counts.get(k, 0) + 1
+    counts = digest_counts(gaps_ns)
     if not counts:
         return b""
     keys = sorted(counts)
