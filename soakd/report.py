@@ -316,11 +316,12 @@ def build_report(
         sessions = reader.sessions()
         events = reader.events()
         totals = reader.totals()
-        rollups = reader.rollups()
+        span_ns = reader.span_ns()  # long runs: 5-minute windows, merged as read (reader.py)
+        rollups = reader.rollups(span_ns=span_ns)
         missed = reader.missed()
         series = reader.series()
         samples = reader.samples(SAMPLE_NAMES)
-        window_s = reader.window_ns / NS
+        window_s = span_ns / NS
         config = meta.get("config", {})
         if judge_by is not None:
             config = decisions_from(config, judge_by)

@@ -241,3 +241,41 @@ def test_the_default_budget_is_half_the_free_space_once(
     j = open_test_journal(other, config(), clock)
     assert j._budget.max_bytes == budget_mod.AUTO_CAP
     j.close()
+
+
+def test_a_long_run_is_reported_from_merged_windows_with_the_same_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past 2 h the report reads 5-minute windows merged as they are read (its jitter
+    slices): every figure is what the journal's own windows give, in less memory."""
+    phases = [
+        {"name": "warm", "duration": "100m", "load": {"mode": "closed", "concurrency": 2}},
+        {"name": "hot", "duration": "100m", "load": {"mode": "poisson", "rate": 5}},
+    ]
+    cfg = config(phases=phases)  # 200 min: 12 s windows
+    clock = FakeClock(offset_s=3 * 3600)
+    j = open_test_journal(tmp_path, cfg, clock)
+    rng = random.Random(9)
+    for i in range(3000):
+        end_s = 30 + i * 3.9  # over 3.25 h, both phases
+        phase = "warm" if end_s < 6000 else "hot"
+        o = outcome(
+            rng, clock, ("alpha", "beta")[i % 2], phase, i // 2, end_s, slow=1 + (i % 97) / 30
+        )
+        j.record(o)
+    j.close()
+    with JournalReader(tmp_path) as r:
+        assert r.window_ns == 12 * 10**9
+        assert r.span_ns() == 300 * 10**9
+        fine, merged = r.rollups(), r.rollups(span_ns=r.span_ns())
+    assert len(merged) < len(fine) / 4
+    assert sum(x.stats.requests for x in merged) == 3000
+    rep = build_report(tmp_path)
+    monkeypatch.setattr(JournalReader, "span_ns", lambda self: self.window_ns)
+    ref = build_report(tmp_path)
+    assert rep.slice_s == ref.slice_s == 300
+    for key in ("alpha", "beta"):
+        assert rep.overall[key] == ref.overall[key]
+        for phase in ("warm", "hot"):
+            assert rep.by_phase[phase][key] == ref.by_phase[phase][key]
+    assert rep.overall["alpha"].jitter is not None
