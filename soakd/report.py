@@ -294,9 +294,9 @@ def _rows_stopped_notes(events: list[dict[str, Any]]) -> list[str]:
     return [
         f"session {e['session']} stopped writing per-request rows at "
         f"{(e['offset_ns'] or 0) / NS / HOUR_S:.2f} h (the journal reached 90 % of "
-        f"journal.max_bytes, {e['data'].get('max_bytes', 0) / 1e9:.2f} GB): every "
-        "percentile, count and plot here comes from the rollups and stays whole; "
-        "the export holds no rows after that point"
+        f"journal.max_bytes, {e['data'].get('max_bytes', 0) / 1e9:.2f} GB): percentiles, "
+        "counts and plots come from the rollups and stay whole; goodput and the error-ratio "
+        "tally cover the rows kept; the export holds no rows after that point"
         for e in events
         if e["kind"] == "rows_stopped"
     ]
