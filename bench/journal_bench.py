@@ -1,7 +1,8 @@
 """Journal bench: write throughput (records/s) and disk bytes per request, synthetic outcomes.
 
     .venv/bin/python bench/journal_bench.py                 # 1M requests, 128 tokens each
-    .venv/bin/python bench/journal_bench.py -n 200000 --tokens 512 --no-itl --sync normal
+    .venv/bin/python bench/journal_bench.py -n 200000 --tokens 512 --itl exact --sync normal
+    .venv/bin/python bench/journal_bench.py -n 200000 --tokens 512 --gaps tight
 
 A producer thread plays the event loop: it builds outcomes and calls ``Journal.record``
 (pausing while the queue is over 20k, as a loop at that rate would not be). Figures:
@@ -40,9 +41,22 @@ class Clock:
         self.finished = False
         self.stopping = False
         self.next_seq: dict[str, int] = {}
+        self.missed: dict[tuple[str, str, str], int] = {}
 
 
-def outcomes(n: int, tokens: int, seed: int = 1) -> list[Outcome]:
+GAPS = ("wide", "tight")
+"""wide: every gap uniform in 5-60 ms (the worst case for compact gaps: ~125 buckets);
+tight: 20 ms +-10 % with 2 % of gaps 2-5x longer (a server batching other prefills)."""
+
+
+def _gap_us(rng: random.Random, gaps: str) -> int:
+    if gaps == "wide":
+        return rng.randint(5_000, 60_000)
+    spike = rng.uniform(2, 5) if rng.random() < 0.02 else 1.0
+    return int(rng.uniform(18_000, 22_000) * spike)
+
+
+def outcomes(n: int, tokens: int, seed: int = 1, gaps: str = "wide") -> list[Outcome]:
     """A pool of realistic outcomes (re-recorded many times: building them is not the bench)."""
     rng = random.Random(seed)
     pool = []
@@ -51,26 +65,31 @@ def outcomes(n: int, tokens: int, seed: int = 1) -> list[Outcome]:
         out = max(2, int(rng.uniform(0.5, 1.5) * tokens))
         sent = now - rng.randint(1, 30) * 10**9
         ttft = rng.randint(20_000, 400_000) * 1000
-        gaps = array("q", [rng.randint(5_000, 60_000) * 1000 for _ in range(out - 1)])
+        itl = array("q", [_gap_us(rng, gaps) * 1000 for _ in range(out - 1)])
         o = Outcome(("local", "cloud")[i % 2], "steady", i, sent - rng.randint(0, 2_000_000))
         o.sent_ns, o.wall_start = sent, time.time()
         o.first_token_ns = sent + ttft
-        o.end_ns = sent + ttft + sum(gaps)
+        o.end_ns = sent + ttft + sum(itl)
         o.status, o.output_tokens, o.prompt_tokens, o.usage_reported = 200, out, 256, True
-        o.itl_ns = gaps
+        o.itl_ns = itl
         if i % 100 == 0:
             o.error, o.status = ErrorKind.HTTP_5XX, 503
         pool.append(o)
     return pool
 
 
-def bench(n: int, tokens: int, itl: bool, sync: str) -> dict[str, float]:
-    pool = outcomes(500, tokens)
+def bench(n: int, tokens: int, itl: str, sync: str, gaps: str = "wide") -> dict[str, float]:
+    pool = outcomes(500, tokens, gaps=gaps)
     with tempfile.TemporaryDirectory(prefix="soakd-journal-bench-") as tmp:
         reg = CollectorRegistry()
         jm = JournalMetrics(reg)
         info = RunInfo("bench", {}, {"phases": []}, datetime.now(UTC), {}, 60 * 10**9)
-        cfg = JournalConfig(synchronous=sync, itl_gaps=itl, queue_size=100_000)  # type: ignore[arg-type]
+        cfg = JournalConfig(
+            synchronous=sync,  # type: ignore[arg-type]
+            itl_gaps=itl != "none",
+            itl="exact" if itl == "exact" else "compact",
+            queue_size=100_000,
+        )
         j = Journal(Path(tmp) / JOURNAL_FILE, info, cfg, metrics=jm)
         j.start()
         j.attach(Clock())  # type: ignore[arg-type]
@@ -122,13 +141,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-n", type=int, default=1_000_000, help="requests (default 1M)")
     p.add_argument("--tokens", type=int, default=128, help="mean output tokens per request")
-    p.add_argument("--no-itl", action="store_true", help="journal.itl_gaps: false")
+    p.add_argument(
+        "--itl",
+        choices=("compact", "exact", "none"),
+        default="compact",
+        help="journal.itl (none: journal.itl_gaps: false)",
+    )
+    p.add_argument(
+        "--gaps", choices=GAPS, default="wide", help="wide: 5-60 ms; tight: 20 ms, 2 %% spikes"
+    )
     p.add_argument("--sync", choices=("full", "normal"), default="full")
     a = p.parse_args()
-    r = bench(a.n, a.tokens, not a.no_itl, a.sync)
+    r = bench(a.n, a.tokens, a.itl, a.sync, a.gaps)
     print(
         f"requests            {r['n']:,} (mean {a.tokens} output tokens, "
-        f"itl_gaps={'off' if a.no_itl else 'on'}, synchronous={a.sync})"
+        f"itl={a.itl}, {a.gaps} gaps, synchronous={a.sync})"
     )
     print(f"hot path            {r['record_us']:.2f} us per record() call")
     print(

@@ -15,7 +15,7 @@ import math
 import statistics
 from collections import Counter as CounterDict
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NotRequired, TypedDict, cast
 
@@ -24,6 +24,26 @@ from soakd.model import OK, Outcome
 _GAMMA = 1.02  # bucket width ratio: values are reported within +-1 % of the truth
 _LOG_GAMMA = math.log(_GAMMA)
 _MIN_NS = 1_000  # 1 us: anything faster is recorded as 1 us
+
+
+def digest_key(value_ns: int) -> int:
+    """The ``Digest`` bucket a duration falls in (the journal stores ITL gaps as these)."""
+    return 0 if value_ns <= _MIN_NS else int(math.log(value_ns / _MIN_NS) / _LOG_GAMMA) + 1
+
+
+def digest_counts(values: Iterable[int]) -> dict[int, int]:
+    """How many of ``values`` fall in each ``Digest`` bucket (``digest_key``, inlined)."""
+    counts: dict[int, int] = {}
+    log, lg, lo = math.log, _LOG_GAMMA, _MIN_NS
+    for v in values:
+        k = 0 if v <= lo else int(log(v / lo) / lg) + 1
+        counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
+def digest_value(key: int) -> int:
+    """A duration in the middle of bucket ``key``: ``digest_key(digest_value(k)) == k``."""
+    return _MIN_NS if key == 0 else round(_MIN_NS * _GAMMA ** (key - 0.5))
 
 
 class Digest:

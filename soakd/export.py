@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from soakd.journal import JournalReader, unpack_itl
+from soakd.journal import JournalReader, row_itl_ns, unpack_itl
 
 COLUMNS = (
     "id",
@@ -73,7 +73,10 @@ def _record(row: sqlite3.Row, itl: bool) -> dict[str, Any]:
         else:
             out[col] = row[col]
     if itl:
-        out["itl_us"] = list(unpack_itl(row["itl"]))
+        exact = row["itl"]  # else compact: bucket middles, ascending (docs/journal.md)
+        out["itl_us"] = (
+            list(unpack_itl(exact)) if exact else [g // 1000 for g in row_itl_ns(row)]
+        )
     return out
 
 

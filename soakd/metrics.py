@@ -379,6 +379,16 @@ class JournalMetrics:
             mn.RUN_DOWNTIME_SECONDS_TOTAL,
             "Time the run was down between a stop or crash and its resume.", registry=r)
         self.resumes = Counter(mn.RUN_RESUMES_TOTAL, "Times this run was resumed.", registry=r)
+        # the disk budget (journal.max_bytes, soakd/journal/budget.py)
+        self.max_bytes = Gauge(mn.JOURNAL_MAX_BYTES, "The journal's disk budget.", registry=r)
+        self.disk_free = Gauge(mn.JOURNAL_DISK_FREE_BYTES,
+                               "Free space of the journal's file system.", registry=r)
+        self.rows_kept = Gauge(mn.JOURNAL_ROWS_KEPT,
+                               "1 while per-request rows are written, 0 once near the budget "
+                               "(rollups only).", registry=r)
+        self.rows_dropped = Counter(mn.JOURNAL_ROWS_DROPPED_TOTAL,
+                                    "Requests kept only in the rollups and totals (no row): "
+                                    "the journal was near its budget.", registry=r)
         for kind in JOURNAL_KINDS:
             self.records.labels(kind)
             self.dropped.labels(kind)

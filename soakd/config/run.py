@@ -106,7 +106,10 @@ class JournalConfig(Strict):
     keep_samples: Duration | None = None  # delete probe samples older than this
     keep_requests: Duration | None = None  # delete request rows older than this
     max_bytes: Annotated[int, BeforeValidator(parse_bytes), Field(ge=1_000_000)] | None = None
-    itl_gaps: bool = True  # keep every inter-token gap (4 bytes each) for export
+    itl_gaps: bool = True  # false: no gaps at all (count, mean, p50 and max remain)
+    # --- journal size (issue 16): per-request ITL storage, disk budget; docs/journal.md
+    itl: Literal["compact", "exact"] = "compact"  # compact: 2 % buckets; exact: 4 B a gap
+    # max_bytes None: the journal's size at start + half the free space there, <= 20 GB
 
     @field_validator("flush_interval")
     @classmethod

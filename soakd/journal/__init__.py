@@ -2,8 +2,8 @@
 
 One package, one concern per module (docs/architecture.md, "The journal's rooms"):
 
-- ``schema``: the tables, the versions (v1 -> v2 migration), opening and checking a file;
-- ``codec``: Outcome <-> row, ITL gaps as a BLOB, ``TargetStats`` blobs (pure);
+- ``schema``: the tables, the versions (v1 -> v2 -> v3 migration), opening and checking a file;
+- ``codec``: Outcome <-> row, ITL gaps as BLOBs (compact or exact), ``TargetStats`` blobs;
 - ``handoff``: the one queue between the event loop and the writer thread, both ways;
 - ``writer``: ``Journal``, the sink the run records to, and its writer thread;
 - ``progress``: the session's heartbeat of the plan clock, downtime, run events;
@@ -20,9 +20,12 @@ from soakd.config.redact import config_doc
 from soakd.journal.codec import (
     outcome_from_row,
     pack_itl,
+    pack_itl_hist,
+    row_itl_ns,
     stats_from_blob,
     stats_to_blob,
     unpack_itl,
+    unpack_itl_hist,
 )
 from soakd.journal.handoff import PUMP_SLICE, HandOff
 from soakd.journal.progress import PlanClock
@@ -75,11 +78,14 @@ __all__ = [
     "open_journal",
     "outcome_from_row",
     "pack_itl",
+    "pack_itl_hist",
     "plan_doc",
     "read_resume_state",
     "rollup_window_ns",
+    "row_itl_ns",
     "stats_from_blob",
     "stats_to_blob",
     "unfolded_rollups",
     "unpack_itl",
+    "unpack_itl_hist",
 ]

@@ -1,5 +1,14 @@
 """Journal codec room: how an Outcome becomes a row and back, ITL gaps as a BLOB, and the
-``TargetStats`` blobs of the rollups. Pure: no IO, no state."""
+``TargetStats`` blobs of the rollups. Pure: no IO, no state.
+
+ITL gaps are stored one of two ways (``journal.itl``):
+
+- ``compact`` (the default, column ``itl_hist``): the gaps' ``Digest`` buckets (2 % wide,
+  the report's own precision) and how many gaps fell in each, as varints: ~1 byte a
+  bucket, so a 512-token answer costs ~60-130 bytes instead of 2 KB. Read back, every gap
+  is its bucket's middle (within 1 %), in ascending order, not in arrival order;
+- ``exact`` (column ``itl``): every gap as uint32 little-endian microseconds, 4 bytes a gap.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +18,11 @@ import sys
 import time
 import zlib
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
-from soakd.analysis import Digest, TargetStats
+from soakd.analysis import Digest, TargetStats, digest_counts, digest_value
 from soakd.model import ErrorKind, Outcome
 
 _BIG = sys.byteorder == "big"
@@ -39,25 +49,119 @@ def unpack_itl(blob: bytes | None) -> array[int]:
     return out
 
 
+_SPARSE, _DENSE, _NIBBLES = 0, 1, 2  # the first byte of an ``itl_hist`` blob
+
+
+def _varints(out: bytearray, values: list[int]) -> None:
+    for v in values:
+        while v >= 0x80:
+            out.append((v & 0x7F) | 0x80)
+            v >>= 7
+        out.append(v)
+
+
+def pack_itl_hist(gaps_ns: Sequence[int]) -> bytes:
+    """Gaps as their ``Digest`` buckets: a mode byte, then varints. Sparse: the first key
+    and its count, then (keys skipped, count) per bucket. Dense: the first key, the number
+    of keys, then every key's count (zeros included), as varints, or two to a byte when
+    every count is below 16 (nibbles, low first). Whichever is shorter."""
+    counts = digest_counts(gaps_ns)
+    if not counts:
+        return b""
+    keys = sorted(counts)
+    lo, span = keys[0], keys[-1] - keys[0] + 1
+    nibbles = max(counts.values()) < 16
+    dense_bytes = (span + 1) // 2 if nibbles else span
+    if 2 * len(keys) <= dense_bytes:
+        out = bytearray((_SPARSE,))
+        sparse = [lo, counts[lo]]
+        for prev, k in pairwise(keys):
+            sparse += (k - prev - 1, counts[k])
+        _varints(out, sparse)
+        return bytes(out)
+    dense = [counts.get(k, 0) for k in range(lo, lo + span)]
+    out = bytearray((_NIBBLES if nibbles else _DENSE,))
+    _varints(out, [lo, span])
+    if nibbles:
+        dense.append(0)
+        out += bytes(a | b << 4 for a, b in zip(dense[::2], dense[1::2], strict=False))
+    else:
+        _varints(out, dense)
+    return bytes(out)
+
+
+def _read_varints(data: bytes, pos: int, n: int | None = None) -> tuple[list[int], int]:
+    """``n`` varints (all when None) from ``data[pos:]``, and where they end."""
+    values: list[int] = []
+    v = shift = 0
+    end = len(data)
+    while pos < end and (n is None or len(values) < n):
+        b = data[pos]
+        pos += 1
+        v |= (b & 0x7F) << shift
+        if b & 0x80:
+            shift += 7
+        else:
+            values.append(v)
+            v = shift = 0
+    return values, pos
+
+
+def unpack_itl_hist(blob: bytes | None) -> array[int]:
+    """Nanoseconds, each gap its bucket's middle (within 1 %), ascending."""
+    out = array("q")
+    if not blob:
+        return out
+    mode = blob[0]
+    if mode == _SPARSE:
+        values, _ = _read_varints(blob, 1)
+        key = values[0] - 1
+        for i in range(0, len(values), 2):
+            key += values[i] + 1 if i else 1
+            out.extend([digest_value(key)] * values[i + 1])
+        return out
+    (lo, span), pos = _read_varints(blob, 1, 2)
+    if mode == _NIBBLES:
+        counts = [c for b in blob[pos:] for c in (b & 0x0F, b >> 4)]
+    else:
+        counts = _read_varints(blob, pos)[0]
+    for i, n in enumerate(counts[:span]):
+        if n:
+            out.extend([digest_value(lo + i)] * n)
+    return out
+
+
+def row_itl_ns(row: Mapping[str, Any] | sqlite3.Row) -> array[int]:
+    """A row's gaps in ns: exact ones (``itl``) or the compact buckets' (``itl_hist``)."""
+    exact = row["itl"]
+    if exact:
+        return array("q", [us * 1000 for us in unpack_itl(exact)])
+    return unpack_itl_hist(row["itl_hist"])
+
+
 def outcome_row(
-    o: Outcome, rid: int, session: int, origin: int, *, itl_gaps: bool
+    o: Outcome, rid: int, session: int, origin: int, *, itl: str = "compact"
 ) -> tuple[tuple[Any, ...], list[int]]:
     """The ``requests`` row of an outcome (instants as offsets from the plan's ``origin``),
-    and its inter-token gaps sorted (the writer counts them into the ITL histogram)."""
+    and its inter-token gaps sorted (the writer counts them into the ITL histogram).
+    ``itl``: ``compact`` (buckets in ``itl_hist``), ``exact`` (every gap in ``itl``) or
+    ``none`` (neither; count, mean, p50 and max are always stored)."""
     sent = o.sent_ns - origin if o.sent_ns else None
     end_ns = max(0, (o.end_ns or time.perf_counter_ns()) - origin)
     ok = o.error is None
     gaps = o.itl_ns
     n = len(gaps)
     itl_mean = itl_p50 = itl_max = None
-    blob = None
+    blob = hist = None
     ordered: list[int] = []
     if n:
         ordered = sorted(gaps)
         itl_mean = sum(ordered) // n
         itl_p50 = (ordered[(n - 1) // 2] + ordered[n // 2]) // 2
         itl_max = ordered[-1]
-        if itl_gaps:
+        if itl == "compact":
+            hist = pack_itl_hist(ordered)
+        elif itl == "exact":
             blob = pack_itl(gaps)
     row = (
         rid,
@@ -84,6 +188,7 @@ def outcome_row(
         o.prompt_tokens,
         o.output_tokens,
         int(o.usage_reported),
+        hist,
     )
     return row, ordered
 
@@ -107,7 +212,7 @@ def outcome_from_row(row: Mapping[str, Any] | sqlite3.Row) -> Outcome:
     o.prompt_tokens = row["prompt_tokens"]
     o.output_tokens = row["output_tokens"]
     o.usage_reported = bool(row["usage_reported"])
-    o.itl_ns = array("q", [us * 1000 for us in unpack_itl(row["itl"])])
+    o.itl_ns = row_itl_ns(row)
     return o
 
 

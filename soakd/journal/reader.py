@@ -14,16 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from soakd.analysis import TargetStats
+from soakd.analysis import JITTER_SLICES, JITTER_WINDOW_S, TargetStats
 from soakd.journal.codec import stats_from_blob
 from soakd.journal.rollups import unfolded_rollups
 from soakd.journal.schema import (
     JOURNAL_FILE,
-    REQUEST_COLUMNS,
     JournalError,
     check_schema,
     connect,
+    request_columns,
 )
+
+MERGE_SLICE_NS = round(JITTER_WINDOW_S / JITTER_SLICES * 1e9)
+"""The report's jitter slices (5 minutes) on a run that reached 2 jitter windows (2 h)."""
 
 
 class Total(NamedTuple):
@@ -103,23 +106,53 @@ class JournalReader:
             for a, b, c, d, e, f, g, h in self.conn.execute("SELECT * FROM totals")
         ]
 
-    def rollups(self) -> list[Rollup]:
-        """Every window, with what a killed writer left unrolled folded in (in memory)."""
-        found: dict[tuple[str, str, int], Rollup] = {}
-        for target, phase, window, wmin, wmax, blob in self.conn.execute(
-            "SELECT target, phase, window, wall_min, wall_max, stats FROM rollups"
-        ):
-            found[(target, phase, window)] = Rollup(
-                target, phase, window, wmin, wmax, stats_from_blob(blob)
-            )
+    def span_ns(self, slice_ns: int = MERGE_SLICE_NS) -> int:
+        """The coarsest window a report over this journal can use: ``slice_ns`` (the
+        jitter's 5-minute slices) once the plan clock and the plan both reached two jitter
+        windows (2 h: the report then judges whole hours in 5-minute slices) and the
+        journal's window divides it; else the journal's window."""
+        window = self.window_ns
+        two = round(2 * JITTER_WINDOW_S * 1e9)
+        phases = self.meta.get("plan", {}).get("phases") or [{"end_ns": 0}]
+        reached = self.conn.execute("SELECT MAX(offset_ns) FROM progress").fetchone()[0] or 0
+        long_run = min(reached, phases[-1]["end_ns"]) >= two
+        return slice_ns if long_run and slice_ns % window == 0 else window
+
+    def rollups(self, *, span_ns: int | None = None) -> list[Rollup]:
+        """Every window, with what a killed writer left unrolled folded in (in memory).
+        ``span_ns`` (a multiple of the journal's window): consecutive windows merged into
+        windows that long (``window`` then counts spans), as they are read, so memory
+        holds the merged ones only (a 72 h run: 1/5 of its 60 s windows at 300 s)."""
+        window_ns = self.window_ns
+        per = max(1, (span_ns or window_ns) // window_ns)
+        unfolded: dict[tuple[str, str, int], Rollup] = {}
         last = self.conn.execute(
             "SELECT rollup_from_id, stopped FROM progress ORDER BY session DESC LIMIT 1"
         ).fetchone()
         if last is not None and not last[1]:  # not cleanly closed (or still running)
             for key, (stats, wmin, wmax, _) in unfolded_rollups(
-                self.conn, last[0], self.window_ns
+                self.conn, last[0], window_ns
             ).items():
-                found[key] = Rollup(*key, wmin, wmax, stats)
+                unfolded[key] = Rollup(*key, wmin, wmax, stats)
+        found: dict[tuple[str, str, int], Rollup] = {}
+
+        def add(r: Rollup) -> None:
+            key = (r.target, r.phase, r.window // per)
+            have = found.get(key)
+            if have is None:
+                found[key] = Rollup(*key, r.wall_min, r.wall_max, r.stats)
+                return
+            have.stats.merge(r.stats)
+            have.wall_min = min(have.wall_min, r.wall_min)
+            have.wall_max = max(have.wall_max, r.wall_max)
+
+        for target, phase, window, wmin, wmax, blob in self.conn.execute(
+            "SELECT target, phase, window, wall_min, wall_max, stats FROM rollups"
+        ):
+            if (target, phase, window) not in unfolded:  # that one holds it, and more
+                add(Rollup(target, phase, window, wmin, wmax, stats_from_blob(blob)))
+        for r in unfolded.values():
+            add(r)
         return sorted(found.values(), key=lambda r: (r.window, r.target, r.phase))
 
     def series(self) -> dict[int, tuple[str, dict[str, str]]]:
@@ -142,12 +175,19 @@ class JournalReader:
             out[sid].append((wall, value))
         return out
 
+    @property
+    def version(self) -> int:
+        """The journal's schema version (``PRAGMA user_version``)."""
+        return int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+
     def request_rows(self, *, itl: bool = True) -> Iterator[sqlite3.Row]:
-        """Every request row, streamed (constant memory), in commit order."""
-        cols = [c for c in REQUEST_COLUMNS if itl or c != "itl"]
+        """Every request row, streamed (constant memory), in commit order; any schema
+        version reads the same columns (``itl_hist`` NULL before v3). ITL gaps of a row:
+        ``codec.row_itl_ns``."""
         cur = self.conn.cursor()
         cur.row_factory = sqlite3.Row
-        cur.execute(f"SELECT {', '.join(cols)} FROM requests ORDER BY id")  # noqa: S608
+        cols = request_columns(self.version, itl=itl)
+        cur.execute(f"SELECT {cols} FROM requests ORDER BY id")  # noqa: S608
         while True:
             chunk = cur.fetchmany(1000)
             if not chunk:

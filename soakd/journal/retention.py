@@ -1,8 +1,10 @@
 """Journal retention room: deleting old probe samples and request rows in very long runs.
 
 By age (``keep_samples``, ``keep_requests``), then the oldest rows while the used size is
-over ``max_bytes``. Totals, histograms and rollups are never deleted, so the report stays
-whole-run and a resume still restores the counters; only the export loses rows.
+over the journal's budget (``journal.max_bytes`` or its default, budget.py; request rows
+stopped at 90 % of it, so what grows by then is probe samples), down to 95 % of it.
+Totals, histograms and rollups are never deleted, so the report stays whole-run and a
+resume still restores the counters; only the export loses rows.
 """
 
 from __future__ import annotations
@@ -10,29 +12,23 @@ from __future__ import annotations
 import sqlite3
 
 from soakd.config import JournalConfig
+from soakd.journal.budget import used_bytes
 
 RETENTION_TABLES = ("samples", "requests")
 
 
-def wanted(cfg: JournalConfig) -> bool:
-    """Whether the config asks for any retention at all."""
-    return not (cfg.keep_samples is None and cfg.keep_requests is None and cfg.max_bytes is None)
-
-
-def apply_retention(conn: sqlite3.Connection, cfg: JournalConfig, now: float) -> dict[str, int]:
-    """Delete what ``cfg`` no longer keeps; rows deleted per table (tables with none left
-    out). Each delete is its own transaction; raises sqlite3.Error."""
+def apply_retention(
+    conn: sqlite3.Connection, cfg: JournalConfig, now: float, max_bytes: int
+) -> dict[str, int]:
+    """Delete what ``cfg`` and the budget no longer keep; rows deleted per table (tables
+    with none left out). Each delete is its own transaction; raises sqlite3.Error."""
     deleted: dict[str, int] = {}
     for table, keep in (("samples", cfg.keep_samples), ("requests", cfg.keep_requests)):
         if keep is not None:
             deleted[table] = _delete_before(conn, table, now - keep)
-    if cfg.max_bytes is not None:
+    if used_bytes(conn) > max_bytes:
         for _ in range(20):
-            page_size, pages, free = (
-                conn.execute(f"PRAGMA {p}").fetchone()[0]
-                for p in ("page_size", "page_count", "freelist_count")
-            )
-            if (pages - free) * page_size <= cfg.max_bytes * 0.9:
+            if used_bytes(conn) <= max_bytes * 0.95:
                 break
             oldest = _oldest_table(conn)
             if oldest is None:

@@ -19,7 +19,7 @@ from typing import Any
 from soakd.analysis import TargetStats
 from soakd.buckets import Hist, add_hist, observe
 from soakd.journal.codec import copy_stats, outcome_from_row, stats_from_blob, stats_to_blob
-from soakd.journal.schema import REQUEST_COLUMNS
+from soakd.journal.schema import request_columns
 from soakd.metrics import HISTOGRAM_BUCKETS
 from soakd.model import S_PER_NS, Outcome, Plan, status_class
 
@@ -237,8 +237,9 @@ def unfolded_rollups(
     try:
         out: dict[WindowKey, tuple[TargetStats, float, float, int]] = {}
         upto: dict[WindowKey, int] = {}
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
         for row in conn.execute(
-            f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE id >= ? ORDER BY id",  # noqa: S608
+            f"SELECT {request_columns(version)} FROM requests WHERE id >= ? ORDER BY id",  # noqa: S608
             (from_id,),
         ):
             key = (row["target"], row["phase"], row["end_ns"] // window_ns)

@@ -1,8 +1,11 @@
 """Journal schema room: the tables, the schema versions, opening a journal and checking it.
 
 The version is in ``PRAGMA user_version`` and in ``meta``; ``PRAGMA application_id`` tells a
-soakd journal from any other SQLite file. v2 added the ``missed`` table; a v1 journal gains
-it, empty, when a v2 soakd continues it (``migrate``). docs/journal.md has the table list.
+soakd journal from any other SQLite file. v2 added the ``missed`` table; v3 the ``itl_hist``
+column of ``requests`` (compact ITL gaps, codec.py). An older journal is brought up to date
+when this soakd continues it (``migrate``: v1 -> v2 -> v3, nothing rewritten; its old rows
+keep their exact gaps) and read as it is (``request_columns``). docs/journal.md has the
+table list.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ from typing import Any
 
 from soakd import __version__
 
-SCHEMA_VERSION = 2
-READS_SCHEMAS = frozenset({1, 2})
+SCHEMA_VERSION = 3
+READS_SCHEMAS = frozenset({1, 2, 3})
+MIGRATES_FROM = frozenset({1, 2})  # continued after ``migrate``
 _MISSED_TABLE = """CREATE TABLE missed (
     target TEXT NOT NULL, phase TEXT NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (target, phase, reason)
 ) WITHOUT ROWID"""
 """v2: planned sends not made (soakd/workload/ledger.py), whole run. A v1 journal gains the
 table, empty, when a v2 soakd continues it."""
+_ITL_HIST_COLUMN = "ALTER TABLE requests ADD COLUMN itl_hist BLOB"
+"""v3: ITL gaps as ``Digest`` buckets (codec.pack_itl_hist), the default; ``itl`` keeps exact
+gaps only with ``journal.itl: exact``. Added last, so a v2 table gains it as it is."""
 APPLICATION_ID = 0x736F616B  # "soak": tells a soakd journal from any other SQLite file
 JOURNAL_FILE = "journal.db"
 LOCK_FILE = "journal.lock"
@@ -83,9 +90,11 @@ CREATE TABLE rollups (
 """
     + _MISSED_TABLE
     + ";\n"
+    + _ITL_HIST_COLUMN
+    + ";\n"
 )
 
-INSERT_REQUEST = "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+INSERT_REQUEST = "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 REQUEST_COLUMNS = (
     "id",
     "session",
@@ -111,7 +120,17 @@ REQUEST_COLUMNS = (
     "prompt_tokens",
     "output_tokens",
     "usage_reported",
+    "itl_hist",
 )
+
+
+def request_columns(version: int, *, itl: bool = True) -> str:
+    """The select list of ``requests`` for a journal of schema ``version`` (``itl_hist`` is
+    NULL before v3); without ``itl``, both gap columns are left out."""
+    cols = [c for c in REQUEST_COLUMNS if itl or c not in ("itl", "itl_hist")]
+    if version < 3 and "itl_hist" in cols:
+        cols[cols.index("itl_hist")] = "NULL AS itl_hist"
+    return ", ".join(cols)
 
 
 class JournalError(Exception):
@@ -146,12 +165,19 @@ def create(conn: sqlite3.Connection, meta: dict[str, Any]) -> None:
 
 
 def migrate(conn: sqlite3.Connection) -> None:
-    """Bring a journal this soakd continues to SCHEMA_VERSION (v1 -> v2: the missed table)."""
-    if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
-        conn.execute("BEGIN")
-        conn.execute(_MISSED_TABLE)  # v1 -> v2: nothing else changed
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        conn.execute("COMMIT")
+    """Bring a journal this soakd continues to SCHEMA_VERSION, in one transaction:
+    v1 -> v2 the missed table, v2 -> v3 the itl_hist column (nothing else changed)."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version not in MIGRATES_FROM:
+        return  # current, or refused by check_schema
+    conn.execute("BEGIN")
+    if version == 1:
+        conn.execute(_MISSED_TABLE)
+    if "itl_hist" not in {c[1] for c in conn.execute("PRAGMA table_info(requests)")}:
+        conn.execute(_ITL_HIST_COLUMN)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+    conn.execute("COMMIT")
 
 
 def check_schema(conn: sqlite3.Connection, path: Path, *, writing: bool) -> dict[str, Any]:
@@ -174,7 +200,7 @@ def check_schema(conn: sqlite3.Connection, path: Path, *, writing: bool) -> dict
             + f" this soakd {__version__} (schema v{SCHEMA_VERSION})"
             + ("; upgrade soakd" if newer else "; use the soakd version that wrote it")
         )
-    if writing and version != SCHEMA_VERSION:
+    if writing and version != SCHEMA_VERSION and version not in MIGRATES_FROM:
         raise JournalError(
             f"{path}: journal schema v{version} can be read but not continued by soakd "
             f"{__version__}"

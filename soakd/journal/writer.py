@@ -44,11 +44,12 @@ import structlog
 from soakd import __version__
 from soakd.config import JournalConfig
 from soakd.journal import schema
+from soakd.journal.budget import Budget
 from soakd.journal.codec import outcome_row
 from soakd.journal.handoff import HandOff
 from soakd.journal.progress import PlanClock, Progress
 from soakd.journal.resume import Restored, ResumeState, take_lock
-from soakd.journal.retention import apply_retention, wanted
+from soakd.journal.retention import apply_retention
 from soakd.journal.rollups import Aggregates, Deltas, store_window, unfolded_rollups
 from soakd.journal.schema import JOURNAL_FILE, PAGE_SIZE, JournalError
 from soakd.metrics import JournalMetrics
@@ -136,6 +137,7 @@ class Journal:
         self._next_series = 1
         self._series: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
         self._agg = Aggregates(run.window_ns)
+        self._budget = Budget(self.cfg, metrics)
         self._progress = Progress(resume, wall)
         self._pending: _Batch | None = None
         self._last_commit = 0.0
@@ -324,6 +326,7 @@ class Journal:
         if meta["run_id"] != self.run.run_id:
             raise JournalError(f"{self.path}: holds run {meta['run_id']}, not {self.run.run_id}")
         self._agg.window_ns = int(meta["window_ns"])
+        self._budget.open(conn, self.path)
         self._load_state(conn)
         conn.execute("BEGIN")
         self._repair(conn)
@@ -457,18 +460,21 @@ class Journal:
         agg, progress = self._agg, self._progress
         clock = progress.clock
         origin = clock.origin_ns if clock is not None else 0
-        session, itl_gaps, window_ns = progress.session, self.cfg.itl_gaps, agg.window_ns
+        session, window_ns = progress.session, agg.window_ns
+        itl = self.cfg.itl if self.cfg.itl_gaps else "none"
+        budget = self._budget
+        keep_rows = budget.keep_rows(conn)  # near journal.max_bytes: rollups only
         every = YIELD_EVERY
         for i, item in enumerate(batch.items, 1):
             if every and not i % every:
                 os.sched_yield()  # the loop's turn (YIELD_EVERY)
             kind = type(item)
             if kind is Outcome:
-                row, ordered = outcome_row(item, next_id, session, origin, itl_gaps=itl_gaps)
+                row, ordered = outcome_row(item, next_id, session, origin, itl=itl)
                 deltas.add(item, row, ordered, window_ns)
                 rows.append(row)
                 outcomes.append(item)
-                next_id += 1
+                next_id += keep_rows
             elif kind is Sample:
                 key = (item.name, item.labels)
                 sid = self._series.get(key)
@@ -483,9 +489,12 @@ class Journal:
         last_id = next_id - 1
         now_window = (progress.offset_now() or progress.last_offset) // window_ns
         conn.execute("BEGIN")
+        stopped = budget.stopped(conn) if budget.rows_kept and not keep_rows else None
+        if stopped is not None:
+            progress.insert_event(conn, self._wall(), progress.last_offset, "rows_stopped", stopped)
         if new_series:
             conn.executemany("INSERT INTO series VALUES (?,?,?)", new_series)
-        if rows:
+        if rows and keep_rows:
             conn.executemany(schema.INSERT_REQUEST, rows)
         if samples:
             conn.executemany("INSERT INTO samples VALUES (?,?,?)", samples)
@@ -493,7 +502,10 @@ class Journal:
             progress.insert_event(conn, wall, offset, name, data)
         # dropped outcomes are in the totals too (Metrics counted them); the loop replaces
         # the values of _dropped, never mutates them
-        staged = agg.write(conn, deltas, dict(self._dropped), last_id, now_window, final)
+        # without rows, every window is stored at each commit (nothing to rebuild them from)
+        staged = agg.write(
+            conn, deltas, dict(self._dropped), last_id, now_window, final or not keep_rows
+        )
         beat = progress.heartbeat(conn, staged.rollup_from_id(next_id), final)
         conn.execute("COMMIT")
         # committed: the in-memory state moves on
@@ -501,6 +513,7 @@ class Journal:
         self._next_id = next_id
         self._next_series = next_series
         agg.committed(staged, now_window)
+        budget.committed(keep_rows, len(rows), stopped)
         downtime = beat.downtime_s
         if downtime is not None:
             self.downtime_s = downtime
@@ -510,7 +523,7 @@ class Journal:
                 m.downtime.inc(downtime)
             m.commit.observe(time.perf_counter() - t0)
             m.last_commit.set(self._wall())
-            if rows:
+            if rows and keep_rows:
                 m.records.labels("request").inc(len(rows))
             if samples:
                 m.records.labels("sample").inc(len(samples))
@@ -529,6 +542,7 @@ class Journal:
             with contextlib.suppress(OSError):
                 size += os.stat(f"{self.path}{suffix}").st_size
         self.metrics.size.set(size)
+        self._budget.update_free()
 
     # --- retention -----------------------------------------------------------------------------
 
@@ -536,14 +550,12 @@ class Journal:
         """Delete old samples/requests by age, then the oldest rows while over max_bytes.
         Totals, histograms and rollups are never deleted: the report stays whole-run."""
         cfg = self.cfg
-        if not wanted(cfg):
-            return
         conn = self._conn
         assert conn is not None
         now = self._wall()
         progress = self._progress
         try:
-            deleted = apply_retention(conn, cfg, now)
+            deleted = apply_retention(conn, cfg, now, self._budget.max_bytes)
             if deleted:
                 conn.execute("BEGIN")
                 progress.insert_event(conn, now, progress.last_offset, "retention", deleted)

@@ -52,6 +52,19 @@ HOUR_S = 3600.0
 JOULES_PER_KWH = 3.6e6
 
 
+def _rows_stopped_notes(events: list[dict[str, Any]]) -> list[str]:
+    """A note per session that stopped writing request rows near the journal's budget."""
+    return [
+        f"session {e['session']} stopped writing per-request rows at "
+        f"{(e['offset_ns'] or 0) / NS_PER_S / HOUR_S:.2f} h (the journal reached 90 % of "
+        f"journal.max_bytes, {e['data'].get('max_bytes', 0) / 1e9:.2f} GB): percentiles, "
+        "counts and plots come from the rollups and stay whole; goodput and the error-ratio "
+        "tally cover the rows kept; the export holds no rows after that point"
+        for e in events
+        if e["kind"] == "rows_stopped"
+    ]
+
+
 def build_report(
     run_dir: Path,
     *,
@@ -66,11 +79,12 @@ def build_report(
         sessions = reader.sessions()
         events = reader.events()
         totals = reader.totals()
-        rollups = reader.rollups()
+        span_ns = reader.span_ns()  # long runs: 5-minute windows, merged as read (reader.py)
+        rollups = reader.rollups(span_ns=span_ns)
         missed = reader.missed()
         series = reader.series()
         samples = reader.samples(names.SAMPLE_NAMES)
-        window_s = reader.window_ns / NS_PER_S
+        window_s = span_ns / NS_PER_S
         config: Doc = meta.get("config", {})
         if judge_by is not None:
             config = decisions_from(config, judge_by)
@@ -180,7 +194,8 @@ def build_report(
         notes.append(
             "goodput and the error ratio count the journaled request rows: "
             + ", ".join(
-                f"{t} has {n} fewer (retention or dropped records)" for t, n in short.items()
+                f"{t} has {n} fewer (retention, dropped records or journal.max_bytes)"
+                for t, n in short.items()
             )
         )
     if not samples or not any(samples.values()):
@@ -201,6 +216,7 @@ def build_report(
             "the whole run (rollups are kept), the export does not"
         )
 
+    notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
     notes += _client_limits(overall, targets, config)
     eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}
     return Report(

@@ -50,7 +50,7 @@ def journaled(batch: list[Outcome]) -> Deltas:
     """What the journal's writer counts for these outcomes (totals and buckets)."""
     deltas = Deltas()
     for i, o in enumerate(batch, 1):
-        row, ordered = outcome_row(o, i, 1, 0, itl_gaps=False)
+        row, ordered = outcome_row(o, i, 1, 0, itl="none")
         deltas.add(o, row, ordered, 1_000_000_000)
     return deltas
 

@@ -79,7 +79,8 @@ def test_rows_totals_and_histograms_match_what_metrics_counted(tmp_path: Path) -
     live = Metrics()
     for t in ("alpha", "beta"):
         live.add_target(t, ["warm", "hot"])
-    j = open_test_journal(tmp_path, cfg, clock, forward=live)
+    exact = JournalConfig(flush_interval=0.05, itl="exact")  # compact: test_journal_size.py
+    j = open_test_journal(tmp_path, cfg, clock, forward=live, journal_cfg=exact)
     outcomes = make_outcomes(clock, 600)
     for o in outcomes:
         j.record(o)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from soakd.journal import JournalReader
+from soakd.journal import SCHEMA_VERSION, JournalReader
 from soakd.report import build_report
 from tests.journal_fixtures import FakeClock, config, open_test_journal
 
@@ -44,8 +44,8 @@ def test_a_v1_journal_is_read_and_continued(tmp_path: Path) -> None:
         assert reader.missed() == {}
     assert build_report(tmp_path).overall["alpha"].missed == 0
     clock.missed = {("alpha", "warm", "late"): 5}
-    open_test_journal(tmp_path, config(), clock).close()  # continued: migrated to v2
+    open_test_journal(tmp_path, config(), clock).close()  # continued: migrated to v2, v3
     with JournalReader(tmp_path) as reader:
         assert reader.missed() == {("alpha", "warm", "late"): 5}
     with sqlite3.connect(tmp_path / "journal.db") as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

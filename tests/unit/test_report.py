@@ -22,7 +22,7 @@ import pytest
 
 from soakd.cli import main
 from soakd.export import export, records
-from soakd.journal import JournalReader, unpack_itl
+from soakd.journal import JournalReader, row_itl_ns
 from soakd.model import Sample
 from soakd.report import build_report, render_html, render_json, render_markdown
 from tests.journal_fixtures import (
@@ -51,7 +51,7 @@ def rows_of(run_dir: Path) -> list[dict[str, Any]]:
         out = []
         for row in r.request_rows():
             d = dict(row)
-            d["gaps"] = [us * 1000 for us in unpack_itl(row["itl"])]
+            d["gaps"] = list(row_itl_ns(row))  # compact: bucket middles, within 1 %
             out.append(d)
         return out
 

@@ -1,0 +1,254 @@
+"""Make a realistic 72 h run directory of N requests, for timing the report, the export and a
+resume at the size of a real soak.
+
+    .venv/bin/python bench/make_journal.py /tmp/j1m --requests 1000000 --tokens 128
+    .venv/bin/soakd report /tmp/j1m --format json -o /dev/null
+    .venv/bin/soakd run /tmp/j1m/soak.yaml --run-dir /tmp/j1m --duration 1s   # a resume
+
+The journal is created by ``Journal`` itself (its tables, meta, budget and first session),
+then filled the way the writer fills it: rows encoded by ``codec.outcome_row`` and inserted
+with ``schema.INSERT_REQUEST``, rollup windows by ``rollups.store_window``, totals and
+histogram buckets from ``rollups.Deltas``. Two targets, a 72 h plan of five phases,
+evenly spread requests (1 % errors of three kinds), ITL gaps of 20 ms +-10 % with 2 %
+spikes, GPU samples every 10 s. To be fast it encodes a pool of outcomes once and reuses
+them: each row gets its own id, time, phase and seq; each window's rollup is the merge
+of the pool blocks its rows came from. The run stops cleanly (not completed) at 99 % of
+the plan, so a resume continues it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from array import array
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from soakd.analysis import TargetStats
+from soakd.buckets import Hist, add_hist
+from soakd.config import JournalConfig, config_from_dict
+from soakd.journal import JOURNAL_FILE, Journal, RunInfo, config_doc, plan_doc, schema
+from soakd.journal.codec import outcome_row
+from soakd.journal.rollups import Deltas, rollup_window_ns, store_window
+from soakd.model import ErrorKind, Outcome
+from soakd.workload.plan import build_plan
+
+NS = 1_000_000_000
+TARGETS = ("local", "cloud")
+BLOCK = 64  # pool outcomes per block: a window holds whole blocks
+POOL_BLOCKS = 64
+CONFIG: dict[str, Any] = {
+    "run": {"name": "bench-72h"},
+    "targets": [
+        {"name": "local", "base_url": "http://127.0.0.1:8000", "cost": {"gpus": ["0"]}},
+        {"name": "cloud", "base_url": "http://127.0.0.1:8001", "cost": {"per_hour": 1.2}},
+    ],
+    "phases": [
+        {"name": "warmup", "duration": "1h", "load": {"mode": "closed", "concurrency": 4}},
+        {"name": "steady", "duration": "60h", "load": {"mode": "poisson", "rate": 40}},
+        {"name": "spike", "duration": "2h", "load": {"mode": "poisson", "rate": 80}},
+        {"name": "steady2", "duration": "8h", "load": {"mode": "poisson", "rate": 40}},
+        {"name": "cooldown", "duration": "1h", "load": {"mode": "closed", "concurrency": 2}},
+    ],
+    "report": {"energy_price_per_kwh": 0.3},
+}
+ERRORS = (ErrorKind.HTTP_5XX, ErrorKind.HTTP_429, ErrorKind.TIMEOUT_CONNECT)
+
+
+def pool_outcome(rng: random.Random, target: str, i: int, tokens: int) -> Outcome:
+    """One finished request on a plan-offset axis starting at 0 (shifted per row)."""
+    out = max(2, int(rng.uniform(0.5, 1.5) * tokens))
+    gaps = array(
+        "q",
+        [
+            int(rng.uniform(18_000, 22_000) * (rng.uniform(2, 5) if rng.random() < 0.02 else 1))
+            * 1000
+            for _ in range(out - 1)
+        ],
+    )
+    ttft = rng.randint(30_000, 300_000) * 1000
+    o = Outcome(target, "p", i, 0)
+    o.sent_ns = rng.randint(10_000, 2_000_000)
+    o.first_token_ns = o.sent_ns + ttft
+    o.end_ns = o.first_token_ns + sum(gaps)
+    o.status, o.output_tokens, o.prompt_tokens, o.usage_reported = 200, out, 256, True
+    o.itl_ns = gaps
+    if i % 100 == 0:
+        o.error = ERRORS[(i // 100) % 3]
+        o.status = {ErrorKind.HTTP_5XX: 503, ErrorKind.HTTP_429: 429}.get(o.error, 0)
+        if o.error is ErrorKind.TIMEOUT_CONNECT:
+            o.first_token_ns, o.output_tokens, o.itl_ns = None, 0, array("q")
+            o.end_ns = o.sent_ns + 10 * NS
+    return o
+
+
+class Pool:
+    """Encoded rows and per-block deltas of a target's pool outcomes."""
+
+    def __init__(self, target: str, tokens: int, itl: str, seed: int) -> None:
+        rng = random.Random(seed)
+        self.rows: list[tuple[Any, ...]] = []
+        self.blocks: list[Deltas] = []
+        for b in range(POOL_BLOCKS):
+            deltas = Deltas()
+            for k in range(BLOCK):
+                o = pool_outcome(rng, target, b * BLOCK + k, tokens)
+                row, ordered = outcome_row(o, 0, 1, 0, itl=itl)
+                deltas.add(o, row, ordered, 1 << 62)  # one window: the block's stats
+                self.rows.append(row)
+            self.blocks.append(deltas)
+
+
+def make(run_dir: Path, requests: int, tokens: int, itl: str) -> dict[str, float]:
+    t0 = time.perf_counter()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "soak.yaml").write_text(yaml.safe_dump(CONFIG, sort_keys=False))
+    cfg = config_from_dict(CONFIG)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    plan = build_plan(cfg, start)
+    window_ns = rollup_window_ns(plan)
+    opts: dict[str, float | None] = {"rehearse_s": None, "duration_s": None}
+    info = RunInfo("bench-72h", config_doc(cfg), plan_doc(plan), start, opts, window_ns)
+    path = run_dir / JOURNAL_FILE
+    if path.exists():
+        raise SystemExit(f"{path} exists: use a new directory")
+    journal = Journal(path, info, JournalConfig(itl=itl))  # type: ignore[arg-type]
+    journal.start()  # tables, meta, budget, session 1, run_started
+    journal.close()
+    conn = schema.connect(path, readonly=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("DELETE FROM events WHERE kind = 'run_stopped'")
+    pools = {t: Pool(t, tokens, itl, seed=n) for n, t in enumerate(TARGETS)}
+    stop_ns = int(plan.duration_ns * 0.99)
+    windows = stop_ns // window_ns
+    blocks_total = max(1, requests // BLOCK)
+    wall0 = start.timestamp()
+    totals: dict[tuple[str, str, str, str], list[int]] = {}
+    hists: dict[tuple[str, str], Hist] = {}
+    seqs = dict.fromkeys(TARGETS, 0)
+    rid = 1
+    pending = 0
+    open_windows: dict[tuple[str, str, int], TargetStats] = {}
+    phases = [(p.start_ns, p.name) for p in plan.phases]
+    conn.execute("BEGIN")
+    for w in range(windows):
+        w_start = w * window_ns
+        phase = next(name for s, name in reversed(phases) if s <= w_start)
+        nblocks = blocks_total * (w + 1) // windows - blocks_total * w // windows
+        rows: list[tuple[Any, ...]] = []
+        for b in range(nblocks):
+            target = TARGETS[(w + b) % len(TARGETS)]
+            pool = pools[target]
+            pb = (w * 7 + b) % POOL_BLOCKS
+            deltas = pool.blocks[pb]
+            for k in range(BLOCK):
+                tpl = pool.rows[pb * BLOCK + k]
+                end = w_start + (b * BLOCK + k) * window_ns // (nblocks * BLOCK + 1)
+                shift = end - tpl[8]
+                sent = None if tpl[7] is None else tpl[7] + shift
+                rows.append(
+                    (rid, 1, wall0 + (sent or end) / NS, target, phase, seqs[target],
+                     tpl[6] + shift, sent, end, *tpl[9:])
+                )  # fmt: skip
+                rid += 1
+                seqs[target] += 1
+            key = (target, phase, w)
+            # the window's rollup: the blocks' stats merged (stored once per key below)
+            for tkey, t in deltas.totals.items():
+                k4 = (tkey[0], phase, tkey[2], tkey[3])
+                acc = totals.setdefault(k4, [0, 0, 0, 0])
+                for i in range(4):
+                    acc[i] += t[i]
+            for hkey, (counts, total) in deltas.hists.items():
+                hists[hkey] = add_hist(hists.get(hkey), counts, total)
+            (block_stats,) = (win.stats for win in deltas.windows.values())
+            win_stats = open_windows.setdefault(key, TargetStats())
+            win_stats.merge(block_stats)
+        conn.executemany(schema.INSERT_REQUEST, rows)
+        wall = wall0 + w_start / NS
+        for key, stats in open_windows.items():
+            store_window(conn, key, stats, wall, wall + window_ns / NS, rid - 1)
+        open_windows.clear()
+        pending += len(rows)
+        if pending >= 200_000:  # transactions of ~200k rows, as a long backlog would be
+            conn.execute("COMMIT")
+            conn.execute("BEGIN")
+            pending = 0
+    for key4, vals in totals.items():
+        conn.execute("INSERT OR REPLACE INTO totals VALUES (?,?,?,?,?,?,?,?)", (*key4, *vals))
+    for hkey, (counts, total) in hists.items():
+        conn.execute(
+            "INSERT OR REPLACE INTO histograms VALUES (?,?,?,?)",
+            (*hkey, json.dumps(counts), total),
+        )
+    _samples(conn, wall0, stop_ns)
+    for p in plan.phases:
+        if p.start_ns < stop_ns:
+            conn.execute(
+                "INSERT INTO events (session, wall, offset_ns, kind, data) VALUES (1,?,?,?,?)",
+                (wall0 + p.start_ns / NS, p.start_ns, "phase",
+                 json.dumps({"name": p.name, "index": p.index})),
+            )  # fmt: skip
+    end_wall = wall0 + stop_ns / NS
+    conn.execute(
+        "INSERT INTO events (session, wall, offset_ns, kind, data) VALUES "
+        "(1, ?, ?, 'run_stopped', '{\"completed\": false}')",
+        (end_wall, stop_ns),
+    )
+    seq_doc = json.dumps(seqs)
+    conn.execute(
+        "UPDATE progress SET started_wall = ?, wall = ?, offset_ns = ?, seqs = ?, "
+        "rollup_from_id = ?, stopped = 1 WHERE session = 1",
+        (wall0, end_wall, stop_ns, seq_doc, rid),
+    )
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    secs = time.perf_counter() - t0
+    return {"requests": rid - 1, "seconds": secs, "bytes": path.stat().st_size}
+
+
+def _samples(conn: Any, wall0: float, stop_ns: int) -> None:
+    """GPU readings every 10 s: memory (a slow leak), power, energy, the target's process."""
+    series = [
+        (1, "soakd_gpu_memory_used_bytes", '[["gpu", "0"]]'),
+        (2, "soakd_gpu_power_watts", '[["gpu", "0"]]'),
+        (3, "soakd_gpu_energy_joules_total", '[["gpu", "0"]]'),
+        (4, "soakd_gpu_process_memory_bytes", '[["gpu", "0"], ["target", "local"]]'),
+    ]
+    conn.executemany("INSERT INTO series VALUES (?,?,?)", series)
+    rng = random.Random(7)
+    rows = []
+    energy = 0.0
+    for i in range(stop_ns // (10 * NS)):
+        wall = wall0 + 10 * i
+        power = 180 + rng.uniform(-20, 20)
+        energy += power * 10
+        used = 3.1e9 + i * 2.0 + rng.uniform(-5e6, 5e6)
+        rows += [(wall, 1, used), (wall, 2, power), (wall, 3, energy), (wall, 4, used - 4e8)]
+    conn.executemany("INSERT INTO samples VALUES (?,?,?)", rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("dir", type=Path)
+    p.add_argument("--requests", type=int, required=True)
+    p.add_argument("--tokens", type=int, default=128, help="mean output tokens (default 128)")
+    p.add_argument("--itl", choices=("compact", "exact"), default="compact")
+    a = p.parse_args()
+    r = make(a.dir, a.requests, a.tokens, a.itl)
+    print(
+        f"{r['requests']:,} requests in {r['seconds']:.1f} s "
+        f"({r['requests'] / r['seconds']:,.0f}/s); journal.db {r['bytes'] / 1e6:,.1f} MB "
+        f"({r['bytes'] / r['requests']:.0f} B a request)"
+    )
+
+
+if __name__ == "__main__":
+    main()
