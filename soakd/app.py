@@ -350,7 +350,7 @@ class Soak:
             urls[tcfg.name] = tcfg.base_url  # probes watch the server, not a gateway
             if tcfg.gateway is not None:
                 tcfg = await self._front_with_gateway(tcfg)
-            self.targets[tcfg.name] = await open_target(tcfg)
+            self.targets[tcfg.name] = await open_target(tcfg, run_id=self.run_id)
             self._add_guard(tcfg)
         self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
         # the gateways soakd started, on soakd's own /metrics (their ports are random)
@@ -404,6 +404,7 @@ class Soak:
         m.add_phases(phases)
         for name in self.names:
             m.add_target(name, phases)
+        m.trace_exemplars(self.run_id, self.cfg.targets)  # those sending a traceparent
         m.watch_goodput(self.goodput.ratio, self.goodput.rate)
         m.run_start.set(self.resume.created_wall if self.resume else time.time())
         m.phase_index.set(-1)

@@ -21,8 +21,9 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from soakd import __version__
-from soakd.config import AlertLimits, Slo
+from soakd.config import AlertLimits, Slo, TargetConfig
 from soakd.model import OK, ErrorKind, Outcome, status_class
+from soakd.tracing import trace_id, wants_traceparent
 from soakd.workload.ledger import MISSED_REASONS
 
 NS = 1e-9
@@ -157,6 +158,17 @@ class Metrics:
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, int], Counter] = {}
         self._run_counts: dict[str, list[int]] = {}  # target -> [requests, 5xx] of the run
+        self._traced: dict[str, str] = {}  # target -> run id: exemplars carry the trace id
+
+    def trace_exemplars(self, run_id: str, targets: Iterable[TargetConfig | str]) -> None:
+        """The e2e and TTFT observations of the targets that send a traceparent (names:
+        these) carry the request's trace id as an exemplar (soakd/tracing.py; exposed
+        when the scraper asks for OpenMetrics)."""
+        self._traced = {
+            t if isinstance(t, str) else t.name: run_id
+            for t in targets
+            if isinstance(t, str) or wants_traceparent(t)
+        }
 
     def set_limits(self, slo: Slo, alerts: AlertLimits) -> None:
         """The run-wide SLO and the alert-only limits, as gauges; an SLO key not set is
@@ -242,10 +254,12 @@ class Metrics:
             self.oom_errors.labels(o.target).inc()
         if o.error is not None:
             return
-        c.e2e.observe(o.e2e_ns * NS)
+        run = self._traced.get(o.target)
+        ex = None if run is None else {"trace_id": trace_id(run, o.target, o.seq)}
+        c.e2e.observe(o.e2e_ns * NS, ex)
         ttft = o.ttft_ns
         if ttft is not None:
-            c.ttft.observe(ttft * NS)
+            c.ttft.observe(ttft * NS, ex)
         tpot = o.tpot_ns
         if tpot is not None:
             c.tpot.observe(tpot * NS)

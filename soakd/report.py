@@ -52,6 +52,7 @@ from soakd.cost import cost_line
 from soakd.goodput import Tally, journal_tallies
 from soakd.journal import JournalReader, Rollup
 from soakd.probes.leak import theil_sen
+from soakd.slowest import DEFAULT_N, SlowRequest, slowest, slowest_sections
 from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
 from soakd.verdicts import overall as overall_verdict
 
@@ -179,6 +180,8 @@ class Report:
     phase_verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)
     comparison: CompareVerdict | None = None
     passed: bool | None = None  # None: nothing judged (no slo, no compare)
+    # target -> phase -> its slowest requests, with trace ids (soakd/slowest.py)
+    slowest: dict[str, dict[str, list[SlowRequest]]] = field(default_factory=dict)
 
 
 METRIC_COLUMNS: list[tuple[str, str, str | None]] = [
@@ -294,6 +297,7 @@ def build_report(
     *,
     energy_price_per_kwh: float | None = None,
     judge_by: dict[str, Any] | None = None,
+    slowest_n: int = DEFAULT_N,
 ) -> Report:
     """Everything the report says, from the journal in ``run_dir`` (read-only).
     ``judge_by``: another config document whose slo, compare, costs and report sections
@@ -317,6 +321,7 @@ def build_report(
                 targets.append(r.target)
         slos, spec, slo_note = _decision_config(config, targets)
         tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
+        slow = slowest(reader, slowest_n, rollups)
     plan_phases = [
         (p["name"], p["start_ns"] / NS, p["end_ns"] / NS) for p in meta["plan"]["phases"]
     ]
@@ -467,6 +472,7 @@ def build_report(
         phase_verdicts=phase_verdicts,
         comparison=comparison,
         passed=overall_verdict(verdicts.values(), comparison),
+        slowest=slow,
     )
 
 
@@ -1353,6 +1359,8 @@ def render_markdown(rep: Report) -> str:
             f"- at {d['offset_h']:.3f} h of plan time: down {_duration(d['seconds'])}"
             for d in rep.downtimes
         ]
+    for section in slowest_sections(rep.slowest, rep.phases):
+        out += _md_section(section)
     out += ["", "## Notes", ""] + [f"- {n}" for n in rep.notes + _definitions(rep)]
     return "\n".join(out) + "\n"
 
@@ -1477,6 +1485,7 @@ def render_html(rep: Report) -> str:
                 "</tr>"
             )
         parts.append("</table>")
+    parts += [_html_section(s) for s in slowest_sections(rep.slowest, rep.phases)]
     parts.append('<h2>Notes</h2><ul class="notes">')
     parts += [f"<li>{e(n)}</li>" for n in rep.notes + _definitions(rep)]
     parts.append("</ul></body></html>")
