@@ -56,14 +56,17 @@ def main() -> None:
     args = ap.parse_args()
     n, rounds = args.n, args.rounds
 
-    hist = Histogram("h", "h", ["target"], buckets=E2E_BUCKETS,
-                     registry=CollectorRegistry()).labels("bench")
+    hist = Histogram(
+        "h", "h", ["target"], buckets=E2E_BUCKETS, registry=CollectorRegistry()
+    ).labels("bench")
     values = [0.05 + (i % 997) / 100 for i in range(n)]
     ids = [trace_id(RUN_ID, "bench", i) for i in range(n)]
     rows = [
         ("observe", best_ns(lambda i: hist.observe(values[i]), n, rounds)),
-        ("observe + exemplar",
-         best_ns(lambda i: hist.observe(values[i], {"trace_id": ids[i]}), n, rounds)),
+        (
+            "observe + exemplar",
+            best_ns(lambda i: hist.observe(values[i], {"trace_id": ids[i]}), n, rounds),
+        ),
         ("trace_id", best_ns(lambda i: trace_id(RUN_ID, "bench", i), n, rounds)),
         ("traceparent", best_ns(lambda i: traceparent(RUN_ID, "bench", i), n, rounds)),
     ]

@@ -143,8 +143,19 @@ def slowest_sections(
     by_target: dict[str, dict[str, list[SlowRequest]]], phases: Sequence[str] = ()
 ) -> list[tuple[str, list[str], list[list[str]]]]:
     """One table per target, its phases in plan order (``phases``), slowest first in each."""
-    header = ["phase", "#", "sent (UTC)", "plan time", "E2E", "TTFT", "outcome", "status",
-              "tokens", "seq", "trace id"]
+    header = [
+        "phase",
+        "#",
+        "sent (UTC)",
+        "plan time",
+        "E2E",
+        "TTFT",
+        "outcome",
+        "status",
+        "tokens",
+        "seq",
+        "trace id",
+    ]
     sections = []
     for target, by_phase in by_target.items():
         order = [p for p in phases if p in by_phase] + sorted(set(by_phase) - set(phases))

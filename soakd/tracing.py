@@ -61,9 +61,7 @@ def span_id(run_id: str, target: str, seq: int) -> str:
 
 def traceparent(run_id: str, target: str, seq: int) -> str:
     """``00-<trace id>-<span id>-01``: the header value sent with the request."""
-    return (
-        f"{VERSION}-{trace_id(run_id, target, seq)}-{span_id(run_id, target, seq)}-{SAMPLED}"
-    )
+    return f"{VERSION}-{trace_id(run_id, target, seq)}-{span_id(run_id, target, seq)}-{SAMPLED}"
 
 
 def is_local_url(url: str) -> bool:
@@ -98,7 +96,6 @@ def traced_targets(config: Mapping[str, Any]) -> frozenset[str]:
     for t in config.get("targets", []):
         if "traceparent" not in t:
             continue
-        if _wants(t["traceparent"], t.get("base_url") or "", t.get("simulator"),
-                  t.get("gateway")):
+        if _wants(t["traceparent"], t.get("base_url") or "", t.get("simulator"), t.get("gateway")):
             names.add(str(t["name"]))
     return frozenset(names)

@@ -28,10 +28,12 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two phases; alpha is local (sends a traceparent), beta is a cloud (sends none);
     a few very slow failures among them; beta has too few requests in "hot" to estimate."""
     d = tmp_path_factory.mktemp("slow")
-    cfg = config(targets=[
-        {"name": "alpha", "base_url": "http://127.0.0.1:1"},
-        {"name": "beta", "base_url": "https://api.example.com"},
-    ])
+    cfg = config(
+        targets=[
+            {"name": "alpha", "base_url": "http://127.0.0.1:1"},
+            {"name": "beta", "base_url": "https://api.example.com"},
+        ]
+    )
     clock = FakeClock(offset_s=HOUR + 1)
     j = open_test_journal(d, cfg, clock)
     rng = random.Random(16)
@@ -58,8 +60,7 @@ def ranked_here(run_dir: Path, n: int) -> dict[tuple[str, str], list[dict[str, A
         if row["e2e_ns"] is not None:
             groups.setdefault((row["target"], row["phase"]), []).append(row)
     return {
-        key: sorted(rows, key=lambda r: (-r["e2e_ns"], r["id"]))[:n]
-        for key, rows in groups.items()
+        key: sorted(rows, key=lambda r: (-r["e2e_ns"], r["id"]))[:n] for key, rows in groups.items()
     }
 
 

@@ -37,8 +37,12 @@ def test_traceparent_is_w3c_sampled_and_derived_from_run_target_and_seq() -> Non
     assert m.group(2) != "0" * 16
     # the same request gives the same id, any other request another one
     assert traceparent("run-1", "local", 7) == header
-    others = {trace_id(r, t, s) for r in ("run-1", "run-2") for t in ("local", "cloud")
-              for s in range(1000)}
+    others = {
+        trace_id(r, t, s)
+        for r in ("run-1", "run-2")
+        for t in ("local", "cloud")
+        for s in range(1000)
+    }
     assert len(others) == 4000
 
 
@@ -76,22 +80,32 @@ def test_on_by_default_for_local_targets_only() -> None:
 
 def test_traceparent_must_be_a_boolean() -> None:
     with pytest.raises(ConfigError, match="traceparent"):
-        config_from_dict({"targets": [{"name": "t", "base_url": "http://127.0.0.1:1",
-                                       "traceparent": "sometimes"}],
-                          "phases": [{"name": "p", "duration": "1m",
-                                      "load": {"mode": "idle"}}]})
+        config_from_dict(
+            {
+                "targets": [
+                    {"name": "t", "base_url": "http://127.0.0.1:1", "traceparent": "sometimes"}
+                ],
+                "phases": [{"name": "p", "duration": "1m", "load": {"mode": "idle"}}],
+            }
+        )
 
 
 def test_the_stored_config_says_which_targets_sent_one() -> None:
-    cfg = config_from_dict({
-        "targets": [
-            {"name": "edge", "base_url": "http://127.0.0.1:8000"},
-            {"name": "cloud", "base_url": "https://api.example.com"},
-            {"name": "cloud-traced", "base_url": "https://api.example.com", "traceparent": True},
-            {"name": "edge-quiet", "base_url": "http://127.0.0.1:8001", "traceparent": False},
-        ],
-        "phases": [{"name": "p", "duration": "1m", "load": {"mode": "idle"}}],
-    })
+    cfg = config_from_dict(
+        {
+            "targets": [
+                {"name": "edge", "base_url": "http://127.0.0.1:8000"},
+                {"name": "cloud", "base_url": "https://api.example.com"},
+                {
+                    "name": "cloud-traced",
+                    "base_url": "https://api.example.com",
+                    "traceparent": True,
+                },
+                {"name": "edge-quiet", "base_url": "http://127.0.0.1:8001", "traceparent": False},
+            ],
+            "phases": [{"name": "p", "duration": "1m", "load": {"mode": "idle"}}],
+        }
+    )
     doc = config_doc(cfg)
     assert traced_targets(doc) == {"edge", "cloud-traced"}
     # a journal written before soakd sent traceparents has no such key: nothing traced
@@ -127,8 +141,13 @@ def test_latency_exemplars_carry_the_trace_id_in_openmetrics_only() -> None:
     m = Metrics(CollectorRegistry())
     for name in ("edge", "cloud"):
         m.add_target(name, ["steady"])
-    m.trace_exemplars("run-9", [target(name="edge", base_url="http://127.0.0.1:1"),
-                                target(name="cloud", base_url="https://api.example.com")])
+    m.trace_exemplars(
+        "run-9",
+        [
+            target(name="edge", base_url="http://127.0.0.1:1"),
+            target(name="cloud", base_url="https://api.example.com"),
+        ],
+    )
     m.record(ok_outcome("edge", 41, 0.3))
     m.record(ok_outcome("edge", 42, 12.0))  # the slow one, in a bucket of its own
     m.record(ok_outcome("cloud", 5, 12.0))
@@ -142,7 +161,9 @@ def test_latency_exemplars_carry_the_trace_id_in_openmetrics_only() -> None:
     assert exemplar_ids(om, "soakd_time_to_first_token_seconds") == e2e
     slow_bucket = re.search(
         r'soakd_request_duration_seconds_bucket\{le="15.0",target="edge"\} 2.0 # '
-        r'\{trace_id="([0-9a-f]+)"\} 12.0', om)
+        r'\{trace_id="([0-9a-f]+)"\} 12.0',
+        om,
+    )
     assert slow_bucket is not None
     assert slow_bucket.group(1) == trace_id("run-9", "edge", 42)
     # the classic text format (what a scraper gets unless it asks) has no exemplars
