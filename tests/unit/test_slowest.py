@@ -100,6 +100,15 @@ def test_a_digest_that_guesses_too_high_still_gives_the_exact_answer(
         assert [s.seq for s in got[target][phase]] == [row["seq"] for row in rows]
 
 
+def test_without_rollups_every_row_is_ranked(run_dir: Path) -> None:
+    """Groups no rollup knows (the journal's totals name them) are ranked over all rows."""
+    want = ranked_here(run_dir, 10)
+    with JournalReader(run_dir) as r:
+        got = slowest(r, 10, rollups=[])
+    for (target, phase), rows in want.items():
+        assert [s.seq for s in got[target][phase]] == [row["seq"] for row in rows]
+
+
 def test_trace_ids_only_for_targets_that_sent_them(run_dir: Path) -> None:
     with JournalReader(run_dir) as r:
         run_id = r.meta["run_id"]
