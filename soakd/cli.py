@@ -205,7 +205,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s{resumed}; "
                   f"results in {result.run_dir}")
     try:  # the report's summary: the whole run, every session, from the journal
-        for part in terminal_summary(build_report(result.run_dir)):
+        for part in terminal_summary(build_report(result.run_dir, slowest_n=0)):
             console.print(part)
     except Exception as exc:  # the run's own numbers are still worth printing
         console.print(f"(no report from the journal: {type(exc).__name__}: {exc})")
