@@ -142,9 +142,14 @@ async def test_vllm_exports_the_trace_ids_soakd_sent(
         f"vLLM log: {traced_vllm.log_path}"
     )
     # vLLM's span of each request hangs under the span soakd named in its traceparent
-    for trace, _, parent, name in receiver.spans:
-        if trace in sent:
-            assert parent == span_id(result.run_id, "vllm", sent[trace]), name
+    joined = [(t, p, name) for t, _, p, name in receiver.spans if t in sent]
+    for trace, parent, name in joined:
+        assert parent == span_id(result.run_id, "vllm", sent[trace]), name
+    print(
+        f"\ntraceparent round trip: {len(sent)} requests sent, {len(seen)} of their trace ids "
+        f"in vLLM's spans ({sorted({n for _, _, n in joined})}), each under soakd's span id; "
+        f"{len(receiver.spans)} spans in {receiver.posts} OTLP posts"
+    )
 
     # the report's slowest request leads to one of those spans
     (slowest,) = build_report(run_dir).slowest["vllm"]["p"][:1]
