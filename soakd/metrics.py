@@ -23,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from soakd import __version__
 from soakd.config import AlertLimits, Slo, TargetConfig
 from soakd.model import OK, ErrorKind, Outcome, status_class
-from soakd.tracing import trace_id, wants_traceparent
+from soakd.tracing import trace_id, traced_names
 from soakd.workload.ledger import MISSED_REASONS
 
 NS = 1e-9
@@ -161,14 +161,9 @@ class Metrics:
         self._traced: dict[str, str] = {}  # target -> run id: exemplars carry the trace id
 
     def trace_exemplars(self, run_id: str, targets: Iterable[TargetConfig | str]) -> None:
-        """The e2e and TTFT observations of the targets that send a traceparent (names:
-        these) carry the request's trace id as an exemplar (soakd/tracing.py; exposed
-        when the scraper asks for OpenMetrics)."""
-        self._traced = {
-            t if isinstance(t, str) else t.name: run_id
-            for t in targets
-            if isinstance(t, str) or wants_traceparent(t)
-        }
+        """The e2e and TTFT observations of the targets sending a traceparent (names: these)
+        carry the request's trace id as an exemplar (soakd/tracing.py; OpenMetrics only)."""
+        self._traced = dict.fromkeys(traced_names(targets), run_id)
 
     def set_limits(self, slo: Slo, alerts: AlertLimits) -> None:
         """The run-wide SLO and the alert-only limits, as gauges; an SLO key not set is

@@ -16,7 +16,7 @@ soakd's to join uninvited.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from hashlib import blake2b
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
@@ -29,6 +29,7 @@ __all__ = [
     "is_local_url",
     "span_id",
     "trace_id",
+    "traced_names",
     "traced_targets",
     "traceparent",
     "wants_traceparent",
@@ -86,6 +87,15 @@ def _wants(setting: bool | None, base_url: str, simulator: object, gateway: obje
 def wants_traceparent(cfg: TargetConfig) -> bool:
     """Does this target get a ``traceparent`` on every request?"""
     return _wants(cfg.traceparent, cfg.base_url, cfg.simulator, cfg.gateway)
+
+
+def traced_names(targets: Iterable[TargetConfig | str]) -> list[str]:
+    """The names of these targets that send a ``traceparent`` (a name: one that does)."""
+    return [
+        t if isinstance(t, str) else t.name
+        for t in targets
+        if isinstance(t, str) or wants_traceparent(t)
+    ]
 
 
 def traced_targets(config: Mapping[str, Any]) -> frozenset[str]:
