@@ -33,9 +33,17 @@ NVML = "NVML only (gpu.source: nvml): a dcgm-exporter, and the simulator, do not
 # --- queries and panels -------------------------------------------------------------------
 
 
-def q(expr: str, legend: str = "", *, instant: bool = False, fmt: str = "time_series") -> Json:
-    """One Prometheus query of a panel."""
-    return {
+def q(
+    expr: str,
+    legend: str = "",
+    *,
+    instant: bool = False,
+    fmt: str = "time_series",
+    exemplar: bool = False,
+) -> Json:
+    """One Prometheus query of a panel; ``exemplar``: Grafana also draws the exemplars of
+    the series it reads (Prometheus with --enable-feature=exemplar-storage)."""
+    query = {
         "expr": expr,
         "legendFormat": legend,
         "instant": instant,
@@ -43,6 +51,26 @@ def q(expr: str, legend: str = "", *, instant: bool = False, fmt: str = "time_se
         "format": fmt,
         "datasource": DS,
     }
+    if exemplar:
+        query["exemplar"] = True
+    return query
+
+
+def p99_with_exemplars(histogram: str) -> Json:
+    """The 5m P99 of a soakd latency histogram, read from its buckets (not the recording
+    rule, which keeps no exemplars), with the buckets' exemplars: the trace ids."""
+    return q(
+        f"histogram_quantile(0.99, sum by (target, le) (rate({histogram}_bucket{{{T}}}[5m])))",
+        "{{target}} P99",
+        exemplar=True,
+    )
+
+
+EXEMPLARS = (
+    "The dots are exemplars: one recent request of each latency bucket, with the trace id "
+    "its traceparent carried (trace_id); look it up in the server's traces, or in soakd "
+    "report's slowest requests (docs/tracing.md)."
+)
 
 
 def _defaults(
@@ -439,11 +467,12 @@ def overview() -> Dashboard:
             "Time to first token, P50 and P99 (5m)",
             [
                 q(f"target:soakd_time_to_first_token_seconds:p50_5m{{{T}}}", "{{target}} P50"),
-                q(f"target:soakd_time_to_first_token_seconds:p99_5m{{{T}}}", "{{target}} P99"),
+                p99_with_exemplars("soakd_time_to_first_token_seconds"),
                 q("max(soakd_slo_ttft_p99_seconds)", "P99 SLO"),
             ],
             "s",
             limit_series="P99 SLO",
+            desc=EXEMPLARS,
         ),
         12,
     )
@@ -452,11 +481,12 @@ def overview() -> Dashboard:
             "End-to-end latency, P50 and P99 (5m)",
             [
                 q(f"target:soakd_request_duration_seconds:p50_5m{{{T}}}", "{{target}} P50"),
-                q(f"target:soakd_request_duration_seconds:p99_5m{{{T}}}", "{{target}} P99"),
+                p99_with_exemplars("soakd_request_duration_seconds"),
                 q("max(soakd_slo_e2e_p99_seconds)", "P99 SLO"),
             ],
             "s",
             limit_series="P99 SLO",
+            desc=EXEMPLARS,
         ),
         12,
     )

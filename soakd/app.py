@@ -364,7 +364,7 @@ class Soak:
                     tcfg = await self.fronts.front(tcfg)
                 except RuntimeError as exc:
                     raise StartError(f"targets[{tcfg.name}].gateway", exc) from None
-            self.targets[tcfg.name] = await open_target(tcfg)
+            self.targets[tcfg.name] = await open_target(tcfg, run_id=self.run_id)
             self._add_guard(tcfg)
         self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
         # the gateways soakd started, on soakd's own /metrics (their ports are random)
@@ -412,6 +412,7 @@ class Soak:
         m.add_phases(phases)
         for name in self.names:
             m.add_target(name, phases)
+        m.trace_exemplars(self.run_id, self.cfg.targets)  # those sending a traceparent
         m.watch_goodput(self.goodput.ratio, self.goodput.rate)
         m.run_start.set(self.resume.created_wall if self.resume else time.time())
         m.phase_index.set(-1)

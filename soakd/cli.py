@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--config", type=Path, metavar="FILE",
                         help="judge by this config's slo, compare, costs and report sections "
                         "(targets matched by name) instead of the run's own")
+    report.add_argument("--slowest", type=int, default=10, metavar="N",
+                        help="list the N slowest requests of each target and phase, with "
+                        "their trace ids (default: 10; 0: none)")
     report.add_argument("--check", action="store_true",
                         help="gate on the verdict: exit 1 when a target fails its SLO or the "
                         "candidate regresses, 0 when all pass (docs/slo.md)")
@@ -205,7 +208,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s{resumed}; "
                   f"results in {result.run_dir}")
     try:  # the report's summary: the whole run, every session, from the journal
-        for part in terminal_summary(build_report(result.run_dir)):
+        for part in terminal_summary(build_report(result.run_dir, slowest_n=0)):
             console.print(part)
     except Exception as exc:  # the run's own numbers are still worth printing
         console.print(f"(no report from the journal: {type(exc).__name__}: {exc})")
@@ -231,7 +234,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         from soakd.config.redact import config_doc
 
         judge_by = config_doc(load_config(args.config))
-    rep = build_report(args.run_dir, energy_price_per_kwh=args.energy_price, judge_by=judge_by)
+    rep = build_report(args.run_dir, energy_price_per_kwh=args.energy_price, judge_by=judge_by,
+                       slowest_n=args.slowest)
     fmt = args.format or "md"
     # --check alone prints the verdict; with --format or -o the report goes there too
     show = not args.check or args.format is not None or args.output is not None

@@ -2,7 +2,9 @@
 
 Streamed row by row from a read-only cursor: constant memory whatever the run's size.
 Times are plan offsets and durations in seconds (floats), ``wall`` is Unix seconds;
-``itl_us`` (with ``--itl``) lists every inter-token gap in microseconds.
+``itl_us`` (with ``--itl``) lists every inter-token gap in microseconds. ``trace_id`` is the
+one the request's ``traceparent`` carried (soakd/tracing.py), empty for a target that sent
+none.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from soakd.journal import JournalReader, row_itl_ns, unpack_itl
+from soakd.tracing import trace_id, traced_targets
 
 COLUMNS = (
     "id",
@@ -40,6 +43,7 @@ COLUMNS = (
     "prompt_tokens",
     "output_tokens",
     "usage_reported",
+    "trace_id",
 )
 _SECONDS = {
     "scheduled_s": "scheduled_ns",
@@ -57,8 +61,13 @@ _SECONDS = {
 
 def records(reader: JournalReader, *, itl: bool = False) -> Iterator[dict[str, Any]]:
     """One dict per request, in journal order."""
+    run_id = str(reader.meta["run_id"])
+    traced = traced_targets(reader.meta.get("config", {}))
     for row in reader.request_rows(itl=itl):
-        yield _record(row, itl)
+        rec = _record(row, itl)
+        target = rec["target"]
+        rec["trace_id"] = trace_id(run_id, target, rec["seq"]) if target in traced else None
+        yield rec
 
 
 def _record(row: sqlite3.Row, itl: bool) -> dict[str, Any]:
@@ -70,7 +79,7 @@ def _record(row: sqlite3.Row, itl: bool) -> dict[str, Any]:
             out[col] = None if v is None else v / 1e9
         elif col in ("oom", "usage_reported"):
             out[col] = bool(row[col])
-        else:
+        elif col != "trace_id":  # derived, in records()
             out[col] = row[col]
     if itl:
         exact = row["itl"]  # else compact: bucket middles, ascending (docs/journal.md)

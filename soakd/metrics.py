@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from soakd import __version__
 from soakd import metric_names as mn
 from soakd.buckets import BucketChild, BucketHistogram
-from soakd.config import AlertLimits, Slo
+from soakd.config import AlertLimits, Slo, TargetConfig
 from soakd.metric_names import (
     LIMIT_DRIFT,
     LIMIT_E2E,
@@ -38,6 +38,7 @@ from soakd.metric_names import (
     LIMIT_VRAM,
 )
 from soakd.model import OK, S_PER_NS, ErrorKind, Outcome, status_class
+from soakd.tracing import trace_id, traced_names
 from soakd.workload.ledger import MISSED_REASONS
 
 # No `*_created` series: one per counter and histogram child, undocumented and unused by
@@ -174,6 +175,12 @@ class Metrics:
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, int], Counter] = {}
         self._run_counts: dict[str, list[int]] = {}  # target -> [requests, 5xx] of the run
+        self._traced: dict[str, str] = {}  # target -> run id: exemplars carry the trace id
+
+    def trace_exemplars(self, run_id: str, targets: Iterable[TargetConfig | str]) -> None:
+        """The e2e and TTFT observations of the targets sending a traceparent (names: these)
+        carry the request's trace id as an exemplar (soakd/tracing.py; OpenMetrics only)."""
+        self._traced = dict.fromkeys(traced_names(targets), run_id)
 
     def set_limits(self, slo: Slo, alerts: AlertLimits) -> None:
         """The run-wide SLO and the alert-only limits, as gauges; an SLO key not set is
@@ -259,10 +266,12 @@ class Metrics:
             self.oom_errors.labels(o.target).inc()
         if o.error is not None:
             return
-        c.e2e.observe(o.e2e_ns * S_PER_NS)
+        run = self._traced.get(o.target)
+        ex = None if run is None else {"trace_id": trace_id(run, o.target, o.seq)}
+        c.e2e.observe(o.e2e_ns * S_PER_NS, ex)
         ttft = o.ttft_ns
         if ttft is not None:
-            c.ttft.observe(ttft * S_PER_NS)
+            c.ttft.observe(ttft * S_PER_NS, ex)
         tpot = o.tpot_ns
         if tpot is not None:
             c.tpot.observe(tpot * S_PER_NS)

@@ -106,6 +106,9 @@ class TargetConfig(Strict):
     spend: SpendGuard = SpendGuard()
     rate_limit: RateLimit = RateLimit()
     gateway: GatewaySettings | None = None
+    # A W3C traceparent on every request, so the server's trace joins it (docs/tracing.md).
+    # None: on for local targets (loopback/private host, simulator:, gateway:), else off.
+    traceparent: bool | None = None
 
     @field_validator("base_url", "metrics_url", "health_url", "proxy")
     @classmethod

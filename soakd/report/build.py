@@ -45,6 +45,7 @@ from soakd.report.model import (
 )
 from soakd.report.plots import plots
 from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
+from soakd.slowest import DEFAULT_N, slowest
 from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
 from soakd.verdicts import overall as overall_verdict
 
@@ -70,6 +71,7 @@ def build_report(
     *,
     energy_price_per_kwh: float | None = None,
     judge_by: dict[str, Any] | None = None,
+    slowest_n: int = DEFAULT_N,
 ) -> Report:
     """Everything the report says, from the journal in ``run_dir`` (read-only).
     ``judge_by``: another config document whose slo, compare, costs and report sections
@@ -94,6 +96,7 @@ def build_report(
                 targets.append(r.target)
         slos, spec, slo_note = _decision_config(config, targets)
         tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
+        slow = slowest(reader, slowest_n, rollups)
     plan_phases = [
         (p["name"], p["start_ns"] / NS_PER_S, p["end_ns"] / NS_PER_S)
         for p in meta["plan"]["phases"]
@@ -244,6 +247,7 @@ def build_report(
         phase_verdicts=phase_verdicts,
         comparison=comparison,
         passed=overall_verdict(verdicts.values(), comparison),
+        slowest=slow,
     )
 
 

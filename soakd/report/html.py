@@ -24,6 +24,7 @@ from soakd.report.table import (
     metric_table,
     phase_title,
     phase_verdict_table,
+    slowest_tables,
     verdict_tables,
 )
 
@@ -117,6 +118,7 @@ def render_html(rep: Report) -> str:
     gpus = gpu_table(rep)
     if gpus is not None:
         parts.append(html_table(gpus, row_sep="\n"))
+    parts += [html_table(table) for table in slowest_tables(rep)]
     parts.append('<h2>Notes</h2><ul class="notes">')
     parts += [f"<li>{e(n)}</li>" for n in rep.notes + definitions(rep)]
     parts.append("</ul></body></html>")

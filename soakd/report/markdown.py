@@ -15,6 +15,7 @@ from soakd.report.table import (
     metric_table,
     phase_title,
     phase_verdict_table,
+    slowest_tables,
     verdict_tables,
 )
 
@@ -62,5 +63,7 @@ def render_markdown(rep: Report) -> str:
             f"- at {d['offset_h']:.3f} h of plan time: down {fmt_duration(d['seconds'])}"
             for d in rep.downtimes
         ]
+    for table in slowest_tables(rep):
+        out += md_table(table)
     out += ["", "## Notes", ""] + [f"- {n}" for n in rep.notes + definitions(rep)]
     return "\n".join(out) + "\n"

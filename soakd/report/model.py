@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypedDict
 
 from soakd.analysis import Quantiles, quantile_of
+from soakd.slowest import SlowRequest
 from soakd.verdicts import CompareVerdict, Verdict
 
 Doc = Mapping[str, Any]
@@ -131,6 +132,8 @@ class Report:
     phase_verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)
     comparison: CompareVerdict | None = None
     passed: bool | None = None  # None: nothing judged (no slo, no compare)
+    # target -> phase -> its slowest requests, with trace ids (soakd/slowest.py)
+    slowest: dict[str, dict[str, list[SlowRequest]]] = field(default_factory=dict)
 
 
 Better = Literal["min", "max"]

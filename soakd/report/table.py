@@ -19,6 +19,7 @@ from soakd.report.model import (
     Row,
     value_of,
 )
+from soakd.slowest import slowest_sections
 
 COUNTS = frozenset(
     {"offered", "missed", "requests", "errors", "shed", "oom_events", "oom_responses", "restarts"}
@@ -395,3 +396,11 @@ def check_lines(rep: Report) -> list[str]:
             f"{result(cmp.passed).upper()}" + (f": {worse}" if worse else "")
         )
     return lines
+
+
+def slowest_tables(rep: Report) -> list[Table]:
+    """The slowest requests, one table per target (soakd/slowest.py), with trace ids."""
+    return [
+        Table(title, header, [cells(row) for row in rows])
+        for title, header, rows in slowest_sections(rep.slowest, rep.phases)
+    ]

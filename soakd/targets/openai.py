@@ -47,6 +47,8 @@ from soakd.targets.errors import (
 )
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
 from soakd.targets.stream import Fault, StreamParser, apply_usage, idle_cut
+from soakd.tracing import HEADER as TRACEPARENT
+from soakd.tracing import traceparent, wants_traceparent
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
 
@@ -76,8 +78,11 @@ class OpenAITarget:
         proxy: URL | None = None,
         proxy_auth: BasicAuth | None = None,
         secret: SecretStr | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.name = cfg.name
+        # the run id the traceparent is derived from; None: no traceparent (soakd/tracing.py)
+        self._trace_run = run_id if run_id is not None and wants_traceparent(cfg) else None
         self._make_session = make_session  # (force_close) -> a session with soakd's headers
         self._session = make_session(not cfg.keep_alive)
         self._fresh: ClientSession | None = None  # for resends, made when first needed
@@ -147,18 +152,21 @@ class OpenAITarget:
             self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
             self._finish(out)
             return out
+        run = self._trace_run  # the resend carries the same traceparent: one request
+        hdrs = None if run is None else {TRACEPARENT: traceparent(run, spec.target, spec.seq)}
         attempt = _Attempt()
-        await self._attempt(out, payload, self._session, attempt)
+        await self._attempt(out, payload, self._session, attempt, hdrs)
         if attempt.reused and out.error is ErrorKind.STREAM_TRUNCATED and not out.status \
                 and out.first_byte_ns is None:
             out.resends += 1
             out.error, out.error_detail, out.end_ns = None, "", 0
-            await self._attempt(out, payload, self._fresh_session(), None)
+            await self._attempt(out, payload, self._fresh_session(), None, hdrs)
         self._finish(out)
         return out
 
     async def _attempt(
-        self, out: Outcome, payload: bytes, session: ClientSession, attempt: _Attempt | None
+        self, out: Outcome, payload: bytes, session: ClientSession, attempt: _Attempt | None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         """One try of the request on ``session``; fills ``out``."""
         loop = asyncio.get_running_loop()
@@ -184,6 +192,7 @@ class OpenAITarget:
                 session.post(
                     self._url,
                     data=payload,
+                    headers=headers,
                     proxy=self._proxy,
                     proxy_auth=self._proxy_auth,
                     allow_redirects=False,
@@ -401,9 +410,11 @@ class OpenAITarget:
         return text[:200]
 
 
-async def open_target(cfg: TargetConfig) -> OpenAITarget:
+async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAITarget:
     """Build the client for one target: read its key once, set up TLS, the proxy and
-    the connection pool. Raises ConfigError (naming the setting, never the key)."""
+    the connection pool. Raises ConfigError (naming the setting, never the key).
+    ``run_id``: the run's, from which each request's traceparent is derived (when the
+    target sends one: soakd/tracing.py)."""
     key = cfg.api_key()
     ssl_arg = cfg.ssl_context()
     proxy, proxy_auth = (URL(cfg.proxy), None) if cfg.proxy is not None \
@@ -444,7 +455,8 @@ async def open_target(cfg: TargetConfig) -> OpenAITarget:
             trace_configs=[] if force_close else [trace],
         )
 
-    target = OpenAITarget(cfg, make_session, proxy=proxy, proxy_auth=proxy_auth, secret=key)
+    target = OpenAITarget(cfg, make_session, proxy=proxy, proxy_auth=proxy_auth, secret=key,
+                          run_id=run_id)
     log.debug("target_opened", target=cfg.name, endpoint=cfg.endpoint, proxy=proxy is not None)
     return target
 

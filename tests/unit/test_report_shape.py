@@ -45,6 +45,7 @@ REPORT_KEYS = [
     "phase_verdicts",
     "comparison",
     "passed",
+    "slowest",  # target -> phase -> slow requests (soakd/slowest.py)
     "columns",
 ]
 ROW_KEYS = [
@@ -98,6 +99,19 @@ SHAPES = {
         "mean_power_w",
         "targets",
         "leak_note",
+    ],
+    "slow": [
+        "target",
+        "phase",
+        "seq",
+        "wall",
+        "offset_s",
+        "e2e_s",
+        "ttft_s",
+        "outcome",
+        "status",
+        "output_tokens",
+        "trace_id",
     ],
     "guard": [
         "phase",
@@ -244,6 +258,7 @@ def test_the_json_report_keeps_its_keys(run_dir: Path) -> None:
         ("verdict", list(doc["verdicts"].values())),
         ("downtime", doc["downtimes"]),
         ("column", doc["columns"]),
+        ("slow", [s for by in doc["slowest"].values() for v in by.values() for s in v]),
     ):
         assert items, name  # the fixture has one of each
         for item in items:
