@@ -127,18 +127,23 @@ class Soak:
         self.run_dir = opts.run_dir or Path("runs") / self.run_id
         stored = self.resume.options if self.resume else {}
         self.plan_options = {  # a resume keeps the first session's flags unless given again
-            "rehearse_s": opts.rehearse_s if opts.rehearse_s is not None
+            "rehearse_s": opts.rehearse_s
+            if opts.rehearse_s is not None
             else stored.get("rehearse_s"),
-            "duration_s": opts.duration_s if opts.duration_s is not None
+            "duration_s": opts.duration_s
+            if opts.duration_s is not None
             else stored.get("duration_s"),
         }
         self.plan_start = self.resume.plan_start if self.resume else datetime.now(UTC)
         self.plan: Plan = build_plan(
-            cfg, self.plan_start, rehearse_s=self.plan_options["rehearse_s"],
+            cfg,
+            self.plan_start,
+            rehearse_s=self.plan_options["rehearse_s"],
             duration_cap_s=self.plan_options["duration_s"],
         )
-        self.config_changes = self.resume.check(cfg, self.plan, force=opts.force) \
-            if self.resume else []
+        self.config_changes = (
+            self.resume.check(cfg, self.plan, force=opts.force) if self.resume else []
+        )
         self.journal: Journal | None = None
         self.metrics = Metrics()
         self.probe_metrics = ProbeMetrics(self.metrics.registry)
@@ -188,8 +193,9 @@ class Soak:
             "vram": self._vram_status(),
             "lag_limit_s": self.cfg.alert_limits.dispatch_lag,
             "metrics_url": self.http.url if self.http else None,
-            "targets": {name: row | self.goodput.row(name)
-                        for name, row in self.stats.recent().items()},
+            "targets": {
+                name: row | self.goodput.row(name) for name, row in self.stats.recent().items()
+            },
         }
 
     def _vram_status(self) -> list[dict[str, Any]]:
@@ -204,8 +210,15 @@ class Soak:
             # every metric family on the run loop, each second (~ms)
             used = gpu.used.get(index)
             limit = self.cfg.slo_for(owner).vram_peak if owner else self.cfg.slo.vram_peak
-            out.append({"gpu": index, "target": owner, "used_bytes": used, "peak_bytes": peak,
-                        "limit_bytes": limit})
+            out.append(
+                {
+                    "gpu": index,
+                    "target": owner,
+                    "used_bytes": used,
+                    "peak_bytes": peak,
+                    "limit_bytes": limit,
+                }
+            )
         return out
 
     def _gpu_owner(self) -> str | None:
@@ -243,14 +256,23 @@ class Soak:
         the exporter (a final scrape still sees the totals), then the log."""
         raise_fd_limit(self.plan)
         prepare_dir(self.run_dir, self.cfg, self.plan)
-        setup_logging(self.cfg.logging.level, self.cfg.logging.format,
-                      log_file=self.run_dir / "soakd.log", console=self.opts.console_logs)
+        setup_logging(
+            self.cfg.logging.level,
+            self.cfg.logging.format,
+            log_file=self.run_dir / "soakd.log",
+            console=self.opts.console_logs,
+        )
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(close_logging)
             structlog.contextvars.bind_contextvars(run_id=self.run_id)
-            log.info("run_starting", version=__version__, run_dir=str(self.run_dir),
-                     targets=self.names, phases=len(self.plan.phases),
-                     plan_s=self.plan.duration_ns / 1e9)
+            log.info(
+                "run_starting",
+                version=__version__,
+                run_dir=str(self.run_dir),
+                targets=self.names,
+                phases=len(self.plan.phases),
+                plan_s=self.plan.duration_ns / 1e9,
+            )
             self._setup_metrics()
             # the exporter binds first: a busy address must fail before a journal exists
             # (or the next try in this directory would "resume" a run that never ran)
@@ -262,8 +284,10 @@ class Soak:
             self.journal = journal = await self._open_journal()
             self._started = time.monotonic()
             stack.push_async_callback(self._finish)
-            self.ledger = SendLedger(journal.restored.missed if self.resume and
-                                     journal.restored else None, on_miss=self.metrics.missed)
+            self.ledger = SendLedger(
+                journal.restored.missed if self.resume and journal.restored else None,
+                on_miss=self.metrics.missed,
+            )
             for key, n in self.ledger.counts.items():
                 self.metrics.missed(*key, n)  # continue the counter
             stack.push_async_callback(self._close_clients)
@@ -281,8 +305,15 @@ class Soak:
                 log.warning("stopped_before_start")
             if self.runner is not None and self.probes is not None:
                 await self._run_parts()
-        return RunResult(self.run_id, self.run_dir, self._completed, self._elapsed,
-                         self._cancelled, self._summary, session=journal.session)
+        return RunResult(
+            self.run_id,
+            self.run_dir,
+            self._completed,
+            self._elapsed,
+            self._cancelled,
+            self._summary,
+            session=journal.session,
+        )
 
     async def _run_parts(self) -> None:
         assert self.runner is not None
@@ -290,8 +321,11 @@ class Soak:
         async with asyncio.TaskGroup() as tg:
             ticker = tg.create_task(self._tick())
             probing = tg.create_task(self.probes.run())
-            gateways = tg.create_task(self.gateway_export.run()) \
-                if self.gateway_export is not None else None
+            gateways = (
+                tg.create_task(self.gateway_export.run())
+                if self.gateway_export is not None
+                else None
+            )
             await self.runner.run(self.resume.offset_ns if self.resume else 0)
             self._cancelled = await self._drain()
             ticker.cancel()
@@ -305,12 +339,14 @@ class Soak:
         self.fronts.cancel_switches()
 
     async def _close_clients(self) -> None:
-        await _close_all("client", [t.aclose() for t in self.targets.values()]
-                         + ([self.probes.aclose()] if self.probes is not None else []))
+        await _close_all(
+            "client",
+            [t.aclose() for t in self.targets.values()]
+            + ([self.probes.aclose()] if self.probes is not None else []),
+        )
 
     async def _close_children(self) -> None:
-        await _close_all("child", self.fronts.closes()
-                         + [sim.aclose() for sim in self._sims])
+        await _close_all("child", self.fronts.closes() + [sim.aclose() for sim in self._sims])
 
     async def _finish(self) -> None:
         """The journal's final flush and the summary: what this session did."""
@@ -325,16 +361,28 @@ class Soak:
         self._summary = summary
         self._completed = completed = bool(self.runner and self.runner.finished)
         await self.journal.aclose(completed=completed)
-        write_summary(self.run_dir, {
-            "run_id": self.run_id, "version": __version__, "completed": completed,
-            "elapsed_s": round(elapsed, 3), "active_s": round(active, 3),
-            "rate_basis": "active plan time (active_s): rates count the time soakd was "
-                          "sending, not start-up or the drain",
-            "cancelled": self._cancelled, "targets": summary})
-        log.info("run_finished", completed=completed, elapsed_s=round(elapsed, 3),
-                 cancelled=self._cancelled,
-                 requests={k: v["requests"] for k, v in summary.items()},
-                 errors={k: v["errors"] for k, v in summary.items()})
+        write_summary(
+            self.run_dir,
+            {
+                "run_id": self.run_id,
+                "version": __version__,
+                "completed": completed,
+                "elapsed_s": round(elapsed, 3),
+                "active_s": round(active, 3),
+                "rate_basis": "active plan time (active_s): rates count the time soakd was "
+                "sending, not start-up or the drain",
+                "cancelled": self._cancelled,
+                "targets": summary,
+            },
+        )
+        log.info(
+            "run_finished",
+            completed=completed,
+            elapsed_s=round(elapsed, 3),
+            cancelled=self._cancelled,
+            requests={k: v["requests"] for k, v in summary.items()},
+            errors={k: v["errors"] for k, v in summary.items()},
+        )
 
     async def _final_gateway_read(self) -> None:
         """The gateways' final counts into the journal (they are still up: closed later)."""
@@ -352,8 +400,9 @@ class Soak:
         for tcfg in self.cfg.targets:
             if tcfg.simulator:
                 try:
-                    sim = await spawn_sim(tcfg.simulator, tcfg.model,
-                                          self.run_dir / f"sim-{tcfg.name}.log")
+                    sim = await spawn_sim(
+                        tcfg.simulator, tcfg.model, self.run_dir / f"sim-{tcfg.name}.log"
+                    )
                 except RuntimeError as exc:
                     raise StartError(f"targets[{tcfg.name}].simulator", exc) from None
                 self._sims.append(sim)
@@ -370,17 +419,25 @@ class Soak:
         # the gateways soakd started, on soakd's own /metrics (their ports are random)
         self.gateway_export = export_gateways(
             {t: g.url for t, g in self.fronts.gateways.items()},
-            self.cfg.probes.scrape_interval, self.metrics.registry, self.journal.sample)
+            self.cfg.probes.scrape_interval,
+            self.metrics.registry,
+            self.journal.sample,
+        )
         self.runner = Runner(
-            self.plan, self.targets, make_prompt_source(self.cfg.workload),
+            self.plan,
+            self.targets,
+            make_prompt_source(self.cfg.workload),
             # the journal hands outcomes on to Metrics once committed: Prometheus
             # never counts a request the journal could lose (docs/journal.md)
             [self.journal, self.stats, self.goodput, self.probes.outcome_sink, self.guards],
             max_tokens=self.cfg.workload.max_tokens,
-            temperature=self.cfg.workload.temperature, seed=self.cfg.workload.seed,
+            temperature=self.cfg.workload.temperature,
+            seed=self.cfg.workload.seed,
             on_phase=self._on_phase,
             start_seq=self.resume.next_seq if self.resume else None,
-            gates=self.guards.by_target, ledger=self.ledger)
+            gates=self.guards.by_target,
+            ledger=self.ledger,
+        )
         self.journal.attach(self.runner)
         self.metrics.watch_in_flight(self.runner.in_flight)
 
@@ -388,8 +445,7 @@ class Soak:
         assert self.runner is not None
         deadline = self.cfg.run.drain_timeout
         if self.runner.stopping:
-            log.info("draining", in_flight=sum(self.runner.in_flight.values()),
-                     deadline_s=deadline)
+            log.info("draining", in_flight=sum(self.runner.in_flight.values()), deadline_s=deadline)
         drain = asyncio.ensure_future(self.runner.drain(deadline))
         force = asyncio.ensure_future(self._force.wait())
         await asyncio.wait({drain, force}, return_when=asyncio.FIRST_COMPLETED)
@@ -405,8 +461,9 @@ class Soak:
 
     def _setup_metrics(self) -> None:
         m = self.metrics
-        m.build_info.info({"version": __version__, "run_id": self.run_id,
-                           "node": self.cfg.run.node})
+        m.build_info.info(
+            {"version": __version__, "run_id": self.run_id, "node": self.cfg.run.node}
+        )
         m.set_limits(self.cfg.slo, self.cfg.alert_limits)
         phases = sorted({p.name for p in self.plan.phases})
         m.add_phases(phases)
@@ -420,29 +477,51 @@ class Soak:
     async def _open_journal(self) -> Journal:
         """Open or continue the run's journal; a resume restores the counters from it."""
         jm = JournalMetrics(self.metrics.registry)
-        run = RunInfo(self.run_id, config_doc(self.cfg), plan_doc(self.plan), self.plan_start,
-                      self.plan_options, rollup_window_ns(self.plan))
-        journal = await open_journal(self.run_dir, run, self.cfg.journal, metrics=jm,
-                                     forward=self.metrics, resume=self.resume)
+        run = RunInfo(
+            self.run_id,
+            config_doc(self.cfg),
+            plan_doc(self.plan),
+            self.plan_start,
+            self.plan_options,
+            rollup_window_ns(self.plan),
+        )
+        journal = await open_journal(
+            self.run_dir,
+            run,
+            self.cfg.journal,
+            metrics=jm,
+            forward=self.metrics,
+            resume=self.resume,
+        )
         restored = journal.restored
         if self.resume is not None and restored is not None:
             missing = self.metrics.restore(restored.totals, restored.histograms)
             if self.config_changes:
                 journal.event("config_changed", paths=self.config_changes)
-            log.warning("run_resumed", session=journal.session,
-                        plan_offset_s=round(self.resume.offset_ns / 1e9, 3),
-                        down_since=datetime.fromtimestamp(self.resume.last_wall, UTC)
-                        .isoformat(timespec="seconds"),
-                        config_changes=self.config_changes or None,
-                        not_restored=missing or None)
+            log.warning(
+                "run_resumed",
+                session=journal.session,
+                plan_offset_s=round(self.resume.offset_ns / 1e9, 3),
+                down_since=datetime.fromtimestamp(self.resume.last_wall, UTC).isoformat(
+                    timespec="seconds"
+                ),
+                config_changes=self.config_changes or None,
+                not_restored=missing or None,
+            )
         return journal
 
     async def _start_http(self) -> HttpServer:
         host, port = self._listen()
         try:
-            return await start_http(host, port, self.metrics.registry, self._status_snapshot,
-                                    self._ready, alive=self._alive,
-                                    **self._exporter_security(host))
+            return await start_http(
+                host,
+                port,
+                self.metrics.registry,
+                self._status_snapshot,
+                self._ready,
+                alive=self._alive,
+                **self._exporter_security(host),
+            )
         except OSError as exc:
             where = "--metrics-addr" if self.opts.metrics_addr else "exporter.listen"
             why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
@@ -456,9 +535,12 @@ class Soak:
         auth = (exp.basic_auth.username, exp.basic_auth.password()) if exp.basic_auth else None
         ctx = exp.tls.context() if exp.tls else None
         if auth is None and not _loopback(host):
-            log.warning("exporter_exposed", host=host,
-                        note="/metrics and /status answer anyone who can reach this address; "
-                        "set exporter.basic_auth (and exporter.tls) or bind 127.0.0.1")
+            log.warning(
+                "exporter_exposed",
+                host=host,
+                note="/metrics and /status answer anyone who can reach this address; "
+                "set exporter.basic_auth (and exporter.tls) or bind 127.0.0.1",
+            )
         return {"auth": auth, "ssl_context": ctx}
 
     def _listen(self) -> tuple[str, int]:
@@ -484,7 +566,8 @@ class Soak:
         for name in self.names:
             shape = phase.loads.get(name)
             m.offered_concurrency.labels(name).set(
-                shape.concurrency if shape and shape.mode == "closed" else 0)
+                shape.concurrency if shape and shape.mode == "closed" else 0
+            )
 
     # --- cloud targets (docs/gateway.md) ---------------------------------------------------
 
@@ -496,10 +579,17 @@ class Soak:
         else:
             key_ref = ""
         spend = tcfg.spend
-        limits = {cap: getattr(spend, f"max_{cap}") for cap in
-                  ("requests_per_hour", "tokens_per_hour", "requests", "tokens")}
-        guard = TargetGuard(tcfg.name, spend, tcfg.rate_limit, key_ref=key_ref,
-                            on_event=self.journal.event if self.journal is not None else None)
+        limits = {
+            cap: getattr(spend, f"max_{cap}")
+            for cap in ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
+        }
+        guard = TargetGuard(
+            tcfg.name,
+            spend,
+            tcfg.rate_limit,
+            key_ref=key_ref,
+            on_event=self.journal.event if self.journal is not None else None,
+        )
         guard.report_to(self.guard_metrics.add_target(tcfg.name, limits, guard.used))
         self.guards.by_target[tcfg.name] = guard
 
@@ -549,13 +639,23 @@ class Soak:
                     live.update(live_panel(st, console.width))
                 elif now - last_progress >= PROGRESS_LOG_S:
                     last_progress = now
-                    log.info("progress", elapsed_s=st["elapsed_s"], remaining_s=st["remaining_s"],
-                             targets={k: {"rps": round(v["rps"], 2), "errors": v["errors"],
-                                          "goodput_pct": _round(None if v["goodput"] is None
-                                                            else v["goodput"] * 100),
-                                          "ttft_p99_ms": _round(v["ttft_p99_ms"]),
-                                          "e2e_p99_ms": _round(v["e2e_p99_ms"])}
-                                      for k, v in st["targets"].items()})
+                    log.info(
+                        "progress",
+                        elapsed_s=st["elapsed_s"],
+                        remaining_s=st["remaining_s"],
+                        targets={
+                            k: {
+                                "rps": round(v["rps"], 2),
+                                "errors": v["errors"],
+                                "goodput_pct": _round(
+                                    None if v["goodput"] is None else v["goodput"] * 100
+                                ),
+                                "ttft_p99_ms": _round(v["ttft_p99_ms"]),
+                                "e2e_p99_ms": _round(v["e2e_p99_ms"]),
+                            }
+                            for k, v in st["targets"].items()
+                        },
+                    )
                 due = time.monotonic() + TICK_S
                 await asyncio.sleep(TICK_S)
         finally:
@@ -577,8 +677,11 @@ class Soak:
     def _on_signal(self, sig: signal.Signals) -> None:
         self._signals += 1
         if self._signals == 1:
-            log.warning("stop_requested", signal=sig.name,
-                        hint="draining in-flight requests; signal again to stop now")
+            log.warning(
+                "stop_requested",
+                signal=sig.name,
+                hint="draining in-flight requests; signal again to stop now",
+            )
             if self.runner is not None:
                 self.runner.stop()
             elif self._starting is not None:

@@ -41,61 +41,116 @@ def _addr(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="soakd", description="Multi-day soak tests for LLM inference servers.")
+        prog="soakd", description="Multi-day soak tests for LLM inference servers."
+    )
     parser.add_argument("--version", action="version", version=f"soakd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a soak test from a config file")
     run.add_argument("config", type=Path)
-    run.add_argument("--duration", type=_duration, metavar="D",
-                     help="cap the run (e.g. 10m, 72h); the plan is cut there")
-    run.add_argument("--rehearse", type=_duration, metavar="D",
-                     help="compress the whole plan into D (e.g. 5m) to try a config")
-    run.add_argument("--metrics-addr", type=_addr, metavar="HOST:PORT",
-                     help="where /metrics and /status listen (default from config, "
-                     "127.0.0.1:9464)")
-    run.add_argument("--run-dir", type=Path, metavar="DIR",
-                     help="run directory (default runs/<run-id>); one holding an unfinished "
-                     "run resumes it")
-    run.add_argument("--force", action="store_true",
-                     help="resume even though the config differs from the run's (recorded)")
+    run.add_argument(
+        "--duration",
+        type=_duration,
+        metavar="D",
+        help="cap the run (e.g. 10m, 72h); the plan is cut there",
+    )
+    run.add_argument(
+        "--rehearse",
+        type=_duration,
+        metavar="D",
+        help="compress the whole plan into D (e.g. 5m) to try a config",
+    )
+    run.add_argument(
+        "--metrics-addr",
+        type=_addr,
+        metavar="HOST:PORT",
+        help="where /metrics and /status listen (default from config, 127.0.0.1:9464)",
+    )
+    run.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="DIR",
+        help="run directory (default runs/<run-id>); one holding an unfinished run resumes it",
+    )
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="resume even though the config differs from the run's (recorded)",
+    )
     view = run.add_mutually_exclusive_group()
-    view.add_argument("--live", dest="live", action="store_true", default=None,
-                      help="draw the live view (default on a terminal)")
-    view.add_argument("--no-live", dest="live", action="store_false",
-                      help="JSON log lines instead of the live view")
+    view.add_argument(
+        "--live",
+        dest="live",
+        action="store_true",
+        default=None,
+        help="draw the live view (default on a terminal)",
+    )
+    view.add_argument(
+        "--no-live",
+        dest="live",
+        action="store_false",
+        help="JSON log lines instead of the live view",
+    )
 
     check = sub.add_parser("check", help="validate configs and print the effective plan")
-    check.add_argument("config", type=Path, nargs="+", metavar="CONFIG",
-                       help="one or more config files; every problem of each is listed")
+    check.add_argument(
+        "config",
+        type=Path,
+        nargs="+",
+        metavar="CONFIG",
+        help="one or more config files; every problem of each is listed",
+    )
     check.add_argument("--duration", type=_duration, metavar="D")
     check.add_argument("--rehearse", type=_duration, metavar="D")
 
     report = sub.add_parser("report", help="the side-by-side report of a run, from its journal")
     report.add_argument("run_dir", type=Path, metavar="DIR")
-    report.add_argument("--format", choices=("md", "html", "json", "text"), default=None,
-                        help="md (default), html, json or text")
-    report.add_argument("-o", "--output", type=Path, metavar="FILE",
-                        help="write to FILE (default: standard output)")
-    report.add_argument("--energy-price", type=float, metavar="PER_KWH",
-                        help="electricity price per kWh (default: report.energy_price_per_kwh)")
-    report.add_argument("--config", type=Path, metavar="FILE",
-                        help="judge by this config's slo, compare, costs and report sections "
-                        "(targets matched by name) instead of the run's own")
-    report.add_argument("--slowest", type=int, default=10, metavar="N",
-                        help="list the N slowest requests of each target and phase, with "
-                        "their trace ids (default: 10; 0: none)")
-    report.add_argument("--check", action="store_true",
-                        help="gate on the verdict: exit 1 when a target fails its SLO or the "
-                        "candidate regresses, 0 when all pass (docs/slo.md)")
+    report.add_argument(
+        "--format",
+        choices=("md", "html", "json", "text"),
+        default=None,
+        help="md (default), html, json or text",
+    )
+    report.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: standard output)"
+    )
+    report.add_argument(
+        "--energy-price",
+        type=float,
+        metavar="PER_KWH",
+        help="electricity price per kWh (default: report.energy_price_per_kwh)",
+    )
+    report.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="judge by this config's slo, compare, costs and report sections "
+        "(targets matched by name) instead of the run's own",
+    )
+    report.add_argument(
+        "--slowest",
+        type=int,
+        default=10,
+        metavar="N",
+        help="list the N slowest requests of each target and phase, with "
+        "their trace ids (default: 10; 0: none)",
+    )
+    report.add_argument(
+        "--check",
+        action="store_true",
+        help="gate on the verdict: exit 1 when a target fails its SLO or the "
+        "candidate regresses, 0 when all pass (docs/slo.md)",
+    )
 
     export = sub.add_parser("export", help="per-request rows of a run as CSV or JSON lines")
     export.add_argument("run_dir", type=Path, metavar="DIR")
     export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
-    export.add_argument("-o", "--output", type=Path, metavar="FILE",
-                        help="write to FILE (default: standard output)")
-    export.add_argument("--itl", action="store_true",
-                        help="add every inter-token gap (microseconds) to each row")
+    export.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: standard output)"
+    )
+    export.add_argument(
+        "--itl", action="store_true", help="add every inter-token gap (microseconds) to each row"
+    )
 
     sim = sub.add_parser("sim", help="serve the embedded vLLM-like simulator")
     sim.add_argument("--host", default="127.0.0.1")
@@ -104,11 +159,19 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--model", default="soakd-sim")
 
     gw = sub.add_parser("gateway", help="serve the guard gateway in front of a model server")
-    gw.add_argument("--config", type=Path, metavar="FILE",
-                    help="gateway config (docs/gateway.md); without it, the defaults")
+    gw.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="gateway config (docs/gateway.md); without it, the defaults",
+    )
     gw.add_argument("--upstream", metavar="URL", help="the model server (overrides the config)")
-    gw.add_argument("--listen", type=_addr, metavar="HOST:PORT",
-                    help="where to listen (default from config, 127.0.0.1:8080)")
+    gw.add_argument(
+        "--listen",
+        type=_addr,
+        metavar="HOST:PORT",
+        help="where to listen (default from config, 127.0.0.1:8080)",
+    )
     return parser
 
 
@@ -156,8 +219,9 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
         problems += exc.problems
     if problems:
         raise ConfigError.of(problems)
-    plan = build_plan(cfg, datetime.now(UTC), rehearse_s=args.rehearse,
-                      duration_cap_s=args.duration)
+    plan = build_plan(
+        cfg, datetime.now(UTC), rehearse_s=args.rehearse, duration_cap_s=args.duration
+    )
     print(f"{path}: ok")
     print(describe_plan(plan, cfg))
     if not cfg.slo.empty or any(not t.slo.empty for t in cfg.targets):
@@ -189,9 +253,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         target.api_key()
     _check_exporter(cfg)
     live = sys.stdout.isatty() if args.live is None else args.live
-    opts = RunOptions(run_dir=args.run_dir, duration_s=args.duration, rehearse_s=args.rehearse,
-                      metrics_addr=args.metrics_addr, live=live, console_logs=not live,
-                      force=args.force)
+    opts = RunOptions(
+        run_dir=args.run_dir,
+        duration_s=args.duration,
+        rehearse_s=args.rehearse,
+        metrics_addr=args.metrics_addr,
+        live=live,
+        console_logs=not live,
+        force=args.force,
+    )
     soak = Soak(cfg, opts)
     # The journal's writer thread runs Python between its commits; with the default 5 ms
     # GIL switch interval a token read meanwhile is stamped up to 5 ms late. 0.5 ms cut
@@ -205,8 +275,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     state = "completed" if result.completed else "stopped early"
     resumed = f" (session {result.session}, resumed)" if result.session > 1 else ""
-    console.print(f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s{resumed}; "
-                  f"results in {result.run_dir}")
+    console.print(
+        f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s{resumed}; "
+        f"results in {result.run_dir}"
+    )
     try:  # the report's summary: the whole run, every session, from the journal
         for part in terminal_summary(build_report(result.run_dir, slowest_n=0)):
             console.print(part)
@@ -218,8 +290,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             console.print(errors)
     console.print(f"report: soakd report {result.run_dir} --format html -o report.html")
     if result.cancelled:
-        console.print(f"{result.cancelled} request(s) were still running at the drain "
-                      "deadline and were cut (counted as 'cancelled')")
+        console.print(
+            f"{result.cancelled} request(s) were still running at the drain "
+            "deadline and were cut (counted as 'cancelled')"
+        )
     return 0
 
 
@@ -234,8 +308,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         from soakd.config.redact import config_doc
 
         judge_by = config_doc(load_config(args.config))
-    rep = build_report(args.run_dir, energy_price_per_kwh=args.energy_price, judge_by=judge_by,
-                       slowest_n=args.slowest)
+    rep = build_report(
+        args.run_dir,
+        energy_price_per_kwh=args.energy_price,
+        judge_by=judge_by,
+        slowest_n=args.slowest,
+    )
     fmt = args.format or "md"
     # --check alone prints the verdict; with --format or -o the report goes there too
     show = not args.check or args.format is not None or args.output is not None
@@ -256,8 +334,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     verdict = "\n".join(check_lines(rep))
     print(verdict, file=sys.stdout if not show or args.output is not None else sys.stderr)
     if rep.passed is None:
-        _fail(f"{args.run_dir}: nothing to check: the run's config has no slo or compare "
-              "block, or none of its criteria could be measured")
+        _fail(
+            f"{args.run_dir}: nothing to check: the run's config has no slo or compare "
+            "block, or none of its criteria could be measured"
+        )
     return 0 if rep.passed else EXIT_FAILED
 
 
@@ -322,8 +402,14 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    commands = {"run": cmd_run, "check": cmd_check, "report": cmd_report, "export": cmd_export,
-                "sim": cmd_sim, "gateway": cmd_gateway}
+    commands = {
+        "run": cmd_run,
+        "check": cmd_check,
+        "report": cmd_report,
+        "export": cmd_export,
+        "sim": cmd_sim,
+        "gateway": cmd_gateway,
+    }
     try:
         code = commands[args.command](args)
         sys.stdout.flush()  # here, where a closed pipe is still ours to handle

@@ -83,9 +83,7 @@ def _record(row: sqlite3.Row, itl: bool) -> dict[str, Any]:
             out[col] = row[col]
     if itl:
         exact = row["itl"]  # else compact: bucket middles, ascending (docs/journal.md)
-        out["itl_us"] = (
-            list(unpack_itl(exact)) if exact else [g // 1000 for g in row_itl_ns(row)]
-        )
+        out["itl_us"] = list(unpack_itl(exact)) if exact else [g // 1000 for g in row_itl_ns(row)]
     return out
 
 

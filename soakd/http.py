@@ -108,8 +108,9 @@ class HttpServer:
 class _ServerThread(threading.Thread):
     """An event loop of its own serving one aiohttp app until ``stop``."""
 
-    def __init__(self, app: web.Application, host: str, port: int,
-                 ssl_context: ssl.SSLContext | None) -> None:
+    def __init__(
+        self, app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None
+    ) -> None:
         super().__init__(name="soakd-exporter", daemon=True)
         self._app, self._host, self._port, self._ssl = app, host, port, ssl_context
         self.loop = asyncio.new_event_loop()
@@ -157,8 +158,7 @@ async def start_http(
     alive: Callable[[], str | None] | None = None,
 ) -> HttpServer:
     """Serve the app on its own thread; returns once bound (OSError when it cannot)."""
-    thread = _ServerThread(make_app(registry, status, ready, auth, alive), host, port,
-                           ssl_context)
+    thread = _ServerThread(make_app(registry, status, ready, auth, alive), host, port, ssl_context)
     thread.start()
     bound = await asyncio.wrap_future(thread.bound)
     shown = f"[{host}]" if ":" in host else host

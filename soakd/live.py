@@ -60,8 +60,21 @@ COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
     ("shed", _num("{}", "shed")),
 ]
 COLUMNS.insert(2, ("goodput", _pct("goodput")))  # share sent within every SLO (goodput.py)
-SHOWN_ORDER = ("req/s", "tok/s", "ok", "errors", "goodput", "shed", "not sent", "TTFT p50",
-               "TTFT p99", "E2E p50", "E2E p99", "ITL p50", "lag p99")
+SHOWN_ORDER = (
+    "req/s",
+    "tok/s",
+    "ok",
+    "errors",
+    "goodput",
+    "shed",
+    "not sent",
+    "TTFT p50",
+    "TTFT p99",
+    "E2E p50",
+    "E2E p99",
+    "ITL p50",
+    "lag p99",
+)
 
 
 def target_table(rows: Mapping[str, Row], title: str, width: int | None = None) -> Table:
@@ -110,7 +123,10 @@ def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
     else:
         phase, style = status.get("phase") or "-", "bold yellow"
     head = Text.assemble(
-        ("soakd ", "bold"), (status["run_id"], "cyan"), "  ", (phase, style),
+        ("soakd ", "bold"),
+        (status["run_id"], "cyan"),
+        "  ",
+        (phase, style),
         f"  {format_duration(round(status['elapsed_s']))}",
         f" / {format_duration(round(status['elapsed_s'] + status['remaining_s']))}",
         f"  in flight {sum(status['in_flight'].values())}",
@@ -122,8 +138,9 @@ def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
     parts: list[Any] = [head, Text(f"metrics {status['metrics_url']}/metrics", style="dim")]
     limited = client_limited(status)
     if limited:
-        parts.append(Text(f"CLIENT-LIMITED {', '.join(limited)}: soakd is behind the plan",
-                          style="bold red"))
+        parts.append(
+            Text(f"CLIENT-LIMITED {', '.join(limited)}: soakd is behind the plan", style="bold red")
+        )
     parts.append(target_table(rows, "last 60 s (not sent: this session)", width))
     parts += [_vram_line(v) for v in status.get("vram", [])]
     return Group(*parts)
@@ -131,6 +148,7 @@ def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
 
 def _vram_line(v: dict[str, Any]) -> Text:
     """GPU 0 (edge-4gb): VRAM 3.62 GB, peak 3.92 GB, line 3.90 GB ABOVE (decimal GB)."""
+
     def gb(x: float | None) -> str:
         return "-" if x is None else f"{x / 1e9:.2f} GB"
 
@@ -140,9 +158,12 @@ def _vram_line(v: dict[str, Any]) -> Text:
     if limit is None:
         return Text(text)
     above = used is not None and used > limit
-    return Text.assemble(text, f", line {gb(limit)}",
-                         (" ABOVE" if above else "", "bold red"),
-                         (" peak over" if not above and (peak or 0) > limit else "", "yellow"))
+    return Text.assemble(
+        text,
+        f", line {gb(limit)}",
+        (" ABOVE" if above else "", "bold red"),
+        (" peak over" if not above and (peak or 0) > limit else "", "yellow"),
+    )
 
 
 def errors_table(rows: Mapping[str, Row]) -> Table | None:

@@ -26,8 +26,12 @@ from typing import IO, Any, Final
 
 import structlog
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-           "error": logging.ERROR}
+_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 REPEAT_WINDOW_S: Final = 10.0
 REPEATED: Final = "log_repeated"
 LOG_MAX_BYTES: Final = 64 * 2**20
@@ -38,8 +42,9 @@ class LogFile:
     """The run's log file, rotated at ``max_bytes`` (``NAME.1`` the newest old one).
     A write that fails (disk full, read-only) is counted in ``dropped_lines``, never raised."""
 
-    def __init__(self, path: Path, max_bytes: int = LOG_MAX_BYTES,
-                 backups: int = LOG_BACKUPS) -> None:
+    def __init__(
+        self, path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS
+    ) -> None:
         self.path, self.max_bytes, self.backups = path, max_bytes, backups
         self._f: IO[str] | None = path.open("a", encoding="utf-8")
         try:
@@ -92,15 +97,17 @@ class Repeats:
     the rest are counted and dropped; ``due`` hands out the summaries of closed windows.
     Memory: one entry per (event, target) seen in the last window."""
 
-    def __init__(self, window_s: float = REPEAT_WINDOW_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, window_s: float = REPEAT_WINDOW_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.window_s = window_s
         self._clock = clock
         self._open: dict[tuple[str, str], list[Any]] = {}  # key -> [start, repeats, level]
         self.emit: Callable[[dict[str, Any]], None] | None = None  # where a summary goes
 
-    def __call__(self, _: Any, name: str, event: MutableMapping[str, Any]
-                 ) -> MutableMapping[str, Any]:
+    def __call__(
+        self, _: Any, name: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
         target, kind = event.get("target"), event.get("event")
         if target is None or kind == REPEATED:
             return event
@@ -128,9 +135,16 @@ class Repeats:
         start, count, level = window
         seconds = max(1, round(now - start))
         if self.emit is not None:
-            self.emit({"level": level, "of": key[0], "target": key[1], "count": count,
-                       "window_s": seconds,
-                       "message": f"{count} more like this in the last {seconds} s"})
+            self.emit(
+                {
+                    "level": level,
+                    "of": key[0],
+                    "target": key[1],
+                    "count": count,
+                    "window_s": seconds,
+                    "message": f"{count} more like this in the last {seconds} s",
+                }
+            )
 
 
 _file: LogFile | None = None
@@ -148,6 +162,8 @@ def _add_phase(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMappi
     if _phase is not None:
         event.setdefault("phase", _phase)
     return event
+
+
 dropped_lines = 0
 """Log lines the run's log file could not take (disk full, read-only): the console and
 the metrics go on; the journal's own errors say what happened to the disk."""

@@ -48,19 +48,107 @@ disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometh
 
 # Buckets in seconds, chosen for LLM serving: a TTFT from 5 ms (a warm GPU, short prompt)
 # to a minute (a queue on a 4 GB card); an E2E of up to 10 minutes (long generations).
-TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-                1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0)
-E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0,
-               30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
-               0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
-LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-               0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+TTFT_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+)
+E2E_BUCKETS = (
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    45.0,
+    60.0,
+    90.0,
+    120.0,
+    180.0,
+    300.0,
+    600.0,
+)
+ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+)
+LAG_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 OUTCOMES = (OK, *(k.value for k in ErrorKind))
 
-HISTOGRAM_BUCKETS = {"e2e": E2E_BUCKETS, "ttft": TTFT_BUCKETS, "itl": ITL_BUCKETS,
-                     "tpot": ITL_BUCKETS, "lag": LAG_BUCKETS}
+HISTOGRAM_BUCKETS = {
+    "e2e": E2E_BUCKETS,
+    "ttft": TTFT_BUCKETS,
+    "itl": ITL_BUCKETS,
+    "tpot": ITL_BUCKETS,
+    "lag": LAG_BUCKETS,
+}
 """Per-target histogram (attribute of ``_TargetChildren``) -> its buckets: the journal keeps
 the same bucket counts, so a resumed run continues the histograms exactly."""
 
@@ -85,92 +173,142 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry if registry is not None else CollectorRegistry()
         self.build_info = Info(  # Info adds the "_info" to its name
-            mn.BUILD_INFO.removesuffix("_info"), "soakd version and run identity.", registry=r)
+            mn.BUILD_INFO.removesuffix("_info"), "soakd version and run identity.", registry=r
+        )
         self.build_info.info({"version": __version__})
 
         self.requests = Counter(
-            mn.REQUESTS_TOTAL, "Finished requests by outcome (ok or the error kind).",
-            ["target", "phase", "outcome", "status_class"], registry=r)
+            mn.REQUESTS_TOTAL,
+            "Finished requests by outcome (ok or the error kind).",
+            ["target", "phase", "outcome", "status_class"],
+            registry=r,
+        )
         self.output_tokens = Counter(
-            mn.OUTPUT_TOKENS_TOTAL, "Generated tokens received.", ["target"], registry=r)
+            mn.OUTPUT_TOKENS_TOTAL, "Generated tokens received.", ["target"], registry=r
+        )
         self.prompt_tokens = Counter(
-            mn.PROMPT_TOKENS_TOTAL, "Prompt tokens sent (as the server counted them).",
-            ["target"], registry=r)
+            mn.PROMPT_TOKENS_TOTAL,
+            "Prompt tokens sent (as the server counted them).",
+            ["target"],
+            registry=r,
+        )
         self.sends_missed = Counter(
-            mn.SENDS_MISSED_TOTAL, "Planned open-loop sends not made, by reason: late (the "
+            mn.SENDS_MISSED_TOTAL,
+            "Planned open-loop sends not made, by reason: late (the "
             "instant was past max_lateness), in_flight_cap, spend_cap, rate_limited.",
-            ["target", "phase", "reason"], registry=r)
+            ["target", "phase", "reason"],
+            registry=r,
+        )
         self.resends = Counter(
-            mn.CONNECTION_RESENDS_TOTAL, "Requests sent again on a fresh connection because a "
+            mn.CONNECTION_RESENDS_TOTAL,
+            "Requests sent again on a fresh connection because a "
             "reused keep-alive one was dead before any response byte (not an outcome).",
-            ["target"], registry=r)
+            ["target"],
+            registry=r,
+        )
         self.oom_errors = Counter(
-            mn.OOM_ERRORS_TOTAL, "Requests whose error body said the device ran out of memory.",
-            ["target"], registry=r)
+            mn.OOM_ERRORS_TOTAL,
+            "Requests whose error body said the device ran out of memory.",
+            ["target"],
+            registry=r,
+        )
 
         self.e2e = Histogram(
-            mn.REQUEST_DURATION_SECONDS, "End-to-end latency: send to last byte.",
-            ["target"], buckets=E2E_BUCKETS, registry=r)
+            mn.REQUEST_DURATION_SECONDS,
+            "End-to-end latency: send to last byte.",
+            ["target"],
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
         self.ttft = Histogram(
             mn.TIME_TO_FIRST_TOKEN_SECONDS,
             "Send to the first chunk carrying generated content.",
-            ["target"], buckets=TTFT_BUCKETS, registry=r)
+            ["target"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
         self.itl = BucketHistogram(  # one observation per token: soakd/buckets.py
-            mn.INTER_TOKEN_LATENCY_SECONDS, "Gap between consecutive content chunks.",
-            ["target"], buckets=ITL_BUCKETS, registry=r)
+            mn.INTER_TOKEN_LATENCY_SECONDS,
+            "Gap between consecutive content chunks.",
+            ["target"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
         self.tpot = Histogram(
             mn.TIME_PER_OUTPUT_TOKEN_SECONDS,
             "(E2E - TTFT) / (output tokens - 1), per request.",
-            ["target"], buckets=ITL_BUCKETS, registry=r)
+            ["target"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
         self.lag = Histogram(
             mn.DISPATCH_LAG_SECONDS,
             "Actual minus scheduled send time: how far the load generator fell behind.",
-            ["target"], buckets=LAG_BUCKETS, registry=r)
+            ["target"],
+            buckets=LAG_BUCKETS,
+            registry=r,
+        )
 
         self.in_flight = Gauge(
-            mn.IN_FLIGHT_REQUESTS, "Requests sent and not yet finished.", ["target"],
-            registry=r)
+            mn.IN_FLIGHT_REQUESTS, "Requests sent and not yet finished.", ["target"], registry=r
+        )
         self.offered_rate = Gauge(
-            mn.OFFERED_RATE_RPS, "Configured open-loop rate now (0 in closed loop).",
-            ["target"], registry=r)
+            mn.OFFERED_RATE_RPS,
+            "Configured open-loop rate now (0 in closed loop).",
+            ["target"],
+            registry=r,
+        )
         self.offered_concurrency = Gauge(
-            mn.OFFERED_CONCURRENCY, "Configured closed-loop concurrency now.",
-            ["target"], registry=r)
+            mn.OFFERED_CONCURRENCY,
+            "Configured closed-loop concurrency now.",
+            ["target"],
+            registry=r,
+        )
         self.phase_info = Gauge(
-            mn.PHASE_ACTIVE, "1 for the phase running now, 0 for the others.",
-            ["phase"], registry=r)
+            mn.PHASE_ACTIVE, "1 for the phase running now, 0 for the others.", ["phase"], registry=r
+        )
         self.phase_index = Gauge(
-            mn.PHASE_INDEX, "Index of the running phase (-1 before, len(phases) after).",
-            registry=r)
-        self.elapsed = Gauge(
-            mn.RUN_ELAPSED_SECONDS, "Plan time elapsed.", registry=r)
-        self.remaining = Gauge(
-            mn.RUN_REMAINING_SECONDS, "Plan time remaining.", registry=r)
+            mn.PHASE_INDEX, "Index of the running phase (-1 before, len(phases) after).", registry=r
+        )
+        self.elapsed = Gauge(mn.RUN_ELAPSED_SECONDS, "Plan time elapsed.", registry=r)
+        self.remaining = Gauge(mn.RUN_REMAINING_SECONDS, "Plan time remaining.", registry=r)
         self.loop_delay = Gauge(
-            mn.EVENT_LOOP_DELAY_SECONDS, "How late soakd's run loop woke for its last "
+            mn.EVENT_LOOP_DELAY_SECONDS,
+            "How late soakd's run loop woke for its last "
             "1 s tick: above a few ms, soakd is short of CPU and its timings suffer.",
-            registry=r)
+            registry=r,
+        )
         self.loop_tasks = Gauge(
-            mn.EVENT_LOOP_TASKS, "asyncio tasks alive on soakd's run loop (its last tick).",
-            registry=r)
-        self.run_start = Gauge(
-            mn.RUN_START_TIME_SECONDS, "Unix time the run started.", registry=r)
+            mn.EVENT_LOOP_TASKS,
+            "asyncio tasks alive on soakd's run loop (its last tick).",
+            registry=r,
+        )
+        self.run_start = Gauge(mn.RUN_START_TIME_SECONDS, "Unix time the run started.", registry=r)
 
         self.limits = _Limits()
         r.register(self.limits)
         self.goodput = Gauge(
             mn.GOODPUT_RATIO,
             "Share of the requests sent in the last minute that succeeded within every "
-            "latency SLO of the target (NaN: none sent).", ["target"], registry=r)
+            "latency SLO of the target (NaN: none sent).",
+            ["target"],
+            registry=r,
+        )
         self.goodput_rate = Gauge(
             mn.GOODPUT_RPS,
             "Requests per second over the last minute that succeeded within every latency "
-            "SLO of the target.", ["target"], registry=r)
+            "SLO of the target.",
+            ["target"],
+            registry=r,
+        )
 
         self.run_5xx_ratio = Gauge(
             mn.RUN_5XX_RATIO,
             "Share of this run's finished requests answered with HTTP 5xx (since the run "
-            "started, across resumes); 0 before the first request.", ["target"], registry=r)
+            "started, across resumes); 0 before the first request.",
+            ["target"],
+            registry=r,
+        )
 
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, int], Counter] = {}
@@ -201,9 +339,7 @@ class Metrics:
             if value is not None
         }
 
-    def watch_goodput(
-        self, ratio: Callable[[str], float], rate: Callable[[str], float]
-    ) -> None:
+    def watch_goodput(self, ratio: Callable[[str], float], rate: Callable[[str], float]) -> None:
         """Read each target's windowed goodput at scrape time (soakd/goodput.py)."""
         for target in self._children:
             self.goodput.labels(target).set_function(partial(ratio, target))
@@ -212,11 +348,15 @@ class Metrics:
     def add_target(self, target: str, phases: list[str]) -> None:
         """Create every series of a target up front, so rates start at zero, not absent."""
         self._children[target] = _TargetChildren(
-            e2e=self.e2e.labels(target), ttft=self.ttft.labels(target),
-            itl=self.itl.labels(target), tpot=self.tpot.labels(target),
-            lag=self.lag.labels(target), output_tokens=self.output_tokens.labels(target),
+            e2e=self.e2e.labels(target),
+            ttft=self.ttft.labels(target),
+            itl=self.itl.labels(target),
+            tpot=self.tpot.labels(target),
+            lag=self.lag.labels(target),
+            output_tokens=self.output_tokens.labels(target),
             prompt_tokens=self.prompt_tokens.labels(target),
-            in_flight=self.in_flight.labels(target))
+            in_flight=self.in_flight.labels(target),
+        )
         self.oom_errors.labels(target)
         counts = self._run_counts.setdefault(target, [0, 0])
         self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts))
@@ -277,7 +417,6 @@ class Metrics:
             c.tpot.observe(tpot * S_PER_NS)
         if o.itl_ns:
             c.itl.observe_ns(o.itl_ns)
-
 
     def restore(
         self,
@@ -364,47 +503,74 @@ class JournalMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.records = Counter(
-            mn.JOURNAL_RECORDS_TOTAL, "Records committed to the journal.", ["kind"], registry=r)
+            mn.JOURNAL_RECORDS_TOTAL, "Records committed to the journal.", ["kind"], registry=r
+        )
         self.dropped = Counter(
             mn.JOURNAL_DROPPED_RECORDS_TOTAL,
-            "Records not journaled because the writer's queue was full.", ["kind"], registry=r)
+            "Records not journaled because the writer's queue was full.",
+            ["kind"],
+            registry=r,
+        )
         self.write_errors = Counter(
             mn.JOURNAL_WRITE_ERRORS_TOTAL,
             "Failed journal commits (disk full, read-only, I/O error); the batch is retried.",
-            registry=r)
+            registry=r,
+        )
         self.queue_depth = Gauge(
-            mn.JOURNAL_QUEUE_DEPTH, "Records waiting for the journal writer.", registry=r)
+            mn.JOURNAL_QUEUE_DEPTH, "Records waiting for the journal writer.", registry=r
+        )
         self.commit = Histogram(
-            mn.JOURNAL_COMMIT_SECONDS, "Time to write and commit one batch.",
+            mn.JOURNAL_COMMIT_SECONDS,
+            "Time to write and commit one batch.",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
-            registry=r)
+            registry=r,
+        )
         self.last_commit = Gauge(
-            mn.JOURNAL_LAST_COMMIT_TIME_SECONDS, "Unix time of the last successful commit.",
-            registry=r)
+            mn.JOURNAL_LAST_COMMIT_TIME_SECONDS,
+            "Unix time of the last successful commit.",
+            registry=r,
+        )
         self.size = Gauge(
-            mn.JOURNAL_SIZE_BYTES, "journal.db and its write-ahead log on disk.",
-            registry=r)
+            mn.JOURNAL_SIZE_BYTES, "journal.db and its write-ahead log on disk.", registry=r
+        )
         self.downtime = Counter(
             mn.RUN_DOWNTIME_SECONDS_TOTAL,
-            "Time the run was down between a stop or crash and its resume.", registry=r)
+            "Time the run was down between a stop or crash and its resume.",
+            registry=r,
+        )
         self.resumes = Counter(mn.RUN_RESUMES_TOTAL, "Times this run was resumed.", registry=r)
         # the disk budget (journal.max_bytes, soakd/journal/budget.py)
         self.max_bytes = Gauge(mn.JOURNAL_MAX_BYTES, "The journal's disk budget.", registry=r)
-        self.disk_free = Gauge(mn.JOURNAL_DISK_FREE_BYTES,
-                               "Free space of the journal's file system.", registry=r)
-        self.rows_kept = Gauge(mn.JOURNAL_ROWS_KEPT,
-                               "1 while per-request rows are written, 0 once near the budget "
-                               "(rollups only).", registry=r)
-        self.rows_dropped = Counter(mn.JOURNAL_ROWS_DROPPED_TOTAL,
-                                    "Requests kept only in the rollups and totals (no row): "
-                                    "the journal was near its budget.", registry=r)
+        self.disk_free = Gauge(
+            mn.JOURNAL_DISK_FREE_BYTES, "Free space of the journal's file system.", registry=r
+        )
+        self.rows_kept = Gauge(
+            mn.JOURNAL_ROWS_KEPT,
+            "1 while per-request rows are written, 0 once near the budget (rollups only).",
+            registry=r,
+        )
+        self.rows_dropped = Counter(
+            mn.JOURNAL_ROWS_DROPPED_TOTAL,
+            "Requests kept only in the rollups and totals (no row): "
+            "the journal was near its budget.",
+            registry=r,
+        )
         for kind in JOURNAL_KINDS:
             self.records.labels(kind)
             self.dropped.labels(kind)
 
 
-THROTTLE_REASONS = ("gpu_idle", "sw_power_cap", "hw_slowdown", "sync_boost",
-                    "sw_thermal", "hw_thermal", "hw_power_brake", "display_clock", "other")
+THROTTLE_REASONS = (
+    "gpu_idle",
+    "sw_power_cap",
+    "hw_slowdown",
+    "sync_boost",
+    "sw_thermal",
+    "hw_thermal",
+    "hw_power_brake",
+    "display_clock",
+    "other",
+)
 OOM_SOURCES = ("error_body", "restart_after_errors", "process_vanished", "xid", "log")
 
 
@@ -415,105 +581,170 @@ class ProbeMetrics:
         r = registry
         gpu = ["gpu"]
         self.probe_up = Gauge(
-            mn.GPU_PROBE_UP, "1 when the GPU source answers, 0 when absent or failing.",
-            ["source"], registry=r)
+            mn.GPU_PROBE_UP,
+            "1 when the GPU source answers, 0 when absent or failing.",
+            ["source"],
+            registry=r,
+        )
         self.gpu_info = Gauge(
-            mn.GPU_INFO, "Always 1; names each GPU.", ["gpu", "uuid", "name"], registry=r)
-        self.mem_total = Gauge(mn.GPU_MEMORY_TOTAL_BYTES, "GPU memory in all.", gpu,
-                               registry=r)
-        self.mem_used = Gauge(mn.GPU_MEMORY_USED_BYTES, "GPU memory used.", gpu,
-                              registry=r)
-        self.mem_free = Gauge(mn.GPU_MEMORY_FREE_BYTES, "GPU memory free.", gpu,
-                              registry=r)
-        self.mem_reserved = Gauge(mn.GPU_MEMORY_RESERVED_BYTES,
-                                  "GPU memory reserved by the driver.", gpu, registry=r)
-        self.mem_peak = Gauge(mn.GPU_MEMORY_USED_PEAK_BYTES,
-                              "Highest GPU memory used seen this run.", gpu, registry=r)
+            mn.GPU_INFO, "Always 1; names each GPU.", ["gpu", "uuid", "name"], registry=r
+        )
+        self.mem_total = Gauge(mn.GPU_MEMORY_TOTAL_BYTES, "GPU memory in all.", gpu, registry=r)
+        self.mem_used = Gauge(mn.GPU_MEMORY_USED_BYTES, "GPU memory used.", gpu, registry=r)
+        self.mem_free = Gauge(mn.GPU_MEMORY_FREE_BYTES, "GPU memory free.", gpu, registry=r)
+        self.mem_reserved = Gauge(
+            mn.GPU_MEMORY_RESERVED_BYTES, "GPU memory reserved by the driver.", gpu, registry=r
+        )
+        self.mem_peak = Gauge(
+            mn.GPU_MEMORY_USED_PEAK_BYTES, "Highest GPU memory used seen this run.", gpu, registry=r
+        )
         self.proc_mem = Gauge(
             mn.GPU_PROCESS_MEMORY_BYTES,
             "GPU memory of the target's process ('other' for processes of no target).",
-            ["gpu", "target"], registry=r)
+            ["gpu", "target"],
+            registry=r,
+        )
         self.leak_slope = Gauge(
             mn.GPU_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR,
-            "Robust (Theil-Sen) slope of GPU memory used over the leak window.", gpu,
-            registry=r)
+            "Robust (Theil-Sen) slope of GPU memory used over the leak window.",
+            gpu,
+            registry=r,
+        )
         self.leak_window_fill = Gauge(
             mn.GPU_MEMORY_LEAK_WINDOW_FILL_RATIO,
             "How much of the leak window the slope's readings span (0-1): the VramLeak alert "
-            "waits for 0.8.", gpu, registry=r)
+            "waits for 0.8.",
+            gpu,
+            registry=r,
+        )
         self.proc_leak_slope = Gauge(
             mn.GPU_PROCESS_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR,
             "Robust slope of the target's GPU process memory over the leak window.",
-            ["gpu", "target"], registry=r)
-        self.temperature = Gauge(mn.GPU_TEMPERATURE_CELSIUS, "GPU temperature.", gpu,
-                                 registry=r)
+            ["gpu", "target"],
+            registry=r,
+        )
+        self.temperature = Gauge(mn.GPU_TEMPERATURE_CELSIUS, "GPU temperature.", gpu, registry=r)
         self.power = Gauge(mn.GPU_POWER_WATTS, "GPU power draw.", gpu, registry=r)
-        self.energy = Counter(mn.GPU_ENERGY_JOULES_TOTAL, "GPU energy used since soakd started.",
-                              gpu, registry=r)
+        self.energy = Counter(
+            mn.GPU_ENERGY_JOULES_TOTAL, "GPU energy used since soakd started.", gpu, registry=r
+        )
         self.sm_clock = Gauge(mn.GPU_SM_CLOCK_HERTZ, "SM clock.", gpu, registry=r)
-        self.mem_clock = Gauge(mn.GPU_MEMORY_CLOCK_HERTZ, "Memory clock.", gpu,
-                               registry=r)
-        self.utilization = Gauge(mn.GPU_UTILIZATION_RATIO, "GPU busy fraction (0-1).",
-                                 gpu, registry=r)
+        self.mem_clock = Gauge(mn.GPU_MEMORY_CLOCK_HERTZ, "Memory clock.", gpu, registry=r)
+        self.utilization = Gauge(
+            mn.GPU_UTILIZATION_RATIO, "GPU busy fraction (0-1).", gpu, registry=r
+        )
         self.throttle = Gauge(
-            mn.GPU_THROTTLE_ACTIVE, "1 while the clock is held back for this reason.",
-            ["gpu", "reason"], registry=r)
-        self.xid = Counter(mn.GPU_XID_ERRORS_TOTAL, "XID critical errors by code.",
-                           ["gpu", "xid"], registry=r)
+            mn.GPU_THROTTLE_ACTIVE,
+            "1 while the clock is held back for this reason.",
+            ["gpu", "reason"],
+            registry=r,
+        )
+        self.xid = Counter(
+            mn.GPU_XID_ERRORS_TOTAL, "XID critical errors by code.", ["gpu", "xid"], registry=r
+        )
 
         target = ["target"]
         self.target_up = Gauge(
-            mn.TARGET_UP, "1 when the target's health check answers.", target, registry=r)
+            mn.TARGET_UP, "1 when the target's health check answers.", target, registry=r
+        )
         self.restarts = Counter(
-            mn.TARGET_RESTARTS_TOTAL, "Times the target's server restarted.", target, registry=r)
+            mn.TARGET_RESTARTS_TOTAL, "Times the target's server restarted.", target, registry=r
+        )
         self.oom_events = Counter(
-            mn.TARGET_OOM_EVENTS_TOTAL, "Out-of-memory events, by where soakd saw them.",
-            ["target", "source"], registry=r)
+            mn.TARGET_OOM_EVENTS_TOTAL,
+            "Out-of-memory events, by where soakd saw them.",
+            ["target", "source"],
+            registry=r,
+        )
         self.scrape_errors = Counter(
-            mn.TARGET_SCRAPE_ERRORS_TOTAL, "Failed scrapes of the target's /metrics.", target,
-            registry=r)
-        self.running = Gauge(mn.SERVER_REQUESTS_RUNNING,
-                             "Requests the server is running (vllm:num_requests_running).",
-                             target, registry=r)
-        self.waiting = Gauge(mn.SERVER_REQUESTS_WAITING,
-                             "Requests queued in the server (vllm:num_requests_waiting).",
-                             target, registry=r)
-        self.kv_cache = Gauge(mn.SERVER_KV_CACHE_USAGE_RATIO,
-                              "KV cache in use, 0-1 (vllm:kv_cache_usage_perc).", target,
-                              registry=r)
-        self.preemptions = Counter(mn.SERVER_PREEMPTIONS_TOTAL,
-                                   "Preemptions reported by the server.", target, registry=r)
-        self.server_rss = Gauge(mn.SERVER_RESIDENT_MEMORY_BYTES,
-                                "The server process's resident memory.", target, registry=r)
-        self.server_start = Gauge(mn.SERVER_START_TIME_SECONDS,
-                                  "The server process's start time (Unix).", target, registry=r)
+            mn.TARGET_SCRAPE_ERRORS_TOTAL,
+            "Failed scrapes of the target's /metrics.",
+            target,
+            registry=r,
+        )
+        self.running = Gauge(
+            mn.SERVER_REQUESTS_RUNNING,
+            "Requests the server is running (vllm:num_requests_running).",
+            target,
+            registry=r,
+        )
+        self.waiting = Gauge(
+            mn.SERVER_REQUESTS_WAITING,
+            "Requests queued in the server (vllm:num_requests_waiting).",
+            target,
+            registry=r,
+        )
+        self.kv_cache = Gauge(
+            mn.SERVER_KV_CACHE_USAGE_RATIO,
+            "KV cache in use, 0-1 (vllm:kv_cache_usage_perc).",
+            target,
+            registry=r,
+        )
+        self.preemptions = Counter(
+            mn.SERVER_PREEMPTIONS_TOTAL, "Preemptions reported by the server.", target, registry=r
+        )
+        self.server_rss = Gauge(
+            mn.SERVER_RESIDENT_MEMORY_BYTES,
+            "The server process's resident memory.",
+            target,
+            registry=r,
+        )
+        self.server_start = Gauge(
+            mn.SERVER_START_TIME_SECONDS,
+            "The server process's start time (Unix).",
+            target,
+            registry=r,
+        )
         self.server_rss_leak_slope = Gauge(
             mn.SERVER_RESIDENT_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR,
             "Robust slope of the server process's resident memory over the leak window.",
-            target, registry=r)
+            target,
+            registry=r,
+        )
         self.server_means = {
-            "ttft": Gauge(mn.SERVER_TIME_TO_FIRST_TOKEN_MEAN_SECONDS,
-                          "Server-side mean TTFT over the last scrape interval "
-                          "(vllm:time_to_first_token_seconds).", target, registry=r),
-            "e2e": Gauge(mn.SERVER_REQUEST_DURATION_MEAN_SECONDS,
-                         "Server-side mean end-to-end latency over the last scrape interval "
-                         "(vllm:e2e_request_latency_seconds).", target, registry=r),
-            "queue": Gauge(mn.SERVER_QUEUE_TIME_MEAN_SECONDS,
-                           "Server-side mean queue time over the last scrape interval "
-                           "(vllm:request_queue_time_seconds).", target, registry=r),
-            "itl": Gauge(mn.SERVER_INTER_TOKEN_LATENCY_MEAN_SECONDS,
-                         "Server-side mean time per generated token over the last scrape "
-                         "interval (vllm:inter_token_latency_seconds, llama.cpp's "
-                         "tokens_predicted_seconds / tokens_predicted).", target, registry=r),
+            "ttft": Gauge(
+                mn.SERVER_TIME_TO_FIRST_TOKEN_MEAN_SECONDS,
+                "Server-side mean TTFT over the last scrape interval "
+                "(vllm:time_to_first_token_seconds).",
+                target,
+                registry=r,
+            ),
+            "e2e": Gauge(
+                mn.SERVER_REQUEST_DURATION_MEAN_SECONDS,
+                "Server-side mean end-to-end latency over the last scrape interval "
+                "(vllm:e2e_request_latency_seconds).",
+                target,
+                registry=r,
+            ),
+            "queue": Gauge(
+                mn.SERVER_QUEUE_TIME_MEAN_SECONDS,
+                "Server-side mean queue time over the last scrape interval "
+                "(vllm:request_queue_time_seconds).",
+                target,
+                registry=r,
+            ),
+            "itl": Gauge(
+                mn.SERVER_INTER_TOKEN_LATENCY_MEAN_SECONDS,
+                "Server-side mean time per generated token over the last scrape "
+                "interval (vllm:inter_token_latency_seconds, llama.cpp's "
+                "tokens_predicted_seconds / tokens_predicted).",
+                target,
+                registry=r,
+            ),
         }
         self.e2e_p99_interval = Gauge(
             mn.E2E_P99_INTERVAL_SECONDS,
-            "Client-side P99 end-to-end latency of the last closed drift interval.", target,
-            registry=r)
+            "Client-side P99 end-to-end latency of the last closed drift interval.",
+            target,
+            registry=r,
+        )
         self.e2e_p99_drift = Gauge(
             mn.E2E_P99_DRIFT_SECONDS_PER_HOUR,
             "Robust (Theil-Sen) slope of the per-interval P99 end-to-end latency over the "
-            "drift window.", target, registry=r)
+            "drift window.",
+            target,
+            registry=r,
+        )
 
 
 SPEND_CAPS = ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
@@ -528,20 +759,36 @@ class GuardMetrics:
         r = registry
         target_reason = ["target", "reason"]
         self.paused = Gauge(
-            mn.TARGET_PAUSED, "1 while the target's sends are paused, by reason.",
-            target_reason, registry=r)
+            mn.TARGET_PAUSED,
+            "1 while the target's sends are paused, by reason.",
+            target_reason,
+            registry=r,
+        )
         self.pauses = Counter(
-            mn.TARGET_PAUSES_TOTAL, "Times the target's sends were paused, by reason.",
-            target_reason, registry=r)
+            mn.TARGET_PAUSES_TOTAL,
+            "Times the target's sends were paused, by reason.",
+            target_reason,
+            registry=r,
+        )
         self.cap_hits = Counter(
-            mn.SPEND_CAP_HITS_TOTAL, "Times a spend cap paused the target.", ["target", "cap"],
-            registry=r)
+            mn.SPEND_CAP_HITS_TOTAL,
+            "Times a spend cap paused the target.",
+            ["target", "cap"],
+            registry=r,
+        )
         self.used = Gauge(
-            mn.SPEND_USED, "What the spend caps compare against: requests or tokens in "
-            "the last hour, or in the whole run.", ["target", "cap"], registry=r)
+            mn.SPEND_USED,
+            "What the spend caps compare against: requests or tokens in "
+            "the last hour, or in the whole run.",
+            ["target", "cap"],
+            registry=r,
+        )
         self.limit = Gauge(
-            mn.SPEND_LIMIT, "Configured spend caps (absent when not set).",
-            ["target", "cap"], registry=r)
+            mn.SPEND_LIMIT,
+            "Configured spend caps (absent when not set).",
+            ["target", "cap"],
+            registry=r,
+        )
 
     def add_target(
         self, target: str, limits: Mapping[str, int | None], used: Callable[[], Mapping[str, float]]

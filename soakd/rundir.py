@@ -36,8 +36,13 @@ def raise_fd_limit(plan: Plan) -> None:
     """Every request in flight holds a socket: make sure the open-file limit allows the
     busiest phase (raising the soft limit up to the hard one), or say so before the run."""
     need = FD_RESERVE + max(
-        (sum(s.concurrency if s.mode == "closed" else s.max_in_flight
-             for s in phase.loads.values()) for phase in plan.phases),
+        (
+            sum(
+                s.concurrency if s.mode == "closed" else s.max_in_flight
+                for s in phase.loads.values()
+            )
+            for phase in plan.phases
+        ),
         default=0,
     )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -70,6 +75,7 @@ def write_summary(run_dir: Path, doc: dict[str, Any]) -> None:
         os.replace(tmp, run_dir / "summary.json")
     except OSError as exc:
         log.error(  # noqa: TRY400 (one line: the cause is known, no traceback)
-            "summary_write_failed", error=f"{type(exc).__name__}: {exc.strerror}")
+            "summary_write_failed", error=f"{type(exc).__name__}: {exc.strerror}"
+        )
         with contextlib.suppress(OSError):
             tmp.unlink()

@@ -101,11 +101,21 @@ def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) 
             why = "no request" if not tally.sent else "no value (e.g. one-token answers)"
             out.append(Criterion(key, limit, None, "s", None, why))
     if slo.error_ratio is not None:
-        out.append(_at_most("error_ratio", slo.error_ratio, tally.error_ratio, "ratio",
-                            "no request reached the server"))
+        out.append(
+            _at_most(
+                "error_ratio",
+                slo.error_ratio,
+                tally.error_ratio,
+                "ratio",
+                "no request reached the server",
+            )
+        )
     if slo.jitter is not None:
-        out.append(_at_most("jitter", slo.jitter, row.jitter, "ratio",
-                            "too few slices with enough requests"))
+        out.append(
+            _at_most(
+                "jitter", slo.jitter, row.jitter, "ratio", "too few slices with enough requests"
+            )
+        )
     if slo.oom_events is not None:
         if row.oom_events is None and not tally.sent:  # no probe, no request: no evidence
             out.append(
@@ -126,8 +136,11 @@ def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) 
                 )
             )
     if slo.vram_peak is not None:
-        out.append(_at_most("vram_peak", slo.vram_peak, row.vram_peak_bytes, "bytes",
-                            "no GPU memory readings"))
+        out.append(
+            _at_most(
+                "vram_peak", slo.vram_peak, row.vram_peak_bytes, "bytes", "no GPU memory readings"
+            )
+        )
     return Verdict(
         target,
         phase,

@@ -34,11 +34,13 @@ class Fronts:
         gateway = await spawn_gateway(tcfg.name, tcfg.gateway, origin, self._run_dir)
         self.gateways[tcfg.name] = gateway
         root = tcfg.base_url.rstrip("/").removesuffix("/v1")
-        return tcfg.model_copy(update={
-            "base_url": gateway.url + parts.path,
-            "metrics_url": tcfg.metrics_url or root + "/metrics",
-            "health_url": tcfg.health_url or root + "/health",
-        })
+        return tcfg.model_copy(
+            update={
+                "base_url": gateway.url + parts.path,
+                "metrics_url": tcfg.metrics_url or root + "/metrics",
+                "health_url": tcfg.health_url or root + "/health",
+            }
+        )
 
     def enter(self, phase: str, event: Callable[..., None] | None) -> None:
         """Switch the phase's gateway features (a PUT to each gateway soakd started), each

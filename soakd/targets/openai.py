@@ -156,8 +156,12 @@ class OpenAITarget:
         hdrs = None if run is None else {TRACEPARENT: traceparent(run, spec.target, spec.seq)}
         attempt = _Attempt()
         await self._attempt(out, payload, self._session, attempt, hdrs)
-        if attempt.reused and out.error is ErrorKind.STREAM_TRUNCATED and not out.status \
-                and out.first_byte_ns is None:
+        if (
+            attempt.reused
+            and out.error is ErrorKind.STREAM_TRUNCATED
+            and not out.status
+            and out.first_byte_ns is None
+        ):
             out.resends += 1
             out.error, out.error_detail, out.end_ns = None, "", 0
             await self._attempt(out, payload, self._fresh_session(), None, hdrs)
@@ -165,7 +169,11 @@ class OpenAITarget:
         return out
 
     async def _attempt(
-        self, out: Outcome, payload: bytes, session: ClientSession, attempt: _Attempt | None,
+        self,
+        out: Outcome,
+        payload: bytes,
+        session: ClientSession,
+        attempt: _Attempt | None,
         headers: dict[str, str] | None = None,
     ) -> None:
         """One try of the request on ``session``; fills ``out``."""
@@ -363,8 +371,7 @@ class OpenAITarget:
         if status in (429, 503):
             out.retry_after_s = retry_after(resp.headers)
         from_guard = resp.headers.get(GATEWAY_ORIGIN_HEADER) == "gateway"
-        self._fail(out, status_kind(status, fields, from_guard),
-                   f"http {status} {fields}".rstrip())
+        self._fail(out, status_kind(status, fields, from_guard), f"http {status} {fields}".rstrip())
 
     async def _not_sse(self, resp: aiohttp.ClientResponse, out: Outcome, ctype: str) -> None:
         """A stream was asked for, something else came (often a JSON error with 200)."""
@@ -417,8 +424,9 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
     target sends one: soakd/tracing.py)."""
     key = cfg.api_key()
     ssl_arg = cfg.ssl_context()
-    proxy, proxy_auth = (URL(cfg.proxy), None) if cfg.proxy is not None \
-        else await env_proxy(cfg.endpoint)
+    proxy, proxy_auth = (
+        (URL(cfg.proxy), None) if cfg.proxy is not None else await env_proxy(cfg.endpoint)
+    )
     headers = {
         "User-Agent": f"soakd/{__version__}",
         "Content-Type": "application/json",
@@ -440,8 +448,7 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
 
     def make_session(force_close: bool) -> ClientSession:
         return ClientSession(
-            connector=TCPConnector(limit=cfg.max_connections, ssl=ssl_arg,
-                                   force_close=force_close),
+            connector=TCPConnector(limit=cfg.max_connections, ssl=ssl_arg, force_close=force_close),
             headers=headers,
             # Only the socket connect (with TLS and proxy setup) is aiohttp's to time:
             # waiting for a pooled connection is soakd's own queue, and the ttft/total
@@ -455,8 +462,9 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
             trace_configs=[] if force_close else [trace],
         )
 
-    target = OpenAITarget(cfg, make_session, proxy=proxy, proxy_auth=proxy_auth, secret=key,
-                          run_id=run_id)
+    target = OpenAITarget(
+        cfg, make_session, proxy=proxy, proxy_auth=proxy_auth, secret=key, run_id=run_id
+    )
     log.debug("target_opened", target=cfg.name, endpoint=cfg.endpoint, proxy=proxy is not None)
     return target
 

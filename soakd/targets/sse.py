@@ -47,7 +47,13 @@ class SSEDecoder:
     """
 
     __slots__ = (
-        "_after_cr", "_at_start", "_data", "_data_len", "_max_line", "_pending", "_pending_len"
+        "_after_cr",
+        "_at_start",
+        "_data",
+        "_data_len",
+        "_max_line",
+        "_pending",
+        "_pending_len",
     )
 
     def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:

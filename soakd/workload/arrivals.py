@@ -43,8 +43,19 @@ class Arrivals:
     exact, for the random shapes it is drawn (the count of a Poisson process in an
     interval is Poisson(L(b) - L(a)), and the process is memoryless after it)."""
 
-    __slots__ = ("_a", "_done", "_duration", "_expected", "_gap", "_k", "_k_end", "_mode",
-                 "_rate", "_rng", "_s")
+    __slots__ = (
+        "_a",
+        "_done",
+        "_duration",
+        "_expected",
+        "_gap",
+        "_k",
+        "_k_end",
+        "_mode",
+        "_rate",
+        "_rng",
+        "_s",
+    )
 
     def __init__(self, shape: LoadShape, duration_ns: int, rng: random.Random) -> None:
         self._mode = shape.mode

@@ -49,6 +49,7 @@ class _Pool:
         self.want = 0
         self.workers = 0
 
+
 now_ns = time.perf_counter_ns
 
 

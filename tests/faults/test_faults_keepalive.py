@@ -30,8 +30,12 @@ MODES = {  # mode: (status, content type, body, the kind soakd must count)
     "s400": (400, "application/json", ERROR, "http_4xx"),
     "s401": (401, "application/json", ERROR, "http_auth"),
     "s503": (503, "application/json", ERROR, "http_5xx"),
-    "s503oom": (503, "application/json",
-                json.dumps({"error": {"message": "CUDA out of memory"}}).encode(), "http_5xx"),
+    "s503oom": (
+        503,
+        "application/json",
+        json.dumps({"error": {"message": "CUDA out of memory"}}).encode(),
+        "http_5xx",
+    ),
     "error200": (200, "application/json", ERROR, "bad_response"),
     "html": (200, "text/html", b"<html>a proxy's page</html>", "bad_response"),
 }
@@ -50,13 +54,22 @@ class ClosingServer:
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
             mode = lines[0].split(" ")[1].strip("/").split("/")[0]
-            length = next((int(v) for k, _, v in (ln.partition(":") for ln in lines)
-                           if k.lower() == "content-length"), 0)
+            length = next(
+                (
+                    int(v)
+                    for k, _, v in (ln.partition(":") for ln in lines)
+                    if k.lower() == "content-length"
+                ),
+                0,
+            )
             await reader.readexactly(length)
             self.requests[mode] += 1  # the server saw a whole request
             status, ctype, body, _ = MODES[mode]
-            writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\n"
-                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            writer.write(
+                f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, KeyError):
             pass
@@ -85,21 +98,30 @@ async def test_outcomes_equal_what_the_server_received(
     closing: ClosingServer, tmp_path: Path
 ) -> None:
     targets = [
-        {"name": mode, "base_url": f"http://127.0.0.1:{closing.port}/{mode}", "model": "m",
-         "scrape": False, "timeouts": {"connect": "2s", "ttft": "3s", "total": "5s"},
-         "rate_limit": {"honour_retry_after": False, "default_pause": 0}}
+        {
+            "name": mode,
+            "base_url": f"http://127.0.0.1:{closing.port}/{mode}",
+            "model": "m",
+            "scrape": False,
+            "timeouts": {"connect": "2s", "ttft": "3s", "total": "5s"},
+            "rate_limit": {"honour_retry_after": False, "default_pause": 0},
+        }
         for mode in MODES
     ]
-    cfg = config_from_dict({
-        "run": {"name": "keepalive", "drain_timeout": "5s"},
-        "targets": targets,
-        "workload": {"max_tokens": 8},
-        "gpu": {"source": "none"},
-        "phases": [{"name": "p", "duration": "3s",
-                    "load": {"mode": "closed", "concurrency": 2}}],
-    })
-    soak = Soak(cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0",
-                                console_logs=False))
+    cfg = config_from_dict(
+        {
+            "run": {"name": "keepalive", "drain_timeout": "5s"},
+            "targets": targets,
+            "workload": {"max_tokens": 8},
+            "gpu": {"source": "none"},
+            "phases": [
+                {"name": "p", "duration": "3s", "load": {"mode": "closed", "concurrency": 2}}
+            ],
+        }
+    )
+    soak = Soak(
+        cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False)
+    )
     result = await soak.run()
     assert result.completed
     text = generate_latest(soak.metrics.registry).decode()

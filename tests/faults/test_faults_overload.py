@@ -37,15 +37,24 @@ LOADS: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("name", list(LOADS))
 def test_overload_stays_responsive_bounded_and_counted(tmp_path: Path, name: str) -> None:
-    cfg = write_config(tmp_path / "soak.yaml", {
-        "run": {"name": "overload", "drain_timeout": f"{DRAIN_S}s"},
-        "targets": [{"name": "sim", "simulator": "fast", "max_connections": 2000,
-                     "timeouts": {"connect": "2s", "ttft": "5s", "total": "10s"}}],
-        "workload": {"max_tokens": 8},
-        "gpu": {"source": "none"},
-        "probes": {"health_interval": "1s", "scrape_interval": "1s"},
-        "phases": [{"name": "flood", "duration": "60s", "load": LOADS[name]}],
-    })
+    cfg = write_config(
+        tmp_path / "soak.yaml",
+        {
+            "run": {"name": "overload", "drain_timeout": f"{DRAIN_S}s"},
+            "targets": [
+                {
+                    "name": "sim",
+                    "simulator": "fast",
+                    "max_connections": 2000,
+                    "timeouts": {"connect": "2s", "ttft": "5s", "total": "10s"},
+                }
+            ],
+            "workload": {"max_tokens": 8},
+            "gpu": {"source": "none"},
+            "probes": {"health_interval": "1s", "scrape_interval": "1s"},
+            "phases": [{"name": "flood", "duration": "60s", "load": LOADS[name]}],
+        },
+    )
     port = free_port()
     proc = start_soakd(cfg, tmp_path / "run", port)
     try:
@@ -72,8 +81,11 @@ def test_overload_stays_responsive_bounded_and_counted(tmp_path: Path, name: str
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     # the run ended (drained, journal closed, summary written) at its run_finished line;
     # the process then prints the whole-run report from the journal
-    finished = next(json.loads(line) for line in (tmp_path / "run" / "soakd.log").open()
-                    if '"run_finished"' in line)
+    finished = next(
+        json.loads(line)
+        for line in (tmp_path / "run" / "soakd.log").open()
+        if '"run_finished"' in line
+    )
     stop_s = datetime.fromisoformat(finished["timestamp"]).timestamp() - wall_term
     row = summary["targets"]["sim"]
     figure(f"overload.{name}.healthz_max_s", max(health_s))
@@ -92,11 +104,19 @@ def test_overload_stays_responsive_bounded_and_counted(tmp_path: Path, name: str
 
 
 def test_a_concurrency_no_process_can_hold_is_a_one_line_error(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path / "soak.yaml", {
-        "targets": [{"name": "sim", "simulator": "fast", "max_connections": 28000}],
-        "phases": [{"name": "wide", "duration": "10s",
-                    "load": {"mode": "closed", "concurrency": 100000}}],
-    })
+    cfg = write_config(
+        tmp_path / "soak.yaml",
+        {
+            "targets": [{"name": "sim", "simulator": "fast", "max_connections": 28000}],
+            "phases": [
+                {
+                    "name": "wide",
+                    "duration": "10s",
+                    "load": {"mode": "closed", "concurrency": 100000},
+                }
+            ],
+        },
+    )
     proc = start_soakd(cfg, tmp_path / "run", free_port())
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
@@ -110,10 +130,13 @@ def test_a_concurrency_no_process_can_hold_is_a_one_line_error(tmp_path: Path) -
 def test_a_busy_exporter_address_fails_before_a_journal_exists(tmp_path: Path) -> None:
     import socket
 
-    cfg = write_config(tmp_path / "soak.yaml", {
-        "targets": [{"name": "sim", "simulator": "fast"}],
-        "phases": [{"name": "p", "duration": "5s"}],
-    })
+    cfg = write_config(
+        tmp_path / "soak.yaml",
+        {
+            "targets": [{"name": "sim", "simulator": "fast"}],
+            "phases": [{"name": "p", "duration": "5s"}],
+        },
+    )
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -122,7 +145,9 @@ def test_a_busy_exporter_address_fails_before_a_journal_exists(tmp_path: Path) -
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2, err
     lines = [ln for ln in err.splitlines() if "error:" in ln]
-    assert lines == [f"soakd: error: --metrics-addr: cannot listen on 127.0.0.1:{port}: "
-                     "Address already in use (another soakd running?)"], err
+    assert lines == [
+        f"soakd: error: --metrics-addr: cannot listen on 127.0.0.1:{port}: "
+        "Address already in use (another soakd running?)"
+    ], err
     # nothing to "resume" next time in this directory
     assert not (tmp_path / "run" / "journal.db").exists()

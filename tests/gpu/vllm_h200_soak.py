@@ -32,12 +32,25 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 EDGE_1B = {  # TinyLlama-1.1B's shape with the tokenizer's vocabulary
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-    "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
-    "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 64,
-    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "dtype": "bfloat16",
-    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3, "use_cache": True,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 3,
+    "use_cache": True,
 }
 STEPS = (1, 8, 32, 64, 128)
 
@@ -101,38 +114,95 @@ def main() -> int:
     base = f"http://127.0.0.1:{args.port}"
     vllm_log = (args.out / "vllm.log").open("wb")
     vllm = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-         "--served-model-name", "edge-1b", "--load-format", "dummy", "--host", "127.0.0.1",
-         "--port", str(args.port), "--gpu-memory-utilization", "0.028", "--max-model-len",
-         "2048", "--max-num-seqs", "64", "--enforce-eager", "--disable-uvicorn-access-log"],
-        stdout=vllm_log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--served-model-name",
+            "edge-1b",
+            "--load-format",
+            "dummy",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(args.port),
+            "--gpu-memory-utilization",
+            "0.028",
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "64",
+            "--enforce-eager",
+            "--disable-uvicorn-access-log",
+        ],
+        stdout=vllm_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         ready = wait_ready(base, vllm, 400)
         print(f"vLLM ready in {ready:.0f} s (pid {vllm.pid})", flush=True)
         before = metric(fetch(base + "/metrics"), "vllm:generation_tokens_total")
         cfg = {
             "run": {"name": "h200-edge", "drain_timeout": "60s"},
-            "targets": [{"name": "vllm-edge", "base_url": base, "model": "edge-1b",
-                         "pid": vllm.pid, "timeouts": {"ttft": "120s", "total": "300s"}}],
-            "workload": {"max_tokens": 256, "seed": 1,
-                         "prompts": {"input_tokens": {"dist": "normal", "mean": 300,
-                                                      "stddev": 60, "min": 64,
-                                                      "max": 600}}},
-            "phases": [{"name": f"c{c}", "duration": f"{args.step_s}s",
-                        "load": {"mode": "closed", "concurrency": c}} for c in STEPS],
+            "targets": [
+                {
+                    "name": "vllm-edge",
+                    "base_url": base,
+                    "model": "edge-1b",
+                    "pid": vllm.pid,
+                    "timeouts": {"ttft": "120s", "total": "300s"},
+                }
+            ],
+            "workload": {
+                "max_tokens": 256,
+                "seed": 1,
+                "prompts": {
+                    "input_tokens": {
+                        "dist": "normal",
+                        "mean": 300,
+                        "stddev": 60,
+                        "min": 64,
+                        "max": 600,
+                    }
+                },
+            },
+            "phases": [
+                {
+                    "name": f"c{c}",
+                    "duration": f"{args.step_s}s",
+                    "load": {"mode": "closed", "concurrency": c},
+                }
+                for c in STEPS
+            ],
             "gpu": {"source": "nvml", "interval": "1s"},
             "probes": {"scrape_interval": "2s", "health_interval": "2s"},
         }
         cfg_path = args.out / "soak.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         soak = subprocess.Popen(
-            [sys.executable, "-m", "soakd", "run", str(cfg_path), "--no-live",
-             "--metrics-addr", "127.0.0.1:9464", "--run-dir", str(args.out / "run")],
+            [
+                sys.executable,
+                "-m",
+                "soakd",
+                "run",
+                str(cfg_path),
+                "--no-live",
+                "--metrics-addr",
+                "127.0.0.1:9464",
+                "--run-dir",
+                str(args.out / "run"),
+            ],
             stdout=(args.out / "soakd.out").open("w"),
-            stderr=(args.out / "soakd.err").open("w"))
-        print(f"{'t_s':>5} {'phase':>5} {'dev_MiB':>8} {'vllm_MiB':>8} {'running':>7} "
-              f"{'waiting':>7} {'kv_%':>5} {'preempt':>7} {'tokens':>8} {'ok':>6} {'err':>4}",
-              flush=True)
+            stderr=(args.out / "soakd.err").open("w"),
+        )
+        print(
+            f"{'t_s':>5} {'phase':>5} {'dev_MiB':>8} {'vllm_MiB':>8} {'running':>7} "
+            f"{'waiting':>7} {'kv_%':>5} {'preempt':>7} {'tokens':>8} {'ok':>6} {'err':>4}",
+            flush=True,
+        )
         start = time.monotonic()
         text = ""
         while soak.poll() is None:
@@ -144,21 +214,26 @@ def main() -> int:
             phase = active_phase(text)
             ok = metric(text, "soakd_requests_total", outcome="ok")
             proc_mib = metric(text, "soakd_gpu_process_memory_bytes", target="vllm-edge") / 2**20
-            print(f"{time.monotonic() - start:5.0f} {phase:>5} "
-                  f"{metric(text, 'soakd_gpu_memory_used_bytes') / 2**20:8.0f} "
-                  f"{proc_mib:8.0f} "
-                  f"{metric(text, 'soakd_server_requests_running'):7.0f} "
-                  f"{metric(text, 'soakd_server_requests_waiting'):7.0f} "
-                  f"{metric(text, 'soakd_server_kv_cache_usage_ratio') * 100:5.1f} "
-                  f"{metric(text, 'soakd_server_preemptions_total'):7.0f} "
-                  f"{metric(text, 'soakd_output_tokens_total'):8.0f} {ok:6.0f} "
-                  f"{metric(text, 'soakd_requests_total') - ok:4.0f}", flush=True)
+            print(
+                f"{time.monotonic() - start:5.0f} {phase:>5} "
+                f"{metric(text, 'soakd_gpu_memory_used_bytes') / 2**20:8.0f} "
+                f"{proc_mib:8.0f} "
+                f"{metric(text, 'soakd_server_requests_running'):7.0f} "
+                f"{metric(text, 'soakd_server_requests_waiting'):7.0f} "
+                f"{metric(text, 'soakd_server_kv_cache_usage_ratio') * 100:5.1f} "
+                f"{metric(text, 'soakd_server_preemptions_total'):7.0f} "
+                f"{metric(text, 'soakd_output_tokens_total'):8.0f} {ok:6.0f} "
+                f"{metric(text, 'soakd_requests_total') - ok:4.0f}",
+                flush=True,
+            )
         after = metric(fetch(base + "/metrics"), "vllm:generation_tokens_total")
         summary = json.loads((args.out / "run" / "summary.json").read_text())
         tokens = sum(t["output_tokens"] for t in summary["targets"].values())
-        print(f"\nsoakd exit {soak.returncode}; soakd output tokens {tokens}, "
-              f"vLLM generation_tokens_total delta {after - before:.0f}: "
-              f"{'EQUAL' if tokens == after - before else 'DIFFERENT'}")
+        print(
+            f"\nsoakd exit {soak.returncode}; soakd output tokens {tokens}, "
+            f"vLLM generation_tokens_total delta {after - before:.0f}: "
+            f"{'EQUAL' if tokens == after - before else 'DIFFERENT'}"
+        )
         print((args.out / "soakd.out").read_text()[-4000:])
         return 0 if soak.returncode == 0 and tokens == after - before else 1
     finally:

@@ -662,8 +662,13 @@ def _soak_config(vllm_url: str, spare_url: str) -> dict[str, Any]:
         },
         "probes": {"scrape_interval": "1s", "health_interval": "1s"},
         # the edge team's bar, as the shipped configs set it: each key is a limit gauge
-        "slo": {"vram_peak": LIMIT, "error_ratio": 0.003, "ttft_p99": "2s", "e2e_p99": "30s",
-                "jitter": 0.15},
+        "slo": {
+            "vram_peak": LIMIT,
+            "error_ratio": 0.003,
+            "ttft_p99": "2s",
+            "e2e_p99": "30s",
+            "jitter": 0.15,
+        },
     }
 
 

@@ -29,11 +29,9 @@ def nowhere_config() -> dict[str, Any]:
     """One target on a port nothing listens on: every request is refused, fast."""
     return {
         "run": {"name": "close", "drain_timeout": "2s"},
-        "targets": [{"name": "t", "base_url": f"http://127.0.0.1:{free_port()}",
-                     "scrape": False}],
+        "targets": [{"name": "t", "base_url": f"http://127.0.0.1:{free_port()}", "scrape": False}],
         "gpu": {"source": "none"},
-        "phases": [{"name": "p", "duration": "0.4s",
-                    "load": {"mode": "closed", "concurrency": 1}}],
+        "phases": [{"name": "p", "duration": "0.4s", "load": {"mode": "closed", "concurrency": 1}}],
     }
 
 
@@ -70,9 +68,10 @@ async def test_a_failing_target_close_still_flushes_the_journal(
 
     monkeypatch.setattr(soakd.app, "open_target", open_bad)
     port = free_port()
-    soak = Soak(config_from_dict(nowhere_config()),
-                RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{port}",
-                           console_logs=False))
+    soak = Soak(
+        config_from_dict(nowhere_config()),
+        RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{port}", console_logs=False),
+    )
     result = await soak.run()
     assert result.completed
     assert [e["completed"] for e in run_stopped(tmp_path / "run")] == [True]
@@ -91,9 +90,10 @@ async def test_a_failing_journal_close_still_closes_the_rest(
 
     monkeypatch.setattr(Journal, "aclose", flush_then_fail)
     port = free_port()
-    soak = Soak(config_from_dict(nowhere_config()),
-                RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{port}",
-                           console_logs=False))
+    soak = Soak(
+        config_from_dict(nowhere_config()),
+        RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{port}", console_logs=False),
+    )
     with pytest.raises(OSError, match="disk gone"):
         await soak.run()
     assert [e["completed"] for e in run_stopped(tmp_path / "run")] == [True]
@@ -108,9 +108,23 @@ def test_a_simulator_that_does_not_start_is_one_line_and_exit_2(tmp_path: Path) 
     path = tmp_path / "soak.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = subprocess.run(
-        [sys.executable, "-m", "soakd", "run", str(path), "--no-live",
-         "--metrics-addr", "127.0.0.1:0", "--run-dir", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=60, check=False)
+        [
+            sys.executable,
+            "-m",
+            "soakd",
+            "run",
+            str(path),
+            "--no-live",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]

@@ -42,7 +42,10 @@ async def test_rehearse_the_three_stages(tmp_path: Path) -> None:
     # the edge server's VRAM passes 3.9 GB at 4 running: once the breaker is on (from 3 s)
     # and the 5 s hold is over, the guard's sheds may show; nothing else may
     assert set(result.summary["edge"]["errors_by_kind"]) <= {
-        "shed_vram_breaker", "shed_queue_full", "shed_queue_timeout"}, result.summary
+        "shed_vram_breaker",
+        "shed_queue_full",
+        "shed_queue_timeout",
+    }, result.summary
 
     with JournalReader(tmp_path / "run") as reader:
         modes = [e for e in reader.events() if e["kind"] == "gateway_modes"]
@@ -63,8 +66,9 @@ async def test_rehearse_the_three_stages(tmp_path: Path) -> None:
 
     rep = build_report(tmp_path / "run")
     rows = {(g.phase, g.target): g for g in rep.guard}
-    assert set(rows) == {(p, t) for p in ("plain", "breaker", "adaptive")
-                         for t in ("edge", "cloud")}
+    assert set(rows) == {
+        (p, t) for p in ("plain", "breaker", "adaptive") for t in ("edge", "cloud")
+    }
     assert rows[("plain", "edge")].modes == "none"
     assert "vram_breaker" in rows[("breaker", "edge")].modes
     assert rows[("adaptive", "edge")].modes == "vram_breaker, error_breaker, adaptive"

@@ -106,8 +106,10 @@ async def test_vram_breaker_opens_under_load_and_closes_after(tmp_path: Path) ->
     assert summary["shed"] == n429
     assert metric(gw_metrics, "soakd_gateway_rejections_total", reason="vram_breaker_open") == n429
     text = generate_latest(run.metrics.registry).decode()
-    assert metric(text, "soakd_requests_total", outcome="shed_vram_breaker",
-                  status_class="4xx") == n429
+    assert (
+        metric(text, "soakd_requests_total", outcome="shed_vram_breaker", status_class="4xx")
+        == n429
+    )
     assert summary["requests"] - n429 >= 10  # requests still went through between openings
 
     # open only after VRAM stayed above the limit for the hold, within one sample interval

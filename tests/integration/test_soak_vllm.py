@@ -40,21 +40,24 @@ async def vllm_tokens(server: VllmServer) -> float:
 
 @pytest.mark.vllm
 async def test_vllm_and_simulator_side_by_side(vllm: VllmServer, tmp_path: Path) -> None:
-    cfg = config_from_dict({
-        "run": {"name": "ab", "drain_timeout": "30s"},
-        "targets": [
-            {"name": "vllm", "base_url": vllm.base_url, "model": vllm.model},
-            {"name": "sim", "simulator": "fast", "model": "soakd-sim"},
-        ],
-        "workload": {"max_tokens": MAX_TOKENS, "prompts": {"input_tokens": {"mean": 32}}},
-        "phases": [
-            {"name": "closed", "duration": "6s", "load": {"mode": "closed", "concurrency": 4}},
-            {"name": "open", "duration": "6s", "load": {"mode": "poisson", "rate": 3}},
-        ],
-    })
+    cfg = config_from_dict(
+        {
+            "run": {"name": "ab", "drain_timeout": "30s"},
+            "targets": [
+                {"name": "vllm", "base_url": vllm.base_url, "model": vllm.model},
+                {"name": "sim", "simulator": "fast", "model": "soakd-sim"},
+            ],
+            "workload": {"max_tokens": MAX_TOKENS, "prompts": {"input_tokens": {"mean": 32}}},
+            "phases": [
+                {"name": "closed", "duration": "6s", "load": {"mode": "closed", "concurrency": 4}},
+                {"name": "open", "duration": "6s", "load": {"mode": "poisson", "rate": 3}},
+            ],
+        }
+    )
     before = await vllm_tokens(vllm)
-    soak = Soak(cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0",
-                                console_logs=False))
+    soak = Soak(
+        cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False)
+    )
     result = await soak.run()
     assert result.completed
     after = await vllm_tokens(vllm)
@@ -80,19 +83,30 @@ async def test_vllm_and_simulator_side_by_side(vllm: VllmServer, tmp_path: Path)
 async def test_target_dies_mid_run_and_soakd_keeps_going(tmp_path: Path) -> None:
     """The simulator behind one target is SIGKILLed mid-run: its requests fail as
     truncated / refused, the other target is untouched, the run completes."""
-    cfg = config_from_dict({
-        "run": {"name": "die", "drain_timeout": "5s"},
-        "targets": [
-            {"name": "doomed", "simulator": "edge-4gb", "model": "soakd-sim",
-             "timeouts": {"connect": "1s"}},
-            {"name": "steady", "simulator": "fast", "model": "soakd-sim"},
-        ],
-        "workload": {"max_tokens": 64, "prompts": {"input_tokens": {"mean": 16}}},
-        "phases": [{"name": "p", "duration": "6s",
-                    "load": {"mode": "closed", "concurrency": 3}}],
-    })
-    soak = Soak(cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{free_port()}",
-                                console_logs=False))
+    cfg = config_from_dict(
+        {
+            "run": {"name": "die", "drain_timeout": "5s"},
+            "targets": [
+                {
+                    "name": "doomed",
+                    "simulator": "edge-4gb",
+                    "model": "soakd-sim",
+                    "timeouts": {"connect": "1s"},
+                },
+                {"name": "steady", "simulator": "fast", "model": "soakd-sim"},
+            ],
+            "workload": {"max_tokens": 64, "prompts": {"input_tokens": {"mean": 16}}},
+            "phases": [
+                {"name": "p", "duration": "6s", "load": {"mode": "closed", "concurrency": 3}}
+            ],
+        }
+    )
+    soak = Soak(
+        cfg,
+        RunOptions(
+            run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{free_port()}", console_logs=False
+        ),
+    )
 
     async def kill_doomed() -> None:
         while not soak._sims or soak.stats.total["doomed"].requests < 1:  # noqa: ASYNC110

@@ -10,8 +10,10 @@ import yaml
 
 from soakd.cli import main
 
-GOOD = {"targets": [{"name": "sim", "simulator": "fast"}],
-        "phases": [{"name": "p", "duration": "1m"}]}
+GOOD = {
+    "targets": [{"name": "sim", "simulator": "fast"}],
+    "phases": [{"name": "p", "duration": "1m"}],
+}
 
 
 def write(path: Path, doc: dict) -> Path:  # type: ignore[type-arg]
@@ -29,11 +31,20 @@ def test_several_files_each_checked(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_every_problem_on_its_own_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bad = write(tmp_path / "bad.yaml", {
-        "targets": [{"name": "cloud", "base_url": "http://127.0.0.1:1", "modle": "m",
-                     "timeouts": {"ttft": "0s"}}],
-        "phases": [{"name": "steady", "duration": "72x"}],
-    })
+    bad = write(
+        tmp_path / "bad.yaml",
+        {
+            "targets": [
+                {
+                    "name": "cloud",
+                    "base_url": "http://127.0.0.1:1",
+                    "modle": "m",
+                    "timeouts": {"ttft": "0s"},
+                }
+            ],
+            "phases": [{"name": "steady", "duration": "72x"}],
+        },
+    )
     good = write(tmp_path / "good.yaml", GOOD)
     assert main(["check", str(good), str(bad)]) == 2
     captured = capsys.readouterr()
@@ -52,11 +63,19 @@ def test_a_missing_key_reference_uses_the_same_path_style(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SOAKD_TEST_NO_SUCH_KEY", raising=False)
-    cfg = write(tmp_path / "c.yaml", {
-        "targets": [{"name": "cloud", "base_url": "http://127.0.0.1:1",
-                     "api_key_env": "SOAKD_TEST_NO_SUCH_KEY"}],
-        "phases": [{"name": "p", "duration": "1m"}],
-    })
+    cfg = write(
+        tmp_path / "c.yaml",
+        {
+            "targets": [
+                {
+                    "name": "cloud",
+                    "base_url": "http://127.0.0.1:1",
+                    "api_key_env": "SOAKD_TEST_NO_SUCH_KEY",
+                }
+            ],
+            "phases": [{"name": "p", "duration": "1m"}],
+        },
+    )
     assert main(["check", str(cfg)]) == 2
     assert "targets[cloud].api_key_env: environment variable SOAKD_TEST_NO_SUCH_KEY" in (
         capsys.readouterr().err

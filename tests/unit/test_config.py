@@ -12,8 +12,9 @@ from soakd.config import ConfigError, config_from_dict, load_config, parse_durat
 def base() -> dict:
     return {
         "targets": [{"name": "local", "base_url": "http://127.0.0.1:8000", "model": "tiny"}],
-        "phases": [{"name": "steady", "duration": "1h", "load": {"mode": "closed",
-                                                                 "concurrency": 4}}],
+        "phases": [
+            {"name": "steady", "duration": "1h", "load": {"mode": "closed", "concurrency": 4}}
+        ],
     }
 
 
@@ -27,8 +28,15 @@ def error_of(raw: dict, environ: dict | None = None) -> str:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("72h", 259200), ("1h30m", 5400), ("500ms", 0.5), ("2.5s", 2.5), ("90", 90), (15, 15),
-     ("1d", 86400)],
+    [
+        ("72h", 259200),
+        ("1h30m", 5400),
+        ("500ms", 0.5),
+        ("2.5s", 2.5),
+        ("90", 90),
+        (15, 15),
+        ("1d", 86400),
+    ],
 )
 def test_durations(text: str | int, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)

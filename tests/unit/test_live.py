@@ -12,14 +12,31 @@ from soakd.live import live_panel
 
 
 def status(**extra: Any) -> dict[str, Any]:
-    row = {"rps": 12.34, "output_tps": 1532.2, "ok": 123456, "errors": 3, "shed": 0,
-           "ttft_p50_ms": 45.2, "ttft_p99_ms": 9342.0, "e2e_p50_ms": 1234.0,
-           "e2e_p99_ms": 14321.0, "itl_p50_ms": 0.8, "lag_p99_ms": 0.4}
-    return {"run_id": "edge-72h-20261201-161200-ab12", "phase": "steady", "elapsed_s": 125.0,
-            "remaining_s": 3475.0, "in_flight": {"edge-vllm-4gb": 8, "cloud-gpt": 3},
-            "stopping": False, "metrics_url": "http://127.0.0.1:9464", "lag_limit_s": 0.1,
-            "missed": {}, "targets": {"edge-vllm-4gb": dict(row), "cloud-gpt": dict(row)}
-            } | extra
+    row = {
+        "rps": 12.34,
+        "output_tps": 1532.2,
+        "ok": 123456,
+        "errors": 3,
+        "shed": 0,
+        "ttft_p50_ms": 45.2,
+        "ttft_p99_ms": 9342.0,
+        "e2e_p50_ms": 1234.0,
+        "e2e_p99_ms": 14321.0,
+        "itl_p50_ms": 0.8,
+        "lag_p99_ms": 0.4,
+    }
+    return {
+        "run_id": "edge-72h-20261201-161200-ab12",
+        "phase": "steady",
+        "elapsed_s": 125.0,
+        "remaining_s": 3475.0,
+        "in_flight": {"edge-vllm-4gb": 8, "cloud-gpt": 3},
+        "stopping": False,
+        "metrics_url": "http://127.0.0.1:9464",
+        "lag_limit_s": 0.1,
+        "missed": {},
+        "targets": {"edge-vllm-4gb": dict(row), "cloud-gpt": dict(row)},
+    } | extra
 
 
 def screen(st: dict[str, Any], width: int) -> str:
@@ -62,8 +79,15 @@ def test_a_client_behind_its_plan_is_called_out() -> None:
 
 
 def test_the_edge_cards_vram_against_its_line() -> None:
-    vram = [{"gpu": "0", "target": "edge-vllm-4gb", "used_bytes": 3.95e9, "peak_bytes": 3.97e9,
-             "limit_bytes": 3.9e9}]
+    vram = [
+        {
+            "gpu": "0",
+            "target": "edge-vllm-4gb",
+            "used_bytes": 3.95e9,
+            "peak_bytes": 3.97e9,
+            "limit_bytes": 3.9e9,
+        }
+    ]
     text = screen(status(vram=vram), 80)
     assert "GPU 0 (edge-vllm-4gb): VRAM 3.95 GB, peak 3.97 GB, line 3.90 GB ABOVE" in text
     vram[0]["used_bytes"] = 3.5e9

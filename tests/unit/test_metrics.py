@@ -34,8 +34,17 @@ def test_every_exported_family_is_documented() -> None:
 
 
 def outcome(**kw: object) -> Outcome:
-    o = Outcome("a", "steady", 0, scheduled_ns=1_000_000, sent_ns=3_000_000,
-                first_token_ns=53_000_000, end_ns=253_000_000, status=200, output_tokens=5)
+    o = Outcome(
+        "a",
+        "steady",
+        0,
+        scheduled_ns=1_000_000,
+        sent_ns=3_000_000,
+        first_token_ns=53_000_000,
+        end_ns=253_000_000,
+        status=200,
+        output_tokens=5,
+    )
     for key, value in kw.items():
         setattr(o, key, value)
     return o
@@ -46,16 +55,31 @@ def test_record_counts_and_observes() -> None:
     m.add_target("a", ["steady"])
     get = m.registry.get_sample_value
     # pre-created: rates start at zero instead of being absent
-    assert get("soakd_requests_total", {"target": "a", "phase": "steady", "outcome": "ok",
-                                        "status_class": "2xx"}) == 0
+    assert (
+        get(
+            "soakd_requests_total",
+            {"target": "a", "phase": "steady", "outcome": "ok", "status_class": "2xx"},
+        )
+        == 0
+    )
     ok = outcome()
     ok.itl_ns.extend([50_000_000] * 4)
     m.record(ok)
     m.record(outcome(error=ErrorKind.HTTP_5XX, status=503, output_tokens=0, oom=True))
-    assert get("soakd_requests_total", {"target": "a", "phase": "steady", "outcome": "ok",
-                                        "status_class": "2xx"}) == 1
-    assert get("soakd_requests_total", {"target": "a", "phase": "steady",
-                                        "outcome": "http_5xx", "status_class": "5xx"}) == 1
+    assert (
+        get(
+            "soakd_requests_total",
+            {"target": "a", "phase": "steady", "outcome": "ok", "status_class": "2xx"},
+        )
+        == 1
+    )
+    assert (
+        get(
+            "soakd_requests_total",
+            {"target": "a", "phase": "steady", "outcome": "http_5xx", "status_class": "5xx"},
+        )
+        == 1
+    )
     # latency histograms hold successful requests only
     assert get("soakd_request_duration_seconds_count", {"target": "a"}) == 1
     assert get("soakd_request_duration_seconds_sum", {"target": "a"}) == 0.25

@@ -36,8 +36,7 @@ async def run_plan(runner: Runner, ms: int) -> int:
 
 async def test_a_rate_far_past_capacity_is_counted_not_hung() -> None:
     target = FakeTarget("a", delay_s=0.001)
-    shape = LoadShape("constant", rate=2_000_000, max_in_flight=64,
-                      max_lateness_ns=20 * MS)
+    shape = LoadShape("constant", rate=2_000_000, max_in_flight=64, max_lateness_ns=20 * MS)
     plan = plan_of(("flood", 300, {"a": shape}))
     sink = Sink()
     runner = Runner(plan, {"a": target}, Prompts(), [sink], max_tokens=8, temperature=0.7)
