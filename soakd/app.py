@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import ipaddress
-import os
 import signal
 import sys
 import time
@@ -28,10 +25,10 @@ import structlog
 
 from soakd import __version__
 from soakd.analysis import SessionRow
-from soakd.config import Config, ConfigError, TargetConfig
+from soakd.config import Config, TargetConfig
 from soakd.gateway.fronts import Fronts
 from soakd.goodput import GoodputWindow
-from soakd.http import HttpServer, start_http
+from soakd.http import HttpServer, start_exporter
 from soakd.journal import (
     JOURNAL_FILE,
     Journal,
@@ -45,12 +42,12 @@ from soakd.journal import (
 from soakd.logs import close_logging, flush_repeats, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
-from soakd.net import parse_host_port
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
 from soakd.rundir import new_run_id, prepare_dir, raise_fd_limit, write_summary
 from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.stats import RunStats
+from soakd.status import progress_fields, vram_status
 from soakd.targets.openai import open_target
 from soakd.types import Target
 from soakd.workload.guard import Guards, TargetGuard
@@ -86,17 +83,6 @@ class RunResult:
     cancelled: int  # requests cut at the drain deadline
     summary: dict[str, SessionRow] = field(default_factory=dict)  # this session only
     session: int = 1  # 2 and up: a resumed run
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 async def _close_all(what: str, closes: list[Coroutine[Any, Any, None]]) -> None:
@@ -190,45 +176,15 @@ class Soak:
             "stopping": bool(runner and runner.stopping),
             "in_flight": dict(runner.in_flight) if runner else {},
             "missed": self.ledger.by_target(session=True),
-            "vram": self._vram_status(),
+            "vram": vram_status(
+                self.probes.gpu if self.probes is not None else None, self.cfg, self.names
+            ),
             "lag_limit_s": self.cfg.alert_limits.dispatch_lag,
             "metrics_url": self.http.url if self.http else None,
             "targets": {
                 name: row | self.goodput.row(name) for name, row in self.stats.recent().items()
             },
         }
-
-    def _vram_status(self) -> list[dict[str, Any]]:
-        """Each GPU now: used, peak, the VRAM line and whose it is (live view, /status)."""
-        gpu = self.probes.gpu if self.probes is not None else None
-        if gpu is None or not gpu.peak:
-            return []
-        owner = self._gpu_owner()
-        out = []
-        for index, peak in sorted(gpu.peak.items()):
-            # the probe's own last reading: the registry's get_sample_value would collect
-            # every metric family on the run loop, each second (~ms)
-            used = gpu.used.get(index)
-            limit = self.cfg.slo_for(owner).vram_peak if owner else self.cfg.slo.vram_peak
-            out.append(
-                {
-                    "gpu": index,
-                    "target": owner,
-                    "used_bytes": used,
-                    "peak_bytes": peak,
-                    "limit_bytes": limit,
-                }
-            )
-        return out
-
-    def _gpu_owner(self) -> str | None:
-        """The target the GPU readings belong to, as the report attributes them: the only
-        target, or the simulator whose own DCGM page is read."""
-        if len(self.names) == 1:
-            return self.names[0]
-        if self.cfg.gpu.source == "dcgm" and self.cfg.gpu.dcgm_url is None:
-            return next((t.name for t in self.cfg.targets if t.simulator), None)
-        return None
 
     def _status_snapshot(self) -> dict[str, Any]:
         """/status, as the run loop last computed it (read on the exporter's thread)."""
@@ -511,63 +467,22 @@ class Soak:
         return journal
 
     async def _start_http(self) -> HttpServer:
-        host, port = self._listen()
-        try:
-            return await start_http(
-                host,
-                port,
-                self.metrics.registry,
-                self._status_snapshot,
-                self._ready,
-                alive=self._alive,
-                **self._exporter_security(host),
-            )
-        except OSError as exc:
-            where = "--metrics-addr" if self.opts.metrics_addr else "exporter.listen"
-            why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
-            hint = " (another soakd running?)" if exc.errno == errno.EADDRINUSE else ""
-            raise ConfigError(f"{where}: cannot listen on {host}:{port}: {why}{hint}") from None
-
-    def _exporter_security(self, host: str) -> dict[str, Any]:
-        """exporter.basic_auth and exporter.tls, read; a warning when /metrics and /status
-        are open beyond this machine without a password."""
-        exp = self.cfg.exporter
-        auth = (exp.basic_auth.username, exp.basic_auth.password()) if exp.basic_auth else None
-        ctx = exp.tls.context() if exp.tls else None
-        if auth is None and not _loopback(host):
-            log.warning(
-                "exporter_exposed",
-                host=host,
-                note="/metrics and /status answer anyone who can reach this address; "
-                "set exporter.basic_auth (and exporter.tls) or bind 127.0.0.1",
-            )
-        return {"auth": auth, "ssl_context": ctx}
-
-    def _listen(self) -> tuple[str, int]:
-        return parse_host_port(self.opts.metrics_addr or self.cfg.exporter.listen)
+        return await start_exporter(
+            self.cfg.exporter,
+            self.opts.metrics_addr,
+            self.metrics.registry,
+            self._status_snapshot,
+            self._ready,
+            alive=self._alive,
+        )
 
     def _on_phase(self, phase: Phase | None) -> None:
-        m = self.metrics
-        for p in {p.name for p in self.plan.phases}:
-            m.phase_info.labels(p).set(0)
-        if phase is None:
-            set_phase(None)
-            m.phase_index.set(len(self.plan.phases))
-            for name in self.names:
-                m.offered_rate.labels(name).set(0)
-                m.offered_concurrency.labels(name).set(0)
-            return
-        set_phase(phase.name)
-        if self.journal is not None:
-            self.journal.event("phase", name=phase.name, index=phase.index)
-        self.fronts.enter(phase.name, self.journal.event if self.journal else None)
-        m.phase_info.labels(phase.name).set(1)
-        m.phase_index.set(phase.index)
-        for name in self.names:
-            shape = phase.loads.get(name)
-            m.offered_concurrency.labels(name).set(
-                shape.concurrency if shape and shape.mode == "closed" else 0
-            )
+        set_phase(phase.name if phase else None)
+        self.metrics.show_phase(self.plan, self.names, phase)
+        if phase is not None:
+            if self.journal is not None:
+                self.journal.event("phase", name=phase.name, index=phase.index)
+            self.fronts.enter(phase.name, self.journal.event if self.journal else None)
 
     # --- cloud targets (docs/gateway.md) ---------------------------------------------------
 
@@ -643,18 +558,7 @@ class Soak:
                         "progress",
                         elapsed_s=st["elapsed_s"],
                         remaining_s=st["remaining_s"],
-                        targets={
-                            k: {
-                                "rps": round(v["rps"], 2),
-                                "errors": v["errors"],
-                                "goodput_pct": _round(
-                                    None if v["goodput"] is None else v["goodput"] * 100
-                                ),
-                                "ttft_p99_ms": _round(v["ttft_p99_ms"]),
-                                "e2e_p99_ms": _round(v["e2e_p99_ms"]),
-                            }
-                            for k, v in st["targets"].items()
-                        },
+                        targets=progress_fields(st["targets"]),
                     )
                 due = time.monotonic() + TICK_S
                 await asyncio.sleep(TICK_S)

@@ -18,17 +18,26 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
+import errno
 import hmac
+import ipaddress
+import os
 import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 from pydantic import SecretStr
+
+from soakd.config import ConfigError, Exporter
+from soakd.net import parse_host_port
+
+log = structlog.get_logger()
 
 StatusFn = Callable[[], dict[str, Any]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -164,3 +173,48 @@ async def start_http(
     shown = f"[{host}]" if ":" in host else host
     scheme = "https" if ssl_context is not None else "http"
     return HttpServer(f"{scheme}://{shown}:{bound}", thread)
+
+
+async def start_exporter(
+    exp: Exporter,
+    metrics_addr: str | None,
+    registry: CollectorRegistry,
+    status: StatusFn,
+    ready: Callable[[], bool],
+    *,
+    alive: Callable[[], str | None] | None = None,
+) -> HttpServer:
+    """The run's exporter on ``metrics_addr`` (the CLI's) or ``exporter.listen``, with its
+    basic auth and TLS; a port it cannot bind is a ConfigError naming the setting."""
+    host, port = parse_host_port(metrics_addr or exp.listen)
+    auth = (exp.basic_auth.username, exp.basic_auth.password()) if exp.basic_auth else None
+    if auth is None and not _loopback(host):
+        log.warning(
+            "exporter_exposed",
+            host=host,
+            note="/metrics and /status answer anyone who can reach this address; "
+            "set exporter.basic_auth (and exporter.tls) or bind 127.0.0.1",
+        )
+    try:
+        return await start_http(
+            host,
+            port,
+            registry,
+            status,
+            ready,
+            auth=auth,
+            ssl_context=exp.tls.context() if exp.tls else None,
+            alive=alive,
+        )
+    except OSError as exc:
+        where = "--metrics-addr" if metrics_addr else "exporter.listen"
+        why = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+        hint = " (another soakd running?)" if exc.errno == errno.EADDRINUSE else ""
+        raise ConfigError(f"{where}: cannot listen on {host}:{port}: {why}{hint}") from None
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

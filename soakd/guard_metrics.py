@@ -1,0 +1,92 @@
+"""Metrics room, the spend guard's families (caps, pauses, Retry-After: soakd/workload/guard.py).
+Beside ``soakd/metrics.py``, which re-exports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from soakd import metric_names as mn
+
+SPEND_CAPS = ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
+PAUSE_REASONS = ("spend_cap", "rate_limited")
+
+
+class GuardMetrics:
+    """Send guards (soakd/workload/guard.py): pauses and spend caps (the open-loop sends not
+    made while paused are ``soakd_sends_missed_total``)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        target_reason = ["target", "reason"]
+        self.paused = Gauge(
+            mn.TARGET_PAUSED,
+            "1 while the target's sends are paused, by reason.",
+            target_reason,
+            registry=r,
+        )
+        self.pauses = Counter(
+            mn.TARGET_PAUSES_TOTAL,
+            "Times the target's sends were paused, by reason.",
+            target_reason,
+            registry=r,
+        )
+        self.cap_hits = Counter(
+            mn.SPEND_CAP_HITS_TOTAL,
+            "Times a spend cap paused the target.",
+            ["target", "cap"],
+            registry=r,
+        )
+        self.used = Gauge(
+            mn.SPEND_USED,
+            "What the spend caps compare against: requests or tokens in "
+            "the last hour, or in the whole run.",
+            ["target", "cap"],
+            registry=r,
+        )
+        self.limit = Gauge(
+            mn.SPEND_LIMIT,
+            "Configured spend caps (absent when not set).",
+            ["target", "cap"],
+            registry=r,
+        )
+
+    def add_target(
+        self, target: str, limits: Mapping[str, int | None], used: Callable[[], Mapping[str, float]]
+    ) -> TargetGuardGauges:
+        """Series of one target, zero from the start; ``used`` is read at scrape time."""
+        for reason in PAUSE_REASONS:
+            self.paused.labels(target, reason).set(0)
+            self.pauses.labels(target, reason)
+        for cap in SPEND_CAPS:
+            limit = limits.get(cap)
+            if limit is None:
+                continue
+            self.limit.labels(target, cap).set(limit)
+            self.cap_hits.labels(target, cap)
+            self.used.labels(target, cap).set_function(partial(_used_of, used, cap))
+        return TargetGuardGauges(self, target)
+
+
+def _used_of(used: Callable[[], Mapping[str, float]], cap: str) -> float:
+    return used().get(cap, 0.0)
+
+
+@dataclass(slots=True)
+class TargetGuardGauges:
+    """One target's guard series (the ``GuardGauges`` a TargetGuard reports to)."""
+
+    m: GuardMetrics
+    target: str
+
+    def paused(self, reason: str, on: bool) -> None:
+        self.m.paused.labels(self.target, reason).set(1 if on else 0)
+        if on:
+            self.m.pauses.labels(self.target, reason).inc()
+
+    def cap_hit(self, cap: str) -> None:
+        self.m.cap_hits.labels(self.target, cap).inc()
