@@ -233,6 +233,10 @@ class Soak:
             # the exporter binds first: a busy address must fail before a journal exists
             # (or the next try in this directory would "resume" a run that never ran)
             self._status = self.status()  # /status answers in full from the first moment
+            # signals from here on: one during the start-up (the journal, a simulator, a
+            # gateway, a slow target) stops the run before it sends, journal closed as usual
+            self._install_signals()
+            stack.callback(self._stop_listening)
             self.http = await self._start_http()
             stack.push_async_callback(self.http.aclose)
             log.info("exporter_listening", url=self.http.url)
@@ -247,11 +251,9 @@ class Soak:
             for key, n in self.ledger.counts.items():
                 self.metrics.missed(*key, n)  # continue the counter
             stack.push_async_callback(self._close_clients)
-            # signals from here on: one during the start-up (a simulator, a gateway, a
-            # slow target) stops the run before it sends, journal closed as usual
-            self._install_signals()
-            stack.callback(self._stop_listening)
             self._starting = asyncio.ensure_future(self._start_parts())
+            if self._signals:  # stopped while the exporter or the journal opened
+                self._starting.cancel()
             try:
                 await self._starting
                 self._status = self.status()

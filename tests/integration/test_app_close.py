@@ -129,3 +129,36 @@ def test_a_simulator_that_does_not_start_is_one_line_and_exit_2(tmp_path: Path) 
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("soakd: error: targets[sim].simulator: simulator exited"), last
+
+
+async def test_sigterm_while_the_journal_opens_stops_the_run_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`docker stop` during start-up: the exporter answers, the journal is still opening.
+    The signal must stop the run before it sends (journal closed, summary written), not
+    kill soakd with SIGTERM's default action."""
+    import asyncio
+    import os
+    import signal
+
+    real_open = Soak._open_journal
+
+    async def open_after_a_signal(self: Soak) -> Journal:
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered to the loop's handler, if any
+        for _ in range(500):  # the handler runs (through the loop) before the journal is there
+            if self._signals:
+                break
+            await asyncio.sleep(0.01)
+        assert self._signals == 1
+        return await real_open(self)
+
+    monkeypatch.setattr(Soak, "_open_journal", open_after_a_signal)
+    soak = Soak(
+        config_from_dict(nowhere_config()),
+        RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{free_port()}"),
+    )
+    result = await soak.run()
+    assert not result.completed
+    assert sum(result.summary[t]["requests"] for t in result.summary) == 0
+    assert [e["completed"] for e in run_stopped(tmp_path / "run")] == [False]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["completed"] is False
