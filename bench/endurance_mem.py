@@ -9,6 +9,7 @@ CPython's live blocks (``sys.getallocatedblocks``: pymalloc and large objects al
 the objects the GC tracks. Live memory that stays flat ("in use", blocks) while RssAnon
 creeps is the allocators keeping freed memory (fragmentation), not a leak; growing
 blocks is a leak of Python objects. No tracemalloc: its own tables would be the growth.
+glibc's arenas are capped at 2 first, as ``soakd run`` does (soakd/_malloc.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from endurance import CONFIG, duration
 
+from soakd import _malloc
 from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
 
@@ -86,6 +88,7 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    _malloc.limit_arenas()  # as `soakd run` does, before any thread allocates
     asyncio.run(run(args, out))
 
 
