@@ -337,18 +337,26 @@ def warm(rows: list[dict[str, str]], warm_s: float = WARM_S) -> list[dict[str, s
     return [r for r in rows if float(r["t_s"]) - first[r["session"]] >= warm_s]
 
 
+COLOURS = ("#1f5fa8", "#d9822b", "#2e8b57", "#8e44ad")
+
+
 def svg(xs: list[float], ys: list[float], title: str, unit: str,
         kills: list[float]) -> str:
-    """One polyline, axes with min/max labels, dashed lines at the SIGKILLs. The table's
-    links are relative to the folder above ``docs`` (docs/benchmarks.md for docs/endurance)."""
+    """One polyline, axes with min/max labels, dashed lines at the SIGKILLs."""
+    return svg_lines(xs, [("", ys)], title, unit, kills)
+
+
+def svg_lines(xs: list[float], series: list[tuple[str, list[float]]], title: str, unit: str,
+              kills: list[float]) -> str:
+    """A polyline per series (labelled when there are several) on one scale."""
     w, h, left, right, top, bottom = 640, 220, 60, 15, 28, 30
     x1 = max(xs[-1], 1.0)
-    lo, hi = min(0.0, min(ys)), max(ys) * 1.1 or 1.0
+    every = [y for _, ys in series for y in ys]
+    lo, hi = min(0.0, min(every)), max(every) * 1.1 or 1.0
     def px(x: float) -> float:
         return left + (w - left - right) * x / x1
     def py(y: float) -> float:
         return h - bottom - (h - top - bottom) * (y - lo) / (hi - lo)
-    points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys, strict=True))
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
         f'font-family="sans-serif" font-size="11">',
@@ -363,10 +371,28 @@ def svg(xs: list[float], ys: list[float], title: str, unit: str,
     ]
     parts += [f'<line x1="{px(k):.1f}" y1="{top}" x2="{px(k):.1f}" y2="{h - bottom}" '
               f'stroke="#c33" stroke-dasharray="4 3"/>' for k in kills if k <= x1]
-    parts.append(f'<polyline fill="none" stroke="#1f5fa8" stroke-width="1.5" '
-                 f'points="{points}"/>')
+    for n, (label, ys) in enumerate(series):
+        colour = COLOURS[n % len(COLOURS)]
+        points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys, strict=True))
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+                     f'points="{points}"/>')
+        if label:
+            parts.append(f'<text x="{w - right - 150}" y="{top + 12 + 13 * n}" '
+                         f'fill="{colour}">{label}</text>')
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+def render_mem(mem: Path, docs: Path) -> None:
+    """bench/endurance_mem.py's mem.csv: RSS and the allocators' split on one plot."""
+    rows = list(csv.DictReader(mem.open()))
+    xs = [float(r["t_s"]) for r in rows]
+    series = [(label, [float(r[col]) for r in rows]) for col, label in (
+        ("rss_anon_mb", "RssAnon"), ("in_use_mb", "glibc in use"),
+        ("free_mb", "glibc free (kept)"))]
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "mem.svg").write_text(svg_lines(xs, series, "never killed: RssAnon and glibc",
+                                            "MB", []))
 
 
 def render(samples: Path, docs: Path, warm_s: float = WARM_S) -> str:
@@ -415,10 +441,14 @@ def main() -> None:
     p.add_argument("--out", default="/tmp/endure/run")
     p.add_argument("--docs", default=None, help="write table.md and the SVGs here")
     p.add_argument("--render", default=None, metavar="CSV", help="only render these samples")
+    p.add_argument("--mem", default=None, metavar="CSV",
+                   help="also plot bench/endurance_mem.py's mem.csv (mem.svg)")
     args = p.parse_args()
     samples = Path(args.render) if args.render else run(args)
     docs = Path(args.docs) if args.docs else samples.parent / "docs"
     print(render(samples, docs, args.warm))
+    if args.mem:
+        render_mem(Path(args.mem), docs)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""Where the endurance run's RSS goes: the same plan as bench/endurance.py, in-process and
+never killed, with the allocators' own counters every 30 s.
+
+    .venv/bin/python bench/endurance_mem.py --duration 85m --out /tmp/endure/mem
+
+Each line (and mem.csv): requests so far, RssAnon, glibc's ``mallinfo2`` (heap obtained
+from the OS by every arena, bytes in use, bytes free inside the arenas, mmapped blocks),
+CPython's live blocks (``sys.getallocatedblocks``: pymalloc and large objects alike) and
+the objects the GC tracks. Live memory that stays flat ("in use", blocks) while RssAnon
+creeps is the allocators keeping freed memory (fragmentation), not a leak; growing
+blocks is a leak of Python objects. No tracemalloc: its own tables would be the growth.
+glibc's arenas are capped at 2 first, as ``soakd run`` does (soakd/_malloc.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import gc
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from endurance import CONFIG, duration
+
+from soakd import _malloc
+from soakd.app import RunOptions, Soak
+from soakd.config import config_from_dict
+
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+def rss_anon_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def run(args: argparse.Namespace, out: Path) -> None:
+    cfg = config_from_dict(yaml.safe_load(CONFIG.format(duration_s=int(args.duration))))
+    soak = Soak(cfg, RunOptions(run_dir=out / "run", metrics_addr="127.0.0.1:0",
+                                console_logs=False))
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = MallInfo2
+    csv = (out / "mem.csv").open("w")
+    csv.write("t_s,requests,rss_anon_mb,arena_mb,in_use_mb,free_mb,mmap_mb,blocks,gc_objects\n")
+
+    async def watch() -> None:
+        t0 = time.monotonic()
+        while True:
+            await asyncio.sleep(args.every)
+            mi = libc.mallinfo2()
+            done = sum(s.requests for s in soak.stats.total.values())
+            row = [round(time.monotonic() - t0), done, round(rss_anon_mb(), 1),
+                   round(mi.arena / 2**20, 1), round(mi.uordblks / 2**20, 1),
+                   round(mi.fordblks / 2**20, 1), round(mi.hblkhd / 2**20, 1),
+                   sys.getallocatedblocks(), len(gc.get_objects())]
+            csv.write(",".join(map(str, row)) + "\n")
+            csv.flush()
+            print(*row, flush=True)
+
+    task = asyncio.create_task(watch())
+    try:
+        await soak.run()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        csv.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--duration", type=duration, default=3600.0)
+    p.add_argument("--every", type=duration, default=30.0)
+    p.add_argument("--out", default="/tmp/endure/mem")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _malloc.limit_arenas()  # as `soakd run` does, before any thread allocates
+    asyncio.run(run(args, out))
+
+
+if __name__ == "__main__":
+    main()
