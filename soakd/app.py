@@ -14,8 +14,6 @@ import contextlib
 import signal
 import sys
 import time
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,60 +43,25 @@ from soakd.model import Phase, Plan
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
 from soakd.rundir import new_run_id, prepare_dir, raise_fd_limit, write_summary
+from soakd.session import RunOptions, RunResult, StartError, _close_all
 from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.stats import RunStats
 from soakd.status import progress_fields, vram_status
-from soakd.targets.openai import open_target
 from soakd.types import Target
+from soakd.workers.senders import Senders, WorkerStartError, open_senders
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.ledger import SendLedger
 from soakd.workload.plan import build_plan
 from soakd.workload.prompts import make_prompt_source
 from soakd.workload.runner import Runner
 
+__all__ = ["RunOptions", "RunResult", "Soak", "StartError"]
+
 log = structlog.get_logger()
 
 TICK_S = 1.0
 STALL_S = 30.0  # /healthz says 503 when the run loop has not ticked for this long
 PROGRESS_LOG_S = 10.0
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    run_dir: Path | None = None
-    duration_s: float | None = None
-    rehearse_s: float | None = None
-    metrics_addr: str | None = None  # HOST:PORT, overrides exporter.listen
-    live: bool = False  # draw the live view on the terminal
-    console_logs: bool = True
-    force: bool = False  # resume even though the config differs from the journal's
-
-
-@dataclass
-class RunResult:
-    run_id: str
-    run_dir: Path
-    completed: bool  # the plan ran to its end (not stopped by a signal)
-    elapsed_s: float
-    cancelled: int  # requests cut at the drain deadline
-    summary: dict[str, SessionRow] = field(default_factory=dict)  # this session only
-    session: int = 1  # 2 and up: a resumed run
-
-
-async def _close_all(what: str, closes: list[Coroutine[Any, Any, None]]) -> None:
-    """Close these together; one that fails is logged and the others still close."""
-    for result in await asyncio.gather(*closes, return_exceptions=True):
-        if isinstance(result, Exception):
-            log.warning("close_failed", what=what, error=f"{type(result).__name__}: {result}")
-
-
-class StartError(Exception):
-    """A child soakd starts (a simulator, a gateway) did not come up. ``str()`` is one
-    line naming the target's field; the CLI prints it and exits 2, with no traceback."""
-
-    def __init__(self, where: str, cause: Exception) -> None:
-        why = " ".join(str(cause).split())  # the child's log tail, on one line
-        super().__init__(f"{where}: {why[:400]}")
 
 
 class Soak:
@@ -138,6 +101,7 @@ class Soak:
         self.stats = RunStats(self.names)
         self.goodput = GoodputWindow({name: cfg.slo_for(name) for name in self.names})
         self.targets: dict[str, Target] = {}
+        self.senders = Senders()  # the targets' clients, here or in worker processes
         self.runner: Runner | None = None
         self.http: HttpServer | None = None
         self._signals = 0
@@ -299,8 +263,7 @@ class Soak:
     async def _close_clients(self) -> None:
         await _close_all(
             "client",
-            [t.aclose() for t in self.targets.values()]
-            + ([self.probes.aclose()] if self.probes is not None else []),
+            [self.senders.aclose()] + ([self.probes.aclose()] if self.probes is not None else []),
         )
 
     async def _close_children(self) -> None:
@@ -355,6 +318,7 @@ class Soak:
         """Simulators, gateways, target clients, guards, probes, then the runner."""
         assert self.journal is not None
         urls: dict[str, str] = {}
+        cfgs: list[TargetConfig] = []  # as the clients see them (a simulator's, a gateway's URL)
         for tcfg in self.cfg.targets:
             if tcfg.simulator:
                 try:
@@ -371,8 +335,19 @@ class Soak:
                     tcfg = await self.fronts.front(tcfg)
                 except RuntimeError as exc:
                     raise StartError(f"targets[{tcfg.name}].gateway", exc) from None
-            self.targets[tcfg.name] = await open_target(tcfg, run_id=self.run_id)
+            cfgs.append(tcfg)
             self._add_guard(tcfg)
+        try:
+            self.senders = await open_senders(
+                self.cfg.run.workers,
+                cfgs,
+                run_id=self.run_id,
+                run_dir=self.run_dir,
+                registry=self.metrics.registry,
+            )
+        except WorkerStartError as exc:
+            raise StartError("run.workers", exc) from None
+        self.targets = self.senders.targets
         self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
         # the gateways soakd started, on soakd's own /metrics (their ports are random)
         self.gateway_export = export_gateways(
@@ -393,8 +368,9 @@ class Soak:
             seed=self.cfg.workload.seed,
             on_phase=self._on_phase,
             start_seq=self.resume.next_seq if self.resume else None,
-            gates=self.guards.by_target,
+            gates=self.senders.gates(self.guards.by_target),
             ledger=self.ledger,
+            lead_ns=self.senders.lead_ns,
         )
         self.journal.attach(self.runner)
         self.metrics.watch_in_flight(self.runner.in_flight)

@@ -34,8 +34,9 @@ from soakd.model import NS_PER_S, ErrorKind, Outcome
 
 Class = Literal["ok", "error", "refused", "guard", "excluded"]
 
-NOT_JUDGED = frozenset({ErrorKind.CANCELLED.value})
-"""Sent, then cut by soakd itself (drain deadline): out of every denominator."""
+NOT_JUDGED = frozenset({ErrorKind.CANCELLED.value, ErrorKind.WORKER_LOST.value})
+"""Cut or lost by soakd itself (the drain deadline, a sender process that died): out of
+every denominator."""
 
 REFUSALS = frozenset(
     {ErrorKind.HTTP_429.value, ErrorKind.HTTP_4XX.value, ErrorKind.HTTP_AUTH.value}

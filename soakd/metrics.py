@@ -204,7 +204,8 @@ class Metrics:
         self.sends_missed = Counter(
             mn.SENDS_MISSED_TOTAL,
             "Planned open-loop sends not made, by reason: late (the "
-            "instant was past max_lateness), in_flight_cap, spend_cap, rate_limited.",
+            "instant was past max_lateness), in_flight_cap, spend_cap, rate_limited, "
+            "no_worker.",
             ["target", "phase", "reason"],
             registry=r,
         )

@@ -37,6 +37,9 @@ class ErrorKind(enum.StrEnum):
     TOO_LARGE = "too_large"  # a line or body over soakd's limits
     CANCELLED = "cancelled"  # soakd stopped while the request was in flight
     CLIENT_ERROR = "client_error"  # anything else raised inside soakd's client
+    # The sender process holding it died (run.workers > 1): the server may or may not have
+    # answered; recorded once, never sent again.
+    WORKER_LOST = "worker_lost"
     # Refused by the guard in front of the server (soakd gateway), by its error code: load
     # it shed on purpose, not a failure of the server behind it.
     SHED_VRAM_BREAKER = "shed_vram_breaker"  # 429 vram_breaker_open

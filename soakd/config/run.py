@@ -126,6 +126,9 @@ class RunConfig(Strict):
     loop: bool = False  # repeat the phases until duration
     drain_timeout: Duration = 30.0
     start_at: str | None = None  # ISO datetime: the plan's calendar start (default: now)
+    # sender processes: 1 sends from soakd's own loop; N > 1 starts N that only send and
+    # time; auto: one per core soakd may use, less one (docs/architecture.md)
+    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = 1
 
 
 class Config(Strict):

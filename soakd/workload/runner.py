@@ -70,6 +70,7 @@ class Runner:
         start_seq: dict[str, int] | None = None,
         gates: Mapping[str, SendGate] | None = None,
         ledger: SendLedger | None = None,
+        lead_ns: int = 0,
     ) -> None:
         self.plan = plan
         self.targets = targets
@@ -95,6 +96,9 @@ class Runner:
         self._requests: set[asyncio.Task[Any]] = set()  # requests and closed-loop workers
         self._gates = dict(gates or {})  # spend caps and Retry-After pauses, per target
         self.failures: dict[str, int] = {}  # tasks that died of an exception, per target
+        # open loop: hand a request to its target this long before its instant (worker
+        # processes send at the instant themselves); 0: at the instant
+        self._lead_ns = lead_ns
 
     # --- clock --------------------------------------------------------------------------
 
@@ -344,12 +348,12 @@ class Runner:
             schedule.skip_to(resumed_at)
         cap, late = shape.max_in_flight, shape.max_lateness_ns
         gate = self._gates.get(name)
-        busy, miss, pname = self._busy, self.ledger.miss, phase.name
+        busy, miss, pname, lead = self._busy, self.ledger.miss, phase.name, self._lead_ns
         offset = -1  # the instant taken from the schedule and not yet dealt with
         try:
             for offset in schedule:
                 due = start_abs + offset
-                await sleep_until_ns(due)  # sub-ms (timerfd); yields even when already past
+                await sleep_until_ns(due - lead)  # sub-ms (timerfd); yields even when past
                 behind = now_ns() - due
                 if behind > late:  # too far behind: drop the backlog up to now, go on fresh
                     miss(name, pname, LATE, 1 + schedule.skip_to(offset + behind + 1))

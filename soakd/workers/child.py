@@ -1,0 +1,147 @@
+"""Workers room, the sender: ``python -m soakd.workers.child FD``, one per worker.
+
+It only sends and times. The parent plans every request (which, when, with which prompt)
+and hands it over on the socket ``FD``; the worker opens its own connection pool per
+target, sends each request at its instant, fills the Outcome on its own monotonic clock
+and hands the finished ones back in batches (soakd/workers/wire.py). It keeps nothing: no
+journal, no registry, no plan.
+
+SIGINT and SIGTERM are ignored: a Ctrl-C reaches the whole process group, and systemd
+signals every process of the unit, but the stop is the parent's to run (it drains the
+workers through the socket). The parent's end of the socket closing (it exited, even by
+SIGKILL) ends the worker: what it still had in flight is cut, and nobody is left to
+count it (the parent's journal already holds what was handed back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import structlog
+
+from soakd.config import TargetConfig
+from soakd.logs import setup_logging
+from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.targets.openai import OpenAITarget, open_target
+from soakd.workers import wire
+from soakd.workload.timer import sleep_until_ns
+
+log = structlog.get_logger()
+now_ns = time.perf_counter_ns
+
+
+class Sender:
+    """One worker's state: its targets, its requests in flight, its outgoing batch."""
+
+    def __init__(self, targets: list[OpenAITarget], writer: asyncio.StreamWriter) -> None:
+        self.targets = targets
+        self.writer = writer
+        self.shift = 0  # parent clock - this clock (from the parent's clock check)
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self._batch = bytearray()
+        self._more = asyncio.Event()
+
+    def start(self, payload: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        for rid, tidx, seq, max_tokens, temp, scheduled, prompt in wire.unpack_specs(payload):
+            target = self.targets[tidx]
+            spec = RequestSpec(
+                target.name, "", seq, prompt, 0, max_tokens, temp, scheduled - self.shift
+            )
+            self.tasks[rid] = loop.create_task(self._one(rid, target, spec))
+
+    def cancel(self, payload: bytes) -> None:
+        for rid in wire.unpack_ids(payload):
+            task = self.tasks.get(rid)
+            if task is not None:
+                task.cancel()
+
+    async def _one(self, rid: int, target: OpenAITarget, spec: RequestSpec) -> None:
+        out = Outcome.planned(spec)
+        try:
+            if spec.scheduled_ns > now_ns():  # handed over ahead of its instant
+                await sleep_until_ns(spec.scheduled_ns)
+            await target.send(spec, out)
+        except asyncio.CancelledError:
+            # the parent's drain deadline (or its exit): keep what arrived, say it was cut
+            out.error = ErrorKind.CANCELLED
+            out.end_ns = out.end_ns or now_ns()
+        finally:
+            self.tasks.pop(rid, None)
+            wire.pack_outcome(self._batch, rid, out)
+            self._more.set()
+
+    async def flush_forever(self) -> None:
+        """Hand finished requests back: one frame per loop turn, however many finished."""
+        while True:
+            await self._more.wait()
+            self._more.clear()
+            batch, self._batch = self._batch, bytearray()
+            self.writer.write(wire.frame(wire.OUTCOMES, batch))
+            await self.writer.drain()
+
+    async def finish(self) -> None:
+        """Cut what is still in flight, hand it back, close the targets."""
+        for task in list(self.tasks.values()):
+            task.cancel()
+        if self.tasks:
+            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        if self._batch:
+            with contextlib.suppress(OSError):
+                self.writer.write(wire.frame(wire.OUTCOMES, bytes(self._batch)))
+                await self.writer.drain()
+        for target in self.targets:
+            await target.aclose()
+
+
+async def serve(sock: socket.socket) -> int:
+    reader, writer = await asyncio.open_connection(sock=sock)
+    first = await wire.read_frame(reader)
+    if first is None or first[0] != wire.HELLO:
+        return 2
+    hello: dict[str, Any] = json.loads(first[1])
+    structlog.contextvars.bind_contextvars(worker=hello["index"])
+    cfgs = [TargetConfig.model_validate(t) for t in hello["targets"]]
+    targets = [await open_target(cfg, run_id=hello["run_id"]) for cfg in cfgs]
+    sender = Sender(targets, writer)
+    writer.write(wire.json_frame(wire.READY, {"pid": os.getpid()}))
+    flusher = asyncio.create_task(sender.flush_forever())
+    try:
+        while (got := await wire.read_frame(reader)) is not None:
+            kind, payload = got
+            if kind == wire.SEND:
+                sender.start(payload)
+            elif kind == wire.CANCEL:
+                sender.cancel(payload)
+            elif kind == wire.PING:
+                t0, _ = wire.unpack_clock(payload)
+                writer.write(wire.frame(wire.PONG, wire.pack_clock(t0, now_ns())))
+            elif kind == wire.CLOCK:
+                sender.shift, _ = wire.unpack_clock(payload)
+    except (OSError, wire.WireError) as exc:
+        log.warning("worker_link_lost", error=f"{type(exc).__name__}: {exc}")
+    finally:
+        flusher.cancel()
+        await sender.finish()
+    return 0
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    fd = int(sys.argv[1])
+    setup_logging(os.environ.get("SOAKD_WORKER_LOG_LEVEL", "info"), "json")
+    sock = socket.socket(fileno=fd)
+    return asyncio.run(serve(sock))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

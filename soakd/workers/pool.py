@@ -1,0 +1,426 @@
+"""Workers room, the parent's side: the sender processes, supervised, and the targets that
+send through them.
+
+The runner plans every send exactly as with one process (the schedule, the prompts'
+order, the gates, the in-flight caps, the ledger); ``RemoteTarget.send`` hands the
+request to a worker instead of sending it here, and the Outcome comes back filled in
+place. Each target's requests go round-robin over the workers that are up, so every
+worker gets every N-th open-loop instant (a smooth rate each) and a closed-loop stream's
+next request goes to the next worker.
+
+A worker that dies (a crash, a SIGKILL, the OOM killer) is logged, exported
+(``soakd_workers_up``) and started again with back-off. What it had in flight is
+recorded once, as ``worker_lost``: the parent cannot know whether the server answered
+it, and it never comes back twice, since the worker that held it is gone. While no
+worker is up, the runner sees the targets as paused (reason ``no_worker``): open-loop
+sends are counted as missed, closed-loop streams wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Final
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from soakd import metric_names as mn
+from soakd.config import TargetConfig
+from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.types import SendGate
+from soakd.workers import wire
+
+log = structlog.get_logger()
+now_ns = time.perf_counter_ns
+
+READY_TIMEOUT_S: Final = 60.0
+"""A worker that has not said READY by then failed to start (imports, a bad key file)."""
+STOP_GRACE_S: Final = 5.0
+"""At close, how long a worker may take to hand back and exit before it is killed."""
+CANCEL_WAIT_S: Final = 1.0
+"""After a cancel, how long to wait for the worker's record of what arrived."""
+BACKOFF_S: Final = (0.25, 30.0)
+"""A dead worker is started again after 0.25 s, doubling to 30 s while it keeps dying."""
+STEADY_S: Final = 60.0
+"""A worker that lived this long resets the back-off."""
+LEAD_NS: Final = 2_000_000
+"""Open-loop requests go to a worker this long before their instant; the worker sends at
+the instant on its own clock (the hop through the socket is not in the dispatch lag)."""
+CLOCK_PINGS: Final = 8
+NO_WORKER: Final = "no_worker"
+SOCKET_BUFFER: Final = 1 << 20
+
+
+def worker_count(setting: int | str) -> int:
+    """``run.workers`` resolved: ``auto`` is one worker per core soakd may use, keeping one
+    for the parent (exporter, journal, probes); 1 means no worker processes."""
+    if setting != "auto":
+        return int(setting)
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry, n: int) -> None:
+        Gauge(
+            mn.WORKERS, "Sender worker processes configured (run.workers).", registry=registry
+        ).set(n)
+        self.up = Gauge(mn.WORKERS_UP, "Sender worker processes up now.", registry=registry)
+        self.restarts = Counter(
+            mn.WORKER_RESTARTS_TOTAL,
+            "Sender worker processes started again after one died.",
+            registry=registry,
+        )
+        self.offset = Gauge(
+            mn.WORKER_CLOCK_OFFSET_SECONDS,
+            "A worker's monotonic clock minus soakd's, as measured (applied when larger "
+            "than half the round trip).",
+            ["worker"],
+            registry=registry,
+        )
+
+
+class Worker:
+    """One sender process and its socket."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.proc: asyncio.subprocess.Process | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.reader_task: asyncio.Task[None] | None = None
+        self.flusher: asyncio.Task[None] | None = None
+        self.pending: dict[int, tuple[Outcome, asyncio.Future[None]]] = {}
+        self.shift = 0  # parent clock - worker clock, added to every instant it reports
+        self.started = 0.0
+        self.up = False
+        self.delay = BACKOFF_S[0] / 2  # the last restart's back-off
+        self._batch = bytearray()
+        self._cancels: list[int] = []
+        self._more = asyncio.Event()
+        self._pong: asyncio.Future[tuple[int, int]] | None = None
+
+    def submit(
+        self, rid: int, target: int, spec: RequestSpec, out: Outcome
+    ) -> asyncio.Future[None]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.pending[rid] = (out, done)
+        wire.pack_spec(
+            self._batch,
+            rid,
+            target,
+            spec.seq,
+            spec.max_tokens,
+            spec.temperature,
+            spec.scheduled_ns,
+            spec.prompt,
+        )
+        self._more.set()
+        return done
+
+    def cancel(self, rid: int) -> None:
+        if rid in self.pending:
+            self._cancels.append(rid)
+            self._more.set()
+
+    async def flush_forever(self) -> None:
+        """One SEND frame per loop turn, however many requests it holds."""
+        assert self.writer is not None
+        while True:
+            await self._more.wait()
+            self._more.clear()
+            if self._batch:
+                batch, self._batch = self._batch, bytearray()
+                self.writer.write(wire.frame(wire.SEND, batch))
+            if self._cancels:
+                ids, self._cancels = self._cancels, []
+                self.writer.write(wire.frame(wire.CANCEL, wire.pack_ids(ids)))
+            await self.writer.drain()
+
+    def finished(self, payload: bytes) -> None:
+        shift = self.shift
+        for rid, fields, detail, itl in wire.unpack_outcomes(payload):
+            got = self.pending.pop(rid, None)
+            if got is None:
+                continue
+            out, done = got
+            sent_ns = out.sent_ns
+            wire.apply(out, fields, detail, itl, shift)
+            if not out.sent_ns:  # cut before its instant: keep when it was handed over
+                out.sent_ns = sent_ns
+            if not done.done():
+                done.set_result(None)
+
+    def lose_all(self, why: str) -> int:
+        """The worker is gone: what it held is recorded once, as lost."""
+        lost = list(self.pending.values())
+        self.pending.clear()
+        self._batch, self._cancels = bytearray(), []  # never sent: they are lost too
+        end = now_ns()
+        for out, done in lost:
+            out.error, out.error_detail = ErrorKind.WORKER_LOST, why
+            out.end_ns = out.end_ns or end
+            if not done.done():
+                done.set_result(None)
+        return len(lost)
+
+    async def clock_check(self) -> tuple[int, int]:
+        """(offset, round trip) in ns, from the fastest of a few pings."""
+        assert self.writer is not None
+        best = (0, 1 << 62)
+        loop = asyncio.get_running_loop()
+        for _ in range(CLOCK_PINGS):
+            self._pong = loop.create_future()
+            self.writer.write(wire.frame(wire.PING, wire.pack_clock(now_ns(), 0)))
+            t0, t1 = await asyncio.wait_for(self._pong, READY_TIMEOUT_S)
+            t2 = now_ns()
+            if t2 - t0 < best[1]:
+                best = (t1 - (t0 + t2) // 2, t2 - t0)
+        return best
+
+    def pong(self, payload: bytes) -> None:
+        if self._pong is not None and not self._pong.done():
+            self._pong.set_result(wire.unpack_clock(payload))
+
+
+class WorkerPool:
+    """The sender processes, started, watched, restarted and stopped together."""
+
+    def __init__(
+        self,
+        n: int,
+        targets: list[TargetConfig],
+        run_id: str,
+        log_dir: Path,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
+        self.workers = [Worker(i) for i in range(n)]
+        self._hello = {"run_id": run_id, "targets": [t.model_dump(mode="json") for t in targets]}
+        self._log_dir = log_dir
+        self._metrics = metrics
+        self._up: list[Worker] = []
+        self._rr = 0
+        self._next_id = 0
+        self._closing = False
+        self._restarts: set[asyncio.Task[None]] = set()
+        self._any_up = asyncio.Event()
+        self.restarts = 0
+        self.lost = 0
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every worker; RuntimeError (with the log's tail) when one cannot start."""
+        await asyncio.gather(*(self._start(w) for w in self.workers))
+
+    async def _start(self, w: Worker) -> None:
+        ours, theirs = socket.socketpair()
+        for s in (ours, theirs):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+        path = self._log_dir / f"worker-{w.index}.log"
+        with theirs, path.open("ab") as logf:
+            w.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "soakd.workers.child",
+                str(theirs.fileno()),
+                pass_fds=(theirs.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+            )
+        reader, w.writer = await asyncio.open_connection(sock=ours)
+        w.writer.write(wire.json_frame(wire.HELLO, {"index": w.index, **self._hello}))
+        try:
+            await asyncio.wait_for(_ready(reader), READY_TIMEOUT_S)
+            w.reader_task = asyncio.create_task(self._read(w, reader))
+            offset, rtt = await w.clock_check()
+        except (TimeoutError, OSError, wire.WireError) as exc:
+            await self._kill(w)
+            tail = path.read_text(errors="replace")[-400:] if path.exists() else ""
+            raise RuntimeError(
+                f"worker {w.index} did not start ({exc or 'timeout'}): {tail}"
+            ) from None
+        # One kernel's CLOCK_MONOTONIC is the same in every process: an offset within half
+        # the round trip is the measurement's own noise, and applying it would add error.
+        w.shift = -offset if abs(offset) * 2 > rtt else 0
+        w.writer.write(wire.frame(wire.CLOCK, wire.pack_clock(w.shift, 0)))
+        if self._metrics is not None:
+            self._metrics.offset.labels(str(w.index)).set(offset / 1e9)
+        w.flusher = asyncio.create_task(w.flush_forever())
+        w.started = time.monotonic()
+        w.up = True
+        self._up.append(w)
+        self._any_up.set()
+        self._gauge()
+        log.info(
+            "worker_started", worker=w.index, pid=w.proc.pid, clock_offset_ns=offset, rtt_ns=rtt
+        )
+
+    async def _read(self, w: Worker, reader: asyncio.StreamReader) -> None:
+        why = "its socket closed"
+        try:
+            while (got := await wire.read_frame(reader)) is not None:
+                kind, payload = got
+                if kind == wire.OUTCOMES:
+                    w.finished(payload)
+                elif kind == wire.PONG:
+                    w.pong(payload)
+        except (OSError, wire.WireError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if not self._closing:
+            self._died(w, why)
+
+    def _died(self, w: Worker, why: str) -> None:
+        w.up = False
+        if w in self._up:
+            self._up.remove(w)
+        if not self._up:
+            self._any_up.clear()
+        lost = w.lose_all(f"worker {w.index} died")
+        self.lost += lost
+        self._gauge()
+        lived = time.monotonic() - w.started
+        log.error(
+            "worker_died", worker=w.index, why=why, lost_in_flight=lost, lived_s=round(lived, 1)
+        )
+        task = asyncio.get_running_loop().create_task(self._restart(w, lived))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _restart(self, w: Worker, lived: float) -> None:
+        await self._kill(w)
+        delay = BACKOFF_S[0] if lived >= STEADY_S else min(BACKOFF_S[1], w.delay * 2)
+        while not self._closing:
+            await asyncio.sleep(delay)
+            if self._closing:
+                return
+            try:
+                await self._start(w)
+            except RuntimeError as exc:
+                log.warning("worker_restart_failed", worker=w.index, error=str(exc)[:300])
+                delay = min(BACKOFF_S[1], delay * 2)
+                continue
+            finally:
+                w.delay = delay
+            self.restarts += 1
+            if self._metrics is not None:
+                self._metrics.restarts.inc()
+            return
+
+    async def _kill(self, w: Worker) -> None:
+        for task in (w.flusher, w.reader_task):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        if w.writer is not None:
+            w.writer.close()
+        if w.proc is not None and w.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.kill()
+            await w.proc.wait()
+
+    async def aclose(self) -> None:
+        """Stop every worker: its socket closes, it cuts what is left (the drain is over by
+        now), hands it back and exits; one that does not within the grace is killed."""
+        self._closing = True
+        for task in list(self._restarts):
+            task.cancel()
+        for w in self.workers:
+            if w.flusher is not None:
+                w.flusher.cancel()
+            if w.writer is not None:
+                with contextlib.suppress(OSError):
+                    w.writer.write_eof()
+        procs = [w.proc for w in self.workers if w.proc is not None]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), STOP_GRACE_S)
+        for w in self.workers:
+            if w.reader_task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait_for(w.reader_task, 1.0)
+            self.lost += w.lose_all(f"worker {w.index} stopped")
+            await self._kill(w)
+            w.up = False
+        self._up.clear()
+        self._gauge()
+
+    def _gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.up.set(len(self._up))
+
+    # --- sending ------------------------------------------------------------------------
+
+    @property
+    def up(self) -> int:
+        return len(self._up)
+
+    async def send(self, target: int, spec: RequestSpec, out: Outcome) -> None:
+        """Hand one request to the next worker that is up; return once it came back."""
+        while not self._up:
+            await self._any_up.wait()
+        up = self._up
+        self._rr += 1
+        w = up[self._rr % len(up)]
+        rid = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        out.sent_ns = max(now_ns(), spec.scheduled_ns)  # kept if it is never sent
+        out.wall_start = time.time()
+        done = w.submit(rid, target, spec, out)
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            w.cancel(rid)  # the drain deadline: the worker cuts it and says what arrived
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(done), CANCEL_WAIT_S)
+            raise
+
+
+async def _ready(reader: asyncio.StreamReader) -> None:
+    got = await wire.read_frame(reader)
+    if got is None or got[0] != wire.READY:
+        raise wire.WireError("it exited before it was ready")
+
+
+class RemoteTarget:
+    """A Target whose requests a worker sends (the Target protocol, soakd/types.py)."""
+
+    def __init__(self, name: str, index: int, pool: WorkerPool) -> None:
+        self.name = name
+        self._index = index
+        self._pool = pool
+
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        out = outcome if outcome is not None else Outcome.planned(spec)
+        await self._pool.send(self._index, spec, out)
+        return out
+
+    async def aclose(self) -> None:
+        """The pool is closed once, by its owner."""
+
+
+class WorkerGate:
+    """A target's send gate with the workers in it: no worker up pauses the target
+    (reason ``no_worker``); otherwise the target's own gate decides."""
+
+    def __init__(self, pool: WorkerPool, inner: SendGate | None) -> None:
+        self._pool = pool
+        self._inner = inner
+
+    def delay_s(self) -> float:
+        if not self._pool.up:
+            return 0.05
+        return self._inner.delay_s() if self._inner is not None else 0.0
+
+    def sent(self) -> None:
+        if self._inner is not None:
+            self._inner.sent()
+
+    @property
+    def pause_reason(self) -> str:
+        if not self._pool.up or self._inner is None:
+            return NO_WORKER
+        return self._inner.pause_reason

@@ -1,0 +1,212 @@
+"""Workers room, the wire: frames between the parent and a sender process.
+
+A frame is ``u32 length | u8 kind | payload``. Requests and outcomes travel in batches
+(one frame per event-loop turn, however many it holds), packed with ``struct``: no
+pickle, no per-request object on the wire, and nothing a newer soakd on the other end
+could misread, since both ends are the same installed code.
+
+- ``HELLO`` (parent -> worker, JSON): the worker's index, the run id and the targets'
+  resolved configs (secrets by reference only: the worker reads its keys itself).
+- ``READY`` (worker -> parent, JSON): the worker's pid.
+- ``SEND`` (parent -> worker): requests, each ``id, target, seq, max_tokens,
+  temperature, scheduled_ns`` and the prompt. ``scheduled_ns`` is on the parent's clock;
+  the worker converts it with the offset the parent measured.
+- ``CANCEL`` (parent -> worker): request ids to cut (the drain deadline passed).
+- ``PING`` / ``PONG``: the clock check (``t0`` from the parent, ``t1`` the worker's now).
+- ``OUTCOMES`` (worker -> parent): finished requests, each the id and every field of an
+  Outcome the worker filled (instants on the worker's clock, ITL gaps as raw int64).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import struct
+from array import array
+from collections.abc import Iterator
+from typing import Any, Final
+
+from soakd.model import ErrorKind, Outcome
+
+HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK = range(1, 9)
+
+HEAD: Final = struct.Struct("<IB")
+"""A frame's header: the payload's length (kind byte included) and the kind."""
+MAX_FRAME: Final = 64 << 20
+"""A frame longer than this is a broken peer, not data."""
+
+_SPEC = struct.Struct("<IHqIdqI")  # id, target, seq, max_tokens, temperature, scheduled, len
+_OUT = struct.Struct("<IqdqqqqHBBiIBIdBHI")
+# id, sent, wall_start, first_byte, first_token, last_token, end, status, error, oom,
+# prompt_tokens, output_tokens, usage_reported, content_chunks, retry_after, resends,
+# len(error_detail), len(itl)
+_CLOCK = struct.Struct("<qq")
+_IDS = struct.Struct("<I")
+_NONE = -1
+_NO_KIND = 255
+KINDS: Final = tuple(ErrorKind)
+_KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
+_ITL_SIZE = array("q").itemsize
+
+
+class WireError(Exception):
+    """A frame that cannot be read: the peer is broken (or not a soakd worker)."""
+
+
+def frame(kind: int, payload: bytes | bytearray = b"") -> bytes:
+    return HEAD.pack(len(payload) + 1, kind) + payload
+
+
+def json_frame(kind: int, doc: dict[str, Any]) -> bytes:
+    return frame(kind, json.dumps(doc).encode())
+
+
+def pack_spec(
+    buf: bytearray,
+    rid: int,
+    target: int,
+    seq: int,
+    max_tokens: int,
+    temperature: float,
+    scheduled_ns: int,
+    prompt: str,
+) -> None:
+    """Append one request to a SEND batch."""
+    text = prompt.encode()
+    buf += _SPEC.pack(rid, target, seq, max_tokens, temperature, scheduled_ns, len(text))
+    buf += text
+
+
+def unpack_specs(payload: bytes) -> Iterator[tuple[int, int, int, int, float, int, str]]:
+    """``(id, target, seq, max_tokens, temperature, scheduled_ns, prompt)`` per request."""
+    at, end, size = 0, len(payload), _SPEC.size
+    while at < end:
+        rid, target, seq, max_tokens, temp, scheduled, n = _SPEC.unpack_from(payload, at)
+        at += size
+        yield rid, target, seq, max_tokens, temp, scheduled, payload[at : at + n].decode()
+        at += n
+    if at != end:
+        raise WireError("SEND batch ends inside a request")
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}I", *ids)
+
+
+def unpack_ids(payload: bytes) -> tuple[int, ...]:
+    if len(payload) % _IDS.size:
+        raise WireError("CANCEL batch of a partial id")
+    return struct.unpack(f"<{len(payload) // _IDS.size}I", payload)
+
+
+def pack_clock(t0: int, t1: int) -> bytes:
+    return _CLOCK.pack(t0, t1)
+
+
+def unpack_clock(payload: bytes) -> tuple[int, int]:
+    t0, t1 = _CLOCK.unpack(payload)
+    return int(t0), int(t1)
+
+
+def _opt(value: int | None) -> int:
+    return _NONE if value is None else value
+
+
+def pack_outcome(buf: bytearray, rid: int, o: Outcome) -> None:
+    """Append one finished request to an OUTCOMES batch."""
+    detail = o.error_detail.encode()[:0xFFFF]
+    buf += _OUT.pack(
+        rid,
+        o.sent_ns,
+        o.wall_start,
+        _opt(o.first_byte_ns),
+        _opt(o.first_token_ns),
+        _opt(o.last_token_ns),
+        o.end_ns,
+        o.status,
+        _NO_KIND if o.error is None else _KIND_INDEX[o.error],
+        o.oom,
+        _opt(o.prompt_tokens),
+        o.output_tokens,
+        o.usage_reported,
+        o.content_chunks,
+        math.nan if o.retry_after_s is None else o.retry_after_s,
+        min(o.resends, 255),
+        len(detail),
+        len(o.itl_ns),
+    )
+    buf += detail
+    buf += o.itl_ns.tobytes()
+
+
+def unpack_outcomes(payload: bytes) -> Iterator[tuple[int, tuple[Any, ...], str, array[int]]]:
+    """``(id, fields, error_detail, itl_ns)`` per finished request; ``apply`` fills an
+    Outcome with them."""
+    at, end, size = 0, len(payload), _OUT.size
+    while at < end:
+        fields = _OUT.unpack_from(payload, at)
+        at += size
+        n_detail, n_itl = fields[16], fields[17]
+        detail = payload[at : at + n_detail].decode(errors="replace")
+        at += n_detail
+        itl: array[int] = array("q")
+        itl.frombytes(payload[at : at + n_itl * _ITL_SIZE])
+        at += n_itl * _ITL_SIZE
+        yield fields[0], fields, detail, itl
+    if at != end:
+        raise WireError("OUTCOMES batch ends inside a request")
+
+
+def apply(o: Outcome, fields: tuple[Any, ...], detail: str, itl: array[int], shift: int) -> None:
+    """Fill ``o`` from a worker's record; ``shift`` converts its instants to the parent's
+    clock (add it)."""
+    (
+        _,
+        sent,
+        o.wall_start,
+        first_byte,
+        first_token,
+        last_token,
+        end,
+        o.status,
+        kind,
+        oom,
+        prompt_tokens,
+        o.output_tokens,
+        usage,
+        o.content_chunks,
+        retry,
+        o.resends,
+        _,
+        _,
+    ) = fields
+    o.sent_ns = sent + shift if sent else 0
+    o.first_byte_ns = None if first_byte == _NONE else first_byte + shift
+    o.first_token_ns = None if first_token == _NONE else first_token + shift
+    o.last_token_ns = None if last_token == _NONE else last_token + shift
+    o.end_ns = end + shift if end else 0
+    o.error = None if kind == _NO_KIND else KINDS[kind]
+    o.error_detail = detail
+    o.oom = bool(oom)
+    o.prompt_tokens = None if prompt_tokens == _NONE else prompt_tokens
+    o.usage_reported = bool(usage)
+    o.retry_after_s = None if math.isnan(retry) else retry
+    o.itl_ns = itl
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes] | None:
+    """The next ``(kind, payload)``; None at a clean end of the stream."""
+    try:
+        head = await reader.readexactly(HEAD.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise WireError("stream ended inside a frame header") from None
+        return None
+    size, kind = HEAD.unpack(head)
+    if not 1 <= size <= MAX_FRAME:
+        raise WireError(f"frame of {size} bytes")
+    try:
+        return kind, await reader.readexactly(size - 1)
+    except asyncio.IncompleteReadError:
+        raise WireError("stream ended inside a frame") from None
