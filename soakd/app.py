@@ -139,6 +139,7 @@ class Soak:
             "plan_scale": self.plan.scale,
             "stopping": bool(runner and runner.stopping),
             "in_flight": dict(runner.in_flight) if runner else {},
+            "workers": self.senders.status(),
             "missed": self.ledger.by_target(session=True),
             "vram": vram_status(
                 self.probes.gpu if self.probes is not None else None, self.cfg, self.names

@@ -41,6 +41,7 @@ EVENT_LOOP_TASKS: Final = "soakd_event_loop_tasks"
 # --- sender worker processes (soakd/workers, run.workers > 1) -----------------------------
 WORKERS: Final = "soakd_workers"
 WORKERS_UP: Final = "soakd_workers_up"
+WORKER_REQUESTS_TOTAL: Final = "soakd_worker_requests_total"
 WORKER_RESTARTS_TOTAL: Final = "soakd_worker_restarts_total"
 WORKER_CLOCK_OFFSET_SECONDS: Final = "soakd_worker_clock_offset_seconds"
 RUN_START_TIME_SECONDS: Final = "soakd_run_start_time_seconds"

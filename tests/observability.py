@@ -260,12 +260,14 @@ def soakd_sample_names() -> set[str]:
         ProbeMetrics,
     )
     from soakd.probes.gateways import UP
+    from soakd.workers.pool import WorkerMetrics
 
     registry = CollectorRegistry()
     Metrics(registry)
     ProbeMetrics(registry)
     JournalMetrics(registry)
     GuardMetrics(registry)
+    WorkerMetrics(registry, 2)
     suffixes = {
         "counter": ("_total",),
         "gauge": ("",),

@@ -21,7 +21,15 @@ from soakd.config.redact import config_doc
 from soakd.journal.schema import LOCK_FILE, JournalError, check_schema, connect
 from soakd.model import Plan
 
-_UNCOMPARED = ("exporter", "logging", "journal", "report", "probes", "run.drain_timeout")
+_UNCOMPARED = (
+    "exporter",
+    "logging",
+    "journal",
+    "report",
+    "probes",
+    "run.drain_timeout",
+    "run.workers",  # how many processes send changes nothing of what is sent
+)
 
 
 def plan_doc(plan: Plan) -> dict[str, Any]:

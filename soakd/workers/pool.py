@@ -24,8 +24,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -76,6 +77,13 @@ class WorkerMetrics:
             "Sender worker processes started again after one died.",
             registry=registry,
         )
+        self.requests = Counter(
+            mn.WORKER_REQUESTS_TOTAL,
+            "Requests a sender worker process handed back (lost ones included), by phase.",
+            ["worker", "phase"],
+            registry=registry,
+        )
+        self._children: dict[tuple[int, str], Any] = {}
         self.offset = Gauge(
             mn.WORKER_CLOCK_OFFSET_SECONDS,
             "A worker's monotonic clock minus soakd's, as measured (applied when larger "
@@ -83,6 +91,13 @@ class WorkerMetrics:
             ["worker"],
             registry=registry,
         )
+
+    def count(self, worker: int, phase: str) -> None:
+        key = (worker, phase)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.requests.labels(str(worker), phase)
+        child.inc()
 
 
 class Worker:
@@ -141,7 +156,7 @@ class Worker:
                 self.writer.write(wire.frame(wire.CANCEL, wire.pack_ids(ids)))
             await self.writer.drain()
 
-    def finished(self, payload: bytes) -> None:
+    def finished(self, payload: bytes, count: Callable[[int, str], None] | None) -> None:
         shift = self.shift
         for rid, fields, detail, itl in wire.unpack_outcomes(payload):
             got = self.pending.pop(rid, None)
@@ -152,10 +167,12 @@ class Worker:
             wire.apply(out, fields, detail, itl, shift)
             if not out.sent_ns:  # cut before its instant: keep when it was handed over
                 out.sent_ns = sent_ns
+            if count is not None:
+                count(self.index, out.phase)
             if not done.done():
                 done.set_result(None)
 
-    def lose_all(self, why: str) -> int:
+    def lose_all(self, why: str, count: Callable[[int, str], None] | None) -> int:
         """The worker is gone: what it held is recorded once, as lost."""
         lost = list(self.pending.values())
         self.pending.clear()
@@ -164,6 +181,8 @@ class Worker:
         for out, done in lost:
             out.error, out.error_detail = ErrorKind.WORKER_LOST, why
             out.end_ns = out.end_ns or end
+            if count is not None:
+                count(self.index, out.phase)
             if not done.done():
                 done.set_result(None)
         return len(lost)
@@ -202,6 +221,7 @@ class WorkerPool:
         self._hello = {"run_id": run_id, "targets": [t.model_dump(mode="json") for t in targets]}
         self._log_dir = log_dir
         self._metrics = metrics
+        self._count = metrics.count if metrics is not None else None
         self._up: list[Worker] = []
         self._rr = 0
         self._next_id = 0
@@ -268,7 +288,7 @@ class WorkerPool:
             while (got := await wire.read_frame(reader)) is not None:
                 kind, payload = got
                 if kind == wire.OUTCOMES:
-                    w.finished(payload)
+                    w.finished(payload, self._count)
                 elif kind == wire.PONG:
                     w.pong(payload)
         except (OSError, wire.WireError) as exc:
@@ -282,7 +302,7 @@ class WorkerPool:
             self._up.remove(w)
         if not self._up:
             self._any_up.clear()
-        lost = w.lose_all(f"worker {w.index} died")
+        lost = w.lose_all(f"worker {w.index} died", self._count)
         self.lost += lost
         self._gauge()
         lived = time.monotonic() - w.started
@@ -343,7 +363,7 @@ class WorkerPool:
             if w.reader_task is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait_for(w.reader_task, 1.0)
-            self.lost += w.lose_all(f"worker {w.index} stopped")
+            self.lost += w.lose_all(f"worker {w.index} stopped", self._count)
             await self._kill(w)
             w.up = False
         self._up.clear()
@@ -358,6 +378,18 @@ class WorkerPool:
     @property
     def up(self) -> int:
         return len(self._up)
+
+    def status(self) -> list[dict[str, Any]]:
+        """Per worker, for /status: pid, up, requests it holds now."""
+        return [
+            {
+                "worker": w.index,
+                "pid": w.proc.pid if w.proc is not None else None,
+                "up": w.up,
+                "in_flight": len(w.pending),
+            }
+            for w in self.workers
+        ]
 
     async def send(self, target: int, spec: RequestSpec, out: Outcome) -> None:
         """Hand one request to the next worker that is up; return once it came back."""

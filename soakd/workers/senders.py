@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -36,6 +37,10 @@ class Senders:
         if self.pool is None:
             return dict(own)
         return {name: WorkerGate(self.pool, own.get(name)) for name in self.targets}
+
+    def status(self) -> list[dict[str, Any]] | None:
+        """The worker processes, for /status (None: no workers, requests sent here)."""
+        return self.pool.status() if self.pool is not None else None
 
     async def aclose(self) -> None:
         for target in self.targets.values():

@@ -1,0 +1,302 @@
+"""Worker processes (run.workers > 1), end to end: `soakd run` as shipped, against
+simulators the test runs so it can read what they served after soakd is gone.
+
+What a user checks: every request the servers saw is counted once (a worker killed
+mid-run included: what it held is `worker_lost`, never counted twice), the killed worker
+comes back, a phase switch reaches every worker, SIGTERM drains all of them, and a run
+resumes with another worker count."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from soakd.journal import JournalReader
+from soakd.sim.profiles import get_profile
+from soakd.sim.server import SimServer, start_sim
+from soakd.sim.spawn import free_port
+from tests.integration.test_soak_sim import samples, scrape, total
+from tests.waiting import until
+
+pytestmark = pytest.mark.integration
+
+DRAIN_S = 10.0
+
+
+def config(urls: dict[str, str], phases: list[dict[str, Any]], workers: int) -> dict[str, Any]:
+    return {
+        "run": {"name": "workers", "drain_timeout": f"{DRAIN_S:g}s", "workers": workers},
+        "targets": [{"name": n, "base_url": u, "model": "m"} for n, u in urls.items()],
+        "workload": {"max_tokens": 12, "prompts": {"input_tokens": {"mean": 20}}},
+        "phases": phases,
+    }
+
+
+class Run:
+    """`soakd run` in a subprocess, with its /metrics and /status at hand."""
+
+    def __init__(self, tmp: Path, cfg: dict[str, Any], run_dir: Path) -> None:
+        self.path = tmp / f"soak-{cfg['run']['workers']}.yaml"
+        self.path.write_text(yaml.safe_dump(cfg))
+        self.run_dir = run_dir
+        self.port = free_port()
+        self.proc: asyncio.subprocess.Process | None = None
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+        self.out = b""
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "soakd",
+            "run",
+            str(self.path),
+            "--no-live",
+            "--metrics-addr",
+            f"127.0.0.1:{self.port}",
+            "--run-dir",
+            str(self.run_dir),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+
+    async def get(self, path: str) -> str | None:
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            return await scrape(self.session, f"http://127.0.0.1:{self.port}{path}")
+        return None
+
+    async def metrics(self) -> dict[Any, float]:
+        return samples(await self.get("/metrics") or "")
+
+    async def status(self) -> dict[str, Any]:
+        text = await self.get("/status")
+        return json.loads(text) if text else {}
+
+    async def until(self, what: str, check: Any, within: float = 60.0) -> Any:
+        deadline = time.monotonic() + within
+        while True:
+            assert self.proc is not None
+            assert self.proc.returncode is None, f"soakd exited before {what}"
+            got = await check()
+            if got:
+                return got
+            assert time.monotonic() < deadline, f"{what} did not happen within {within:g} s"
+            await asyncio.sleep(0.1)
+
+    async def wait(self, within: float) -> int:
+        assert self.proc is not None
+        self.out, _ = await asyncio.wait_for(self.proc.communicate(), within)
+        assert self.proc.returncode is not None
+        return self.proc.returncode
+
+    async def aclose(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        await self.session.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def served(page: dict[Any, float]) -> tuple[float, float]:
+    """(finished, aborted) as the simulator counted them."""
+    fin = total(page, "vllm:request_success_total", finished_reason="stop") + total(
+        page, "vllm:request_success_total", finished_reason="length"
+    )
+    return fin, total(page, "vllm:request_success_total", finished_reason="abort")
+
+
+def journal_rows(run_dir: Path) -> list[tuple[str, int, str | None, str]]:
+    with JournalReader(run_dir) as journal:
+        return [(r["target"], r["seq"], r["error"], r["phase"]) for r in journal.request_rows()]
+
+
+@pytest.fixture
+async def sims() -> Any:
+    profile = get_profile("fast")
+    started: dict[str, SimServer] = {}
+    try:
+        for name in ("a", "b"):
+            started[name] = await start_sim("127.0.0.1", 0, profile, "m")
+        yield started
+    finally:
+        for sim in started.values():
+            await sim.aclose()
+
+
+async def served_by(sims: dict[str, SimServer]) -> dict[str, tuple[float, float]]:
+    async with aiohttp.ClientSession() as session:
+        return {
+            n: served(samples(await scrape(session, s.url + "/metrics"))) for n, s in sims.items()
+        }
+
+
+async def test_worker_killed_mid_run_counts_stay_exact_and_it_comes_back(
+    tmp_path: Path, sims: dict[str, SimServer]
+) -> None:
+    """Three workers, closed loop then Poisson. One worker is SIGKILLed mid-run: what it
+    held is recorded once as worker_lost, it is started again, and at the SIGTERM every
+    request the servers saw is counted exactly once."""
+    phases = [
+        {"name": "closed", "duration": "4s", "load": {"mode": "closed", "concurrency": 6}},
+        {"name": "open", "duration": "1h", "load": {"mode": "poisson", "rate": 40}},
+    ]
+    urls = {n: s.url for n, s in sims.items()}
+    run = Run(tmp_path, config(urls, phases, 3), tmp_path / "run")
+    try:
+        await run.start()
+        await run.until(
+            "closed-loop requests through every worker",
+            lambda: _metrics_when(
+                run,
+                lambda m: all(
+                    total(m, "soakd_worker_requests_total", worker=str(w), phase="closed") >= 5
+                    for w in range(3)
+                ),
+            ),
+        )
+        victim = (await run.status())["workers"][1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        await run.until(
+            "the killed worker back up",
+            lambda: _status_when(
+                run, lambda s: len(_up(s)) == 3 and victim not in {w["pid"] for w in _up(s)}
+            ),
+        )
+        await run.until(
+            "the open phase reached every worker",
+            lambda: _metrics_when(
+                run,
+                lambda m: all(
+                    total(m, "soakd_worker_requests_total", worker=str(w), phase="open") >= 5
+                    for w in range(3)
+                ),
+            ),
+        )
+        page = await run.metrics()
+        pids = [w["pid"] for w in (await run.status())["workers"]]
+        assert run.proc is not None
+        run.proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        assert await run.wait(DRAIN_S + 30) == 0, run.out.decode()[-3000:]
+        stop_s = time.monotonic() - signalled
+    finally:
+        await run.aclose()
+    seen = await served_by(sims)
+    assert stop_s < DRAIN_S + 2
+    assert not [p for p in pids if alive(p)], "a worker outlived soakd"
+    assert total(page, "soakd_worker_restarts_total") == 1
+    assert total(page, "soakd_workers_up") == 3
+    rows = journal_rows(run.run_dir)
+    keys = Counter((t, seq) for t, seq, _, _ in rows)
+    assert max(keys.values()) == 1, "a request journaled twice"
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    lost_all = 0
+    for name, (finished, aborted) in seen.items():
+        mine = [r for r in rows if r[0] == name]
+        kinds = Counter(r[2] for r in mine)
+        ok, lost = kinds[None], kinds["worker_lost"]
+        lost_all += lost
+        assert set(kinds) <= {None, "worker_lost"}, kinds
+        assert summary["targets"][name]["requests"] == len(mine)
+        print(f"{name}: server finished {finished:g} aborted {aborted:g}; ok {ok} lost {lost}")
+        # every answer soakd counted ok, the server finished; what the server finished
+        # beyond that was in the killed worker's hands (lost); and nothing reached the
+        # server that soakd did not count
+        assert ok <= finished <= ok + lost
+        assert finished + aborted <= ok + lost
+    assert lost_all >= 1, "the killed worker held no request"
+
+
+def _up(status: dict[str, Any]) -> list[dict[str, Any]]:
+    return [w for w in status.get("workers") or [] if w["up"]]
+
+
+async def _status_when(run: Run, ok: Any) -> dict[str, Any] | None:
+    status = await run.status()
+    return status if status and ok(status) else None
+
+
+async def _metrics_when(run: Run, ok: Any) -> bool:
+    page = await run.metrics()
+    return bool(page) and ok(page)
+
+
+async def test_resume_with_fewer_workers(tmp_path: Path, sims: dict[str, SimServer]) -> None:
+    """A run started with 4 workers and stopped, resumed with 2: the resume accepts the new
+    count, the request numbers go on without a repeat, and across both sessions the
+    journal holds exactly the requests the servers finished."""
+    phases = [{"name": "steady", "duration": "1h", "load": {"mode": "closed", "concurrency": 4}}]
+    urls = {n: s.url for n, s in sims.items()}
+    run_dir = tmp_path / "run"
+    for workers in (4, 2):
+        run = Run(tmp_path, config(urls, phases, workers), run_dir)
+        try:
+            await run.start()
+            await run.until(
+                f"requests through each of {workers} workers",
+                lambda r=run, n=workers: _metrics_when(
+                    r,
+                    lambda m: (
+                        total(m, "soakd_workers_up") == n
+                        and all(
+                            total(m, "soakd_worker_requests_total", worker=str(w)) >= 5
+                            for w in range(n)
+                        )
+                    ),
+                ),
+            )
+            assert run.proc is not None
+            run.proc.send_signal(signal.SIGTERM)
+            assert await run.wait(DRAIN_S + 30) == 0, run.out.decode()[-3000:]
+        finally:
+            await run.aclose()
+    seen = await served_by(sims)
+    rows = journal_rows(run_dir)
+    assert max(Counter((t, seq) for t, seq, _, _ in rows).values()) == 1
+    with JournalReader(run_dir) as journal:
+        resumed = [e for e in journal.events() if e["kind"] == "run_resumed"]
+    assert len(resumed) == 1, "the second session was not a resume"
+    for name, (finished, aborted) in seen.items():
+        mine = [r for r in rows if r[0] == name]
+        assert all(r[2] is None for r in mine), Counter(r[2] for r in mine)
+        print(f"{name}: server finished {finished:g}, journal {len(mine)}")
+        assert len(mine) == finished >= 20
+        assert aborted == 0  # both stops drained: nothing cut
+
+
+async def test_parent_killed_its_workers_exit(tmp_path: Path, sims: dict[str, SimServer]) -> None:
+    """soakd SIGKILLed (no goodbye): its workers see their socket close and exit."""
+    phases = [{"name": "steady", "duration": "1h", "load": {"mode": "closed", "concurrency": 4}}]
+    run = Run(tmp_path, config({n: s.url for n, s in sims.items()}, phases, 2), tmp_path / "run")
+    try:
+        await run.start()
+        status = await run.until(
+            "two workers up", lambda: _status_when(run, lambda s: len(_up(s)) == 2)
+        )
+        pids = [w["pid"] for w in status["workers"]]
+        assert run.proc is not None
+        run.proc.kill()
+        await run.proc.wait()
+    finally:
+        await run.aclose()
+    await until(lambda: not any(alive(p) for p in pids), 10, "the workers exiting")
