@@ -127,3 +127,65 @@ async def test_target_dies_mid_run_and_soakd_keeps_going(tmp_path: Path) -> None
     steady = soak.stats.total["steady"]
     assert steady.errors == {}
     assert steady.requests > 20
+
+
+async def vllm_served(server: VllmServer) -> tuple[float, float]:
+    """(finished, aborted) as vLLM counted them."""
+    async with aiohttp.ClientSession() as session, session.get(server.metrics_url) as resp:
+        text = await resp.text()
+    finished = sum(
+        count(text, "vllm:request_success_total", finished_reason=r) for r in ("stop", "length")
+    )
+    return finished, count(text, "vllm:request_success_total", finished_reason="abort")
+
+
+@pytest.mark.vllm
+async def test_vllm_through_workers_counts_match_across_a_worker_kill(
+    vllm: VllmServer, tmp_path: Path
+) -> None:
+    """Two sender processes against the real vLLM; one is SIGKILLed mid-run and comes
+    back. vLLM's own counters and soakd's agree: every answer soakd counted ok, vLLM
+    finished; what vLLM saw beyond that was in the killed worker's hands (worker_lost)."""
+    cfg = config_from_dict(
+        {
+            "run": {"name": "workers", "drain_timeout": "30s", "workers": 2},
+            "targets": [{"name": "vllm", "base_url": vllm.base_url, "model": vllm.model}],
+            "workload": {"max_tokens": MAX_TOKENS, "prompts": {"input_tokens": {"mean": 32}}},
+            "phases": [
+                {"name": "closed", "duration": "12s", "load": {"mode": "closed", "concurrency": 4}}
+            ],
+        }
+    )
+    before = await vllm_served(vllm)
+    soak = Soak(
+        cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False)
+    )
+    run = asyncio.create_task(soak.run())
+
+    def handed_back(worker: int) -> float:
+        text = generate_latest(soak.metrics.registry).decode()
+        return count(text, "soakd_worker_requests_total", worker=str(worker))
+
+    while handed_back(0) < 3 or handed_back(1) < 3:
+        assert not run.done(), "the run ended before both workers sent"
+        await asyncio.sleep(0.05)
+    pool = soak.senders.pool
+    assert pool is not None
+    victim = pool.workers[0].proc
+    assert victim is not None
+    os.kill(victim.pid, signal.SIGKILL)
+    result = await run
+    after = await vllm_served(vllm)
+    finished, aborted = after[0] - before[0], after[1] - before[1]
+
+    text = generate_latest(soak.metrics.registry).decode()
+    ok = count(text, "soakd_requests_total", target="vllm", outcome="ok")
+    lost = count(text, "soakd_requests_total", target="vllm", outcome="worker_lost")
+    print(f"\nvLLM finished {finished:g} aborted {aborted:g}; soakd ok {ok:g} lost {lost:g}")
+    assert result.completed
+    assert count(text, "soakd_requests_total", target="vllm") == ok + lost  # nothing else
+    assert pool.restarts == 1
+    assert ok >= 10
+    assert ok <= finished <= ok + lost
+    assert finished + aborted <= ok + lost
+    assert result.summary["vllm"]["requests"] == ok + lost
