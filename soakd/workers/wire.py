@@ -82,8 +82,12 @@ def unpack_specs(payload: bytes) -> Iterator[tuple[int, int, int, int, float, in
     """``(id, target, seq, max_tokens, temperature, scheduled_ns, prompt)`` per request."""
     at, end, size = 0, len(payload), _SPEC.size
     while at < end:
+        if at + size > end:
+            raise WireError("SEND batch ends inside a request")
         rid, target, seq, max_tokens, temp, scheduled, n = _SPEC.unpack_from(payload, at)
         at += size
+        if at + n > end:
+            raise WireError("SEND batch ends inside a prompt")
         yield rid, target, seq, max_tokens, temp, scheduled, payload[at : at + n].decode()
         at += n
     if at != end:
@@ -145,9 +149,13 @@ def unpack_outcomes(payload: bytes) -> Iterator[tuple[int, tuple[Any, ...], str,
     Outcome with them."""
     at, end, size = 0, len(payload), _OUT.size
     while at < end:
+        if at + size > end:
+            raise WireError("OUTCOMES batch ends inside a request")
         fields = _OUT.unpack_from(payload, at)
         at += size
         n_detail, n_itl = fields[16], fields[17]
+        if at + n_detail + n_itl * _ITL_SIZE > end:
+            raise WireError("OUTCOMES batch ends inside a request")
         detail = payload[at : at + n_detail].decode(errors="replace")
         at += n_detail
         itl: array[int] = array("q")

@@ -1,0 +1,124 @@
+"""The parent <-> worker wire: what goes over is what comes back, field for field."""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from dataclasses import asdict
+
+import pytest
+
+from soakd.model import ErrorKind, Outcome
+from soakd.workers import wire
+from soakd.workers.pool import WorkerGate, worker_count
+
+
+def filled(error: ErrorKind | None) -> Outcome:
+    o = Outcome("t", "p", 7, 1_000)
+    o.sent_ns, o.wall_start, o.first_byte_ns, o.first_token_ns = 2_000, 1.7e9, 3_000, 4_000
+    o.last_token_ns, o.end_ns, o.status, o.error = 9_000, 9_500, 503 if error else 200, error
+    o.error_detail, o.oom, o.prompt_tokens, o.output_tokens = "überlastet", True, 12, 3
+    o.usage_reported, o.content_chunks, o.retry_after_s, o.resends = True, 3, 2.5, 1
+    o.itl_ns = array("q", [1, 2, 5_000_000_000])  # a gap over 4.29 s survives
+    return o
+
+
+@pytest.mark.parametrize("error", [None, ErrorKind.HTTP_5XX, ErrorKind.SHED_QUEUE_TIMEOUT])
+def test_outcome_round_trip_every_field(error: ErrorKind | None) -> None:
+    sent = filled(error)
+    buf = bytearray()
+    wire.pack_outcome(buf, 41, sent)
+    wire.pack_outcome(buf, 42, Outcome("t", "p", 8, 0))  # the empty one: Nones stay None
+    (rid, fields, detail, itl), (rid2, fields2, detail2, itl2) = wire.unpack_outcomes(bytes(buf))
+    got = Outcome("t", "p", 7, 1_000)
+    wire.apply(got, fields, detail, itl, 0)
+    assert rid == 41
+    assert asdict(got) == asdict(sent)
+    empty = Outcome("t", "p", 8, 0)
+    wire.apply(empty, fields2, detail2, itl2, 0)
+    assert rid2 == 42
+    assert asdict(empty) == asdict(Outcome("t", "p", 8, 0))
+
+
+def test_clock_shift_moves_every_instant_and_nothing_else() -> None:
+    sent = filled(None)
+    buf = bytearray()
+    wire.pack_outcome(buf, 1, sent)
+    ((_, fields, detail, itl),) = wire.unpack_outcomes(bytes(buf))
+    got = Outcome("t", "p", 7, 1_000)
+    wire.apply(got, fields, detail, itl, 100)
+    assert (got.sent_ns, got.first_byte_ns, got.first_token_ns) == (2_100, 3_100, 4_100)
+    assert (got.last_token_ns, got.end_ns) == (9_100, 9_600)
+    assert got.ttft_ns == sent.ttft_ns
+    assert list(got.itl_ns) == list(sent.itl_ns)
+
+
+def test_specs_round_trip_with_any_prompt() -> None:
+    buf = bytearray()
+    specs = [(1, 0, 5, 64, 0.7, 123, "héllo\nworld"), (2, 3, 6, 1, 0.0, -1, "")]
+    for s in specs:
+        wire.pack_spec(buf, *s)
+    assert list(wire.unpack_specs(bytes(buf))) == specs
+
+
+def test_a_cut_batch_is_a_wire_error() -> None:
+    buf = bytearray()
+    wire.pack_spec(buf, 1, 0, 5, 64, 0.7, 123, "hello")
+    with pytest.raises(wire.WireError):
+        list(wire.unpack_specs(bytes(buf[:-2])))
+    out = bytearray()
+    wire.pack_outcome(out, 1, filled(None))
+    with pytest.raises(wire.WireError):
+        list(wire.unpack_outcomes(bytes(out[:-3])))
+
+
+async def test_frames_read_back_and_a_torn_frame_is_an_error() -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(wire.frame(wire.PING, wire.pack_clock(5, 6)) + wire.frame(wire.CANCEL))
+    reader.feed_data(wire.frame(wire.SEND, b"abc")[:4])
+    reader.feed_eof()
+    assert await wire.read_frame(reader) == (wire.PING, wire.pack_clock(5, 6))
+    assert await wire.read_frame(reader) == (wire.CANCEL, b"")
+    with pytest.raises(wire.WireError):
+        await wire.read_frame(reader)
+    empty = asyncio.StreamReader()
+    empty.feed_eof()
+    assert await wire.read_frame(empty) is None
+
+
+def test_worker_count_auto_keeps_a_core_for_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: set(range(16)))
+    assert worker_count("auto") == 15
+    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0})
+    assert worker_count("auto") == 1
+    assert worker_count(4) == 4
+
+
+class _Pool:
+    up = 0
+
+
+class _Paused:
+    pause_reason = "spend_cap"
+
+    def __init__(self) -> None:
+        self.sends = 0
+
+    def delay_s(self) -> float:
+        return 3.0
+
+    def sent(self) -> None:
+        self.sends += 1
+
+
+def test_gate_no_worker_up_pauses_with_its_own_reason() -> None:
+    pool, inner = _Pool(), _Paused()
+    gate = WorkerGate(pool, inner)  # type: ignore[arg-type]
+    assert gate.delay_s() > 0
+    assert gate.pause_reason == "no_worker"
+    pool.up = 2
+    assert gate.delay_s() == 3.0  # the target's own pause decides once workers are up
+    assert gate.pause_reason == "spend_cap"
+    gate.sent()
+    assert inner.sends == 1
+    assert WorkerGate(pool, None).delay_s() == 0.0  # type: ignore[arg-type]
