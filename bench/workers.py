@@ -1,0 +1,254 @@
+"""Past one core (issue 17): `soakd run` with `run.workers` against the stub, next to bare
+aiohttp loops, one per worker, on the same cores in the same run.
+
+    .venv/bin/python bench/workers.py --out .cache/bench/results/workers  # all cases
+    .venv/bin/python bench/workers.py --cases t16 --seconds 10 --workers 2
+
+The stub (bench/stub.py, SO_REUSEPORT processes) runs on the first cores, the clients on
+the rest (taskset). Cases, each a warm-up phase and a measured one:
+
+- ``t16`` / ``t512``: closed loop, 16- and 512-token answers at TTFT 5 ms and ITL 1 ms,
+  as many streams as it takes to saturate the client: streamed tokens/s and CPU per token
+  of soakd's whole process tree (parent and workers) against N bare loops (one process
+  each, the same streams in all). ``t16`` also runs ``workers: 1`` (today's soakd).
+- ``poisson``: Poisson arrivals at ``--rate`` (5,000/s), 16-token answers: dispatch lag
+  p99 and the achieved rate, from the journal.
+- ``ttft``: 256 streams, TTFT 50 ms, ITL 5 ms: TTFT error (measured minus the stub's
+  50 ms) of soakd against N bare loops.
+
+soakd's figures are taken over the measured phase only (its /metrics and /proc sampled at
+the phase's start and end: no start-up, no report); the bare loops run for the same
+seconds and count their start-up (about 0.3 s of CPU each). Prints a Markdown table and
+writes ``results.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from array import array
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from suite import PY, SOAKD, Stub, free_port, pinned, proc_table, tree_usage  # noqa: E402
+
+MODEL = "tiny-llama"
+WARMUP_S = 3.0
+
+
+def scrape_total(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith((name + "{", name + " ")) or (name.endswith("}") and line.startswith(name))
+    )
+
+
+def measuring(port: int) -> bool:
+    """The measured phase has begun (soakd_phase_active is set the moment it does)."""
+    try:
+        return scrape_total(port, 'soakd_phase_active{phase="measure"}') == 1
+    except OSError:
+        return False
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def soakd_case(
+    work: Path, url: str, cpus: str, *, workers: int, load: dict[str, Any], tokens: int,
+    seconds: float,
+) -> dict[str, Any]:
+    run_dir = work / f"soakd-w{workers}-{load['mode']}-{tokens}-{int(time.time())}"
+    cfg = {
+        "run": {"name": "bench", "drain_timeout": "10s", "workers": workers},
+        "targets": [{
+            "name": "stub", "base_url": url, "model": MODEL, "scrape": False,
+            "max_connections": 4096,
+        }],
+        "workload": {"max_tokens": tokens, "prompts": {"input_tokens": {"mean": 20}}},
+        "phases": [
+            {"name": "warmup", "duration": f"{WARMUP_S}s", "load": load},
+            {"name": "measure", "duration": f"{seconds}s", "load": load},
+        ],
+    }
+    path = work / f"{run_dir.name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    argv = [*SOAKD, "run", str(path), "--no-live", "--metrics-addr", f"127.0.0.1:{port}",
+            "--run-dir", str(run_dir)]
+    proc = subprocess.Popen(pinned(argv, cpus), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    root = proc.pid
+    try:
+        deadline = time.monotonic() + 120
+        while not measuring(port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"soakd did not reach the measured phase ({run_dir})")
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        cpu0, _, _ = tree_usage(root, proc_table())
+        tok0 = scrape_total(port, "soakd_output_tokens_total")
+        peak_rss, peak_parent, n_procs = 0, 0, 0
+        while time.monotonic() < t0 + seconds - 0.4:
+            table = proc_table()
+            _, rss, n_procs = tree_usage(root, table)
+            peak_rss = max(peak_rss, rss)
+            peak_parent = max(peak_parent, table.get(root, (0, 0.0, 0))[2])
+            time.sleep(0.25)
+        t1 = time.monotonic()
+        cpu1, _, _ = tree_usage(root, proc_table())
+        tok1 = scrape_total(port, "soakd_output_tokens_total")
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    tokens_done = tok1 - tok0
+    con = sqlite3.connect(run_dir / "journal.db")
+    rows = con.execute(
+        "SELECT lag_ns, ttft_ns, error FROM requests WHERE phase = 'measure'"
+    ).fetchall()
+    missed = con.execute(
+        "SELECT COALESCE(SUM(count), 0) FROM missed WHERE phase = 'measure'"
+    ).fetchone()[0] if _has_table(con, "missed") else 0
+    con.close()
+    lags = [r[0] / 1e6 for r in rows if r[0] is not None]
+    ttfts = [r[1] / 1e6 for r in rows if r[1] is not None and r[2] is None]
+    return {
+        "tool": f"soakd w{workers}",
+        "tokens_per_s": tokens_done / (t1 - t0),
+        "cpu_us_per_token": (cpu1 - cpu0) / tokens_done * 1e6 if tokens_done else None,
+        "cores_busy": (cpu1 - cpu0) / (t1 - t0),
+        "peak_rss_mb": peak_rss / 2**20,
+        "parent_rss_mb": peak_parent / 2**20,
+        "processes": n_procs,
+        "sent": len(rows),
+        "errors": sum(1 for r in rows if r[2] is not None),
+        "missed": missed,
+        "rate": len(rows) / seconds,
+        "lag_p50_ms": pct(lags, 0.5),
+        "lag_p99_ms": pct(lags, 0.99),
+        "ttft_ms": ttfts,
+    }
+
+
+def _has_table(con: sqlite3.Connection, name: str) -> bool:
+    return con.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+    ).fetchone() is not None
+
+
+def bare_case(
+    work: Path, url: str, cpus: str, *, procs: int, streams: int, tokens: int, seconds: float,
+) -> dict[str, Any]:
+    outs = [work / f"bare-{tokens}-{streams}-{i}-{int(time.time())}.json" for i in range(procs)]
+    children = [
+        subprocess.Popen(pinned([
+            PY, str(ROOT / "bench" / "clients.py"), "bare", "--url", url,
+            "--concurrency", str(max(1, streams // procs)), "--tokens", str(tokens),
+            "--requests", str(10**9), "--max-seconds", str(seconds + WARMUP_S),
+            "--out", str(out), "--timings",
+        ], cpus), stdout=subprocess.DEVNULL)
+        for out in outs
+    ]
+    for child in children:
+        child.wait(seconds + 120)
+    docs = [json.loads(out.read_text()) for out in outs]
+    ttft = array("q")
+    for out in outs:
+        ttft.frombytes(Path(f"{out}.ttft").read_bytes())
+    skip = len(ttft) // 10  # the first answers include the connections' set-up
+    tokens_done = sum(d["tokens"] for d in docs)
+    wall = max(d["wall_s"] for d in docs)
+    cpu = sum(d["cpu_s"] for d in docs)
+    return {
+        "tool": f"bare x{procs}",
+        "tokens_per_s": tokens_done / wall,
+        "cpu_us_per_token": cpu / tokens_done * 1e6 if tokens_done else None,
+        "cores_busy": cpu / wall,
+        "peak_rss_mb": sum(d["peak_rss_mb"] for d in docs),
+        "errors": sum(d["errors"] for d in docs),
+        "ttft_ms": [v / 1e6 for v in ttft[skip:]],
+    }
+
+
+def ttft_error(values_ms: list[float], truth_ms: float) -> dict[str, float]:
+    errs = [v - truth_ms for v in values_ms]
+    return {"mean": statistics.fmean(errs), "p50": pct(errs, 0.5), "p99": pct(errs, 0.99)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "bench" / "results" / "workers")
+    ap.add_argument("--cases", default="t16,t512,poisson,ttft")
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--stub-cores", type=int, default=0, help="default: 3/8 of the cores")
+    ap.add_argument("--rate", type=float, default=5000.0)
+    ap.add_argument("--streams", type=int, default=512)
+    a = ap.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    n_stub = a.stub_cores or max(1, len(cores) * 3 // 8)
+    stub_cpus = ",".join(map(str, cores[:n_stub]))
+    client_cpus = ",".join(map(str, cores[n_stub:]))
+    a.out.mkdir(parents=True, exist_ok=True)
+    work = a.out / "work"
+    work.mkdir(exist_ok=True)
+    results: dict[str, Any] = {"cores": len(cores), "stub_cores": n_stub, "workers": a.workers,
+                               "seconds": a.seconds, "cases": {}}
+    closed = {"mode": "closed", "concurrency": a.streams}
+    plan = {
+        "t16": dict(ttft=0.005, itl=0.001, tokens=16, load=closed, bare=True, w1=True),
+        "t512": dict(ttft=0.005, itl=0.001, tokens=512, load=closed, bare=True, w1=False),
+        "poisson": dict(ttft=0.010, itl=0.001, tokens=16, bare=False, w1=False,
+                        load={"mode": "poisson", "rate": a.rate}),
+        "ttft": dict(ttft=0.050, itl=0.005, tokens=16, bare=True, w1=True,
+                     load={"mode": "closed", "concurrency": 256}),
+    }
+    for name in a.cases.split(","):
+        case = plan[name]
+        stub = Stub(work, ttft=case["ttft"], itl=case["itl"], tokens=case["tokens"],
+                    workers=n_stub, cpus=stub_cpus)
+        rows = []
+        try:
+            runs = [a.workers] + ([1] if case["w1"] else [])
+            for w in runs:
+                rows.append(soakd_case(work, stub.url, client_cpus, workers=w, load=case["load"],
+                                       tokens=case["tokens"], seconds=a.seconds))
+            if case["bare"]:
+                streams = case["load"]["concurrency"]
+                rows.append(bare_case(work, stub.url, client_cpus, procs=a.workers,
+                                      streams=streams, tokens=case["tokens"], seconds=a.seconds))
+        finally:
+            stub.stop()
+        for row in rows:
+            ttfts = row.pop("ttft_ms")
+            if ttfts:
+                row["ttft_error_ms"] = ttft_error(ttfts, case["ttft"] * 1e3)
+        results["cases"][name] = rows
+        print(f"\n## {name}")
+        for row in rows:
+            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
+                              for k, v in row.items()}))
+    (a.out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
