@@ -41,6 +41,15 @@ def digest_counts(values: Iterable[int]) -> dict[int, int]:
     return counts
 
 
+def itl_keys(o: Outcome) -> dict[int, int]:
+    """``o``'s ITL gaps by ``Digest`` bucket, computed once per outcome (every reader that
+    keeps a digest of ITL, the journal's compact codec among them, shares it)."""
+    keys = o.itl_keys
+    if keys is None:
+        keys = o.itl_keys = digest_counts(o.itl_ns)
+    return keys
+
+
 def digest_value(key: int) -> int:
     """A duration in the middle of bucket ``key``: ``digest_key(digest_value(k)) == k``."""
     return _MIN_NS if key == 0 else round(_MIN_NS * _GAMMA ** (key - 0.5))
@@ -76,6 +85,21 @@ class Digest:
         for v in values:
             key = 0 if v <= _MIN_NS else int(log(v / _MIN_NS) / lg) + 1
             buckets[key] = buckets.get(key, 0) + 1
+        lo, hi = min(values), max(values)
+        if self.count == 0 or lo < self.min:
+            self.min = lo
+        if hi > self.max:
+            self.max = hi
+        self.count += len(values)
+        self.total += sum(values)
+
+    def add_counts(self, counts: Mapping[int, int], values: Sequence[int]) -> None:
+        """``add_many(values)`` when their buckets are already counted (``itl_keys``)."""
+        if not values:
+            return
+        buckets = self._buckets
+        for key, n in counts.items():
+            buckets[key] = buckets.get(key, 0) + n
         lo, hi = min(values), max(values)
         if self.count == 0 or lo < self.min:
             self.min = lo
@@ -162,7 +186,8 @@ class TargetStats:
         tpot = o.tpot_ns
         if tpot is not None:
             self.tpot.add(tpot)
-        self.itl.add_many(o.itl_ns)
+        if o.itl_ns:
+            self.itl.add_counts(itl_keys(o), o.itl_ns)
 
     def merge(self, other: TargetStats) -> None:
         self.requests += other.requests

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
-from soakd.analysis import Digest, TargetStats, digest_counts, digest_value
+from soakd.analysis import Digest, TargetStats, digest_counts, digest_value, itl_keys
 from soakd.model import ErrorKind, Outcome
 
 _BIG = sys.byteorder == "big"
@@ -65,7 +65,11 @@ def pack_itl_hist(gaps_ns: Sequence[int]) -> bytes:
     and its count, then (keys skipped, count) per bucket. Dense: the first key, the number
     of keys, then every key's count (zeros included), as varints, or two to a byte when
     every count is below 16 (nibbles, low first). Whichever is shorter."""
-    counts = digest_counts(gaps_ns)
+    return pack_itl_counts(digest_counts(gaps_ns))
+
+
+def pack_itl_counts(counts: dict[int, int]) -> bytes:
+    """``pack_itl_hist`` of gaps already counted by bucket (``analysis.itl_keys``)."""
     if not counts:
         return b""
     keys = sorted(counts)
@@ -160,7 +164,7 @@ def outcome_row(
         itl_p50 = (ordered[(n - 1) // 2] + ordered[n // 2]) // 2
         itl_max = ordered[-1]
         if itl == "compact":
-            hist = pack_itl_hist(ordered)
+            hist = pack_itl_counts(itl_keys(o))
         elif itl == "exact":
             blob = pack_itl(gaps)
     row = (

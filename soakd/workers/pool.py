@@ -158,13 +158,13 @@ class Worker:
 
     def finished(self, payload: bytes, count: Callable[[int, str], None] | None) -> None:
         shift = self.shift
-        for rid, fields, detail, itl in wire.unpack_outcomes(payload):
+        for rid, fields, detail, itl, keys in wire.unpack_outcomes(payload):
             got = self.pending.pop(rid, None)
             if got is None:
                 continue
             out, done = got
             sent_ns = out.sent_ns
-            wire.apply(out, fields, detail, itl, shift)
+            wire.apply(out, fields, detail, itl, keys, shift)
             if not out.sent_ns:  # cut before its instant: keep when it was handed over
                 out.sent_ns = sent_ns
             if count is not None:

@@ -27,6 +27,7 @@ from array import array
 from collections.abc import Iterator
 from typing import Any, Final
 
+from soakd.analysis import itl_keys
 from soakd.model import ErrorKind, Outcome
 
 HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK = range(1, 9)
@@ -37,10 +38,11 @@ MAX_FRAME: Final = 64 << 20
 """A frame longer than this is a broken peer, not data."""
 
 _SPEC = struct.Struct("<IHqIdqI")  # id, target, seq, max_tokens, temperature, scheduled, len
-_OUT = struct.Struct("<IqdqqqqHBBiIBIdBHI")
+_OUT = struct.Struct("<IqdqqqqHBBiIBIdBHIH")
 # id, sent, wall_start, first_byte, first_token, last_token, end, status, error, oom,
 # prompt_tokens, output_tokens, usage_reported, content_chunks, retry_after, resends,
-# len(error_detail), len(itl)
+# len(error_detail), len(itl), len(itl_keys): then the detail, the gaps (int64) and the
+# gaps' Digest buckets (uint32 key, count pairs: counted here, not by the parent)
 _CLOCK = struct.Struct("<qq")
 _IDS = struct.Struct("<I")
 _NONE = -1
@@ -48,6 +50,7 @@ _NO_KIND = 255
 KINDS: Final = tuple(ErrorKind)
 _KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
 _ITL_SIZE = array("q").itemsize
+_KEY_SIZE = array("I").itemsize
 
 
 class WireError(Exception):
@@ -120,6 +123,7 @@ def _opt(value: int | None) -> int:
 def pack_outcome(buf: bytearray, rid: int, o: Outcome) -> None:
     """Append one finished request to an OUTCOMES batch."""
     detail = o.error_detail.encode()[:0xFFFF]
+    keys = itl_keys(o)
     buf += _OUT.pack(
         rid,
         o.sent_ns,
@@ -139,34 +143,54 @@ def pack_outcome(buf: bytearray, rid: int, o: Outcome) -> None:
         min(o.resends, 255),
         len(detail),
         len(o.itl_ns),
+        len(keys),
     )
     buf += detail
     buf += o.itl_ns.tobytes()
+    if keys:
+        pairs = array("I")
+        for key, n in keys.items():
+            pairs.append(key)
+            pairs.append(n)
+        buf += pairs.tobytes()
 
 
-def unpack_outcomes(payload: bytes) -> Iterator[tuple[int, tuple[Any, ...], str, array[int]]]:
-    """``(id, fields, error_detail, itl_ns)`` per finished request; ``apply`` fills an
-    Outcome with them."""
+Record = tuple[int, tuple[Any, ...], str, "array[int]", dict[int, int]]
+
+
+def unpack_outcomes(payload: bytes) -> Iterator[Record]:
+    """``(id, fields, error_detail, itl_ns, itl_keys)`` per finished request; ``apply``
+    fills an Outcome with them."""
     at, end, size = 0, len(payload), _OUT.size
     while at < end:
         if at + size > end:
             raise WireError("OUTCOMES batch ends inside a request")
         fields = _OUT.unpack_from(payload, at)
         at += size
-        n_detail, n_itl = fields[16], fields[17]
-        if at + n_detail + n_itl * _ITL_SIZE > end:
+        n_detail, n_itl, n_keys = fields[16], fields[17], fields[18]
+        if at + n_detail + n_itl * _ITL_SIZE + n_keys * 2 * _KEY_SIZE > end:
             raise WireError("OUTCOMES batch ends inside a request")
         detail = payload[at : at + n_detail].decode(errors="replace")
         at += n_detail
         itl: array[int] = array("q")
         itl.frombytes(payload[at : at + n_itl * _ITL_SIZE])
         at += n_itl * _ITL_SIZE
-        yield fields[0], fields, detail, itl
+        pairs: array[int] = array("I")
+        pairs.frombytes(payload[at : at + n_keys * 2 * _KEY_SIZE])
+        at += n_keys * 2 * _KEY_SIZE
+        yield fields[0], fields, detail, itl, dict(zip(pairs[::2], pairs[1::2], strict=True))
     if at != end:
         raise WireError("OUTCOMES batch ends inside a request")
 
 
-def apply(o: Outcome, fields: tuple[Any, ...], detail: str, itl: array[int], shift: int) -> None:
+def apply(
+    o: Outcome,
+    fields: tuple[Any, ...],
+    detail: str,
+    itl: array[int],
+    keys: dict[int, int],
+    shift: int,
+) -> None:
     """Fill ``o`` from a worker's record; ``shift`` converts its instants to the parent's
     clock (add it)."""
     (
@@ -188,6 +212,7 @@ def apply(o: Outcome, fields: tuple[Any, ...], detail: str, itl: array[int], shi
         o.resends,
         _,
         _,
+        _,
     ) = fields
     o.sent_ns = sent + shift if sent else 0
     o.first_byte_ns = None if first_byte == _NONE else first_byte + shift
@@ -201,6 +226,7 @@ def apply(o: Outcome, fields: tuple[Any, ...], detail: str, itl: array[int], shi
     o.usage_reported = bool(usage)
     o.retry_after_s = None if math.isnan(retry) else retry
     o.itl_ns = itl
+    o.itl_keys = keys or None
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes] | None:

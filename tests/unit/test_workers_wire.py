@@ -29,13 +29,13 @@ def test_outcome_round_trip_every_field(error: ErrorKind | None) -> None:
     buf = bytearray()
     wire.pack_outcome(buf, 41, sent)
     wire.pack_outcome(buf, 42, Outcome("t", "p", 8, 0))  # the empty one: Nones stay None
-    (rid, fields, detail, itl), (rid2, fields2, detail2, itl2) = wire.unpack_outcomes(bytes(buf))
+    (rid, *got1), (rid2, *got2) = wire.unpack_outcomes(bytes(buf))
     got = Outcome("t", "p", 7, 1_000)
-    wire.apply(got, fields, detail, itl, 0)
+    wire.apply(got, *got1, 0)
     assert rid == 41
     assert asdict(got) == asdict(sent)
     empty = Outcome("t", "p", 8, 0)
-    wire.apply(empty, fields2, detail2, itl2, 0)
+    wire.apply(empty, *got2, 0)
     assert rid2 == 42
     assert asdict(empty) == asdict(Outcome("t", "p", 8, 0))
 
@@ -44,9 +44,9 @@ def test_clock_shift_moves_every_instant_and_nothing_else() -> None:
     sent = filled(None)
     buf = bytearray()
     wire.pack_outcome(buf, 1, sent)
-    ((_, fields, detail, itl),) = wire.unpack_outcomes(bytes(buf))
+    ((_, *record),) = wire.unpack_outcomes(bytes(buf))
     got = Outcome("t", "p", 7, 1_000)
-    wire.apply(got, fields, detail, itl, 100)
+    wire.apply(got, *record, 100)
     assert (got.sent_ns, got.first_byte_ns, got.first_token_ns) == (2_100, 3_100, 4_100)
     assert (got.last_token_ns, got.end_ns) == (9_100, 9_600)
     assert got.ttft_ns == sent.ttft_ns
