@@ -17,19 +17,26 @@ class RunStats:
 
     def __init__(self, targets: list[str], window_s: int = 60) -> None:
         self.targets = targets
-        self.total = {t: TargetStats() for t in targets}
         self.by_phase: dict[tuple[str, str], TargetStats] = {}
         self.window = {t: Window(window_s) for t in targets}
         self.started = time.monotonic()
 
     def record(self, outcome: Outcome) -> None:
-        self.total[outcome.target].add(outcome)
         key = (outcome.target, outcome.phase)
         stats = self.by_phase.get(key)
         if stats is None:
             stats = self.by_phase[key] = TargetStats()
         stats.add(outcome)
         self.window[outcome.target].add(outcome, int(time.monotonic()))
+
+    @property
+    def total(self) -> dict[str, TargetStats]:
+        """Per target, the whole session: its phases merged (read rarely, so an outcome is
+        added to two stats, its phase's and the window's, not three)."""
+        out = {t: TargetStats() for t in self.targets}
+        for (target, _), stats in list(self.by_phase.items()):
+            out[target].merge(stats)
+        return out
 
     def recent(self) -> dict[str, SummaryRow]:
         """Per target: rates and percentiles over the last window."""
@@ -48,8 +55,9 @@ class RunStats:
         plan time (sending), not the process's life."""
         seconds = seconds if seconds is not None else time.monotonic() - self.started
         rows: dict[str, SessionRow] = {}
+        total = self.total
         for target in self.targets:
-            stats = self.total[target]
+            stats = total[target]
             not_made = dict((missed or {}).get(target, {}))
             # goodput and goodput_rps: added once the run is over (app.py)
             rows[target] = {

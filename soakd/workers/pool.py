@@ -401,13 +401,17 @@ class WorkerPool:
         rid = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
         out.sent_ns = max(now_ns(), spec.scheduled_ns)  # kept if it is never sent
         out.wall_start = time.time()
-        done = w.submit(rid, target, spec, out)
         try:
-            await asyncio.shield(done)
+            await w.submit(rid, target, spec, out)
         except asyncio.CancelledError:
-            w.cancel(rid)  # the drain deadline: the worker cuts it and says what arrived
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(done), CANCEL_WAIT_S)
+            # the drain deadline: the worker cuts it and hands back what arrived, which
+            # fills ``out`` through a new waiter (the cancelled one is gone)
+            if rid in w.pending:
+                again = asyncio.get_running_loop().create_future()
+                w.pending[rid] = (out, again)
+                w.cancel(rid)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(again, CANCEL_WAIT_S)
             raise
 
 

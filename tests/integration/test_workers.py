@@ -300,3 +300,43 @@ async def test_parent_killed_its_workers_exit(tmp_path: Path, sims: dict[str, Si
     finally:
         await run.aclose()
     await until(lambda: not any(alive(p) for p in pids), 10, "the workers exiting")
+
+
+async def test_drain_deadline_cuts_what_the_workers_hold_once(tmp_path: Path) -> None:
+    """SIGTERM with slow answers in flight and a 1 s drain: every worker cuts what it still
+    holds, hands back what arrived, and each cut request is one `cancelled` outcome (the
+    server aborted exactly those)."""
+    slow = await start_sim("127.0.0.1", 0, get_profile("edge-4gb"), "m")
+    phases = [{"name": "steady", "duration": "1h", "load": {"mode": "closed", "concurrency": 6}}]
+    cfg = config({"slow": slow.url}, phases, 3)
+    cfg["run"]["drain_timeout"] = "1s"
+    cfg["workload"]["max_tokens"] = 200
+    run = Run(tmp_path, cfg, tmp_path / "run")
+    try:
+        await run.start()
+        await run.until(
+            "six requests in flight on three workers",
+            lambda: _status_when(
+                run, lambda s: len(_up(s)) == 3 and sum(w["in_flight"] for w in _up(s)) == 6
+            ),
+        )
+        assert run.proc is not None
+        run.proc.send_signal(signal.SIGTERM)
+        assert await run.wait(30) == 0, run.out.decode()[-3000:]
+        seen = await served_by({"slow": slow})
+    finally:
+        await run.aclose()
+        await slow.aclose()
+    finished, aborted = seen["slow"]
+    rows = journal_rows(run.run_dir)
+    kinds = Counter(r[2] for r in rows)
+    summary = json.loads((run.run_dir / "summary.json").read_text())
+    print(f"\nserver finished {finished:g} aborted {aborted:g}; soakd {dict(kinds)}")
+    assert kinds["cancelled"] >= 1
+    assert summary["cancelled"] == kinds["cancelled"]
+    assert set(kinds) <= {None, "cancelled"}
+    assert kinds[None] == finished
+    assert kinds["cancelled"] == aborted
+    with JournalReader(run.run_dir) as journal:
+        cut = [r for r in journal.request_rows() if r["error"] == "cancelled"]
+    assert all(r["sent_ns"] for r in cut)  # sent, then cut: when it went out is kept
