@@ -121,9 +121,12 @@ def soakd_case(
     rows = con.execute(
         "SELECT lag_ns, ttft_ns, error, output_tokens FROM requests WHERE phase = 'measure'"
     ).fetchall()
-    # the requests sent in the measured phase: /metrics' counters go through the journal's
-    # hand-off, which a saturated parent can leave behind the phase's end
-    tokens_done = sum(r[3] for r in rows)
+    # the requests sent in the measured phase, from the journal's totals: they include the
+    # rows a saturated journal could not keep (counted, not stored)
+    tokens_done, requests_done = con.execute(
+        "SELECT COALESCE(SUM(output_tokens), 0), COALESCE(SUM(requests), 0) FROM totals"
+        " WHERE phase = 'measure'"
+    ).fetchone()
     missed = con.execute(
         "SELECT COALESCE(SUM(count), 0) FROM missed WHERE phase = 'measure'"
     ).fetchone()[0] if _has_table(con, "missed") else 0
@@ -138,10 +141,11 @@ def soakd_case(
         "peak_rss_mb": peak_rss / 2**20,
         "parent_rss_mb": peak_parent / 2**20,
         "processes": n_procs,
-        "sent": len(rows),
+        "sent": requests_done,
+        "journal_rows": len(rows),
         "errors": sum(1 for r in rows if r[2] is not None),
         "missed": missed,
-        "rate": len(rows) / seconds,
+        "rate": requests_done / seconds,
         "lag_p50_ms": pct(lags, 0.5),
         "lag_p99_ms": pct(lags, 0.99),
         "ttft_ms": ttfts,
