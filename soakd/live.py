@@ -135,7 +135,7 @@ def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
         name: r | {"missed": sum(status.get("missed", {}).get(name, {}).values())}
         for name, r in status["targets"].items()
     }
-    parts: list[Any] = [head, Text(f"metrics {status['metrics_url']}/metrics", style="dim")]
+    parts: list[Any] = [head, _links(status)]
     limited = client_limited(status)
     if limited:
         parts.append(
@@ -144,6 +144,19 @@ def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
     parts.append(target_table(rows, "last 60 s (not sent: this session)", width))
     parts += [_vram_line(v) for v in status.get("vram", [])]
     return Group(*parts)
+
+
+def _links(status: dict[str, Any]) -> Text:
+    """Where the metrics are, and (with sender processes) how many are up: in red when
+    one is down (it is being restarted; what it held is counted as worker_lost)."""
+    line = Text(f"metrics {status['metrics_url']}/metrics", style="dim")
+    workers = status.get("workers")
+    if workers:
+        up = sum(1 for w in workers if w["up"])
+        line.append(
+            f"  workers {up}/{len(workers)} up", "dim" if up == len(workers) else "bold red"
+        )
+    return line
 
 
 def _vram_line(v: dict[str, Any]) -> Text:

@@ -93,3 +93,11 @@ def test_the_edge_cards_vram_against_its_line() -> None:
     vram[0]["used_bytes"] = 3.5e9
     assert "ABOVE" not in screen(status(vram=vram), 80)
     assert "line 3.90 GB peak over" in screen(status(vram=vram), 80)
+
+
+def test_sender_workers_are_counted_and_a_down_one_is_said() -> None:
+    up = {"pid": 1, "up": True, "in_flight": 2}
+    assert "workers" not in screen(status(), 80)  # one process: nothing to say
+    assert "workers 3/3 up" in screen(status(workers=[up | {"worker": i} for i in range(3)]), 80)
+    down = [up | {"worker": 0}, up | {"worker": 1, "up": False}]
+    assert "workers 1/2 up" in screen(status(workers=down), 80)
