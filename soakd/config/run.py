@@ -119,6 +119,9 @@ class JournalConfig(Strict):
         return value
 
 
+MAX_WORKERS = 256
+
+
 class RunConfig(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")] = "soak"
     node: str = Field(default_factory=lambda: os.uname().nodename)
@@ -128,7 +131,19 @@ class RunConfig(Strict):
     start_at: str | None = None  # ISO datetime: the plan's calendar start (default: now)
     # sender processes: 1 sends from soakd's own loop; N > 1 starts N that only send and
     # time; auto: one per core soakd may use, less one (docs/architecture.md)
-    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = 1
+    workers: int | Literal["auto"] = 1
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: object) -> object:
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)):
+            if value == "auto" or 1 <= value <= MAX_WORKERS:  # type: ignore[operator]
+                return value
+        elif isinstance(value, str) and value.strip().isdigit():
+            return cls._workers(int(value))  # from the environment (SOAKD__RUN__WORKERS=4)
+        raise ValueError(
+            f"a number of sender processes from 1 to {MAX_WORKERS}, or auto (got {value!r})"
+        )
 
 
 class Config(Strict):

@@ -188,3 +188,21 @@ def test_a_config_of_forty_thousand_targets_is_checked_in_linear_time() -> None:
     raw["targets"].append({**template, "name": "t7"})
     with pytest.raises(ConfigError, match=r"duplicate target names: t7$"):
         config_from_dict(raw)
+
+
+@pytest.mark.parametrize("value", [0, -1, 257, 2.5, True, "x", ""])
+def test_workers_out_of_range_is_one_line_naming_the_key(value: object) -> None:
+    raw = base()
+    raw["run"] = {"workers": value}
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert str(err.value).startswith("run.workers: a number of sender processes from 1 to 256")
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_workers_take_auto_a_number_or_the_environment() -> None:
+    raw = base()
+    raw["run"] = {"workers": "auto"}
+    assert config_from_dict(raw).run.workers == "auto"
+    assert config_from_dict(base()).run.workers == 1  # default: this process sends
+    assert config_from_dict(base(), {"SOAKD__RUN__WORKERS": "4"}).run.workers == 4
