@@ -102,7 +102,9 @@ def soakd_case(
                 raise RuntimeError(f"soakd did not reach the measured phase ({run_dir})")
             time.sleep(0.02)
         t0 = time.monotonic()
-        cpu0, _, _ = tree_usage(root, proc_table())
+        table = proc_table()
+        cpu0, _, _ = tree_usage(root, table)
+        parent0 = table[root][1]
         peak_rss, peak_parent, n_procs = 0, 0, 0
         while time.monotonic() < t0 + seconds - 0.4:
             table = proc_table()
@@ -110,8 +112,11 @@ def soakd_case(
             peak_rss = max(peak_rss, rss)
             peak_parent = max(peak_parent, table.get(root, (0, 0.0, 0))[2])
             time.sleep(0.25)
-        cpu1, _, _ = tree_usage(root, proc_table())
-        cores_busy = (cpu1 - cpu0) / (time.monotonic() - t0)  # over the sampled window
+        table = proc_table()
+        cpu1, _, _ = tree_usage(root, table)
+        window = time.monotonic() - t0
+        cores_busy = (cpu1 - cpu0) / window  # over the sampled window
+        parent_busy = (table[root][1] - parent0) / window
         proc.wait(120)
     finally:
         if proc.poll() is None:
@@ -138,6 +143,10 @@ def soakd_case(
         "tokens_per_s": tokens_done / seconds,
         "cpu_us_per_token": cores_busy * seconds / tokens_done * 1e6 if tokens_done else None,
         "cores_busy": cores_busy,
+        "parent_busy": parent_busy,
+        "parent_cpu_us_per_request": parent_busy * seconds / requests_done * 1e6
+        if requests_done
+        else None,
         "peak_rss_mb": peak_rss / 2**20,
         "parent_rss_mb": peak_parent / 2**20,
         "processes": n_procs,
