@@ -461,6 +461,25 @@ def overview() -> Dashboard:
         ),
         8,
     )
+    d.add(
+        timeseries(
+            "Sender workers (run.workers > 1)",
+            [
+                q("sum by (instance) (soakd_workers_up)", "{{instance}} up"),
+                q("sum by (instance) (soakd_workers)", "{{instance}} configured"),
+                q(
+                    "sum by (instance) (increase(soakd_worker_restarts_total[5m]))",
+                    "{{instance}} restarts (5m)",
+                ),
+            ],
+            "short",
+            desc="soakd's sender processes: up against configured, and restarts. A worker "
+            "that dies loses what it held (outcome worker_lost) and is started again with "
+            "back-off; SoakdWorkersDown fires after 1m down. Empty when soakd sends from "
+            "its own process (run.workers: 1).",
+        ),
+        8,
+    )
     d.row("Latency")
     d.add(
         timeseries(
