@@ -21,10 +21,16 @@ STORMS = {"s429": "http_429", "s429ra": "http_429", "s503": "http_5xx", "s503ra"
 RATE, SECONDS = 40.0, 4.0
 
 
-@pytest.mark.parametrize("honour", [False, True], ids=["ignore-retry-after", "honour"])
+@pytest.mark.parametrize(
+    ("honour", "workers"),
+    [(False, 1), (True, 1), (True, 2)],
+    ids=["ignore-retry-after", "honour", "honour-2-workers"],
+)
 async def test_storms_are_counted_one_by_one(
-    hostile: HostileServer, tmp_path: Path, honour: bool
+    hostile: HostileServer, tmp_path: Path, honour: bool, workers: int
 ) -> None:
+    """With sender workers too: the pauses are the parent's, so a Retry-After one worker
+    received holds every worker's sends to that target."""
     before = {m: hostile.stats.requests[m] for m in [*STORMS, "ok"]}
     targets = [
         {
@@ -39,7 +45,7 @@ async def test_storms_are_counted_one_by_one(
     ]
     cfg = config_from_dict(
         {
-            "run": {"name": "storm", "drain_timeout": "5s"},
+            "run": {"name": "storm", "drain_timeout": "5s", "workers": workers},
             "targets": targets,
             "workload": {"max_tokens": 8},
             "gpu": {"source": "none"},
