@@ -24,7 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from soakd import __version__
 from soakd import metric_names as mn
-from soakd.buckets import BucketChild, BucketHistogram
+from soakd.buckets import BucketChild, BucketHistogram, ExemplarClock
 from soakd.config import AlertLimits, Slo, TargetConfig
 
 # the probes' and the guard's families live beside this module; imported from here as before
@@ -174,6 +174,8 @@ class _TargetChildren:
     output_tokens: Counter
     prompt_tokens: Counter
     in_flight: Gauge
+    e2e_exemplar: ExemplarClock
+    ttft_exemplar: ExemplarClock
 
 
 class Metrics:
@@ -381,6 +383,8 @@ class Metrics:
             output_tokens=self.output_tokens.labels(target),
             prompt_tokens=self.prompt_tokens.labels(target),
             in_flight=self.in_flight.labels(target),
+            e2e_exemplar=ExemplarClock(E2E_BUCKETS),
+            ttft_exemplar=ExemplarClock(TTFT_BUCKETS),
         )
         self.oom_errors.labels(target)
         counts = self._run_counts.setdefault(target, [0, 0])
@@ -432,11 +436,16 @@ class Metrics:
         if o.error is not None:
             return
         run = self._traced.get(o.target)
-        ex = None if run is None else {"trace_id": trace_id(run, o.target, o.seq)}
-        c.e2e.observe(o.e2e_ns * S_PER_NS, ex)
-        ttft = o.ttft_ns
+        e2e, ttft_ns = o.e2e_ns * S_PER_NS, o.ttft_ns
+        ttft = None if ttft_ns is None else ttft_ns * S_PER_NS
+        ex = None  # the trace id, as its bucket's exemplar when that bucket's is due
+        due = run is not None and c.e2e_exemplar.due(e2e, o.end_ns)
+        due_ttft = run is not None and ttft is not None and c.ttft_exemplar.due(ttft, o.end_ns)
+        if due or due_ttft:
+            ex = {"trace_id": trace_id(run or "", o.target, o.seq)}
+        c.e2e.observe(e2e, ex if due else None)
         if ttft is not None:
-            c.ttft.observe(ttft * S_PER_NS, ex)
+            c.ttft.observe(ttft, ex if due_ttft else None)
         tpot = o.tpot_ns
         if tpot is not None:
             c.tpot.observe(tpot * S_PER_NS)

@@ -168,3 +168,29 @@ def test_latency_exemplars_carry_the_trace_id_in_openmetrics_only() -> None:
     assert slow_bucket.group(1) == trace_id("run-9", "edge", 42)
     # the classic text format (what a scraper gets unless it asks) has no exemplars
     assert "trace_id" not in generate_latest(m.registry).decode()
+
+
+def test_a_bucket_takes_a_new_exemplar_at_most_once_a_second() -> None:
+    """Prometheus reads one exemplar per bucket per scrape: within a second the bucket keeps
+    the first request's, a second later the next request's replaces it, and a request in
+    another bucket (the slow one) always brings its own."""
+    m = Metrics(CollectorRegistry())
+    m.add_target("edge", ["steady"])
+    m.trace_exemplars("run-9", [target(name="edge", base_url="http://127.0.0.1:1")])
+
+    def at(seq: int, e2e_s: float, end_s: float) -> Outcome:
+        o = ok_outcome("edge", seq, e2e_s)
+        shift = int(end_s * 1e9) - o.end_ns
+        o.sent_ns += shift
+        o.first_token_ns = (o.first_token_ns or 0) + shift
+        o.last_token_ns = o.end_ns = o.end_ns + shift
+        return o
+
+    m.record(at(1, 0.3, 100.0))
+    m.record(at(2, 0.3, 100.5))  # same bucket, half a second later: kept out
+    m.record(at(3, 12.0, 100.6))  # another bucket: its own exemplar
+    first = exemplar_ids(openmetrics_latest(m.registry).decode(), "soakd_request_duration_seconds")
+    assert first == {"edge": {trace_id("run-9", "edge", 1), trace_id("run-9", "edge", 3)}}
+    m.record(at(4, 0.3, 101.2))  # the first bucket's is due again
+    later = exemplar_ids(openmetrics_latest(m.registry).decode(), "soakd_request_duration_seconds")
+    assert later == {"edge": {trace_id("run-9", "edge", 4), trace_id("run-9", "edge", 3)}}
