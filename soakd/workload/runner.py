@@ -34,7 +34,7 @@ _UNREACHABLE = frozenset(
 DRIVERS_FINISH_S: Final = 2.0
 """At the plan's end, how long open-loop drivers may take to deal with the instants that
 were already due (they skip a backlog older than max_lateness in one step)."""
-CATCH_UP: Final = 16
+CATCH_UP: Final = 64
 """Open loop: instants already due sent in one event-loop turn at most. A driver behind
 its schedule catches up a few sends a turn instead of one (one a turn would let a busy
 loop's turn length set the rate), and the loop is never held for more than these."""
