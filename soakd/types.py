@@ -10,13 +10,23 @@ from soakd.model import Outcome, RequestSpec
 class Target(Protocol):
     """Something that turns a RequestSpec into an Outcome. It never raises: every
     failure is data (``Outcome.error``). It fills ``outcome`` in place as the request
-    runs, so a caller cancelling it still holds what arrived."""
+    runs, so a caller cancelling it still holds what arrived. A request that never left
+    soakd raises ``NotSent``."""
 
     name: str
 
     async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome: ...
 
     async def aclose(self) -> None: ...
+
+
+class NotSent(Exception):
+    """What a Target raises when the request never left soakd (no sender process was up):
+    the runner counts it as a send not made, under ``reason``, never as an outcome."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class SendGate(Protocol):

@@ -34,8 +34,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from soakd import metric_names as mn
 from soakd.config import TargetConfig
 from soakd.model import ErrorKind, Outcome, RequestSpec
-from soakd.types import SendGate
+from soakd.types import NotSent, SendGate
 from soakd.workers import wire
+from soakd.workload.ledger import NO_WORKER
 
 log = structlog.get_logger()
 now_ns = time.perf_counter_ns
@@ -54,7 +55,6 @@ LEAD_NS: Final = 2_000_000
 """Open-loop requests go to a worker this long before their instant; the worker sends at
 the instant on its own clock (the hop through the socket is not in the dispatch lag)."""
 CLOCK_PINGS: Final = 8
-NO_WORKER: Final = "no_worker"
 SOCKET_BUFFER: Final = 1 << 20
 
 
@@ -163,10 +163,9 @@ class Worker:
             if got is None:
                 continue
             out, done = got
-            sent_ns = out.sent_ns
+            wall = out.wall_start
             wire.apply(out, fields, detail, itl, keys, shift)
-            if not out.sent_ns:  # cut before its instant: keep when it was handed over
-                out.sent_ns = sent_ns
+            out.wall_start = out.wall_start or wall  # cut before it went out: unsent
             if count is not None:
                 count(self.index, out.phase)
             if not done.done():
@@ -227,7 +226,6 @@ class WorkerPool:
         self._next_id = 0
         self._closing = False
         self._restarts: set[asyncio.Task[None]] = set()
-        self._any_up = asyncio.Event()
         self.restarts = 0
         self.lost = 0
 
@@ -276,7 +274,6 @@ class WorkerPool:
         w.started = time.monotonic()
         w.up = True
         self._up.append(w)
-        self._any_up.set()
         self._gauge()
         log.info(
             "worker_started", worker=w.index, pid=w.proc.pid, clock_offset_ns=offset, rtt_ns=rtt
@@ -300,8 +297,6 @@ class WorkerPool:
         w.up = False
         if w in self._up:
             self._up.remove(w)
-        if not self._up:
-            self._any_up.clear()
         lost = w.lose_all(f"worker {w.index} died", self._count)
         self.lost += lost
         self._gauge()
@@ -393,14 +388,13 @@ class WorkerPool:
 
     async def send(self, target: int, spec: RequestSpec, out: Outcome) -> None:
         """Hand one request to the next worker that is up; return once it came back."""
-        while not self._up:
-            await self._any_up.wait()
         up = self._up
+        if not up:  # every worker died since the runner's gate looked: it never left
+            raise NotSent(NO_WORKER)
         self._rr += 1
         w = up[self._rr % len(up)]
         rid = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        out.sent_ns = max(now_ns(), spec.scheduled_ns)  # kept if it is never sent
-        out.wall_start = time.time()
+        out.wall_start = time.time()  # the row's stamp if the worker never reports
         try:
             await w.submit(rid, target, spec, out)
         except asyncio.CancelledError:

@@ -19,7 +19,7 @@ from typing import Any, Final
 import structlog
 
 from soakd.model import ErrorKind, LoadShape, Outcome, Phase, Plan, RequestSpec
-from soakd.types import OutcomeSink, SendGate, Target
+from soakd.types import NotSent, OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
 from soakd.workload.ledger import IN_FLIGHT_CAP, LATE, SendLedger
 from soakd.workload.prompts import PromptSource
@@ -287,11 +287,19 @@ class Runner:
             name, phase.name, seq, prompt, tokens, self.max_tokens, self.temperature, scheduled_ns
         )
 
-    async def _one(self, name: str, spec: RequestSpec) -> Outcome:
+    async def _one(self, name: str, spec: RequestSpec) -> Outcome | None:
+        """Send one request and hand its Outcome to every sink; None when it was not sent
+        (the target had no way to send it: counted in the ledger, not an outcome)."""
         outcome = Outcome.planned(spec)
         try:
             await self.targets[name].send(spec, outcome)
+        except NotSent as exc:
+            self.ledger.miss(name, spec.phase, exc.reason, 1)
+            return None
         except asyncio.CancelledError:
+            if not outcome.sent_ns:  # cut while a worker held it for its instant
+                self.ledger.miss(name, spec.phase, LATE, 1)
+                raise
             # only past the drain deadline: keep what arrived, say it was cut, let go
             outcome.error = ErrorKind.CANCELLED
             outcome.end_ns = outcome.end_ns or now_ns()
@@ -323,7 +331,7 @@ class Runner:
                     outcome = await self._one(name, self._spec(name, pool.phase, now_ns()))
                 finally:
                     self._busy[name] -= 1
-                if outcome.error in _UNREACHABLE:
+                if outcome is None or outcome.error in _UNREACHABLE:
                     pause = min(1.0, pause * 2 or 0.05)
                     await self._sleep_until(now_ns() + int(pause * 1e9))
                 else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from soakd.config import RateLimit, SpendGuard
 from soakd.model import ErrorKind, LoadShape, Outcome, RequestSpec
+from soakd.types import NotSent
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.runner import Runner
 from tests.unit.test_runner import FakeTarget, Prompts, Sink, plan_of
@@ -69,3 +70,31 @@ async def test_retry_after_pauses_closed_loop_workers() -> None:
     gap_s = (second.sent_ns - first.end_ns) / 1e9
     assert gap_s >= 0.28  # the 0.3 s asked for, never less (the loop's clock granularity)
     assert len(sink.outcomes) > 20  # and sending went on afterwards
+
+
+class SometimesUnsent(FakeTarget):
+    """Every third request never leaves soakd (as when no sender process is up)."""
+
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        if spec.seq % 3 == 2:
+            raise NotSent("no_worker")
+        return await super().send(spec, outcome)
+
+
+async def test_a_request_that_never_left_is_a_send_not_made_not_an_outcome() -> None:
+    target = SometimesUnsent("edge", delay_s=0.001)
+    sink = Sink()
+    runner = Runner(
+        plan_of(("p", 300, {"edge": LoadShape("constant", rate=100)})),
+        {"edge": target},
+        Prompts(),
+        [sink],
+        max_tokens=8,
+        temperature=0.7,
+    )
+    await runner.run()
+    await runner.drain(1.0)
+    unsent = runner.ledger.counts.get(("edge", "p", "no_worker"), 0)
+    assert unsent == 10  # seq 2, 5, ... 29 of the 30 instants
+    assert len(sink.outcomes) == 20  # offered = sent + not made, nothing counted twice
+    assert all(o.seq % 3 != 2 for o in sink.outcomes)
