@@ -5,10 +5,11 @@ never killed, with the allocators' own counters every 30 s.
 
 Each line (and mem.csv): requests so far, RssAnon, glibc's ``mallinfo2`` (heap obtained
 from the OS by every arena, bytes in use, bytes free inside the arenas, mmapped blocks),
-CPython's live blocks (``sys.getallocatedblocks``: pymalloc and large objects alike) and
-the objects the GC tracks. Live memory that stays flat ("in use", blocks) while RssAnon
-creeps is the allocators keeping freed memory (fragmentation), not a leak; growing
-blocks is a leak of Python objects. No tracemalloc: its own tables would be the growth.
+CPython's live blocks (``sys.getallocatedblocks``: pymalloc and large objects alike), the
+objects the GC tracks and the open fds (the sockets to the simulators, mostly). Live memory
+that stays flat ("in use", blocks) while RssAnon creeps is the allocators keeping freed
+memory (fragmentation), not a leak; growing blocks is a leak of Python objects. No
+tracemalloc: its own tables would be the growth.
 glibc's arenas are capped at 2 first, as ``soakd run`` does (soakd/_malloc.py).
 """
 
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,7 +56,8 @@ async def run(args: argparse.Namespace, out: Path) -> None:
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = MallInfo2
     csv = (out / "mem.csv").open("w")
-    csv.write("t_s,requests,rss_anon_mb,arena_mb,in_use_mb,free_mb,mmap_mb,blocks,gc_objects\n")
+    csv.write("t_s,requests,rss_anon_mb,arena_mb,in_use_mb,free_mb,mmap_mb,blocks,gc_objects,"
+              "fds\n")
 
     async def watch() -> None:
         t0 = time.monotonic()
@@ -65,7 +68,8 @@ async def run(args: argparse.Namespace, out: Path) -> None:
             row = [round(time.monotonic() - t0), done, round(rss_anon_mb(), 1),
                    round(mi.arena / 2**20, 1), round(mi.uordblks / 2**20, 1),
                    round(mi.fordblks / 2**20, 1), round(mi.hblkhd / 2**20, 1),
-                   sys.getallocatedblocks(), len(gc.get_objects())]
+                   sys.getallocatedblocks(), len(gc.get_objects()),
+                   len(os.listdir("/proc/self/fd"))]
             csv.write(",".join(map(str, row)) + "\n")
             csv.flush()
             print(*row, flush=True)

@@ -3,17 +3,18 @@ resume at the size of a real soak.
 
     .venv/bin/python bench/make_journal.py /tmp/j1m --requests 1000000 --tokens 128
     .venv/bin/soakd report /tmp/j1m --format json -o /dev/null
-    .venv/bin/soakd run /tmp/j1m/soak.yaml --run-dir /tmp/j1m --duration 1s   # a resume
+    .venv/bin/soakd run /tmp/j1m/soak.yaml --run-dir /tmp/j1m   # a resume; Ctrl-C stops it
 
 The journal is created by ``Journal`` itself (its tables, meta, budget and first session),
 then filled the way the writer fills it: rows encoded by ``codec.outcome_row`` and inserted
-with ``schema.INSERT_REQUEST``, rollup windows by ``rollups.store_window``, totals and
-histogram buckets from ``rollups.Deltas``. Two targets, a 72 h plan of five phases,
-evenly spread requests (1 % errors of three kinds), ITL gaps of 20 ms +-10 % with 2 %
-spikes, GPU samples every 10 s. To be fast it encodes a pool of outcomes once and reuses
-them: each row gets its own id, time, phase and seq; each window's rollup is the merge
-of the pool blocks its rows came from. The run stops cleanly (not completed) at 99 % of
-the plan, so a resume continues it.
+with ``schema.INSERT_REQUEST`` (into a pool table; see INSERT_BLOCK), rollup windows by
+``rollups.store_window``, totals and histogram buckets from ``rollups.Deltas``. Two
+targets, a 72 h plan of five phases, evenly spread requests (1 % errors of three kinds),
+ITL gaps of 20 ms +-10 % with 2 % spikes, GPU samples every 10 s. To be fast it encodes a
+pool of outcomes once and reuses them: each row gets its own id, time, phase and seq
+(computed inside SQLite, one statement per block of 64 rows); each window's rollup is the
+merge of the pool blocks its rows came from. The run stops cleanly (not completed) at 99 %
+of the plan, so a resume continues it.
 """
 
 from __future__ import annotations
@@ -57,20 +58,29 @@ CONFIG: dict[str, Any] = {
     ],
     "report": {"energy_price_per_kwh": 0.3},
 }
+# Pool rows live in a temporary table with the requests' columns, id = the pool index
+# (target base + block * BLOCK + k). One statement per block copies a block's 64 rows into
+# ``requests`` in C: ids, seqs and times computed as the per-row Python did (same values,
+# bit for bit), none of the per-row tuples and parameter binding that took most of the time.
+POOL_COLUMNS = ", ".join(["id INTEGER PRIMARY KEY", *schema.REQUEST_COLUMNS[1:]])
+_MOVED = schema.REQUEST_COLUMNS[9:]  # lag_ns .. itl_hist: as encoded
+INSERT_BLOCK = f"""INSERT INTO requests
+SELECT ?1 + kk, 1, ?2 + COALESCE(sent_ns + e - end_ns, e) / 1e9, ?3, ?4, ?5 + kk,
+       scheduled_ns + e - end_ns, sent_ns + e - end_ns, e, {", ".join(_MOVED)}
+FROM (SELECT *, id - ?6 AS kk, ?7 + (?8 + id - ?6) * ?9 / ?10 AS e
+      FROM temp.pool WHERE id BETWEEN ?6 AND ?6 + {BLOCK - 1} ORDER BY id)"""
 ERRORS = (ErrorKind.HTTP_5XX, ErrorKind.HTTP_429, ErrorKind.TIMEOUT_CONNECT)
 
 
 def pool_outcome(rng: random.Random, target: str, i: int, tokens: int) -> Outcome:
     """One finished request on a plan-offset axis starting at 0 (shifted per row)."""
     out = max(2, int(rng.uniform(0.5, 1.5) * tokens))
+    r = rng.random  # rng.uniform(a, b) is a + (b - a) * r(): the same draws, inlined
     gaps = array(
         "q",
-        [
-            int(rng.uniform(18_000, 22_000) * (rng.uniform(2, 5) if rng.random() < 0.02 else 1))
-            * 1000
-            for _ in range(out - 1)
-        ],
-    )
+        [int((18_000 + 4_000 * r()) * ((2 + 3 * r()) if r() < 0.02 else 1)) * 1000
+         for _ in range(out - 1)],
+    )  # fmt: skip
     ttft = rng.randint(30_000, 300_000) * 1000
     o = Outcome(target, "p", i, 0)
     o.sent_ns = rng.randint(10_000, 2_000_000)
@@ -134,32 +144,39 @@ def make(run_dir: Path, requests: int, tokens: int, itl: str) -> dict[str, float
     seqs = dict.fromkeys(TARGETS, 0)
     rid = 1
     pending = 0
-    open_windows: dict[tuple[str, str, int], TargetStats] = {}
+    open_windows: dict[tuple[str, str, int], list[int]] = {}  # key: the pool blocks in it
+    merged: dict[tuple[str | int, ...], TargetStats] = {}
     phases = [(p.start_ns, p.name) for p in plan.phases]
+    # the pools' encoded rows, once, in a temporary table keyed by pool index (below)
+    conn.execute(f"CREATE TEMP TABLE pool ({POOL_COLUMNS})")
+    bases = {t: n * POOL_BLOCKS * BLOCK for n, t in enumerate(TARGETS)}
+    for name, pool in pools.items():
+        conn.executemany(
+            schema.INSERT_REQUEST.replace("requests", "temp.pool"),
+            [(bases[name] + i, *row[1:]) for i, row in enumerate(pool.rows)],
+        )
     conn.execute("BEGIN")
     for w in range(windows):
         w_start = w * window_ns
         phase = next(name for s, name in reversed(phases) if s <= w_start)
         nblocks = blocks_total * (w + 1) // windows - blocks_total * w // windows
-        rows: list[tuple[Any, ...]] = []
+        den = nblocks * BLOCK + 1
         for b in range(nblocks):
             target = TARGETS[(w + b) % len(TARGETS)]
             pool = pools[target]
             pb = (w * 7 + b) % POOL_BLOCKS
             deltas = pool.blocks[pb]
-            for k in range(BLOCK):
-                tpl = pool.rows[pb * BLOCK + k]
-                end = w_start + (b * BLOCK + k) * window_ns // (nblocks * BLOCK + 1)
-                shift = end - tpl[8]
-                sent = None if tpl[7] is None else tpl[7] + shift
-                rows.append(
-                    (rid, 1, wall0 + (sent or end) / NS, target, phase, seqs[target],
-                     tpl[6] + shift, sent, end, *tpl[9:])
-                )  # fmt: skip
-                rid += 1
-                seqs[target] += 1
+            # the block's 64 rows: each pool row moved to end at
+            # w_start + (b * BLOCK + k) * window_ns // den, with its own id and seq
+            conn.execute(
+                INSERT_BLOCK,
+                (rid, wall0, target, phase, seqs[target], bases[target] + pb * BLOCK,
+                 w_start, b * BLOCK, window_ns, den),
+            )  # fmt: skip
+            rid += BLOCK
+            seqs[target] += BLOCK
             key = (target, phase, w)
-            # the window's rollup: the blocks' stats merged (stored once per key below)
+            # totals and histograms: the blocks' own, summed
             for tkey, t in deltas.totals.items():
                 k4 = (tkey[0], phase, tkey[2], tkey[3])
                 acc = totals.setdefault(k4, [0, 0, 0, 0])
@@ -167,15 +184,20 @@ def make(run_dir: Path, requests: int, tokens: int, itl: str) -> dict[str, float
                     acc[i] += t[i]
             for hkey, (counts, total) in deltas.hists.items():
                 hists[hkey] = add_hist(hists.get(hkey), counts, total)
-            (block_stats,) = (win.stats for win in deltas.windows.values())
-            win_stats = open_windows.setdefault(key, TargetStats())
-            win_stats.merge(block_stats)
-        conn.executemany(schema.INSERT_REQUEST, rows)
+            open_windows.setdefault(key, []).append(pb)
         wall = wall0 + w_start / NS
-        for key, stats in open_windows.items():
+        for key, used in open_windows.items():
+            # the window's rollup: its blocks' stats merged. The block pattern repeats
+            # every 64 windows, so most windows' merge has been made before.
+            stats = merged.get((key[0], *used))
+            if stats is None:
+                stats = merged[(key[0], *used)] = TargetStats()
+                for pb in used:
+                    (block,) = (win.stats for win in pools[key[0]].blocks[pb].windows.values())
+                    stats.merge(block)
             store_window(conn, key, stats, wall, wall + window_ns / NS, rid - 1)
         open_windows.clear()
-        pending += len(rows)
+        pending += nblocks * BLOCK
         if pending >= 200_000:  # transactions of ~200k rows, as a long backlog would be
             conn.execute("COMMIT")
             conn.execute("BEGIN")

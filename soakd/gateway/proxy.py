@@ -34,6 +34,7 @@ from soakd.gateway.breaker import Admit, ErrorRateBreakerState, State, VramBreak
 from soakd.gateway.concurrency import AimdLimit, Limiter
 from soakd.gateway.metrics import GatewayMetrics
 from soakd.model import GATEWAY_ORIGIN_HEADER, status_class
+from soakd.targets.pool import NewestFirstConnector
 
 log = structlog.get_logger()
 
@@ -107,7 +108,7 @@ class Gateway:
     async def open(self) -> None:
         limits = self.cfg.limits
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=NewestFirstConnector(limit=0),  # shrinks after a burst
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=limits.connect_timeout),
             auto_decompress=False,  # bytes pass through as they came
             trust_env=False,

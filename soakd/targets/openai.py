@@ -26,7 +26,6 @@ from aiohttp import (
     ClientSession,
     ClientTimeout,
     DummyCookieJar,
-    TCPConnector,
     TraceConfig,
 )
 from pydantic import SecretStr
@@ -45,6 +44,7 @@ from soakd.targets.errors import (
     retry_after,
     status_kind,
 )
+from soakd.targets.pool import NewestFirstConnector
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
 from soakd.targets.stream import Fault, StreamParser, apply_usage, idle_cut
 from soakd.tracing import HEADER as TRACEPARENT
@@ -448,7 +448,10 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
 
     def make_session(force_close: bool) -> ClientSession:
         return ClientSession(
-            connector=TCPConnector(limit=cfg.max_connections, ssl=ssl_arg, force_close=force_close),
+            # idle connections reused newest first: the pool shrinks after a burst (pool.py)
+            connector=NewestFirstConnector(
+                limit=cfg.max_connections, ssl=ssl_arg, force_close=force_close
+            ),
             headers=headers,
             # Only the socket connect (with TLS and proxy setup) is aiohttp's to time:
             # waiting for a pooled connection is soakd's own queue, and the ttft/total
