@@ -111,10 +111,23 @@ class BucketChild:
         self.counts[bisect.bisect_left(self._bounds, value)] += 1
         self.total += value
 
-    def observe_ns(self, values_ns: Iterable[int]) -> None:
+    def observe_ns(self, values_ns: Sequence[int]) -> None:
         """Many values in nanoseconds, counted in seconds (the journal's rounding:
-        ``ns * 1e-9``, then the first bucket whose bound is >= it)."""
+        ``ns * 1e-9``, then the first bucket whose bound is >= it). A long answer's gaps
+        are sorted once (in C) and counted with one bisect a bucket, not one a gap."""
         counts, bounds, where = self.counts, self._bounds, bisect.bisect_left
+        n = len(values_ns)
+        if n > 2 * len(bounds):
+            values = [ns * 1e-9 for ns in values_ns]
+            self.total += sum(values)
+            values.sort()
+            below = 0
+            for i, bound in enumerate(bounds):
+                upto = bisect.bisect_right(values, bound, below)
+                counts[i] += upto - below
+                below = upto
+            counts[-1] += n - below
+            return
         total = 0.0
         for ns in values_ns:
             v = ns * 1e-9

@@ -8,7 +8,7 @@ import random
 from prometheus_client import Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.buckets import observe
+from soakd.buckets import BucketChild, observe
 from soakd.journal.codec import outcome_row
 from soakd.journal.rollups import Deltas
 from soakd.metrics import HISTOGRAM_BUCKETS, Metrics
@@ -133,3 +133,22 @@ def test_bucket_histogram_exposes_what_a_prometheus_histogram_would() -> None:
         want = get_ref("x_seconds_sum", {"target": target})
         assert want is not None
         assert abs((get_ours("x_seconds_sum", {"target": target}) or 0) - want) <= 1e-6
+
+
+def test_long_answers_count_the_same_sorted_as_gap_by_gap() -> None:
+    """A 512-token answer's gaps are counted sorted (one bisect a bucket): the same counts
+    as one at a time, bounds hit exactly included."""
+    bounds = tuple(HISTOGRAM_BUCKETS["itl"])
+    rng = random.Random(7)
+    on_bounds = [round(b * 1e9) for b in bounds]
+    for n in (3, 2 * len(bounds) + 1, 512, 4000):
+        gaps = [
+            rng.choice(on_bounds) if rng.random() < 0.2 else int(rng.lognormvariate(15, 2))
+            for _ in range(n)
+        ]
+        long_path, one_by_one = BucketChild(bounds), BucketChild(bounds)
+        long_path.observe_ns(gaps)
+        for g in gaps:
+            one_by_one.observe_ns([g])
+        assert long_path.counts == one_by_one.counts
+        assert abs(long_path.total - one_by_one.total) < 1e-9 * max(1.0, one_by_one.total)
