@@ -8,6 +8,7 @@ SendGate protocols either way.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,10 +44,14 @@ class Senders:
         return self.pool.status() if self.pool is not None else None
 
     async def aclose(self) -> None:
-        for target in self.targets.values():
-            await target.aclose()
+        """Close every client and the workers, each even when another close fails; the
+        first failure is raised once all are done."""
+        closes = [t.aclose() for t in self.targets.values()]
         if self.pool is not None:
-            await self.pool.aclose()
+            closes.append(self.pool.aclose())
+        for result in await asyncio.gather(*closes, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
 
 
 class WorkerStartError(RuntimeError):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-import soakd.app
+import soakd.workers.senders
 from soakd.app import RunOptions, Soak
 from soakd.config import TargetConfig, config_from_dict
 from soakd.journal import Journal
@@ -66,7 +66,7 @@ async def test_a_failing_target_close_still_flushes_the_journal(
     async def open_bad(cfg: TargetConfig, *, run_id: str | None = None) -> Target:
         return BadClose(await open_target(cfg, run_id=run_id))
 
-    monkeypatch.setattr(soakd.app, "open_target", open_bad)
+    monkeypatch.setattr(soakd.workers.senders, "open_target", open_bad)
     port = free_port()
     soak = Soak(
         config_from_dict(nowhere_config()),
