@@ -69,9 +69,11 @@ def worker_count(setting: int | str) -> int:
 class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry, n: int) -> None:
         Gauge(
-            mn.WORKERS, "Sender worker processes configured (run.workers).", registry=registry
+            mn.WORKERS,
+            "Sender processes configured (run.workers; 1: soakd's own process sends).",
+            registry=registry,
         ).set(n)
-        self.up = Gauge(mn.WORKERS_UP, "Sender worker processes up now.", registry=registry)
+        self.up = Gauge(mn.WORKERS_UP, "Sender processes up now.", registry=registry)
         self.restarts = Counter(
             mn.WORKER_RESTARTS_TOTAL,
             "Sender worker processes started again after one died.",

@@ -69,7 +69,8 @@ async def open_senders(
     """The run's senders. ConfigError for a target's key or TLS files (named, read here
     first, also when workers read them again); WorkerStartError when a worker cannot start."""
     n = worker_count(workers)
-    if n == 1:
+    if n == 1:  # soakd's own process is the one sender, and it is up
+        WorkerMetrics(registry, 1).up.set(1)
         return Senders({c.name: await open_target(c, run_id=run_id) for c in cfgs})
     for c in cfgs:  # the same errors, here and at once, as with one process
         c.api_key()

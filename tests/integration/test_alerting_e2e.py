@@ -66,6 +66,7 @@ from soakd.config import AlertLimits, Slo
 from soakd.gateway.metrics import GatewayMetrics
 from soakd.metrics import THROTTLE_REASONS, Metrics, ProbeMetrics
 from soakd.probes.gateways import GatewayExport
+from soakd.workers.pool import WorkerMetrics
 
 try:
     from tests import observability as obs
@@ -147,6 +148,8 @@ class FakeSoakd:
             p.server_start.labels(target).set(time.time() - 3600)
             p.server_rss.labels(target).set(1.5e9)
             p.server_rss_leak_slope.labels(target).set(0)
+
+        WorkerMetrics(self.registry, 4).up.set(4)  # four sender processes, all up
 
         # the guard gateway soakd runs in front of "edge", re-exported as soakd does it
         self.gw = GatewayMetrics()
