@@ -6,6 +6,10 @@ exporter, probes, asyncio's to_thread pool, which grows with the core count), so
 16-core machine its RSS was ~40 MB above the same run on 2 cores (docs/benchmarks.md,
 "Many cores"). Two arenas keep the threads' allocations together; the hot path runs on
 the main thread and pymalloc, which this does not touch.
+
+Freed memory glibc keeps inside its heap (below the top, so not returned by the automatic
+trim) is handed back every minute by ``malloc_trim(0)``, from a thread of its own so the
+event loop never waits on it (ctypes releases the GIL for the call).
 """
 
 from __future__ import annotations
@@ -14,9 +18,15 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
 
 M_ARENA_MAX = -8  # glibc malloc.h
 ARENA_MAX = 2
+TRIM_EVERY_S: Final = 60.0
+"""How often the trimming thread calls ``malloc_trim(0)`` (docs/benchmarks.md, "Endurance")."""
 
 
 def limit_arenas(arenas: int = ARENA_MAX) -> bool:
@@ -34,3 +44,41 @@ def limit_arenas(arenas: int = ARENA_MAX) -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_ARENA_MAX, arenas))
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None (not Linux, not glibc)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_size_t,)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def trim() -> bool:
+    """One ``malloc_trim(0)``: every arena's free pages back to the OS. True when glibc
+    released memory; False when it had none to release or is not there."""
+    fn = _malloc_trim()
+    return fn is not None and bool(fn(0))
+
+
+def start_trimming(every_s: float = TRIM_EVERY_S) -> threading.Thread | None:
+    """A daemon thread calling ``malloc_trim(0)`` every ``every_s``; None without glibc.
+    It never touches the event loop; it ends with the process."""
+    fn = _malloc_trim()
+    if fn is None or every_s <= 0:
+        return None
+
+    def loop() -> None:
+        while True:
+            time.sleep(every_s)
+            fn(0)
+
+    thread = threading.Thread(target=loop, name="soakd-malloc-trim", daemon=True)
+    thread.start()
+    return thread

@@ -250,6 +250,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from soakd import _malloc
 
     _malloc.limit_arenas()  # before any thread allocates: RSS on many cores (docs/benchmarks.md)
+    _malloc.start_trimming()  # freed heap pages back to the OS every minute (ditto, "Endurance")
     from rich.console import Console
 
     from soakd.app import RunOptions, Soak, StartError

@@ -1,7 +1,7 @@
 """Targets room, connection pool: idle connections handed out newest first, so the pool
 shrinks back after a burst.
 
-aiohttp (3.10 and later) keeps a host's idle connections in a deque and hands out the
+aiohttp (3.14, as measured) keeps a host's idle connections in a deque and hands out the
 oldest first (``popleft`` in ``TCPConnector._get``). Under steady traffic every idle
 connection is then reused within seconds, none reaches the keep-alive timeout (15 s), and
 the pool keeps the size of the largest burst of in-flight requests for the whole session:
@@ -15,9 +15,9 @@ in-flight high-water mark of the last 15-30 s. Nothing in use is ever closed (on
 connections are in the deque) and no request sees a difference: the cost is one
 ``deque.rotate(1)`` per released connection.
 
-Where aiohttp keeps a plain list (3.9, which pops the newest already) or changes its
-internals, the override finds no deque ending with the connection just released and does
-nothing: the pool is then aiohttp's own.
+Where aiohttp keeps its idle connections some other way (a list in some versions) or
+changes its internals, the override finds no deque ending with the connection just
+released and does nothing: the pool is then aiohttp's own.
 """
 
 from __future__ import annotations
