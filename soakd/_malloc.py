@@ -19,7 +19,6 @@ import ctypes.util
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Final
 
@@ -74,9 +73,11 @@ def start_trimming(every_s: float = TRIM_EVERY_S) -> threading.Thread | None:
     if fn is None or every_s <= 0:
         return None
 
+    never = threading.Event()  # a timed wait on a lock, not time.sleep: the clock_nanosleep
+    # behind time.sleep fails (EINVAL) under libfaketime, which the clock tests preload
+
     def loop() -> None:
-        while True:
-            time.sleep(every_s)
+        while not never.wait(every_s):
             fn(0)
 
     thread = threading.Thread(target=loop, name="soakd-malloc-trim", daemon=True)
