@@ -27,6 +27,7 @@ from typing import Any
 
 import structlog
 
+from soakd import _malloc
 from soakd.config import TargetConfig
 from soakd.logs import setup_logging
 from soakd.model import ErrorKind, Outcome, RequestSpec
@@ -135,6 +136,8 @@ async def serve(sock: socket.socket) -> int:
 
 
 def main() -> int:
+    _malloc.limit_arenas()  # as `soakd run` does, before any thread allocates
+    _malloc.start_trimming()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     fd = int(sys.argv[1])
