@@ -77,24 +77,9 @@ class Digest:
         self.count += 1
         self.total += value_ns
 
-    def add_many(self, values: Sequence[int]) -> None:
-        """``add`` for each value (one request's ITL gaps), without a call per value."""
-        if not values:
-            return
-        buckets, log, lg = self._buckets, math.log, _LOG_GAMMA
-        for v in values:
-            key = 0 if v <= _MIN_NS else int(log(v / _MIN_NS) / lg) + 1
-            buckets[key] = buckets.get(key, 0) + 1
-        lo, hi = min(values), max(values)
-        if self.count == 0 or lo < self.min:
-            self.min = lo
-        if hi > self.max:
-            self.max = hi
-        self.count += len(values)
-        self.total += sum(values)
-
     def add_counts(self, counts: Mapping[int, int], values: Sequence[int]) -> None:
-        """``add_many(values)`` when their buckets are already counted (``itl_keys``)."""
+        """Add ``values`` (one request's ITL gaps) whose buckets are already counted
+        (``itl_keys``): no logarithm per value here."""
         if not values:
             return
         buckets = self._buckets

@@ -48,13 +48,19 @@ def observe(
     if len(values) == 1:
         counts[bisect.bisect_left(bounds, values[0])] += 1
     else:
-        below = 0
-        for i, bound in enumerate(bounds):
-            upto = bisect.bisect_right(values, bound)
-            counts[i] += upto - below
-            below = upto
-        counts[-1] += len(values) - below
+        count_sorted(counts, bounds, values)
     hists[key] = (counts, total + sum(values))
+
+
+def count_sorted(counts: list[int], bounds: Sequence[float], values: Sequence[float]) -> None:
+    """Add sorted ``values`` to per-bucket ``counts`` (+Inf last): one bisect a bucket, each
+    value in the first bucket whose bound is >= it, as prometheus_client counts."""
+    below = 0
+    for i, bound in enumerate(bounds):
+        upto = bisect.bisect_right(values, bound, below)
+        counts[i] += upto - below
+        below = upto
+    counts[-1] += len(values) - below
 
 
 def add_hist(base: Hist | None, counts: list[int], total: float) -> Hist:
@@ -121,12 +127,7 @@ class BucketChild:
             values = [ns * 1e-9 for ns in values_ns]
             self.total += sum(values)
             values.sort()
-            below = 0
-            for i, bound in enumerate(bounds):
-                upto = bisect.bisect_right(values, bound, below)
-                counts[i] += upto - below
-                below = upto
-            counts[-1] += n - below
+            count_sorted(counts, bounds, values)
             return
         total = 0.0
         for ns in values_ns:

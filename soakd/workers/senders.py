@@ -19,8 +19,14 @@ from prometheus_client import CollectorRegistry
 from soakd.config import TargetConfig
 from soakd.targets.openai import open_target
 from soakd.types import SendGate, Target
-from soakd.workers.pool import LEAD_NS, RemoteTarget, WorkerGate, WorkerMetrics, WorkerPool
-from soakd.workers.pool import worker_count as worker_count
+from soakd.workers.pool import (
+    LEAD_NS,
+    RemoteTarget,
+    WorkerGate,
+    WorkerMetrics,
+    WorkerPool,
+    worker_count,
+)
 
 
 @dataclass

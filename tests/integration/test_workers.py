@@ -165,14 +165,7 @@ async def test_worker_killed_mid_run_counts_stay_exact_and_it_comes_back(
     try:
         await run.start()
         await run.until(
-            "closed-loop requests through every worker",
-            lambda: _metrics_when(
-                run,
-                lambda m: all(
-                    total(m, "soakd_worker_requests_total", worker=str(w), phase="closed") >= 5
-                    for w in range(3)
-                ),
-            ),
+            "closed-loop requests through every worker", lambda p="closed": _each_worker(run, p, 3)
         )
         victim = (await run.status())["workers"][1]["pid"]
         os.kill(victim, signal.SIGKILL)
@@ -183,14 +176,7 @@ async def test_worker_killed_mid_run_counts_stay_exact_and_it_comes_back(
             ),
         )
         await run.until(
-            "the open phase reached every worker",
-            lambda: _metrics_when(
-                run,
-                lambda m: all(
-                    total(m, "soakd_worker_requests_total", worker=str(w), phase="open") >= 5
-                    for w in range(3)
-                ),
-            ),
+            "the open phase reached every worker", lambda p="open": _each_worker(run, p, 3)
         )
         page = await run.metrics()
         pids = [w["pid"] for w in (await run.status())["workers"]]
@@ -225,6 +211,17 @@ async def test_worker_killed_mid_run_counts_stay_exact_and_it_comes_back(
         assert ok <= finished <= ok + lost
         assert finished + aborted <= ok + lost
     assert lost_all >= 1, "the killed worker held no request"
+
+
+async def _each_worker(run: Run, phase: str, workers: int, at_least: int = 5) -> bool:
+    """Every worker has handed back ``at_least`` requests of ``phase``."""
+    return await _metrics_when(
+        run,
+        lambda m: all(
+            total(m, "soakd_worker_requests_total", worker=str(w), phase=phase) >= at_least
+            for w in range(workers)
+        ),
+    )
 
 
 def _up(status: dict[str, Any]) -> list[dict[str, Any]]:
