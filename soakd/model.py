@@ -87,6 +87,11 @@ class RequestSpec:
     max_tokens: int
     temperature: float
     scheduled_ns: int  # when the schedule said to send it (monotonic)
+    deadline_ns: int = 0
+    """The last instant it may still be sent (0: any). An open-loop send is due by its
+    instant plus ``max_lateness``; the sender that reaches it later does not send it and
+    raises ``NotSent(late)``: a worker process behind its own loop drops its backlog by
+    the same rule as the runner."""
 
 
 @dataclass(slots=True)

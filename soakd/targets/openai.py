@@ -49,6 +49,8 @@ from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
 from soakd.targets.stream import Fault, StreamParser, apply_usage, idle_cut
 from soakd.tracing import HEADER as TRACEPARENT
 from soakd.tracing import traceparent, wants_traceparent
+from soakd.types import NotSent
+from soakd.workload.ledger import LATE
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
 
@@ -134,7 +136,8 @@ class OpenAITarget:
         return dumps(body).encode()
 
     async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
-        """Send one request and return its Outcome; never raises except CancelledError.
+        """Send one request and return its Outcome; never raises except CancelledError,
+        and ``NotSent(late)`` before anything is sent when ``spec.deadline_ns`` has passed.
 
         ``outcome`` (from ``Outcome.planned``) is filled in place when given, so a caller
         that cancels still holds the CANCELLED record.
@@ -145,6 +148,8 @@ class OpenAITarget:
         goes again on a fresh connection and counts once, as what the resend became
         (``outcome.resends``), as Go's net/http does for a server-closed idle
         connection. A request that fails that way on a fresh connection is an outcome."""
+        if spec.deadline_ns and _perf_ns() > spec.deadline_ns:
+            raise NotSent(LATE)  # too late to be this instant's send: counted, not sent
         out = outcome if outcome is not None else Outcome.planned(spec)
         try:
             payload = self.body(spec)

@@ -23,6 +23,7 @@ import signal
 import socket
 import sys
 import time
+from functools import partial
 from typing import Any
 
 import structlog
@@ -32,7 +33,9 @@ from soakd.config import TargetConfig
 from soakd.logs import setup_logging
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.targets.openai import OpenAITarget, open_target
+from soakd.types import NotSent
 from soakd.workers import wire
+from soakd.workload.ledger import LATE
 from soakd.workload.timer import sleep_until_ns
 
 log = structlog.get_logger()
@@ -52,12 +55,23 @@ class Sender:
 
     def start(self, payload: bytes) -> None:
         loop = asyncio.get_running_loop()
-        for rid, tidx, seq, max_tokens, temp, scheduled, prompt in wire.unpack_specs(payload):
+        for rid, tidx, seq, max_tokens, temp, scheduled, deadline, prompt in wire.unpack_specs(
+            payload
+        ):
             target = self.targets[tidx]
             spec = RequestSpec(
-                target.name, "", seq, prompt, 0, max_tokens, temp, scheduled - self.shift
+                target.name,
+                "",
+                seq,
+                prompt,
+                0,
+                max_tokens,
+                temp,
+                scheduled - self.shift,
+                deadline - self.shift if deadline else 0,
             )
-            self.tasks[rid] = loop.create_task(self._one(rid, target, spec))
+            task = self.tasks[rid] = loop.create_task(self._one(rid, target, spec))
+            task.add_done_callback(partial(self._done, rid))
 
     def cancel(self, payload: bytes) -> None:
         for rid in wire.unpack_ids(payload):
@@ -71,14 +85,20 @@ class Sender:
             if spec.scheduled_ns > now_ns():  # handed over ahead of its instant
                 await sleep_until_ns(spec.scheduled_ns)
             await target.send(spec, out)
+        except NotSent as exc:  # this worker got to it too late: the parent counts it
+            wire.pack_not_sent(self._batch, rid, exc.reason)
+            return
         except asyncio.CancelledError:
             # the parent's drain deadline (or its exit): keep what arrived, say it was cut
             out.error = ErrorKind.CANCELLED
             out.end_ns = out.end_ns or now_ns()
-        finally:
-            self.tasks.pop(rid, None)
-            wire.pack_outcome(self._batch, rid, out)
-            self._more.set()
+        wire.pack_outcome(self._batch, rid, out)
+
+    def _done(self, rid: int, task: asyncio.Task[None]) -> None:
+        self.tasks.pop(rid, None)
+        if task.cancelled():  # cut before its first step: it never went out
+            wire.pack_not_sent(self._batch, rid, LATE)
+        self._more.set()
 
     async def flush_forever(self) -> None:
         """Hand finished requests back: one frame per loop turn, however many finished."""

@@ -126,16 +126,7 @@ class Worker:
     ) -> asyncio.Future[None]:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.pending[rid] = (out, done)
-        wire.pack_spec(
-            self._batch,
-            rid,
-            target,
-            spec.seq,
-            spec.max_tokens,
-            spec.temperature,
-            spec.scheduled_ns,
-            spec.prompt,
-        )
+        wire.pack_spec(self._batch, rid, target, spec)
         self._more.set()
         return done
 
@@ -165,6 +156,10 @@ class Worker:
             if got is None:
                 continue
             out, done = got
+            if fields[8] == wire.NOT_SENT:  # the worker reached it past its deadline
+                if not done.done():
+                    done.set_exception(NotSent(detail))
+                continue
             wall = out.wall_start
             wire.apply(out, fields, detail, itl, keys, shift)
             out.wall_start = out.wall_start or wall  # cut before it went out: unsent
@@ -406,7 +401,7 @@ class WorkerPool:
                 again = asyncio.get_running_loop().create_future()
                 w.pending[rid] = (out, again)
                 w.cancel(rid)
-                with contextlib.suppress(TimeoutError):
+                with contextlib.suppress(TimeoutError, NotSent):
                     await asyncio.wait_for(again, CANCEL_WAIT_S)
             raise
 

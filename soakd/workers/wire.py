@@ -9,12 +9,14 @@ could misread, since both ends are the same installed code.
   resolved configs (secrets by reference only: the worker reads its keys itself).
 - ``READY`` (worker -> parent, JSON): the worker's pid.
 - ``SEND`` (parent -> worker): requests, each ``id, target, seq, max_tokens,
-  temperature, scheduled_ns`` and the prompt. ``scheduled_ns`` is on the parent's clock;
-  the worker converts it with the offset the parent measured.
+  temperature, scheduled_ns, deadline_ns`` and the prompt. The instants are on the
+  parent's clock; the worker converts them with the offset the parent measured.
 - ``CANCEL`` (parent -> worker): request ids to cut (the drain deadline passed).
 - ``PING`` / ``PONG``: the clock check (``t0`` from the parent, ``t1`` the worker's now).
 - ``OUTCOMES`` (worker -> parent): finished requests, each the id and every field of an
-  Outcome the worker filled (instants on the worker's clock, ITL gaps as raw int64).
+  Outcome the worker filled (instants on the worker's clock, ITL gaps as raw int64), or
+  the id and why it was not sent (``NOT_SENT``: past its deadline when the worker got to
+  it).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from soakd.analysis import itl_keys
-from soakd.model import ErrorKind, Outcome
+from soakd.model import ErrorKind, Outcome, RequestSpec
 
 HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK = range(1, 9)
 
@@ -37,7 +39,8 @@ HEAD: Final = struct.Struct("<IB")
 MAX_FRAME: Final = 64 << 20
 """A frame longer than this is a broken peer, not data."""
 
-_SPEC = struct.Struct("<IHqIdqI")  # id, target, seq, max_tokens, temperature, scheduled, len
+_SPEC = struct.Struct("<IHqIdqqI")
+# id, target, seq, max_tokens, temperature, scheduled, deadline (0: none), len(prompt)
 _OUT = struct.Struct("<IqdqqqqHBBiIBIdBHIH")
 # id, sent, wall_start, first_byte, first_token, last_token, end, status, error, oom,
 # prompt_tokens, output_tokens, usage_reported, content_chunks, retry_after, resends,
@@ -47,6 +50,8 @@ _CLOCK = struct.Struct("<qq")
 _IDS = struct.Struct("<I")
 _NONE = -1
 _NO_KIND = 255
+NOT_SENT: Final = 254
+"""The error byte of a record that never went out (``NotSent``): its detail is the reason."""
 KINDS: Final = tuple(ErrorKind)
 _KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
 _ITL_SIZE = array("q").itemsize
@@ -65,33 +70,34 @@ def json_frame(kind: int, doc: dict[str, Any]) -> bytes:
     return frame(kind, json.dumps(doc).encode())
 
 
-def pack_spec(
-    buf: bytearray,
-    rid: int,
-    target: int,
-    seq: int,
-    max_tokens: int,
-    temperature: float,
-    scheduled_ns: int,
-    prompt: str,
-) -> None:
+def pack_spec(buf: bytearray, rid: int, target: int, spec: RequestSpec) -> None:
     """Append one request to a SEND batch."""
-    text = prompt.encode()
-    buf += _SPEC.pack(rid, target, seq, max_tokens, temperature, scheduled_ns, len(text))
+    text = spec.prompt.encode()
+    buf += _SPEC.pack(
+        rid,
+        target,
+        spec.seq,
+        spec.max_tokens,
+        spec.temperature,
+        spec.scheduled_ns,
+        spec.deadline_ns,
+        len(text),
+    )
     buf += text
 
 
-def unpack_specs(payload: bytes) -> Iterator[tuple[int, int, int, int, float, int, str]]:
-    """``(id, target, seq, max_tokens, temperature, scheduled_ns, prompt)`` per request."""
+def unpack_specs(payload: bytes) -> Iterator[tuple[int, int, int, int, float, int, int, str]]:
+    """``(id, target, seq, max_tokens, temperature, scheduled_ns, deadline_ns, prompt)`` per
+    request (instants on the parent's clock)."""
     at, end, size = 0, len(payload), _SPEC.size
     while at < end:
         if at + size > end:
             raise WireError("SEND batch ends inside a request")
-        rid, target, seq, max_tokens, temp, scheduled, n = _SPEC.unpack_from(payload, at)
+        rid, target, seq, max_tokens, temp, scheduled, deadline, n = _SPEC.unpack_from(payload, at)
         at += size
         if at + n > end:
             raise WireError("SEND batch ends inside a prompt")
-        yield rid, target, seq, max_tokens, temp, scheduled, payload[at : at + n].decode()
+        yield rid, target, seq, max_tokens, temp, scheduled, deadline, payload[at : at + n].decode()
         at += n
     if at != end:
         raise WireError("SEND batch ends inside a request")
@@ -153,6 +159,33 @@ def pack_outcome(buf: bytearray, rid: int, o: Outcome) -> None:
             pairs.append(key)
             pairs.append(n)
         buf += pairs.tobytes()
+
+
+def pack_not_sent(buf: bytearray, rid: int, reason: str) -> None:
+    """Append a request the worker did not send (``NotSent``) to an OUTCOMES batch."""
+    text = reason.encode()
+    buf += _OUT.pack(
+        rid,
+        0,
+        0.0,
+        _NONE,
+        _NONE,
+        _NONE,
+        0,
+        0,
+        NOT_SENT,
+        0,
+        _NONE,
+        0,
+        0,
+        0,
+        math.nan,
+        0,
+        len(text),
+        0,
+        0,
+    )
+    buf += text
 
 
 Record = tuple[int, tuple[Any, ...], str, "array[int]", dict[int, int]]

@@ -279,12 +279,22 @@ class Runner:
         if not task.cancelled() and task.exception() is not None:
             self._failed(name, "request_failed", task)  # retrieved: never lost unseen
 
-    def _spec(self, name: str, phase: Phase, scheduled_ns: int) -> RequestSpec:
+    def _spec(
+        self, name: str, phase: Phase, scheduled_ns: int, deadline_ns: int = 0
+    ) -> RequestSpec:
         seq = self._seq[name]
         self._seq[name] = seq + 1
         prompt, tokens = self.prompts.spec_fields(seq)
         return RequestSpec(
-            name, phase.name, seq, prompt, tokens, self.max_tokens, self.temperature, scheduled_ns
+            name,
+            phase.name,
+            seq,
+            prompt,
+            tokens,
+            self.max_tokens,
+            self.temperature,
+            scheduled_ns,
+            deadline_ns,
         )
 
     async def _one(self, name: str, spec: RequestSpec) -> Outcome | None:
@@ -381,7 +391,7 @@ class Runner:
                 else:
                     if gate is not None:
                         gate.sent()
-                    self._send(name, self._spec(name, phase, due))
+                    self._send(name, self._spec(name, phase, due, due + late))
                 offset = -1
         except asyncio.CancelledError:
             # stopped (the plan's end, a signal) while behind: the instants already due

@@ -11,7 +11,7 @@ import ssl
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from soakd.config import ConfigError, TargetConfig
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.targets import open_target
 from soakd.targets import openai as openai_target
+from soakd.types import NotSent
 from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(20)]
@@ -323,6 +324,23 @@ async def test_connection_is_reused(server: Server) -> None:
         await target.aclose()
     assert all(out.ok for out in outs)
     assert len(set(server.peers)) == 1
+
+
+async def test_past_its_deadline_a_request_is_not_sent(server: Server) -> None:
+    """A send reached after its deadline (the sender was behind) raises NotSent(late)
+    before anything goes out; one within its deadline is sent."""
+    target = await open_target(config(server.url("good")))
+    now = time.perf_counter_ns()
+    try:
+        with pytest.raises(NotSent) as info:
+            await target.send(replace(SPEC, scheduled_ns=now - 2_000_000, deadline_ns=now - 1))
+        assert server.seen == []
+        out = await target.send(replace(SPEC, scheduled_ns=now, deadline_ns=now + 10**12))
+    finally:
+        await target.aclose()
+    assert info.value.reason == "late"
+    assert out.ok
+    assert len(server.seen) == 1
 
 
 async def test_stream_cut_midway_keeps_what_arrived(server: Server) -> None:

@@ -337,3 +337,46 @@ async def test_drain_deadline_cuts_what_the_workers_hold_once(tmp_path: Path) ->
     with JournalReader(run.run_dir) as journal:
         cut = [r for r in journal.request_rows() if r["error"] == "cancelled"]
     assert all(r["sent_ns"] for r in cut)  # sent, then cut: when it went out is kept
+
+
+async def test_a_stalled_worker_counts_its_backlog_late_and_never_sends_it(
+    tmp_path: Path, sims: dict[str, SimServer]
+) -> None:
+    """A worker stopped (SIGSTOP) for longer than max_lateness, while the parent goes on
+    handing it its share of a Poisson schedule: once it runs again, what it got meanwhile
+    is past its deadline. It is counted as late sends, never sent, and the journal still
+    equals what the server finished."""
+    rate, stall_s = 40, 1.5
+    load = {"mode": "poisson", "rate": rate, "max_lateness": "300ms"}
+    phases = [{"name": "open", "duration": "1h", "load": load}]
+    run = Run(tmp_path, config({"a": sims["a"].url}, phases, 2), tmp_path / "run")
+    try:
+        await run.start()
+        await run.until("requests through both workers", lambda p="open": _each_worker(run, p, 2))
+        victim = (await run.status())["workers"][0]["pid"]
+        before = total(await run.metrics(), "soakd_sends_missed_total", reason="late")
+        os.kill(victim, signal.SIGSTOP)
+        await asyncio.sleep(stall_s)
+        os.kill(victim, signal.SIGCONT)
+        page = await run.until(
+            "the stalled worker's backlog counted late",
+            lambda: _metrics_when(
+                run, lambda m: total(m, "soakd_sends_missed_total", reason="late") > before
+            ),
+        )
+        page = await run.metrics()
+        assert run.proc is not None
+        run.proc.send_signal(signal.SIGTERM)
+        assert await run.wait(DRAIN_S + 30) == 0, run.out.decode()[-3000:]
+    finally:
+        await run.aclose()
+    finished, aborted = (await served_by({"a": sims["a"]}))["a"]
+    rows = journal_rows(run.run_dir)
+    late = total(page, "soakd_sends_missed_total", reason="late") - before
+    print(f"\nserver finished {finished:g} aborted {aborted:g}; journal {len(rows)}; late {late:g}")
+    # about half the instants of the stall beyond max_lateness went to the stopped worker
+    assert late >= rate * (stall_s - 0.3) / 2 * 0.5
+    assert total(page, "soakd_workers_up") == 2  # stalled is not dead: nothing restarted
+    assert Counter(r[2] for r in rows) == {None: len(rows)}
+    assert len(rows) == finished
+    assert aborted == 0

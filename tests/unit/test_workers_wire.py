@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import pytest
 
-from soakd.model import ErrorKind, Outcome
+from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.workers import wire
 from soakd.workers.pool import WorkerGate, worker_count
 
@@ -53,17 +53,34 @@ def test_clock_shift_moves_every_instant_and_nothing_else() -> None:
     assert list(got.itl_ns) == list(sent.itl_ns)
 
 
+def spec(seq: int, prompt: str, scheduled: int, deadline: int = 0) -> RequestSpec:
+    return RequestSpec("t", "p", seq, prompt, 3, 64, 0.7, scheduled, deadline)
+
+
 def test_specs_round_trip_with_any_prompt() -> None:
     buf = bytearray()
-    specs = [(1, 0, 5, 64, 0.7, 123, "héllo\nworld"), (2, 3, 6, 1, 0.0, -1, "")]
-    for s in specs:
-        wire.pack_spec(buf, *s)
-    assert list(wire.unpack_specs(bytes(buf))) == specs
+    specs = [(1, 0, spec(5, "héllo\nworld", 123, 2_000_123)), (2, 3, spec(6, "", -1))]
+    for rid, target, s in specs:
+        wire.pack_spec(buf, rid, target, s)
+    assert list(wire.unpack_specs(bytes(buf))) == [
+        (1, 0, 5, 64, 0.7, 123, 2_000_123, "héllo\nworld"),
+        (2, 3, 6, 64, 0.7, -1, 0, ""),
+    ]
+
+
+def test_a_not_sent_record_carries_its_reason_and_nothing_else() -> None:
+    buf = bytearray()
+    wire.pack_not_sent(buf, 9, "late")
+    wire.pack_outcome(buf, 10, filled(None))
+    (rid, fields, detail, itl, keys), (rid2, fields2, *_) = wire.unpack_outcomes(bytes(buf))
+    assert (rid, fields[8], detail, len(itl), keys) == (9, wire.NOT_SENT, "late", 0, {})
+    assert rid2 == 10
+    assert fields2[8] != wire.NOT_SENT
 
 
 def test_a_cut_batch_is_a_wire_error() -> None:
     buf = bytearray()
-    wire.pack_spec(buf, 1, 0, 5, 64, 0.7, 123, "hello")
+    wire.pack_spec(buf, 1, 0, spec(5, "hello", 123))
     with pytest.raises(wire.WireError):
         list(wire.unpack_specs(bytes(buf[:-2])))
     out = bytearray()
