@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 import time
@@ -222,6 +223,7 @@ class Soak:
             try:
                 await self._starting
                 self._status = self.status()
+                gc.freeze()  # what start-up made lives all run: full collections skip it
             except asyncio.CancelledError:
                 if not self._signals:
                     raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -134,6 +135,7 @@ async def serve(sock: socket.socket) -> int:
     targets = [await open_target(cfg, run_id=hello["run_id"]) for cfg in cfgs]
     sender = Sender(targets, writer)
     writer.write(wire.json_frame(wire.READY, {"pid": os.getpid()}))
+    gc.freeze()  # start-up's objects live all run: full collections skip them
     flusher = asyncio.create_task(sender.flush_forever())
     try:
         while (got := await wire.read_frame(reader)) is not None:
