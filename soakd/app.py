@@ -224,6 +224,7 @@ class Soak:
                 await self._starting
                 self._status = self.status()
                 gc.freeze()  # what start-up made lives all run: full collections skip it
+                stack.callback(gc.unfreeze)  # back in sight for a caller's later runs
             except asyncio.CancelledError:
                 if not self._signals:
                     raise
