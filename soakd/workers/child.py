@@ -90,6 +90,9 @@ class Sender:
             wire.pack_not_sent(self._batch, rid, exc.reason)
             return
         except asyncio.CancelledError:
+            if not out.sent_ns:  # cut while it waited for its instant: it never went out
+                wire.pack_not_sent(self._batch, rid, LATE)
+                return
             # the parent's drain deadline (or its exit): keep what arrived, say it was cut
             out.error = ErrorKind.CANCELLED
             out.end_ns = out.end_ns or now_ns()

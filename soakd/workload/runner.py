@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from functools import partial
 from typing import Any, Final
@@ -371,20 +372,27 @@ class Runner:
         cap, late = shape.max_in_flight, shape.max_lateness_ns
         gate = self._gates.get(name)
         busy, miss, pname, lead = self._busy, self.ledger.miss, phase.name, self._lead_ns
+        # handed over ``lead`` early and not due yet: not in flight for the cap (with a
+        # worker process they wait there for their instant)
+        ahead: deque[int] = deque()
         offset = -1  # the instant taken from the schedule and not yet dealt with
         burst = 0  # instants sent in this loop turn, already due
         try:
             for offset in schedule:
                 due = start_abs + offset
-                if burst >= CATCH_UP or due - lead > now_ns():
+                now = now_ns()
+                if burst >= CATCH_UP or due - lead > now:
                     await sleep_until_ns(due - lead)  # sub-ms (timerfd); yields when past
                     burst = 0
+                    now = now_ns()
                 else:
                     burst += 1
-                behind = now_ns() - due
+                while ahead and ahead[0] <= now:
+                    ahead.popleft()
+                behind = now - due
                 if behind > late:  # too far behind: drop the backlog up to now, go on fresh
                     miss(name, pname, LATE, 1 + schedule.skip_to(offset + behind + 1))
-                elif cap and busy[name] >= cap:
+                elif cap and busy[name] - len(ahead) >= cap:
                     miss(name, pname, IN_FLIGHT_CAP, 1)
                 elif gate is not None and gate.delay_s() > 0:
                     miss(name, pname, gate.pause_reason, 1)
@@ -392,6 +400,8 @@ class Runner:
                     if gate is not None:
                         gate.sent()
                     self._send(name, self._spec(name, phase, due, due + late))
+                    if due > now:
+                        ahead.append(due)
                 offset = -1
         except asyncio.CancelledError:
             # stopped (the plan's end, a signal) while behind: the instants already due

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import random
 
-from soakd.model import LoadShape
+from soakd.model import LoadShape, Outcome, RequestSpec
 from soakd.workload.arrivals import arrivals
 from soakd.workload.runner import Runner
+from soakd.workload.timer import sleep_until_ns
 from tests.unit.test_runner import MS, FakeTarget, Prompts, Sink, plan_of
 
 
@@ -99,3 +100,27 @@ async def test_a_huge_closed_loop_grows_without_holding_the_loop() -> None:
     assert await runner.drain(5) == 0
     assert len(sink.outcomes) == 5000  # the ones in flight finished; none after the stop
     assert runner.in_flight == {"a": 0}
+
+
+class AheadTarget(FakeTarget):
+    """Takes requests early and sends each at its instant, as a worker process does."""
+
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        await sleep_until_ns(spec.scheduled_ns)
+        return await super().send(spec, outcome)
+
+
+async def test_requests_handed_over_ahead_are_not_in_flight_for_the_cap() -> None:
+    """With a 50 ms lead, five requests wait for their instants at any moment; the cap of
+    2 is compared with what was really sent (one at a time here), so nothing is missed."""
+    target = AheadTarget("a", delay_s=0.004)
+    shape = LoadShape("constant", rate=100, max_in_flight=2)
+    plan = plan_of(("ahead", 500, {"a": shape}))
+    sink = Sink()
+    runner = Runner(
+        plan, {"a": target}, Prompts(), [sink], max_tokens=8, temperature=0.7, lead_ns=50 * MS
+    )
+    await run_plan(runner, 500)
+    assert runner.ledger.by_target().get("a", {}) == {}
+    assert len(sink.outcomes) == planned(shape, 500)
+    assert target.peak <= 2
