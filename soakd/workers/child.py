@@ -51,8 +51,7 @@ class Sender:
         self.writer = writer
         self.shift = 0  # parent clock - this clock (from the parent's clock check)
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self._batch = bytearray()
-        self._more = asyncio.Event()
+        self.outbox = wire.Outbox()
 
     def start(self, payload: bytes) -> None:
         loop = asyncio.get_running_loop()
@@ -87,31 +86,21 @@ class Sender:
                 await sleep_until_ns(spec.scheduled_ns)
             await target.send(spec, out)
         except NotSent as exc:  # this worker got to it too late: the parent counts it
-            wire.pack_not_sent(self._batch, rid, exc.reason)
+            wire.pack_not_sent(self.outbox.buf(wire.OUTCOMES), rid, exc.reason)
             return
         except asyncio.CancelledError:
             if not out.sent_ns:  # cut while it waited for its instant: it never went out
-                wire.pack_not_sent(self._batch, rid, LATE)
+                wire.pack_not_sent(self.outbox.buf(wire.OUTCOMES), rid, LATE)
                 return
             # the parent's drain deadline (or its exit): keep what arrived, say it was cut
             out.error = ErrorKind.CANCELLED
             out.end_ns = out.end_ns or now_ns()
-        wire.pack_outcome(self._batch, rid, out)
+        wire.pack_outcome(self.outbox.buf(wire.OUTCOMES), rid, out)
 
     def _done(self, rid: int, task: asyncio.Task[None]) -> None:
         self.tasks.pop(rid, None)
         if task.cancelled():  # cut before its first step: it never went out
-            wire.pack_not_sent(self._batch, rid, LATE)
-        self._more.set()
-
-    async def flush_forever(self) -> None:
-        """Hand finished requests back: one frame per loop turn, however many finished."""
-        while True:
-            await self._more.wait()
-            self._more.clear()
-            batch, self._batch = self._batch, bytearray()
-            self.writer.write(wire.frame(wire.OUTCOMES, batch))
-            await self.writer.drain()
+            wire.pack_not_sent(self.outbox.buf(wire.OUTCOMES), rid, LATE)
 
     async def finish(self) -> None:
         """Cut what is still in flight, hand it back, close the targets."""
@@ -119,10 +108,9 @@ class Sender:
             task.cancel()
         if self.tasks:
             await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-        if self._batch:
-            with contextlib.suppress(OSError):
-                self.writer.write(wire.frame(wire.OUTCOMES, bytes(self._batch)))
-                await self.writer.drain()
+        with contextlib.suppress(OSError):
+            self.outbox.write_to(self.writer)
+            await self.writer.drain()
         for target in self.targets:
             await target.aclose()
 
@@ -139,7 +127,7 @@ async def serve(sock: socket.socket) -> int:
     sender = Sender(targets, writer)
     writer.write(wire.json_frame(wire.READY, {"pid": os.getpid()}))
     gc.freeze()  # start-up's objects live all run: full collections skip them
-    flusher = asyncio.create_task(sender.flush_forever())
+    flusher = asyncio.create_task(sender.outbox.flush_forever(writer))
     try:
         while (got := await wire.read_frame(reader)) is not None:
             kind, payload = got

@@ -120,9 +120,7 @@ class Worker:
         self.started = 0.0
         self.up = False
         self.delay = BACKOFF_S[0] / 2  # the last restart's back-off
-        self._batch = bytearray()
-        self._cancels: list[int] = []
-        self._more = asyncio.Event()
+        self.outbox = wire.Outbox()
         self._pong: asyncio.Future[tuple[int, int]] | None = None
 
     def submit(
@@ -130,28 +128,12 @@ class Worker:
     ) -> asyncio.Future[None]:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.pending[rid] = (out, done)
-        wire.pack_spec(self._batch, rid, target, spec)
-        self._more.set()
+        wire.pack_spec(self.outbox.buf(wire.SEND), rid, target, spec)
         return done
 
     def cancel(self, rid: int) -> None:
         if rid in self.pending:
-            self._cancels.append(rid)
-            self._more.set()
-
-    async def flush_forever(self) -> None:
-        """One SEND frame per loop turn, however many requests it holds."""
-        assert self.writer is not None
-        while True:
-            await self._more.wait()
-            self._more.clear()
-            if self._batch:
-                batch, self._batch = self._batch, bytearray()
-                self.writer.write(wire.frame(wire.SEND, batch))
-            if self._cancels:
-                ids, self._cancels = self._cancels, []
-                self.writer.write(wire.frame(wire.CANCEL, wire.pack_ids(ids)))
-            await self.writer.drain()
+            wire.pack_ids(self.outbox.buf(wire.CANCEL), rid)
 
     def finished(self, payload: bytes, count: Callable[[int, str], None] | None) -> None:
         shift = self.shift
@@ -176,7 +158,7 @@ class Worker:
         """The worker is gone: what it held is recorded once, as lost."""
         lost = list(self.pending.values())
         self.pending.clear()
-        self._batch, self._cancels = bytearray(), []  # never sent: they are lost too
+        self.outbox.clear()  # never sent: they are lost too
         end = now_ns()
         for out, done in lost:
             out.error, out.error_detail = ErrorKind.WORKER_LOST, why
@@ -271,7 +253,7 @@ class WorkerPool:
         w.writer.write(wire.frame(wire.CLOCK, wire.pack_clock(w.shift, 0)))
         if self._metrics is not None:
             self._metrics.offset.labels(str(w.index)).set(offset / 1e9)
-        w.flusher = asyncio.create_task(w.flush_forever())
+        w.flusher = asyncio.create_task(w.outbox.flush_forever(w.writer))
         w.started = time.monotonic()
         w.up = True
         self._up.append(w)

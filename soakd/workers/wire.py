@@ -103,8 +103,9 @@ def unpack_specs(payload: bytes) -> Iterator[tuple[int, int, int, int, float, in
         raise WireError("SEND batch ends inside a request")
 
 
-def pack_ids(ids: list[int]) -> bytes:
-    return struct.pack(f"<{len(ids)}I", *ids)
+def pack_ids(buf: bytearray, rid: int) -> None:
+    """Append one request id to a CANCEL batch."""
+    buf += _IDS.pack(rid)
 
 
 def unpack_ids(payload: bytes) -> tuple[int, ...]:
@@ -260,6 +261,41 @@ def apply(
     o.retry_after_s = None if math.isnan(retry) else retry
     o.itl_ns = itl
     o.itl_keys = keys or None
+
+
+class Outbox:
+    """Records for the other end, batched: at most one frame per kind per loop turn,
+    however many records it holds, written in the order of the kinds' numbers (a SEND
+    before a CANCEL of the same turn, so a cut never overtakes its request)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, bytearray] = {}
+        self._more = asyncio.Event()
+
+    def buf(self, kind: int) -> bytearray:
+        """The open batch of ``kind``: pack records into it; it leaves at the next flush."""
+        part = self._parts.get(kind)
+        if part is None:
+            part = self._parts[kind] = bytearray()
+        self._more.set()
+        return part
+
+    def clear(self) -> None:
+        """Forget what is waiting (the other end is gone)."""
+        self._parts = {}
+
+    def write_to(self, writer: asyncio.StreamWriter) -> None:
+        parts, self._parts = self._parts, {}
+        for kind in sorted(parts):
+            if parts[kind]:
+                writer.write(frame(kind, parts[kind]))
+
+    async def flush_forever(self, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await self._more.wait()
+            self._more.clear()
+            self.write_to(writer)
+            await writer.drain()
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes] | None:

@@ -139,3 +139,26 @@ def test_gate_no_worker_up_pauses_with_its_own_reason() -> None:
     gate.sent()
     assert inner.sends == 1
     assert WorkerGate(pool, None).delay_s() == 0.0  # type: ignore[arg-type]
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+
+
+def test_outbox_one_frame_per_kind_and_a_cut_never_overtakes_its_request() -> None:
+    box = wire.Outbox()
+    wire.pack_ids(box.buf(wire.CANCEL), 7)  # the cut queued first, in the same turn
+    wire.pack_spec(box.buf(wire.SEND), 7, 0, spec(1, "a", 10))
+    wire.pack_spec(box.buf(wire.SEND), 8, 0, spec(2, "b", 20))
+    writer = _Writer()
+    box.write_to(writer)  # type: ignore[arg-type]
+    kinds = [wire.HEAD.unpack_from(f)[1] for f in writer.frames]
+    assert kinds == [wire.SEND, wire.CANCEL]
+    assert [r[0] for r in wire.unpack_specs(writer.frames[0][wire.HEAD.size :])] == [7, 8]
+    assert wire.unpack_ids(writer.frames[1][wire.HEAD.size :]) == (7,)
+    box.write_to(writer)  # nothing new: no empty frame
+    assert len(writer.frames) == 2
