@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import aiohttp
@@ -144,15 +145,16 @@ async def test_vllm_through_workers_counts_match_across_a_worker_kill(
     vllm: VllmServer, tmp_path: Path
 ) -> None:
     """Two sender processes against the real vLLM; one is SIGKILLed mid-run and comes
-    back. vLLM's own counters and soakd's agree: every answer soakd counted ok, vLLM
-    finished; what vLLM saw beyond that was in the killed worker's hands (worker_lost)."""
+    back, then SIGTERM stops the run. vLLM's own counters and soakd's agree: every answer
+    soakd counted ok, vLLM finished; what vLLM saw beyond that was in the killed worker's
+    hands (worker_lost)."""
     cfg = config_from_dict(
         {
             "run": {"name": "workers", "drain_timeout": "30s", "workers": 2},
             "targets": [{"name": "vllm", "base_url": vllm.base_url, "model": vllm.model}],
             "workload": {"max_tokens": MAX_TOKENS, "prompts": {"input_tokens": {"mean": 32}}},
             "phases": [
-                {"name": "closed", "duration": "12s", "load": {"mode": "closed", "concurrency": 4}}
+                {"name": "closed", "duration": "10m", "load": {"mode": "closed", "concurrency": 4}}
             ],
         }
     )
@@ -174,6 +176,14 @@ async def test_vllm_through_workers_counts_match_across_a_worker_kill(
     victim = pool.workers[0].proc
     assert victim is not None
     os.kill(victim.pid, signal.SIGKILL)
+    # back up (a new process: seconds on a machine vLLM keeps busy) and sending again
+    sent_before = handed_back(0)
+    deadline = time.monotonic() + 120
+    while pool.restarts < 1 or handed_back(0) < sent_before + 3:
+        assert not run.done(), "the run ended before the killed worker came back"
+        assert time.monotonic() < deadline, "the killed worker did not come back in 120 s"
+        await asyncio.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)  # soakd's handler: stop and drain, as a user would
     result = await run
     after = await vllm_served(vllm)
     finished, aborted = after[0] - before[0], after[1] - before[1]
@@ -182,7 +192,7 @@ async def test_vllm_through_workers_counts_match_across_a_worker_kill(
     ok = count(text, "soakd_requests_total", target="vllm", outcome="ok")
     lost = count(text, "soakd_requests_total", target="vllm", outcome="worker_lost")
     print(f"\nvLLM finished {finished:g} aborted {aborted:g}; soakd ok {ok:g} lost {lost:g}")
-    assert result.completed
+    assert not result.completed  # stopped by the signal, drained
     assert count(text, "soakd_requests_total", target="vllm") == ok + lost  # nothing else
     assert pool.restarts == 1
     assert ok >= 10
