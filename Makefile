@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-tools test-docker lint setup setup-servers setup-system clean
+.PHONY: demo test test-fast test-tools test-docker lint setup setup-servers setup-system bench bench-manycore bench-workers clean
 
 PIP_LOG := .cache/setup-venv-pip.log
 
@@ -81,6 +81,13 @@ bench: $(STAMP) setup-servers
 ## .cache/bench/results/manycore-<cores>c.{json,md} (docs/benchmarks.md, "Many cores")
 bench-manycore: $(STAMP)
 	$(BIN)/python bench/suite.py manycore
+
+## bench-workers: run.workers (8 by default) against the stub, next to one bare loop per
+## worker: 16- and 512-token streams, Poisson 5,000 req/s, TTFT at 256 streams (~3 min on
+## 16 cores; WORKERS=N to change); writes .cache/bench/results/workers/results.json
+## (docs/benchmarks.md, "Worker processes")
+bench-workers: $(STAMP)
+	$(BIN)/python bench/workers.py --out .cache/bench/results/workers --workers $(or $(WORKERS),8)
 
 clean:
 	rm -rf $(VENV) .venv-vllm .cache runs
