@@ -42,6 +42,9 @@ from soakd.workload.timer import sleep_until_ns
 log = structlog.get_logger()
 now_ns = time.perf_counter_ns
 
+OUTCOME_WAIT_NS = 2_000_000
+"""How long a finished open-loop request may wait to be handed back with others."""
+
 
 class Sender:
     """One worker's state: its targets, its requests in flight, its outgoing batch."""
@@ -95,7 +98,10 @@ class Sender:
             # the parent's drain deadline (or its exit): keep what arrived, say it was cut
             out.error = ErrorKind.CANCELLED
             out.end_ns = out.end_ns or now_ns()
-        wire.pack_outcome(self.outbox.buf(wire.OUTCOMES), rid, out)
+        # a closed-loop stream waits for this outcome to send its next request; an
+        # open-loop one is paced by the parent's schedule: it may travel with others
+        wait = OUTCOME_WAIT_NS if spec.deadline_ns else 0
+        wire.pack_outcome(self.outbox.buf(wire.OUTCOMES, wait), rid, out)
 
     def _done(self, rid: int, task: asyncio.Task[None]) -> None:
         self.tasks.pop(rid, None)

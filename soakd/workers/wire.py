@@ -264,20 +264,31 @@ def apply(
 
 
 class Outbox:
-    """Records for the other end, batched: at most one frame per kind per loop turn,
-    however many records it holds, written in the order of the kinds' numbers (a SEND
-    before a CANCEL of the same turn, so a cut never overtakes its request)."""
+    """Records for the other end, batched: at most one frame per kind per flush, however
+    many records it holds, written in the order of the kinds' numbers (a SEND before a
+    CANCEL of the same turn, so a cut never overtakes its request).
+
+    A record someone waits for (``buf``) is flushed at the end of this loop turn; one
+    nobody waits for (``buf(kind, wait_ns=...)``: an open-loop outcome, whose instants are
+    already stamped) may wait that long for company, so a busy worker writes a frame every
+    few ms, not one per request."""
 
     def __init__(self) -> None:
         self._parts: dict[int, bytearray] = {}
         self._more = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
 
-    def buf(self, kind: int) -> bytearray:
-        """The open batch of ``kind``: pack records into it; it leaves at the next flush."""
+    def buf(self, kind: int, wait_ns: int = 0) -> bytearray:
+        """The open batch of ``kind``: pack records into it; it leaves at the next flush,
+        within ``wait_ns`` (0: this turn)."""
         part = self._parts.get(kind)
         if part is None:
             part = self._parts[kind] = bytearray()
-        self._more.set()
+        if not wait_ns:
+            self._more.set()
+        elif self._timer is None and not self._more.is_set():
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(wait_ns / 1e9, self._more.set)
         return part
 
     def clear(self) -> None:
@@ -285,6 +296,9 @@ class Outbox:
         self._parts = {}
 
     def write_to(self, writer: asyncio.StreamWriter) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         parts, self._parts = self._parts, {}
         for kind in sorted(parts):
             if parts[kind]:

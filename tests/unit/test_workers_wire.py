@@ -11,6 +11,7 @@ import pytest
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.workers import wire
 from soakd.workers.pool import WorkerGate, worker_count
+from tests.waiting import until
 
 
 def filled(error: ErrorKind | None) -> Outcome:
@@ -148,6 +149,9 @@ class _Writer:
     def write(self, data: bytes) -> None:
         self.frames.append(data)
 
+    async def drain(self) -> None:
+        pass
+
 
 def test_outbox_one_frame_per_kind_and_a_cut_never_overtakes_its_request() -> None:
     box = wire.Outbox()
@@ -162,3 +166,22 @@ def test_outbox_one_frame_per_kind_and_a_cut_never_overtakes_its_request() -> No
     assert wire.unpack_ids(writer.frames[1][wire.HEAD.size :]) == (7,)
     box.write_to(writer)  # nothing new: no empty frame
     assert len(writer.frames) == 2
+
+
+async def test_outbox_lets_a_record_nobody_waits_for_travel_with_the_next() -> None:
+    box = wire.Outbox()
+    writer = _Writer()
+    flusher = asyncio.create_task(box.flush_forever(writer))  # type: ignore[arg-type]
+    try:
+        wire.pack_not_sent(box.buf(wire.OUTCOMES, wait_ns=10**9), 1, "late")
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert writer.frames == []  # it waits (up to 1 s) for company
+        wire.pack_not_sent(box.buf(wire.OUTCOMES), 2, "late")  # someone waits for this one
+        await until(lambda: len(writer.frames) == 1, 5, "the frame")
+        records = list(wire.unpack_outcomes(writer.frames[0][wire.HEAD.size :]))
+        assert [r[0] for r in records] == [1, 2]  # both, in one frame
+        wire.pack_not_sent(box.buf(wire.OUTCOMES, wait_ns=20_000_000), 3, "late")
+        await until(lambda: len(writer.frames) == 2, 5, "the lone record, once its wait ran out")
+    finally:
+        flusher.cancel()
