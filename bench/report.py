@@ -586,9 +586,12 @@ def render(results: Path, dest: Path, notes: Path | None = None) -> None:
     if ab.exists():
         ab_table(json.loads(ab.read_text()), lines)
     lines += manycore_section(results)
-    hours = ROOT / "bench" / "ENDURANCE.md"  # bench/endurance.py's hours-long run, by hand
-    if hours.exists():
-        lines += [hours.read_text().rstrip(), ""]
+    # written by hand from runs this renderer does not make: bench/workers.py (a many-core
+    # machine), bench/make_journal.py and bench/endurance.py (hours)
+    for name in ("WORKERS.md", "JOURNAL.md", "ENDURANCE.md"):
+        hand = ROOT / "bench" / name
+        if hand.exists():
+            lines += [hand.read_text().rstrip(), ""]
     if notes and notes.exists():
         lines += [notes.read_text().rstrip(), ""]
     notes_default = ROOT / "bench" / "NOTES.md"
