@@ -34,6 +34,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from endurance import CONFIG, duration
+from suite import rss_anon_mb
 
 from soakd import _malloc
 from soakd.app import RunOptions, Soak
@@ -44,14 +45,6 @@ class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
         "fordblks", "keepcost")]
-
-
-def rss_anon_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 async def run(args: argparse.Namespace, out: Path) -> None:

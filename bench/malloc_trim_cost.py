@@ -17,17 +17,14 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite import rss_anon_mb
 
 from soakd import _malloc
-
-
-def rss_anon_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def timed_trim() -> tuple[float, float, bool]:

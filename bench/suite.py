@@ -1041,6 +1041,11 @@ def thread_names(pid: int) -> dict[str, int]:
     return out
 
 
+def rss_anon_mb() -> float:
+    """This process's RssAnon in MB (NaN where /proc has none)."""
+    return _status_fields(os.getpid()).get("rss_anon_mb", float("nan"))
+
+
 def _status_fields(pid: int) -> dict[str, float]:
     out = {}
     try:
