@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final, cast
 
 M_ARENA_MAX = -8  # glibc malloc.h
 ARENA_MAX = 2
@@ -28,35 +28,34 @@ TRIM_EVERY_S: Final = 60.0
 """How often the trimming thread calls ``malloc_trim(0)`` (docs/benchmarks.md, "Endurance")."""
 
 
-def limit_arenas(arenas: int = ARENA_MAX) -> bool:
-    """mallopt(M_ARENA_MAX, arenas) on glibc; True when set. A no-op elsewhere (musl, macOS)
-    and when the user chose already (MALLOC_ARENA_MAX or a glibc.malloc.arena_max tunable)."""
-    if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    if "glibc.malloc.arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_ARENA_MAX, arenas))
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None (not Linux, not glibc)."""
+def _glibc(name: str, argtypes: tuple[Any, ...]) -> Callable[..., int] | None:
+    """glibc's function ``name`` (returning int), or None: not Linux, or a libc without it
+    (musl has no ``malloc_trim``; neither has ``M_ARENA_MAX``)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fn = libc.malloc_trim
+        fn = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = (ctypes.c_size_t,)
+    fn.argtypes = argtypes
     fn.restype = ctypes.c_int
-    return fn
+    return cast("Callable[..., int]", fn)
+
+
+def limit_arenas(arenas: int = ARENA_MAX) -> bool:
+    """mallopt(M_ARENA_MAX, arenas) on glibc; True when set. A no-op elsewhere (musl, macOS)
+    and when the user chose already (MALLOC_ARENA_MAX or a glibc.malloc.arena_max tunable)."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    if "glibc.malloc.arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    mallopt = _glibc("mallopt", (ctypes.c_int, ctypes.c_int))
+    return mallopt is not None and bool(mallopt(M_ARENA_MAX, arenas))
+
+
+def _malloc_trim() -> Callable[..., int] | None:
+    """glibc's ``malloc_trim``, or None (not Linux, not glibc)."""
+    return _glibc("malloc_trim", (ctypes.c_size_t,))
 
 
 def trim() -> bool:
