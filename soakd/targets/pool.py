@@ -1,5 +1,5 @@
 """Targets room, connection pool: idle connections handed out newest first, so the pool
-shrinks back after a burst.
+shrinks back after a burst, and never one the server wrote to while it sat idle.
 
 aiohttp (3.14, as measured) keeps a host's idle connections in a deque and hands out the
 oldest first (``popleft`` in ``TCPConnector._get``). Under steady traffic every idle
@@ -18,6 +18,18 @@ connections are in the deque) and no request sees a difference: the cost is one
 Where aiohttp keeps its idle connections some other way (a list in some versions) or
 changes its internals, the override finds no deque ending with the connection just
 released and does nothing: the pool is then aiohttp's own.
+
+**Bytes on an idle connection.** Some servers and proxies write to a keep-alive
+connection nobody asked on: a ``408 Request Timeout`` as an idle notice (with or without
+closing it), or junk after an answer. aiohttp parses those bytes into the connection's
+queue as they arrive, and the next request sent on it would read them as its own answer: a
+phantom ``http_4xx`` for a request the server never got, and every later answer on that
+connection one request off. Go's net/http closes such a connection ("unsolicited response
+on idle HTTP channel"); so does ``_get`` here, before aiohttp hands out the connection at
+the front of the deque: one the server wrote to while idle (or that is closing) is closed
+and the next is looked at. Logged, never an outcome. The race left: bytes that arrive after
+the connection was handed out and before its request was written are read as the answer,
+as in Go.
 """
 
 from __future__ import annotations
@@ -25,11 +37,16 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
+import structlog
 from aiohttp import TCPConnector
 
 if TYPE_CHECKING:
     from aiohttp.client_proto import ResponseHandler
     from aiohttp.client_reqrep import ConnectionKey
+    from aiohttp.connector import Connection
+    from aiohttp.tracing import Trace
+
+log = structlog.get_logger()
 
 __all__ = ["IDLE_CLOSE_S", "NewestFirstConnector"]
 
@@ -45,6 +62,29 @@ class NewestFirstConnector(TCPConnector):
         if not kwargs.get("force_close"):
             kwargs.setdefault("keepalive_timeout", IDLE_CLOSE_S)
         super().__init__(**kwargs)
+        self.spoke_idle = 0  # idle connections closed because the server wrote on them
+
+    async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
+        conns = self._conns.get(key)
+        if isinstance(conns, deque):
+            while conns and _unusable(conns[0][0]):
+                proto, _ = conns.popleft()
+                if proto.is_connected():
+                    self._spoke(key)
+                proto.close()
+            if not conns:
+                del self._conns[key]
+        return await super()._get(key, traces)
+
+    def _spoke(self, key: ConnectionKey) -> None:
+        n = self.spoke_idle = self.spoke_idle + 1
+        if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th...
+            log.warning(
+                "server_wrote_on_idle_connection",
+                host=f"{key.host}:{key.port}",
+                times=n,
+                note="closed, not read as an answer (a 408 idle notice, or junk after an answer)",
+            )
 
     def _release(
         self, key: ConnectionKey, protocol: ResponseHandler, *, should_close: bool = False
@@ -54,3 +94,9 @@ class NewestFirstConnector(TCPConnector):
         # aiohttp appended (protocol, last use) at the back, where popleft takes it last
         if isinstance(conns, deque) and conns and conns[-1][0] is protocol:
             conns.rotate(1)
+
+
+def _unusable(proto: ResponseHandler) -> bool:
+    """Closing, or holding bytes that answer no request (``should_close``: a parsed message
+    waiting, unparsed bytes, a parse error, or ``Connection: close`` seen)."""
+    return not proto.is_connected() or proto.should_close

@@ -137,3 +137,110 @@ async def test_outcomes_equal_what_the_server_received(
         figure(f"keepalive.{mode}.soakd_counted", counted)
     assert resends > 0  # the dead pooled connections were met, and sent around
     figure("keepalive.resends", resends)
+
+
+class IdleNoticeServer:
+    """Answers every request with a short stream, keep-alive; when a connection then sits
+    idle for ``IDLE_S``, writes ``408 Request Timeout`` on it, answering no request, as
+    some servers and proxies do. ``/open/...`` keeps the connection after the notice (and
+    reads the next request on it); ``/close/...`` closes it."""
+
+    IDLE_S = 0.03
+    STREAM = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()
+        self.notices: Counter[str] = Counter()
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        mode = ""  # the first request's path says it
+        try:
+            while True:
+                if not mode:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                else:
+                    try:
+                        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.IDLE_S)
+                    except TimeoutError:
+                        self.notices[mode] += 1
+                        writer.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n")
+                        await writer.drain()
+                        if mode == "close":
+                            return
+                        head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                mode = lines[0].split(" ")[1].strip("/").split("/")[0]
+                length = next(
+                    int(v)
+                    for k, _, v in (ln.partition(":") for ln in lines)
+                    if k.lower() == "content-length"
+                )
+                await reader.readexactly(length)
+                self.requests[mode] += 1
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(self.STREAM) + self.STREAM
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> IdleNoticeServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 5)
+
+
+async def test_a_408_on_an_idle_connection_is_no_answer(tmp_path: Path) -> None:
+    """The notice must never be read as the answer to the next request sent on that
+    connection: every request the server got is one success, and nothing else counted."""
+    async with IdleNoticeServer() as server:
+        cfg = config_from_dict(
+            {
+                "run": {"name": "idle408", "drain_timeout": "5s"},
+                "targets": [
+                    {
+                        "name": mode,
+                        "base_url": f"http://127.0.0.1:{server.port}/{mode}",
+                        "model": "m",
+                        "scrape": False,
+                    }
+                    for mode in ("open", "close")
+                ],
+                "workload": {"max_tokens": 4},
+                "gpu": {"source": "none"},
+                "phases": [
+                    {"name": "p", "duration": "2s", "load": {"mode": "constant", "rate": 10}}
+                ],
+            }
+        )
+        soak = Soak(
+            cfg,
+            RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False),
+        )
+        result = await soak.run()
+    assert result.completed
+    text = generate_latest(soak.metrics.registry).decode()
+    for mode in ("open", "close"):
+        seen = server.requests[mode]
+        counted = samples(text, "soakd_requests_total", target=mode)
+        assert counted == seen, (mode, counted, seen)  # not one phantom 408
+        assert samples(text, "soakd_requests_total", target=mode, outcome="ok") == seen, mode
+        assert seen >= 15, (mode, seen)
+        assert server.notices[mode] >= 10, (mode, server.notices)  # the case was met
+        figure(f"keepalive.idle408.{mode}.server_saw", seen)
+        figure(f"keepalive.idle408.{mode}.notices", server.notices[mode])
