@@ -15,6 +15,7 @@ import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Self
 
 import pytest
 from prometheus_client import generate_latest
@@ -41,8 +42,9 @@ MODES = {  # mode: (status, content type, body, the kind soakd must count)
 }
 
 
-class ClosingServer:
-    """Reads one request per connection, answers it as keep-alive, then closes."""
+class RawServer:
+    """A raw-socket server on a free port, counting the whole requests it read by mode (the
+    first path segment); ``_handle`` is its behaviour. ``async with`` starts and stops it."""
 
     def __init__(self) -> None:
         self.requests: Counter[str] = Counter()
@@ -50,20 +52,42 @@ class ClosingServer:
         self._server: asyncio.Server | None = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    async def _read_body(self, reader: asyncio.StreamReader, head: bytes) -> str:
+        """Read the body of the request whose ``head`` was read, count it; its mode."""
+        lines = head.decode("latin-1").split("\r\n")
+        mode = lines[0].split(" ")[1].strip("/").split("/")[0]
+        length = next(
+            (
+                int(v)
+                for k, _, v in (ln.partition(":") for ln in lines)
+                if k.lower() == "content-length"
+            ),
+            0,
+        )
+        await reader.readexactly(length)
+        self.requests[mode] += 1  # the server saw a whole request
+        return mode
+
+    async def __aenter__(self) -> Self:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 5)
+
+
+class ClosingServer(RawServer):
+    """Reads one request per connection, answers it as keep-alive, then closes."""
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            mode = lines[0].split(" ")[1].strip("/").split("/")[0]
-            length = next(
-                (
-                    int(v)
-                    for k, _, v in (ln.partition(":") for ln in lines)
-                    if k.lower() == "content-length"
-                ),
-                0,
-            )
-            await reader.readexactly(length)
-            self.requests[mode] += 1  # the server saw a whole request
+            mode = await self._read_body(reader, await reader.readuntil(b"\r\n\r\n"))
             status, ctype, body, _ = MODES[mode]
             writer.write(
                 f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\n"
@@ -75,17 +99,6 @@ class ClosingServer:
             pass
         finally:
             writer.close()  # no Connection: close was said: the client thinks it may reuse it
-
-    async def __aenter__(self) -> ClosingServer:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 5)
 
 
 @pytest.fixture
@@ -139,7 +152,7 @@ async def test_outcomes_equal_what_the_server_received(
     figure("keepalive.resends", resends)
 
 
-class IdleNoticeServer:
+class IdleNoticeServer(RawServer):
     """Answers every request with a short stream, keep-alive; when a connection then sits
     idle for ``IDLE_S``, writes ``408 Request Timeout`` on it, answering no request, as
     some servers and proxies do. ``/open/...`` keeps the connection after the notice (and
@@ -153,10 +166,8 @@ class IdleNoticeServer:
     )
 
     def __init__(self) -> None:
-        self.requests: Counter[str] = Counter()
+        super().__init__()
         self.notices: Counter[str] = Counter()
-        self.port = 0
-        self._server: asyncio.Server | None = None
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         mode = ""  # the first request's path says it
@@ -174,15 +185,7 @@ class IdleNoticeServer:
                         if mode == "close":
                             return
                         head = await reader.readuntil(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                mode = lines[0].split(" ")[1].strip("/").split("/")[0]
-                length = next(
-                    int(v)
-                    for k, _, v in (ln.partition(":") for ln in lines)
-                    if k.lower() == "content-length"
-                )
-                await reader.readexactly(length)
-                self.requests[mode] += 1
+                mode = await self._read_body(reader, head)
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                     b"Content-Length: %d\r\n\r\n" % len(self.STREAM) + self.STREAM
@@ -192,17 +195,6 @@ class IdleNoticeServer:
             pass
         finally:
             writer.close()
-
-    async def __aenter__(self) -> IdleNoticeServer:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), 5)
 
 
 async def test_a_408_on_an_idle_connection_is_no_answer(tmp_path: Path) -> None:
