@@ -314,9 +314,11 @@ class Runner:
             if not outcome.sent_ns:  # cut while a worker held it for its instant
                 self.ledger.miss(name, spec.phase, LATE, 1)
                 raise
-            # only past the drain deadline: keep what arrived, say it was cut, let go
-            outcome.error = ErrorKind.CANCELLED
-            outcome.end_ns = outcome.end_ns or now_ns()
+            # only past the drain deadline: keep what arrived, say it was cut, let go (a
+            # worker's request that had ended before the cut is kept as it ended)
+            if not outcome.end_ns or outcome.error is ErrorKind.CANCELLED:
+                outcome.error = ErrorKind.CANCELLED
+                outcome.end_ns = outcome.end_ns or now_ns()
             for record in self._record:
                 record(outcome)
             raise

@@ -9,8 +9,9 @@ from dataclasses import asdict
 import pytest
 
 from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.types import NotSent
 from soakd.workers import wire
-from soakd.workers.pool import WorkerGate, worker_count
+from soakd.workers.pool import WAKE_SLICE, Wakeups, WorkerGate, worker_count
 from tests.waiting import until
 
 
@@ -185,3 +186,28 @@ async def test_outbox_lets_a_record_nobody_waits_for_travel_with_the_next() -> N
         await until(lambda: len(writer.frames) == 2, 5, "the lone record, once its wait ran out")
     finally:
         flusher.cancel()
+
+
+async def test_finished_requests_wake_a_slice_per_loop_turn_so_timers_run_between() -> None:
+    """A batch of finished requests must not hold the loop: a timer due meanwhile (the
+    open loop's next hand-over) runs after one slice of woken waiters, not after all."""
+    loop = asyncio.get_running_loop()
+    wake = Wakeups()
+    futures = [loop.create_future() for _ in range(3 * WAKE_SLICE + 2)]
+    order: list[int] = []
+    for i, f in enumerate(futures):
+        f.add_done_callback(lambda _f, i=i: order.append(i))
+    futures[1].cancel()  # the drain deadline cut this one: skipped, never set
+    for i, f in enumerate(futures):
+        wake.add(f, NotSent("late") if i == 2 else None, paced=True)
+    seen: list[int] = []
+    loop.call_later(0, lambda: seen.append(sum(f.done() and not f.cancelled() for f in futures)))
+    await until(lambda: not wake and all(f.done() for f in futures))
+    # one slice taken when the timer ran (the cut one in it), the rest after it
+    assert seen == [WAKE_SLICE - 1]
+    assert order == [1, 0, *range(2, len(futures))]  # the cut one at its cut, then in order
+    assert isinstance(futures[2].exception(), NotSent)
+    assert futures[0].result() is None
+    closed = loop.create_future()
+    wake.add(closed, paced=False)  # a closed-loop stream's next send waits on it: now
+    assert closed.done()
