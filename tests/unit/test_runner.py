@@ -137,6 +137,34 @@ async def test_drain_deadline_cancels_and_records() -> None:
     assert runner.in_flight == {"a": 0}
 
 
+class EndedTarget(FakeTarget):
+    """Fills the Outcome as a worker's answer does (ended, ok), then waits to be woken, as
+    a finished request waits for its turn among the parent's wake-ups."""
+
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        o = outcome or Outcome.planned(spec)
+        o.sent_ns = time.perf_counter_ns()
+        o.first_token_ns = o.end_ns = o.sent_ns + MS
+        o.status, o.output_tokens = 200, 1
+        self.active += 1
+        await asyncio.sleep(10)  # not woken before the drain deadline
+        return o
+
+
+async def test_a_request_that_ended_before_the_drain_cut_keeps_its_outcome() -> None:
+    """The cut reaches it between its end and its waking: it is counted as it ended, not
+    as cancelled."""
+    target = EndedTarget("a")
+    plan = plan_of(("long", 60_000, {"a": LoadShape("closed", concurrency=2)}))
+    runner, sink = runner_for(plan, target)
+    task = asyncio.create_task(runner.run())
+    await until(lambda: target.active == 2)
+    runner.stop()
+    await task
+    await runner.drain(0.1)
+    assert [(o.error, o.status) for o in sink.outcomes] == [(None, 200)] * 2
+
+
 async def test_resume_mid_plan_skips_finished_phases() -> None:
     target = FakeTarget("a")
     plan = plan_of(
