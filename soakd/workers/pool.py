@@ -224,8 +224,7 @@ class Worker:
             out.end_ns = out.end_ns or end
             if count is not None:
                 count(self.index, out.phase)
-            if not done.done():
-                done.set_result(None)
+            _wake_one(done, None)
         return len(lost)
 
     async def clock_check(self) -> tuple[int, int]:

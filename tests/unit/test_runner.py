@@ -108,15 +108,23 @@ async def test_open_loop_rate_and_lag() -> None:
     assert all(o.sent_ns >= o.scheduled_ns > 0 for o in sink.outcomes)
 
 
-async def test_stop_drains_in_flight_requests() -> None:
-    target = FakeTarget("a", delay_s=0.3)
-    plan = plan_of(("long", 60_000, {"a": LoadShape("closed", concurrency=4)}))
+async def stop_with_in_flight(
+    target: FakeTarget, streams: int, drain_s: float
+) -> tuple[Runner, Sink, int]:
+    """A closed loop of ``streams`` on ``target``, stopped once all are in flight, then
+    drained within ``drain_s``: the runner, its sink and how many the drain cut."""
+    plan = plan_of(("long", 60_000, {"a": LoadShape("closed", concurrency=streams)}))
     runner, sink = runner_for(plan, target)
     task = asyncio.create_task(runner.run())
-    await until(lambda: target.active == 4)
+    await until(lambda: target.active == streams)
     runner.stop()
     await task
-    cancelled = await runner.drain(5)
+    return runner, sink, await runner.drain(drain_s)
+
+
+async def test_stop_drains_in_flight_requests() -> None:
+    target = FakeTarget("a", delay_s=0.3)
+    runner, sink, cancelled = await stop_with_in_flight(target, 4, 5)
     assert cancelled == 0
     assert not runner.finished
     assert len(sink.outcomes) == 4  # the four in flight finished; none started after stop
@@ -125,13 +133,7 @@ async def test_stop_drains_in_flight_requests() -> None:
 
 async def test_drain_deadline_cancels_and_records() -> None:
     target = FakeTarget("a", delay_s=10)
-    plan = plan_of(("long", 60_000, {"a": LoadShape("closed", concurrency=3)}))
-    runner, sink = runner_for(plan, target)
-    task = asyncio.create_task(runner.run())
-    await until(lambda: target.active == 3)
-    runner.stop()
-    await task
-    cancelled = await runner.drain(0.1)
+    runner, sink, cancelled = await stop_with_in_flight(target, 3, 0.1)
     assert cancelled == 3
     assert [o.error for o in sink.outcomes] == [ErrorKind.CANCELLED] * 3
     assert runner.in_flight == {"a": 0}
@@ -154,14 +156,7 @@ class EndedTarget(FakeTarget):
 async def test_a_request_that_ended_before_the_drain_cut_keeps_its_outcome() -> None:
     """The cut reaches it between its end and its waking: it is counted as it ended, not
     as cancelled."""
-    target = EndedTarget("a")
-    plan = plan_of(("long", 60_000, {"a": LoadShape("closed", concurrency=2)}))
-    runner, sink = runner_for(plan, target)
-    task = asyncio.create_task(runner.run())
-    await until(lambda: target.active == 2)
-    runner.stop()
-    await task
-    await runner.drain(0.1)
+    _, sink, _ = await stop_with_in_flight(EndedTarget("a"), 2, 0.1)
     assert [(o.error, o.status) for o in sink.outcomes] == [(None, 200)] * 2
 
 
