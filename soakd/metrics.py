@@ -211,13 +211,6 @@ class Metrics:
             ["target", "phase", "reason"],
             registry=r,
         )
-        self.resends = Counter(
-            mn.CONNECTION_RESENDS_TOTAL,
-            "Requests sent again on a fresh connection because a "
-            "reused keep-alive one was dead before any response byte (not an outcome).",
-            ["target"],
-            registry=r,
-        )
         self.oom_errors = Counter(
             mn.OOM_ERRORS_TOTAL,
             "Requests whose error body said the device ran out of memory.",
@@ -389,7 +382,6 @@ class Metrics:
         self.oom_errors.labels(target)
         counts = self._run_counts.setdefault(target, [0, 0])
         self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts))
-        self.resends.labels(target)
         self.offered_rate.labels(target)
         self.offered_concurrency.labels(target)
         for phase in phases:
@@ -423,8 +415,6 @@ class Metrics:
             counts[0] += 1
             if o.status // 100 == 5 and not (o.error is not None and o.error.shed):
                 counts[1] += 1  # the guard's own 503s are load it shed, not failures
-        if o.resends:
-            self.resends.labels(o.target).inc(o.resends)
         if o.sent_ns:
             c.lag.observe(o.dispatch_lag_ns * S_PER_NS)
         if o.output_tokens:

@@ -119,7 +119,6 @@ class Outcome:
     content_chunks: int = 0
     itl_ns: array[int] = field(default_factory=lambda: array("q"))
     retry_after_s: float | None = None  # a 429/503's Retry-After (or retry-after-ms), seconds
-    resends: int = 0  # sent again on a fresh connection: a reused one was dead (not an outcome)
     # the ITL gaps' Digest buckets (key -> count): computed once, by the worker process that
     # timed the request or by the first reader (soakd.analysis.itl_keys), read by every other
     itl_keys: dict[int, int] | None = None

@@ -16,7 +16,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from json import dumps, loads
-from types import SimpleNamespace
 from typing import Any, Final
 
 import aiohttp
@@ -26,7 +25,6 @@ from aiohttp import (
     ClientSession,
     ClientTimeout,
     DummyCookieJar,
-    TraceConfig,
 )
 from pydantic import SecretStr
 from yarl import URL
@@ -85,9 +83,7 @@ class OpenAITarget:
         self.name = cfg.name
         # the run id the traceparent is derived from; None: no traceparent (soakd/tracing.py)
         self._trace_run = run_id if run_id is not None and wants_traceparent(cfg) else None
-        self._make_session = make_session  # (force_close) -> a session with soakd's headers
         self._session = make_session(not cfg.keep_alive)
-        self._fresh: ClientSession | None = None  # for resends, made when first needed
         self._url = URL(cfg.endpoint)
         self._endpoint = cfg.endpoint
         self._chat = cfg.api == "chat"
@@ -118,8 +114,6 @@ class OpenAITarget:
 
     async def aclose(self) -> None:
         await self._session.close()
-        if self._fresh is not None:
-            await self._fresh.close()
 
     def body(self, spec: RequestSpec) -> bytes:
         """The request body for ``spec``: JSON, the config's extra_body merged in."""
@@ -142,12 +136,10 @@ class OpenAITarget:
         ``outcome`` (from ``Outcome.planned``) is filled in place when given, so a caller
         that cancels still holds the CANCELLED record.
 
-        One resend, never more: when the request went out on a *reused* keep-alive
-        connection that turned out dead before any response byte (the server closed it
-        while idle, as proxies do after an error answer), the server never saw it. It
-        goes again on a fresh connection and counts once, as what the resend became
-        (``outcome.resends``), as Go's net/http does for a server-closed idle
-        connection. A request that fails that way on a fresh connection is an outcome."""
+        Sent once, never again: a connection the server had closed is never handed out
+        (soakd/targets/pool.py), and a request that fails after it was written was read by
+        the server, so it is an outcome (a second send would hide the server's failure).
+        """
         if spec.deadline_ns and _perf_ns() > spec.deadline_ns:
             raise NotSent(LATE)  # too late to be this instant's send: counted, not sent
         out = outcome if outcome is not None else Outcome.planned(spec)
@@ -157,19 +149,9 @@ class OpenAITarget:
             self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
             self._finish(out)
             return out
-        run = self._trace_run  # the resend carries the same traceparent: one request
+        run = self._trace_run
         hdrs = None if run is None else {TRACEPARENT: traceparent(run, spec.target, spec.seq)}
-        attempt = _Attempt()
-        await self._attempt(out, payload, self._session, attempt, hdrs)
-        if (
-            attempt.reused
-            and out.error is ErrorKind.STREAM_TRUNCATED
-            and not out.status
-            and out.first_byte_ns is None
-        ):
-            out.resends += 1
-            out.error, out.error_detail, out.end_ns = None, "", 0
-            await self._attempt(out, payload, self._fresh_session(), None, hdrs)
+        await self._attempt(out, payload, self._session, hdrs)
         self._finish(out)
         return out
 
@@ -178,10 +160,9 @@ class OpenAITarget:
         out: Outcome,
         payload: bytes,
         session: ClientSession,
-        attempt: _Attempt | None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        """One try of the request on ``session``; fills ``out``."""
+        """The request on ``session``; fills ``out``."""
         loop = asyncio.get_running_loop()
         stream = self._stream
         cm: asyncio.Timeout | None = None
@@ -209,7 +190,6 @@ class OpenAITarget:
                     proxy=self._proxy,
                     proxy_auth=self._proxy_auth,
                     allow_redirects=False,
-                    trace_request_ctx=attempt,
                 ) as resp,
             ):
                 out.status = status = resp.status
@@ -247,12 +227,6 @@ class OpenAITarget:
             self._fail(out, kind, detail)
         except Exception as exc:  # a bug or an unforeseen library error: still data
             self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
-
-    def _fresh_session(self) -> ClientSession:
-        """The resend's session: a new connection per request (made on first use)."""
-        if self._fresh is None:
-            self._fresh = self._make_session(True)
-        return self._fresh
 
     # --- readers -------------------------------------------------------------------------
 
@@ -448,8 +422,6 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
     if cfg.project:
         headers["OpenAI-Project"] = cfg.project
     headers.update(cfg.headers)
-    trace = TraceConfig()
-    trace.on_connection_reuseconn.append(_reused)
 
     def make_session(force_close: bool) -> ClientSession:
         return ClientSession(
@@ -466,8 +438,6 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
             # would redo it (and read ~/.netrc) in a thread on every request.
             trust_env=False,
             cookie_jar=DummyCookieJar(),  # requests stay independent (no sticky cookies)
-            # a pooled connection handed out again: a resend is allowed if it was dead
-            trace_configs=[] if force_close else [trace],
         )
 
     target = OpenAITarget(
@@ -478,21 +448,6 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-
-class _Attempt:
-    """Per request, what the connection pool did (set by the trace hook below)."""
-
-    __slots__ = ("reused",)
-
-    def __init__(self) -> None:
-        self.reused = False
-
-
-async def _reused(_session: ClientSession, ctx: SimpleNamespace, _params: object) -> None:
-    attempt = ctx.trace_request_ctx
-    if attempt is not None:
-        attempt.reused = True
 
 
 async def _read_prefix(

@@ -1,5 +1,5 @@
 """Targets room, connection pool: idle connections handed out newest first, so the pool
-shrinks back after a burst, and never one the server wrote to while it sat idle.
+shrinks back after a burst, and never one the server closed or wrote to while it sat idle.
 
 aiohttp (3.14, as measured) keeps a host's idle connections in a deque and hands out the
 oldest first (``popleft`` in ``TCPConnector._get``). Under steady traffic every idle
@@ -19,21 +19,35 @@ Where aiohttp keeps its idle connections some other way (a list in some versions
 changes its internals, the override finds no deque ending with the connection just
 released and does nothing: the pool is then aiohttp's own.
 
+**A connection the server closed.** A server or proxy may close a keep-alive connection
+at any time: its keep-alive timeout, or right after an error answer sent without
+``Connection: close``. aiohttp learns of it only when its loop reads the FIN, which can
+be after the connection went back to the pool and was handed out again; the request then
+fails before any answer, for a server that never read it (a phantom ``stream_truncated``).
+``_get`` asks the kernel first (``poll`` with ``POLLRDHUP``, no wait): a connection whose
+peer has closed or reset it is closed here and the next is looked at. No request went out
+on it, so there is nothing to resend and nothing to count. That is Go's net/http rule
+(its idle connections are always being read, so a closed one leaves the pool at once), and
+like Go soakd never sends a POST twice: a request that fails after it was written on a
+live connection was read by a server that then failed it (a crash, a drop), and it is an
+outcome. Sending it again hid exactly that failure: a server that dropped a third of its
+requests after reading them looked healthy. The race left is a FIN crossing the request
+on the wire (the server's close within one trip of the request's write), as in Go.
+
 **Bytes on an idle connection.** Some servers and proxies write to a keep-alive
 connection nobody asked on: a ``408 Request Timeout`` as an idle notice (with or without
 closing it), or junk after an answer. aiohttp parses those bytes into the connection's
 queue as they arrive, and the next request sent on it would read them as its own answer: a
 phantom ``http_4xx`` for a request the server never got, and every later answer on that
 connection one request off. Go's net/http closes such a connection ("unsolicited response
-on idle HTTP channel"); so does ``_get`` here, before aiohttp hands out the connection at
-the front of the deque: one the server wrote to while idle (or that is closing) is closed
-and the next is looked at. Logged, never an outcome. The race left: bytes that arrive after
-the connection was handed out and before its request was written are read as the answer,
-as in Go.
+on idle HTTP channel"); so does ``_get`` here: one the server wrote to while idle is closed
+(logged, never an outcome). The race left: bytes that arrive after the connection was
+handed out and before its request was written are read as the answer, as in Go.
 """
 
 from __future__ import annotations
 
+import select
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
@@ -67,9 +81,9 @@ class NewestFirstConnector(TCPConnector):
     async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
         conns = self._conns.get(key)
         if isinstance(conns, deque):
-            while conns and _unusable(conns[0][0]):
+            while conns and (_peer_closed(conns[0][0]) or _unusable(conns[0][0])):
                 proto, _ = conns.popleft()
-                if proto.is_connected():
+                if proto.is_connected() and proto.should_close:
                     self._spoke(key)
                 proto.close()
             if not conns:
@@ -94,6 +108,20 @@ class NewestFirstConnector(TCPConnector):
         # aiohttp appended (protocol, last use) at the back, where popleft takes it last
         if isinstance(conns, deque) and conns and conns[-1][0] is protocol:
             conns.rotate(1)
+
+
+_GONE: Final = select.POLLRDHUP | select.POLLHUP | select.POLLERR
+
+
+def _peer_closed(proto: ResponseHandler) -> bool:
+    """The kernel holds the server's FIN or reset for this connection, read or not."""
+    transport = proto.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLRDHUP)
+    return any(ev & _GONE for _, ev in poller.poll(0))
 
 
 def _unusable(proto: ResponseHandler) -> bool:

@@ -41,9 +41,9 @@ MAX_FRAME: Final = 64 << 20
 
 _SPEC = struct.Struct("<IHqIdqqI")
 # id, target, seq, max_tokens, temperature, scheduled, deadline (0: none), len(prompt)
-_OUT = struct.Struct("<IqdqqqqHBBiIBIdBHIH")
+_OUT = struct.Struct("<IqdqqqqHBBiIBIdHIH")
 # id, sent, wall_start, first_byte, first_token, last_token, end, status, error, oom,
-# prompt_tokens, output_tokens, usage_reported, content_chunks, retry_after, resends,
+# prompt_tokens, output_tokens, usage_reported, content_chunks, retry_after,
 # len(error_detail), len(itl), len(itl_keys): then the detail, the gaps (int64) and the
 # gaps' Digest buckets (uint32 key, count pairs: counted here, not by the parent)
 _CLOCK = struct.Struct("<qq")
@@ -147,7 +147,6 @@ def pack_outcome(buf: bytearray, rid: int, o: Outcome) -> None:
         o.usage_reported,
         o.content_chunks,
         math.nan if o.retry_after_s is None else o.retry_after_s,
-        min(o.resends, 255),
         len(detail),
         len(o.itl_ns),
         len(keys),
@@ -181,7 +180,6 @@ def pack_not_sent(buf: bytearray, rid: int, reason: str) -> None:
         0,
         0,
         math.nan,
-        0,
         len(text),
         0,
         0,
@@ -201,7 +199,7 @@ def unpack_outcomes(payload: bytes) -> Iterator[Record]:
             raise WireError("OUTCOMES batch ends inside a request")
         fields = _OUT.unpack_from(payload, at)
         at += size
-        n_detail, n_itl, n_keys = fields[16], fields[17], fields[18]
+        n_detail, n_itl, n_keys = fields[15], fields[16], fields[17]
         if at + n_detail + n_itl * _ITL_SIZE + n_keys * 2 * _KEY_SIZE > end:
             raise WireError("OUTCOMES batch ends inside a request")
         detail = payload[at : at + n_detail].decode(errors="replace")
@@ -243,7 +241,6 @@ def apply(
         usage,
         o.content_chunks,
         retry,
-        o.resends,
         _,
         _,
         _,

@@ -94,16 +94,14 @@ async def test_vllm_killed_mid_stream_and_restarted(vllm: VllmServer, tmp_path: 
     assert result.cancelled == 0  # drained within the deadline
     errors = soak.stats.total["vllm"].errors
     final = generate_latest(soak.metrics.registry).decode()
-    resends = samples(final, "soakd_connection_resends_total", target="vllm")
-    # the requests the kill cut: mid-stream ones end stream_truncated; one that had no
-    # answer byte yet (a slow first token on a loaded box) failed on a reused connection,
-    # so it went once more on a fresh one (the keep-alive rule) and met the dead port
-    assert errors.get("stream_truncated", 0) + resends >= 1, (errors, resends)
+    # the requests the kill cut (the server had read them): stream_truncated, each once;
+    # never sent again to meet the dead port (that would hide what the kill did)
+    assert errors.get("stream_truncated", 0) >= 1, errors
     assert errors.get("connect_refused", 0) >= 1, errors  # and nothing there meanwhile
     assert set(errors) <= {"stream_truncated", "connect_refused"}, errors
-    # only the requests in flight, and the first request on each pooled keep-alive
-    # connection to the dead process (reset before any answer): at most 2 x concurrency
-    assert errors.get("stream_truncated", 0) <= 6, errors
+    # only the requests in flight: a pooled keep-alive connection to the dead process is
+    # closed before any request goes out on it (the kernel holds its reset)
+    assert errors.get("stream_truncated", 0) <= 3, errors
     assert samples(final, "soakd_target_restarts_total", target="vllm") == 1
     assert samples(final, "soakd_target_up", target="vllm") == 1
     assert soak.stats.total["vllm"].ok > ok_before
@@ -112,7 +110,6 @@ async def test_vllm_killed_mid_stream_and_restarted(vllm: VllmServer, tmp_path: 
     fds = await settle(fds0)
     assert fds <= fds0, (fds, fds0)
     figure("vllm_kill.stream_truncated", errors.get("stream_truncated", 0))
-    figure("vllm_kill.resends", resends)
     figure("vllm_kill.connect_refused", errors["connect_refused"])
     figure("vllm_kill.recover_after_ready_s", recover)
     figure("vllm_kill.down_s", ready - killed)

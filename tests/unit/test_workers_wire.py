@@ -20,7 +20,7 @@ def filled(error: ErrorKind | None) -> Outcome:
     o.sent_ns, o.wall_start, o.first_byte_ns, o.first_token_ns = 2_000, 1.7e9, 3_000, 4_000
     o.last_token_ns, o.end_ns, o.status, o.error = 9_000, 9_500, 503 if error else 200, error
     o.error_detail, o.oom, o.prompt_tokens, o.output_tokens = "überlastet", True, 12, 3
-    o.usage_reported, o.content_chunks, o.retry_after_s, o.resends = True, 3, 2.5, 1
+    o.usage_reported, o.content_chunks, o.retry_after_s = True, 3, 2.5
     o.itl_ns = array("q", [1, 2, 5_000_000_000])  # a gap over 4.29 s survives
     return o
 
