@@ -81,7 +81,7 @@ class NewestFirstConnector(TCPConnector):
     async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
         conns = self._conns.get(key)
         if isinstance(conns, deque):
-            while conns and (_peer_closed(conns[0][0]) or _unusable(conns[0][0])):
+            while conns and (_unusable(conns[0][0]) or _peer_closed(conns[0][0])):
                 proto, _ = conns.popleft()
                 if proto.is_connected() and proto.should_close:
                     self._spoke(key)
