@@ -41,8 +41,10 @@ queue as they arrive, and the next request sent on it would read them as its own
 phantom ``http_4xx`` for a request the server never got, and every later answer on that
 connection one request off. Go's net/http closes such a connection ("unsolicited response
 on idle HTTP channel"); so does ``_get`` here: one the server wrote to while idle is closed
-(logged, never an outcome). The race left: bytes that arrive after the connection was
-handed out and before its request was written are read as the answer, as in Go.
+(logged, never an outcome), whether aiohttp has read the bytes yet or they still wait in
+the kernel (``POLLIN``, plain TCP only: on TLS a readable socket may be a session ticket).
+The race left: bytes that arrive after the connection was handed out and before its
+request was written are read as the answer, as in Go.
 """
 
 from __future__ import annotations
@@ -81,10 +83,15 @@ class NewestFirstConnector(TCPConnector):
     async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
         conns = self._conns.get(key)
         if isinstance(conns, deque):
-            while conns and (_unusable(conns[0][0]) or _peer_closed(conns[0][0])):
-                proto, _ = conns.popleft()
-                if proto.is_connected() and proto.should_close:
-                    self._spoke(key)
+            while conns:
+                proto = conns[0][0]
+                unusable = _unusable(proto)
+                pending = 0 if unusable else _pending(proto)
+                if not (unusable or pending):
+                    break
+                conns.popleft()
+                if proto.is_connected() and (proto.should_close or pending == select.POLLIN):
+                    self._spoke(key)  # bytes, no close: an idle notice or junk
                 proto.close()
             if not conns:
                 del self._conns[key]
@@ -110,18 +117,22 @@ class NewestFirstConnector(TCPConnector):
             conns.rotate(1)
 
 
-_GONE: Final = select.POLLRDHUP | select.POLLHUP | select.POLLERR
-
-
-def _peer_closed(proto: ResponseHandler) -> bool:
-    """The kernel holds the server's FIN or reset for this connection, read or not."""
+def _pending(proto: ResponseHandler) -> int:
+    """What the kernel holds for this idle connection that the loop may not have read yet:
+    the server's FIN or reset (``POLLRDHUP``, ``POLLHUP``, ``POLLERR``) or, on a plain
+    TCP connection, bytes nobody asked for (``POLLIN``); 0 when nothing. On TLS a readable
+    socket can be the protocol's own records (a session ticket), so only a close counts."""
     transport = proto.transport
     sock = transport.get_extra_info("socket") if transport is not None else None
-    if sock is None:
-        return False
+    if transport is None or sock is None:
+        return 0
+    events = select.POLLRDHUP
+    if transport.get_extra_info("ssl_object") is None:
+        events |= select.POLLIN
     poller = select.poll()
-    poller.register(sock.fileno(), select.POLLRDHUP)
-    return any(ev & _GONE for _, ev in poller.poll(0))
+    poller.register(sock.fileno(), events)
+    ready = poller.poll(0)
+    return ready[0][1] if ready else 0
 
 
 def _unusable(proto: ResponseHandler) -> bool:

@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import json
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
-from typing import Self
+from typing import Any, Final, Self
 
 import pytest
 from prometheus_client import generate_latest
@@ -27,6 +27,7 @@ from tests.faults.conftest import figure, samples
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 ERROR = json.dumps({"error": {"message": "no", "type": "server_error", "code": "x"}}).encode()
+TIMEOUTS: Final = {"connect": "2s", "ttft": "3s", "total": "5s"}
 MODES = {  # mode: (status, content type, body, the kind soakd must count)
     "s400": (400, "application/json", ERROR, "http_4xx"),
     "s401": (401, "application/json", ERROR, "http_auth"),
@@ -101,6 +102,46 @@ class ClosingServer(RawServer):
             writer.close()  # no Connection: close was said: the client thinks it may reuse it
 
 
+CLOSED_2: Final = {"mode": "closed", "concurrency": 2}
+
+
+async def soak_modes(
+    server: RawServer,
+    modes: Iterable[str],
+    load: dict[str, Any],
+    tmp_path: Path,
+    *,
+    seconds: int = 2,
+    **target: Any,
+) -> str:
+    """soakd against ``server``, one target per mode (the path's first segment), for
+    ``seconds`` under ``load``; it must complete. Its final scrape."""
+    cfg = config_from_dict(
+        {
+            "run": {"name": "keepalive", "drain_timeout": "5s"},
+            "targets": [
+                {
+                    "name": mode,
+                    "base_url": f"http://127.0.0.1:{server.port}/{mode}",
+                    "model": "m",
+                    "scrape": False,
+                    **target,
+                }
+                for mode in modes
+            ],
+            "workload": {"max_tokens": 4},
+            "gpu": {"source": "none"},
+            "phases": [{"name": "p", "duration": f"{seconds}s", "load": load}],
+        }
+    )
+    soak = Soak(
+        cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False)
+    )
+    result = await soak.run()
+    assert result.completed
+    return generate_latest(soak.metrics.registry).decode()
+
+
 @pytest.fixture
 async def closing() -> AsyncIterator[ClosingServer]:
     async with ClosingServer() as server:
@@ -110,34 +151,15 @@ async def closing() -> AsyncIterator[ClosingServer]:
 async def test_outcomes_equal_what_the_server_received(
     closing: ClosingServer, tmp_path: Path
 ) -> None:
-    targets = [
-        {
-            "name": mode,
-            "base_url": f"http://127.0.0.1:{closing.port}/{mode}",
-            "model": "m",
-            "scrape": False,
-            "timeouts": {"connect": "2s", "ttft": "3s", "total": "5s"},
-            "rate_limit": {"honour_retry_after": False, "default_pause": 0},
-        }
-        for mode in MODES
-    ]
-    cfg = config_from_dict(
-        {
-            "run": {"name": "keepalive", "drain_timeout": "5s"},
-            "targets": targets,
-            "workload": {"max_tokens": 8},
-            "gpu": {"source": "none"},
-            "phases": [
-                {"name": "p", "duration": "3s", "load": {"mode": "closed", "concurrency": 2}}
-            ],
-        }
+    text = await soak_modes(
+        closing,
+        MODES,
+        CLOSED_2,
+        tmp_path,
+        seconds=3,
+        timeouts=TIMEOUTS,
+        rate_limit={"honour_retry_after": False, "default_pause": 0},
     )
-    soak = Soak(
-        cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False)
-    )
-    result = await soak.run()
-    assert result.completed
-    text = generate_latest(soak.metrics.registry).decode()
     for mode, (_, _, _, kind) in MODES.items():
         seen = closing.requests[mode]
         counted = samples(text, "soakd_requests_total", target=mode)
@@ -190,33 +212,7 @@ async def test_a_request_the_server_read_and_dropped_is_its_failure(tmp_path: Pa
     see it twice and hide its failure (soakd once counted a third of them as successes)."""
     modes = ("close", "late", "reset")
     async with DroppingServer() as server:
-        cfg = config_from_dict(
-            {
-                "run": {"name": "dropped", "drain_timeout": "5s"},
-                "targets": [
-                    {
-                        "name": mode,
-                        "base_url": f"http://127.0.0.1:{server.port}/{mode}",
-                        "model": "m",
-                        "scrape": False,
-                        "timeouts": {"connect": "2s", "ttft": "3s", "total": "5s"},
-                    }
-                    for mode in modes
-                ],
-                "workload": {"max_tokens": 4},
-                "gpu": {"source": "none"},
-                "phases": [
-                    {"name": "p", "duration": "2s", "load": {"mode": "closed", "concurrency": 2}}
-                ],
-            }
-        )
-        soak = Soak(
-            cfg,
-            RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False),
-        )
-        result = await soak.run()
-    assert result.completed
-    text = generate_latest(soak.metrics.registry).decode()
+        text = await soak_modes(server, modes, CLOSED_2, tmp_path, timeouts=TIMEOUTS)
     for mode in modes:
         seen, dropped = server.requests[mode], server.dropped[mode]
         assert dropped >= 10, (mode, dropped)  # the case was met
@@ -277,32 +273,9 @@ async def test_a_408_on_an_idle_connection_is_no_answer(tmp_path: Path) -> None:
     """The notice must never be read as the answer to the next request sent on that
     connection: every request the server got is one success, and nothing else counted."""
     async with IdleNoticeServer() as server:
-        cfg = config_from_dict(
-            {
-                "run": {"name": "idle408", "drain_timeout": "5s"},
-                "targets": [
-                    {
-                        "name": mode,
-                        "base_url": f"http://127.0.0.1:{server.port}/{mode}",
-                        "model": "m",
-                        "scrape": False,
-                    }
-                    for mode in ("open", "close")
-                ],
-                "workload": {"max_tokens": 4},
-                "gpu": {"source": "none"},
-                "phases": [
-                    {"name": "p", "duration": "2s", "load": {"mode": "constant", "rate": 10}}
-                ],
-            }
+        text = await soak_modes(
+            server, ("open", "close"), {"mode": "constant", "rate": 10}, tmp_path
         )
-        soak = Soak(
-            cfg,
-            RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False),
-        )
-        result = await soak.run()
-    assert result.completed
-    text = generate_latest(soak.metrics.registry).decode()
     for mode in ("open", "close"):
         seen = server.requests[mode]
         counted = samples(text, "soakd_requests_total", target=mode)

@@ -689,6 +689,15 @@ async def test_tls(cert: tuple[Path, Path], tls: dict[str, Any], kind: ErrorKind
         tls = {k: (cert[0] if v == "CERT" else v) for k, v in tls.items()}
         base = f"https://127.0.0.1:{runner.addresses[0][1]}/no_done"
         out = await run(config(base, tls=tls))
+        if kind is None:  # a TLS keep-alive connection is reused: the pool's check of
+            # idle connections (soakd/targets/pool.py) keeps a live one
+            target = await open_target(config(base, tls=tls))
+            try:
+                outs = [await target.send(SPEC) for _ in range(3)]
+            finally:
+                await target.aclose()
+            assert [o.error for o in outs] == [None] * 3
+            assert len(set(app[PEERS][-3:])) == 1, app[PEERS]
     finally:
         await runner.cleanup()
     assert out.error is kind
