@@ -99,9 +99,11 @@ async def test_vllm_killed_mid_stream_and_restarted(vllm: VllmServer, tmp_path: 
     assert errors.get("stream_truncated", 0) >= 1, errors
     assert errors.get("connect_refused", 0) >= 1, errors  # and nothing there meanwhile
     assert set(errors) <= {"stream_truncated", "connect_refused"}, errors
-    # only the requests in flight: a pooled keep-alive connection to the dead process is
-    # closed before any request goes out on it (the kernel holds its reset)
-    assert errors.get("stream_truncated", 0) <= 3, errors
+    # the requests in flight, and the few sent while the killed processes were still
+    # being torn down (the kernel still held their sockets, then reset them before any
+    # answer; a loaded CI run saw 5): at most 2 x concurrency. A pooled connection the
+    # kernel had already closed is never used (soakd/targets/pool.py).
+    assert errors.get("stream_truncated", 0) <= 6, errors
     assert samples(final, "soakd_target_restarts_total", target="vllm") == 1
     assert samples(final, "soakd_target_up", target="vllm") == 1
     assert soak.stats.total["vllm"].ok > ok_before
