@@ -132,6 +132,17 @@ class LiteLLM:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
 
+    def upstream_failures(self) -> int:
+        """The requests LiteLLM failed because its own call to the backend failed (its
+        log's ``InternalServerError`` lines; with ``max_retries: 0`` each is one 500)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return 0
+        return sum(
+            "Exception occured" in ln and "InternalServerError" in ln for ln in text.splitlines()
+        )
+
     def tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

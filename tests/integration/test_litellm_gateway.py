@@ -118,6 +118,7 @@ async def test_soak_vllm_directly_and_through_litellm(
     ], [{"name": "soak", "duration": "10s", "load": {"mode": "closed", "concurrency": 2},
          "targets": {"nokey": bad_load, "badkey": bad_load}}])  # fmt: skip
     before = await vllm_counts(vllm)
+    failed_before = litellm.upstream_failures()
     result = await soak.run()
     after = await vllm_counts(vllm)
     assert result.completed
@@ -125,9 +126,17 @@ async def test_soak_vllm_directly_and_through_litellm(
 
     good = ("direct", "gw-openai", "gw-azure")
     for name in good:
-        summary = result.summary[name]
-        assert summary["errors"] == 0, (name, summary["errors_by_kind"])
-        assert summary["requests"] >= 5, (name, summary)
+        assert result.summary[name]["requests"] >= 5, (name, result.summary[name])
+    assert result.summary["direct"]["errors"] == 0, result.summary["direct"]["errors_by_kind"]
+    # Through the gateway, the only failures are LiteLLM's own 500s when its call to vLLM
+    # failed (its pooled connection to vLLM dropped, on a loaded CI box, with retries off),
+    # one for one with its log: soakd counts what the gateway answered, no more, no less.
+    gw_5xx = 0
+    for name in ("gw-openai", "gw-azure"):
+        kinds = result.summary[name]["errors_by_kind"]
+        assert set(kinds) <= {"http_5xx"}, (name, kinds)
+        gw_5xx += kinds.get("http_5xx", 0)
+    assert gw_5xx == litellm.upstream_failures() - failed_before
     # token totals: what soakd counted on the three paths is exactly what vLLM generated
     out_tokens = sum(count(text, "soakd_output_tokens_total", target=n) for n in good)
     prompt_tokens = sum(count(text, "soakd_prompt_tokens_total", target=n) for n in good)
