@@ -125,8 +125,10 @@ async def test_soak_vllm_directly_and_through_litellm(
     text = generate_latest(soak.metrics.registry).decode()
 
     good = ("direct", "gw-openai", "gw-azure")
+    # LiteLLM's first request of a route takes seconds on a loaded 2-core box (5-8.6 s in
+    # one CI run, then ~0.4 s each): 3 in 10 s is enough to compare the paths
     for name in good:
-        assert result.summary[name]["requests"] >= 5, (name, result.summary[name])
+        assert result.summary[name]["requests"] >= 3, (name, result.summary[name])
     assert result.summary["direct"]["errors"] == 0, result.summary["direct"]["errors_by_kind"]
     # Through the gateway, the only failures are LiteLLM's own 500s when its call to vLLM
     # failed (its pooled connection to vLLM dropped, on a loaded CI box, with retries off),
