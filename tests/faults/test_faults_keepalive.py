@@ -52,8 +52,22 @@ class RawServer:
         self.port = 0
         self._server: asyncio.Server | None = None
 
+    STREAM = (
+        b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
+
+    async def _answer_stream(self, writer: asyncio.StreamWriter) -> None:
+        """A short successful stream with ``Content-Length``, the connection kept."""
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(self.STREAM) + self.STREAM
+        )
+        await writer.drain()
 
     async def _read_body(self, reader: asyncio.StreamReader, head: bytes) -> str:
         """Read the body of the request whose ``head`` was read, count it; its mode."""
@@ -176,12 +190,6 @@ class DroppingServer(RawServer):
     that crashes on a request or a proxy that loses its upstream does. ``/close/``: a
     plain close at once; ``/late/``: after 30 ms of "work"; ``/reset/``: an abort (RST)."""
 
-    STREAM = (
-        b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
-        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
-        b"data: [DONE]\n\n"
-    )
-
     def __init__(self) -> None:
         super().__init__()
         self.dropped: Counter[str] = Counter()
@@ -189,11 +197,7 @@ class DroppingServer(RawServer):
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             mode = await self._read_body(reader, await reader.readuntil(b"\r\n\r\n"))
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                b"Content-Length: %d\r\n\r\n" % len(self.STREAM) + self.STREAM
-            )
-            await writer.drain()
+            await self._answer_stream(writer)
             mode = await self._read_body(reader, await reader.readuntil(b"\r\n\r\n"))
             self.dropped[mode] += 1
             if mode == "late":
@@ -231,11 +235,6 @@ class IdleNoticeServer(RawServer):
     reads the next request on it); ``/close/...`` closes it."""
 
     IDLE_S = 0.03
-    STREAM = (
-        b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
-        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
-        b"data: [DONE]\n\n"
-    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -258,11 +257,7 @@ class IdleNoticeServer(RawServer):
                             return
                         head = await reader.readuntil(b"\r\n\r\n")
                 mode = await self._read_body(reader, head)
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                    b"Content-Length: %d\r\n\r\n" % len(self.STREAM) + self.STREAM
-                )
-                await writer.drain()
+                await self._answer_stream(writer)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
