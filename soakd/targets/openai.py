@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from json import dumps, loads
 from typing import Any, Final
 
@@ -73,7 +72,7 @@ class OpenAITarget:
     def __init__(
         self,
         cfg: TargetConfig,
-        make_session: Callable[[bool], ClientSession],
+        session: ClientSession,
         *,
         proxy: URL | None = None,
         proxy_auth: BasicAuth | None = None,
@@ -83,7 +82,7 @@ class OpenAITarget:
         self.name = cfg.name
         # the run id the traceparent is derived from; None: no traceparent (soakd/tracing.py)
         self._trace_run = run_id if run_id is not None and wants_traceparent(cfg) else None
-        self._session = make_session(not cfg.keep_alive)
+        self._session = session
         self._url = URL(cfg.endpoint)
         self._endpoint = cfg.endpoint
         self._chat = cfg.api == "chat"
@@ -423,25 +422,24 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
         headers["OpenAI-Project"] = cfg.project
     headers.update(cfg.headers)
 
-    def make_session(force_close: bool) -> ClientSession:
-        return ClientSession(
-            # idle connections reused newest first: the pool shrinks after a burst (pool.py)
-            connector=NewestFirstConnector(
-                limit=cfg.max_connections, ssl=ssl_arg, force_close=force_close
-            ),
-            headers=headers,
-            # Only the socket connect (with TLS and proxy setup) is aiohttp's to time:
-            # waiting for a pooled connection is soakd's own queue, and the ttft/total
-            # deadlines are applied per request.
-            timeout=ClientTimeout(total=None, sock_connect=cfg.timeouts.connect),
-            # Proxy settings from the environment were resolved once above; trust_env
-            # would redo it (and read ~/.netrc) in a thread on every request.
-            trust_env=False,
-            cookie_jar=DummyCookieJar(),  # requests stay independent (no sticky cookies)
-        )
+    session = ClientSession(
+        # idle connections reused newest first: the pool shrinks after a burst (pool.py)
+        connector=NewestFirstConnector(
+            limit=cfg.max_connections, ssl=ssl_arg, force_close=not cfg.keep_alive
+        ),
+        headers=headers,
+        # Only the socket connect (with TLS and proxy setup) is aiohttp's to time:
+        # waiting for a pooled connection is soakd's own queue, and the ttft/total
+        # deadlines are applied per request.
+        timeout=ClientTimeout(total=None, sock_connect=cfg.timeouts.connect),
+        # Proxy settings from the environment were resolved once above; trust_env
+        # would redo it (and read ~/.netrc) in a thread on every request.
+        trust_env=False,
+        cookie_jar=DummyCookieJar(),  # requests stay independent (no sticky cookies)
+    )
 
     target = OpenAITarget(
-        cfg, make_session, proxy=proxy, proxy_auth=proxy_auth, secret=key, run_id=run_id
+        cfg, session, proxy=proxy, proxy_auth=proxy_auth, secret=key, run_id=run_id
     )
     log.debug("target_opened", target=cfg.name, endpoint=cfg.endpoint, proxy=proxy is not None)
     return target
