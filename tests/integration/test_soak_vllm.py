@@ -112,9 +112,9 @@ async def test_target_dies_mid_run_and_soakd_keeps_going(tmp_path: Path) -> None
     async def kill_doomed() -> None:
         while not soak._sims or soak.stats.total["doomed"].requests < 1:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
-        # The three streams end together (64 tokens, ~1.6 s) and start again: killed in the
-        # first ~35 ms, before the next ones' first byte, each would be sent again on a
-        # fresh connection and counted as refused (docs/faults.md), so kill mid-stream.
+        # Kill mid-stream (0.5 s into the three 64-token streams, ~1.6 s long), the case
+        # this test names: the streams it cuts end stream_truncated, and every request after
+        # it meets nothing listening (connect_refused).
         await asyncio.sleep(0.5)
         os.kill(soak._sims[0].proc.pid, signal.SIGKILL)
 
