@@ -132,21 +132,22 @@ if __name__ == "__main__":
         runner_mod.sleep_until_ns = _coarse  # type: ignore[assignment]
     pumps: list[int] = []
     if os.environ.get("DIAG_SLICED_PUMP"):  # the prototype became the journal's own hand-off
-        sys.exit("diag: DIAG_SLICED_PUMP is gone: the journal hands outcomes back in slices "
-                 "of soakd.journal.handoff.PUMP_SLICE itself")
-    if os.environ.get("DIAG_PUMP"):  # time the journal's hand-back of committed outcomes
+        sys.exit("diag: DIAG_SLICED_PUMP is gone: the journal hands each committed batch "
+                 "back as one fold (soakd/fold.py)")
+    if os.environ.get("DIAG_PUMP"):  # time the application of each committed batch's fold
         from soakd.journal.handoff import HandOff
 
-        _orig_pump = HandOff.pump
+        _orig_apply = HandOff.apply
 
-        def _timed_pump(self):  # type: ignore[no-untyped-def]
+        def _timed_apply(self, f):  # type: ignore[no-untyped-def]
             t = _perf()
-            _orig_pump(self)
+            _orig_apply(self, f)
             pumps.append(_perf() - t)
 
-        HandOff.pump = _timed_pump  # type: ignore[method-assign]
+        HandOff.apply = _timed_apply  # type: ignore[method-assign]
         atexit.register(lambda: print(
-            f"diag: journal pump: n={len(pumps)} p50={sorted(pumps)[len(pumps) // 2] / 1e6:.2f} ms "
+            f"diag: journal folds applied: n={len(pumps)} "
+            f"p50={sorted(pumps)[len(pumps) // 2] / 1e6:.2f} ms "
             f"p99={sorted(pumps)[int(len(pumps) * 0.99)] / 1e6:.2f} ms max={max(pumps) / 1e6:.2f} ms",
             file=sys.stderr) if pumps else None)
     from soakd.cli import main

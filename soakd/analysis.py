@@ -198,10 +198,17 @@ class Window:
         self._slots: deque[tuple[int, TargetStats]] = deque()
 
     def add(self, o: Outcome, now_s: int) -> None:
+        self._slot(now_s).add(o)
+
+    def add_stats(self, stats: TargetStats, now_s: int) -> None:
+        """Many outcomes at once (a batch's fold), counted in the second ``now_s``."""
+        self._slot(now_s).merge(stats)
+
+    def _slot(self, now_s: int) -> TargetStats:
         if not self._slots or self._slots[-1][0] != now_s:
             self._slots.append((now_s, TargetStats()))
             self._trim(now_s)
-        self._slots[-1][1].add(o)
+        return self._slots[-1][1]
 
     def _trim(self, now_s: int) -> None:
         while self._slots and self._slots[0][0] <= now_s - self.span_s:

@@ -278,14 +278,14 @@ class Soak:
         assert self.journal is not None
         self._elapsed = elapsed = time.monotonic() - self._started
         active = self.runner.active_s() if self.runner is not None else 0.0
+        self._completed = completed = bool(self.runner and self.runner.finished)
+        await self.journal.aclose(completed=completed)  # RunStats has the last folds then
         summary = self.stats.overall(active, self.ledger.by_target(session=True))
         for name, row in summary.items():  # this session's goodput (the report: the run's)
             tally = self.goodput.total[name]
             row["goodput"] = tally.goodput
             row["goodput_rps"] = tally.good / active if active > 0 else 0.0
         self._summary = summary
-        self._completed = completed = bool(self.runner and self.runner.finished)
-        await self.journal.aclose(completed=completed)
         write_summary(
             self.run_dir,
             {
@@ -364,9 +364,10 @@ class Soak:
             self.plan,
             self.targets,
             make_prompt_source(self.cfg.workload),
-            # the journal hands outcomes on to Metrics once committed: Prometheus
-            # never counts a request the journal could lose (docs/journal.md)
-            [self.journal, self.stats, self.goodput, self.probes.outcome_sink, self.guards],
+            # the journal folds each outcome once and hands the folds on to Metrics and
+            # RunStats once committed: Prometheus never counts a request the journal
+            # could lose (docs/journal.md)
+            [self.journal, self.goodput, self.probes.outcome_sink, self.guards],
             max_tokens=self.cfg.workload.max_tokens,
             temperature=self.cfg.workload.temperature,
             seed=self.cfg.workload.seed,
@@ -428,7 +429,7 @@ class Soak:
             run,
             self.cfg.journal,
             metrics=jm,
-            forward=self.metrics,
+            forward=(self.metrics, self.stats),  # each batch's fold, once committed
             resume=self.resume,
         )
         restored = journal.restored

@@ -27,6 +27,15 @@ from soakd import metric_names as mn
 from soakd.buckets import BucketChild, BucketHistogram, ExemplarClock
 from soakd.config import AlertLimits, Slo, TargetConfig
 
+# the latency buckets live with the fold (the journal's writer counts them); imported from
+# here as before
+from soakd.fold import E2E_BUCKETS as E2E_BUCKETS
+from soakd.fold import HISTOGRAM_BUCKETS as HISTOGRAM_BUCKETS
+from soakd.fold import ITL_BUCKETS as ITL_BUCKETS
+from soakd.fold import LAG_BUCKETS as LAG_BUCKETS
+from soakd.fold import TTFT_BUCKETS as TTFT_BUCKETS
+from soakd.fold import Fold, Hist
+
 # the probes' and the guard's families live beside this module; imported from here as before
 from soakd.guard_metrics import PAUSE_REASONS as PAUSE_REASONS
 from soakd.guard_metrics import SPEND_CAPS as SPEND_CAPS
@@ -43,7 +52,7 @@ from soakd.metric_names import (
     LIMIT_TTFT,
     LIMIT_VRAM,
 )
-from soakd.model import OK, S_PER_NS, ErrorKind, Outcome, Phase, Plan, status_class
+from soakd.model import OK, ErrorKind, Phase, Plan
 from soakd.probe_metrics import OOM_SOURCES as OOM_SOURCES
 from soakd.probe_metrics import THROTTLE_REASONS as THROTTLE_REASONS
 from soakd.probe_metrics import ProbeMetrics as ProbeMetrics
@@ -55,122 +64,18 @@ from soakd.workload.ledger import MISSED_REASONS
 # switch of prometheus_client, thrown when this module is imported.
 disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
-# Buckets in seconds, chosen for LLM serving: a TTFT from 5 ms (a warm GPU, short prompt)
-# to a minute (a queue on a 4 GB card); an E2E of up to 10 minutes (long generations).
-TTFT_BUCKETS = (
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    1.5,
-    2.0,
-    3.0,
-    5.0,
-    7.5,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    60.0,
-)
-E2E_BUCKETS = (
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    1.5,
-    2.0,
-    3.0,
-    5.0,
-    7.5,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    45.0,
-    60.0,
-    90.0,
-    120.0,
-    180.0,
-    300.0,
-    600.0,
-)
-ITL_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.0075,
-    0.01,
-    0.015,
-    0.02,
-    0.025,
-    0.03,
-    0.04,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-)
-LAG_BUCKETS = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
-
 OUTCOMES = (OK, *(k.value for k in ErrorKind))
-
-HISTOGRAM_BUCKETS = {
-    "e2e": E2E_BUCKETS,
-    "ttft": TTFT_BUCKETS,
-    "itl": ITL_BUCKETS,
-    "tpot": ITL_BUCKETS,
-    "lag": LAG_BUCKETS,
-}
-"""Per-target histogram (attribute of ``_TargetChildren``) -> its buckets: the journal keeps
-the same bucket counts, so a resumed run continues the histograms exactly."""
 
 
 @dataclass(slots=True)
 class _TargetChildren:
-    """Label children cached per target: ``labels()`` is too slow for the hot path."""
+    """Label children cached per target: ``labels()`` is a lookup and a lock a call."""
 
-    e2e: Histogram
-    ttft: Histogram
+    e2e: BucketChild
+    ttft: BucketChild
     itl: BucketChild
-    tpot: Histogram
-    lag: Histogram
+    tpot: BucketChild
+    lag: BucketChild
     output_tokens: Counter
     prompt_tokens: Counter
     in_flight: Gauge
@@ -179,7 +84,7 @@ class _TargetChildren:
 
 
 class Metrics:
-    """Owns the registry and every metric; an OutcomeSink."""
+    """Owns the registry and every metric; applies the journal's committed folds."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry if registry is not None else CollectorRegistry()
@@ -218,39 +123,39 @@ class Metrics:
             registry=r,
         )
 
-        self.e2e = Histogram(
+        self.e2e = BucketHistogram(
             mn.REQUEST_DURATION_SECONDS,
             "End-to-end latency: send to last byte.",
             ["target"],
-            buckets=E2E_BUCKETS,
+            E2E_BUCKETS,
             registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = BucketHistogram(
             mn.TIME_TO_FIRST_TOKEN_SECONDS,
             "Send to the first chunk carrying generated content.",
             ["target"],
-            buckets=TTFT_BUCKETS,
+            TTFT_BUCKETS,
             registry=r,
         )
-        self.itl = BucketHistogram(  # one observation per token: soakd/buckets.py
+        self.itl = BucketHistogram(
             mn.INTER_TOKEN_LATENCY_SECONDS,
             "Gap between consecutive content chunks.",
             ["target"],
-            buckets=ITL_BUCKETS,
+            ITL_BUCKETS,
             registry=r,
         )
-        self.tpot = Histogram(
+        self.tpot = BucketHistogram(
             mn.TIME_PER_OUTPUT_TOKEN_SECONDS,
             "(E2E - TTFT) / (output tokens - 1), per request.",
             ["target"],
-            buckets=ITL_BUCKETS,
+            ITL_BUCKETS,
             registry=r,
         )
-        self.lag = Histogram(
+        self.lag = BucketHistogram(
             mn.DISPATCH_LAG_SECONDS,
             "Actual minus scheduled send time: how far the load generator fell behind.",
             ["target"],
-            buckets=LAG_BUCKETS,
+            LAG_BUCKETS,
             registry=r,
         )
 
@@ -316,7 +221,7 @@ class Metrics:
         )
 
         self._children: dict[str, _TargetChildren] = {}
-        self._counters: dict[tuple[str, str, str, int], Counter] = {}
+        self._counters: dict[tuple[str, str, str, str], Counter] = {}
         self._run_counts: dict[str, list[int]] = {}  # target -> [requests, 5xx] of the run
         self._traced: dict[str, str] = {}  # target -> run id: exemplars carry the trace id
 
@@ -376,8 +281,8 @@ class Metrics:
             output_tokens=self.output_tokens.labels(target),
             prompt_tokens=self.prompt_tokens.labels(target),
             in_flight=self.in_flight.labels(target),
-            e2e_exemplar=ExemplarClock(E2E_BUCKETS),
-            ttft_exemplar=ExemplarClock(TTFT_BUCKETS),
+            e2e_exemplar=ExemplarClock(len(E2E_BUCKETS) + 1),
+            ttft_exemplar=ExemplarClock(len(TTFT_BUCKETS) + 1),
         )
         self.oom_errors.labels(target)
         counts = self._run_counts.setdefault(target, [0, 0])
@@ -402,57 +307,54 @@ class Metrics:
         for target, child in self._children.items():
             child.in_flight.set_function(partial(_count_of, busy, target))
 
-    def record(self, o: Outcome) -> None:
-        c = self._children[o.target]
-        key = (o.target, o.phase, o.outcome, o.status // 100)
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self.requests.labels(o.target, o.phase, o.outcome, status_class(o.status))
-            self._counters[key] = counter
-        counter.inc()
-        counts = self._run_counts.get(o.target)
-        if counts is not None:
-            counts[0] += 1
-            if o.status // 100 == 5 and not (o.error is not None and o.error.shed):
-                counts[1] += 1  # the guard's own 503s are load it shed, not failures
-        if o.sent_ns:
-            c.lag.observe(o.dispatch_lag_ns * S_PER_NS)
-        if o.output_tokens:
-            c.output_tokens.inc(o.output_tokens)
-        if o.prompt_tokens:
-            c.prompt_tokens.inc(o.prompt_tokens)
-        if o.oom:
-            self.oom_errors.labels(o.target).inc()
-        if o.error is not None:
-            return
-        run = self._traced.get(o.target)
-        e2e, ttft_ns = o.e2e_ns * S_PER_NS, o.ttft_ns
-        ttft = None if ttft_ns is None else ttft_ns * S_PER_NS
-        ex = None  # the trace id, as its bucket's exemplar when that bucket's is due
-        due = run is not None and c.e2e_exemplar.due(e2e, o.end_ns)
-        due_ttft = run is not None and ttft is not None and c.ttft_exemplar.due(ttft, o.end_ns)
-        if due or due_ttft:
-            ex = {"trace_id": trace_id(run or "", o.target, o.seq)}
-        c.e2e.observe(e2e, ex if due else None)
-        if ttft is not None:
-            c.ttft.observe(ttft, ex if due_ttft else None)
-        tpot = o.tpot_ns
-        if tpot is not None:
-            c.tpot.observe(tpot * S_PER_NS)
-        if o.itl_ns:
-            c.itl.observe_ns(o.itl_ns)
+    def apply(self, f: Fold) -> None:
+        """A committed batch of outcomes, folded once by the journal's writer
+        (soakd/fold.py): counters by key, histogram buckets in bulk, and the exemplar
+        candidates of the targets sending a traceparent (a bucket's at most once a second)."""
+        counters, children, run_counts = self._counters, self._children, self._run_counts
+        for key, (n, out_tokens, in_tokens, oom) in f.totals.items():
+            counter = counters.get(key)
+            if counter is None:
+                counter = counters[key] = self.requests.labels(*key)
+            counter.inc(n)
+            target, _, outcome, sclass = key
+            c = children[target]
+            if out_tokens:
+                c.output_tokens.inc(out_tokens)
+            if in_tokens:
+                c.prompt_tokens.inc(in_tokens)
+            if oom:
+                self.oom_errors.labels(target).inc(oom)
+            counts = run_counts.get(target)
+            if counts is not None:
+                counts[0] += n
+                if sclass == "5xx" and not outcome.startswith("shed_"):
+                    counts[1] += n  # the guard's own 503s are load it shed, not failures
+        for (kind, target), b in f.hists.items():
+            child: BucketChild = getattr(children[target], kind)
+            child.add(b.counts, b.total)
+        for (kind, target), candidates in f.exemplars.items():
+            run = self._traced.get(target)
+            if run is None:
+                continue
+            c = children[target]
+            clock = c.e2e_exemplar if kind == "e2e" else c.ttft_exemplar
+            child = c.e2e if kind == "e2e" else c.ttft
+            for bucket, (seq, value, end_ns) in candidates.items():
+                if clock.due(bucket, end_ns):
+                    child.set_exemplar(bucket, {"trace_id": trace_id(run, target, seq)}, value)
 
     def restore(
         self,
         totals: Iterable[tuple[str, str, str, str, int, int, int, int]],
-        histograms: Mapping[tuple[str, str], tuple[Sequence[int], float]],
+        histograms: Mapping[tuple[str, str], Hist],
     ) -> list[str]:
         """Continue the counters of a resumed run from the journal's totals, so Prometheus
         sees no reset. ``totals``: (target, phase, outcome, status_class, requests,
         output_tokens, prompt_tokens, oom) rows; ``histograms``: (kind, target) -> (count per
         bucket, +Inf last; sum). Call once, after ``add_target``. Counters continue through
-        ``inc``; histograms through ``soakd.buckets.restore_histogram`` (public API only).
-        Returns what could not be restored."""
+        ``inc``; histogram buckets are added to soakd's own (soakd/buckets.py). Returns what
+        could not be restored (no such target, other buckets)."""
         missing: list[str] = []
         for target, phase, outcome, sclass, n, out_tokens, in_tokens, oom in totals:
             if n:
@@ -467,19 +369,14 @@ class Metrics:
                 self.prompt_tokens.labels(target).inc(in_tokens)
             if oom:
                 self.oom_errors.labels(target).inc(oom)
-        # prometheus_client has no public way to set a histogram: each one with a base is
-        # served from now on through a collector that adds the base at scrape time
-        from soakd.buckets import Hist, LabelKey, restore_histogram  # only a resume needs it
-
-        bases: dict[str, dict[LabelKey, Hist]] = {}
         for (kind, target), (counts, total) in histograms.items():
-            if kind in HISTOGRAM_BUCKETS and target in self._children:
-                bases.setdefault(kind, {})[(("target", target),)] = (list(counts), total)
-            else:
+            c = self._children.get(target)
+            bounds = HISTOGRAM_BUCKETS.get(kind)
+            if c is None or bounds is None or len(counts) != len(bounds) + 1:
                 missing.append(f"{kind}:{target}")
-        for kind, by_child in bases.items():
-            misfits = restore_histogram(self.registry, getattr(self, kind), by_child)
-            missing += [f"{kind}:{dict(key)['target']}" for key in misfits]
+                continue
+            child: BucketChild = getattr(c, kind)
+            child.add(counts, total)
         return missing
 
 
@@ -531,7 +428,8 @@ class JournalMetrics:
         )
         self.dropped = Counter(
             mn.JOURNAL_DROPPED_RECORDS_TOTAL,
-            "Records not journaled because the writer's queue was full.",
+            "Records not journaled: the writer's queue was full, or its writes kept failing "
+            "past journal.queue_size rows (the requests stay in the counters and totals).",
             ["kind"],
             registry=r,
         )

@@ -1,6 +1,8 @@
-"""Stats: the in-memory reader of outcomes behind the live view, /status and the summary.
+"""Stats: the in-memory counts behind the live view, /status and the summary.
 
-Bounded memory: per target a whole-run TargetStats, one per phase, and a 60 s window.
+Fed the journal's committed folds (soakd/fold.py: each outcome folded once, by the writer),
+so it lags the requests by at most one flush, as the metrics do. Bounded memory: per
+target a whole-run TargetStats, one per phase, and a 60 s window.
 """
 
 from __future__ import annotations
@@ -9,11 +11,11 @@ import time
 from collections.abc import Mapping
 
 from soakd.analysis import SessionRow, SummaryRow, TargetStats, Window, summary_row
-from soakd.model import Outcome
+from soakd.fold import Fold
 
 
 class RunStats:
-    """An OutcomeSink keeping totals per target and per (target, phase), plus a recent window."""
+    """Totals per target and per (target, phase), plus a recent window: a FoldSink."""
 
     def __init__(self, targets: list[str], window_s: int = 60) -> None:
         self.targets = targets
@@ -21,13 +23,17 @@ class RunStats:
         self.window = {t: Window(window_s) for t in targets}
         self.started = time.monotonic()
 
-    def record(self, outcome: Outcome) -> None:
-        key = (outcome.target, outcome.phase)
-        stats = self.by_phase.get(key)
-        if stats is None:
-            stats = self.by_phase[key] = TargetStats()
-        stats.add(outcome)
-        self.window[outcome.target].add(outcome, int(time.monotonic()))
+    def apply(self, f: Fold) -> None:
+        """A batch's fold: merged into its phases' stats and into this second's window."""
+        now = int(time.monotonic())
+        for key, stats in f.by_phase().items():
+            have = self.by_phase.get(key)
+            if have is None:
+                self.by_phase[key] = have = TargetStats()
+            have.merge(stats)
+            window = self.window.get(key[0])
+            if window is not None:
+                window.add_stats(stats, now)
 
     @property
     def total(self) -> dict[str, TargetStats]:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import random
 import time
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from soakd.config import Config, JournalConfig, config_from_dict
-from soakd.journal import Journal, RunInfo, config_doc, plan_doc, rollup_window_ns
-from soakd.metrics import JournalMetrics, Metrics
+from soakd.journal import FoldSink, Journal, RunInfo, config_doc, plan_doc, rollup_window_ns
+from soakd.metrics import JournalMetrics
 from soakd.model import ErrorKind, Outcome, Phase, Plan, Sample
 from soakd.workload.plan import build_plan
 
@@ -107,7 +108,7 @@ def open_test_journal(
     clock: FakeClock,
     *,
     journal_cfg: JournalConfig | None = None,
-    forward: Metrics | None = None,
+    forward: Sequence[FoldSink] = (),
     metrics: JournalMetrics | None = None,
 ) -> Journal:
     info, _ = run_info(cfg)

@@ -4,7 +4,7 @@ One package, one concern per module (docs/architecture.md, "The journal's rooms"
 
 - ``schema``: the tables, the versions (v1 -> v2 -> v3 migration), opening and checking a file;
 - ``codec``: Outcome <-> row, ITL gaps as BLOBs (compact or exact), ``TargetStats`` blobs;
-- ``handoff``: the one queue between the event loop and the writer thread, both ways;
+- ``handoff``: the one queue between the event loop and the writer, both ways;
 - ``writer``: ``Journal``, the sink the run records to, and its writer thread;
 - ``progress``: the session's heartbeat of the plan clock, downtime, run events;
 - ``rollups``: totals, histogram buckets and rollup windows beside the rows;
@@ -27,7 +27,7 @@ from soakd.journal.codec import (
     unpack_itl,
     unpack_itl_hist,
 )
-from soakd.journal.handoff import PUMP_SLICE, HandOff
+from soakd.journal.handoff import FoldSink, HandOff
 from soakd.journal.progress import PlanClock
 from soakd.journal.reader import JournalReader, Rollup
 from soakd.journal.resume import Restored, ResumeState, plan_doc, read_resume_state
@@ -59,12 +59,12 @@ __all__ = [
     "LOCK_FILE",
     "MAX_BATCH",
     "PAGE_SIZE",
-    "PUMP_SLICE",
     "READS_SCHEMAS",
     "REQUEST_COLUMNS",
     "RETENTION_EVERY_S",
     "RETRY_MAX_S",
     "SCHEMA_VERSION",
+    "FoldSink",
     "HandOff",
     "Journal",
     "JournalError",

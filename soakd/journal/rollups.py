@@ -1,34 +1,28 @@
-"""Journal rollups room: what the writer aggregates beside the rows, and how.
+"""Journal rollups room: what the writer keeps beside the rows, and how.
 
-Per batch, ``Deltas`` collects the totals Prometheus' counters restart from, the latency
-histograms' bucket counts, and the ``TargetStats`` of each (target, phase, window) the
-batch's requests completed in. ``Aggregates`` holds the running values on the writer
-thread; it writes a batch's share inside the batch's transaction and moves on only after
-the commit (``committed``), so a failed transaction is retried from the same state.
-Windows are stored once they are over (two windows back: late requests still land);
-``unfolded_rollups`` rebuilds what a killed writer committed as rows but never rolled up.
+Each batch's outcomes are folded once (``soakd.fold.Fold``): the totals Prometheus'
+counters restart from, the latency histograms' bucket counts, and the ``TargetStats`` of
+each (target, phase, window) the batch's requests completed in. ``Aggregates`` holds the
+running values on the writer thread; it writes a batch's share inside the batch's
+transaction and moves on only after the commit (``committed``), so a failed transaction is
+retried from the same state. Windows are stored once they are over (two windows back: late
+requests still land); ``unfolded_rollups`` rebuilds what a killed writer committed as rows
+but never rolled up.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from soakd.analysis import TargetStats
-from soakd.buckets import Hist, add_hist, observe
+from soakd.fold import Fold, Hist, HistKey, TotalsKey, Window, WindowKey, add_hist
 from soakd.journal.codec import copy_stats, outcome_from_row, stats_from_blob, stats_to_blob
 from soakd.journal.schema import request_columns
-from soakd.metrics import HISTOGRAM_BUCKETS
-from soakd.model import S_PER_NS, Outcome, Plan, status_class
+from soakd.model import Plan
 
-TotalsKey = tuple[str, str, str, str]
-"""(target, phase, outcome, status class): one row of ``totals``."""
-HistKey = tuple[str, str]
-"""(kind, target): one row of ``histograms``; kind is a key of ``HISTOGRAM_BUCKETS``."""
-WindowKey = tuple[str, str, int]
-"""(target, phase, window index): one row of ``rollups``."""
+__all__ = ["Aggregates", "Staged", "rollup_window_ns", "store_window", "unfolded_rollups"]
 
 
 def rollup_window_ns(plan: Plan) -> int:
@@ -39,66 +33,11 @@ def rollup_window_ns(plan: Plan) -> int:
 
 
 @dataclass(slots=True)
-class Window:
-    """One rollup (target, phase, window) the writer holds in memory."""
-
-    stats: TargetStats
-    wall_min: float
-    wall_max: float
-    upto_id: int = 0  # rows of this window with id <= upto_id are in its stored row
-    first_id: int = 0  # the first row not in the stored row yet (0: nothing unstored)
-
-
-@dataclass(slots=True)
-class Deltas:
-    """What one batch adds to the aggregates."""
-
-    totals: dict[TotalsKey, list[int]] = field(default_factory=dict)
-    hists: dict[HistKey, Hist] = field(default_factory=dict)
-    windows: dict[WindowKey, Window] = field(default_factory=dict)
-
-    def add(self, o: Outcome, row: tuple[Any, ...], ordered: list[int], window_ns: int) -> None:
-        """Count one outcome, stored as ``row`` (``codec.outcome_row``, with its sorted gaps)."""
-        rid, end_ns, ttft, tpot = row[0], row[8], row[10], row[12]
-        # totals, as Metrics counts them
-        tkey = (o.target, o.phase, o.outcome, status_class(o.status))
-        t = self.totals.get(tkey)
-        if t is None:
-            t = self.totals[tkey] = [0, 0, 0, 0]
-        t[0] += 1
-        t[1] += o.output_tokens
-        t[2] += o.prompt_tokens or 0
-        t[3] += o.oom
-        # histogram buckets, as Metrics observes them
-        hists = self.hists
-        if o.sent_ns:
-            _observe(hists, "lag", o.target, [o.dispatch_lag_ns * S_PER_NS])
-        if o.error is None:
-            _observe(hists, "e2e", o.target, [o.e2e_ns * S_PER_NS])
-            if ttft is not None:
-                _observe(hists, "ttft", o.target, [ttft * S_PER_NS])
-            if tpot is not None:
-                _observe(hists, "tpot", o.target, [tpot * S_PER_NS])
-            if ordered:
-                _observe(hists, "itl", o.target, [g * S_PER_NS for g in ordered])
-        # the rollup window it completed in
-        wkey = (o.target, o.phase, end_ns // window_ns)
-        win = self.windows.get(wkey)
-        if win is None:
-            win = self.windows[wkey] = Window(
-                TargetStats(), o.wall_start, o.wall_start, first_id=rid
-            )
-        win.stats.add(o)
-        win.wall_min = min(win.wall_min, o.wall_start)
-        win.wall_max = max(win.wall_max, o.wall_start)
-
-
-@dataclass(slots=True)
 class Staged:
     """A batch's aggregates, written in its transaction and applied after the commit."""
 
-    deltas: Deltas
     totals: dict[TotalsKey, list[int]]
+    hists: dict[HistKey, Hist]
     windows: dict[WindowKey, Window]
     stored: set[WindowKey]
     last_id: int
@@ -133,70 +72,65 @@ class Aggregates:
     def write(
         self,
         conn: sqlite3.Connection,
-        deltas: Deltas,
-        dropped: dict[TotalsKey, tuple[int, int, int, int]],
+        fold: Fold,
+        extra: Fold | None,
         last_id: int,
         now_window: int,
         final: bool,
     ) -> Staged:
-        """Inside the batch's transaction: totals (dropped outcomes too: Metrics counted
-        them), histogram buckets, and the windows that are over (all of them when final)."""
+        """Inside the batch's transaction: totals (``extra``'s too: requests only tallied,
+        whose rows the queue dropped), histogram buckets, and the windows that are over
+        (every one with news when ``final``)."""
         new_totals: dict[TotalsKey, list[int]] = {}
-        for key, d in deltas.totals.items():
-            base = self.totals.get(key, [0, 0, 0, 0])
-            new_totals[key] = [a + b for a, b in zip(base, d, strict=True)]
-        for key in set(new_totals) | set(dropped):
-            total = new_totals.get(key) or self.totals.get(key, [0, 0, 0, 0])
-            extra = dropped.get(key, (0, 0, 0, 0))
-            conn.execute(
+        for part in (fold, extra):
+            if part is None:
+                continue
+            for key, d in part.totals.items():
+                base = new_totals.get(key) or self.totals.get(key, [0, 0, 0, 0])
+                new_totals[key] = [a + b for a, b in zip(base, d, strict=True)]
+        if new_totals:
+            conn.executemany(
                 "INSERT OR REPLACE INTO totals VALUES (?,?,?,?,?,?,?,?)",
-                (*key, *(a + b for a, b in zip(total, extra, strict=True))),
+                [(*key, *t) for key, t in new_totals.items()],
             )
-        for hkey, (counts, total_s) in deltas.hists.items():
-            merged = add_hist(self.hists.get(hkey), counts, total_s)
+        new_hists: dict[HistKey, Hist] = {}
+        for hkey, b in fold.hists.items():
+            new_hists[hkey] = merged = add_hist(self.hists.get(hkey), b.counts, b.total)
             conn.execute(
                 "INSERT OR REPLACE INTO histograms VALUES (?,?,?,?)",
                 (*hkey, json.dumps(merged[0]), merged[1]),
             )
         staged: dict[WindowKey, Window] = {}
-        for wkey, dwin in deltas.windows.items():
+        for wkey, dwin in fold.windows.items():
             win = self.windows.get(wkey) or self._load_window(conn, wkey)
             if win is None:
-                staged[wkey] = dwin
-                continue
-            stats = copy_stats(win.stats)
-            stats.merge(dwin.stats)
-            staged[wkey] = Window(
-                stats,
-                min(win.wall_min, dwin.wall_min),
-                max(win.wall_max, dwin.wall_max),
-                win.upto_id,
-                win.first_id or dwin.first_id,
-            )
-        for wkey, win in self.windows.items():
-            if win.first_id and wkey not in staged:
                 staged[wkey] = Window(
-                    win.stats, win.wall_min, win.wall_max, win.upto_id, win.first_id
+                    copy_stats(dwin.stats), dwin.wall_min, dwin.wall_max, 0, dwin.first_id
                 )
+                continue
+            both = Window(copy_stats(win.stats), win.wall_min, win.wall_max, win.upto_id)
+            both.first_id, both.dirty = win.first_id, win.dirty
+            both.merge(dwin)
+            staged[wkey] = both
+        for wkey, win in self.windows.items():
+            if win.dirty and wkey not in staged:
+                staged[wkey] = win
         stored = set()
         for wkey, win in staged.items():
-            if win.first_id and (final or wkey[2] <= now_window - 2):
+            if win.dirty and (final or wkey[2] <= now_window - 2):
                 store_window(conn, wkey, win.stats, win.wall_min, win.wall_max, last_id)
                 stored.add(wkey)
-        return Staged(deltas, new_totals, staged, stored, last_id)
+        return Staged(new_totals, new_hists, staged, stored, last_id)
 
     def committed(self, staged: Staged, now_window: int) -> None:
         """The transaction committed: the running values move on."""
         self.totals.update(staged.totals)
-        for hkey, (counts, total) in staged.deltas.hists.items():
-            self.hists[hkey] = add_hist(self.hists.get(hkey), counts, total)
+        self.hists.update(staged.hists)
         for wkey, win in staged.windows.items():
             if wkey in staged.stored:
-                win.upto_id, win.first_id = staged.last_id, 0
+                win.upto_id, win.first_id, win.dirty = staged.last_id, 0, False
             self.windows[wkey] = win
-        for wkey in [
-            k for k, w in self.windows.items() if not w.first_id and k[2] < now_window - 3
-        ]:
+        for wkey in [k for k, w in self.windows.items() if not w.dirty and k[2] < now_window - 3]:
             del self.windows[wkey]  # stored and quiet: the database has it
 
     def _load_window(self, conn: sqlite3.Connection, key: WindowKey) -> Window | None:
@@ -207,7 +141,7 @@ class Aggregates:
         ).fetchone()
         if row is None:
             return None
-        return Window(stats_from_blob(row[3]), row[1], row[2], row[0], 0)
+        return Window(stats_from_blob(row[3]), row[1], row[2], row[0], 0, dirty=False)
 
 
 def store_window(
@@ -222,10 +156,6 @@ def store_window(
         "INSERT OR REPLACE INTO rollups VALUES (?,?,?,?,?,?,?)",
         (*key, upto_id, wall_min, wall_max, stats_to_blob(stats)),
     )
-
-
-def _observe(hists: dict[HistKey, Hist], kind: str, target: str, values: list[float]) -> None:
-    observe(hists, (kind, target), HISTOGRAM_BUCKETS[kind], values)
 
 
 def unfolded_rollups(

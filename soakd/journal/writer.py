@@ -14,10 +14,11 @@ transaction. Durability (docs/journal.md has the long form):
   not "the last second"; soakd therefore defaults to ``synchronous=FULL``, one fsync
   per commit, which at 2 commits/s costs nothing measurable (docs/journal.md).
 
-Prometheus counters are fed *after* the commit (the writer hands committed outcomes
-back to the loop), so the counters Prometheus scrapes never exceed what the journal
-holds, and a resumed run that restores them from the journal cannot step backwards
-(which Prometheus would read as a reset and turn into a spike in every rate).
+The writer folds each outcome once (soakd/fold.py) and hands each batch's fold to
+``Metrics`` and ``RunStats`` *after* the commit, so the counters Prometheus scrapes never
+exceed what the journal holds, and a resumed run that restores them from the journal cannot
+step backwards (which Prometheus would read as a reset and turn into a spike in every rate).
+A failing disk hands the folds over at once instead: measuring never waits for the disk.
 
 The queue between the loop and the thread, both ways, is ``HandOff`` (handoff.py); the
 session's heartbeat and events are ``Progress`` (progress.py); the totals, histogram
@@ -33,7 +34,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,18 +44,18 @@ import structlog
 
 from soakd import __version__
 from soakd.config import JournalConfig
+from soakd.fold import Fold
 from soakd.journal import schema
 from soakd.journal.budget import Budget
-from soakd.journal.codec import outcome_row
-from soakd.journal.handoff import HandOff
+from soakd.journal.codec import END_NS, outcome_row
+from soakd.journal.handoff import FoldSink, HandOff
 from soakd.journal.progress import PlanClock, Progress
 from soakd.journal.resume import Restored, ResumeState, take_lock
 from soakd.journal.retention import apply_retention
-from soakd.journal.rollups import Aggregates, Deltas, store_window, unfolded_rollups
+from soakd.journal.rollups import Aggregates, store_window, unfolded_rollups
 from soakd.journal.schema import JOURNAL_FILE, PAGE_SIZE, JournalError
 from soakd.metrics import JournalMetrics
-from soakd.model import Outcome, Sample, status_class
-from soakd.types import OutcomeSink
+from soakd.model import Outcome, Sample
 
 log = structlog.get_logger()
 
@@ -86,19 +87,42 @@ class RunInfo:
 
 @dataclass(slots=True)
 class _Batch:
-    """One transaction's worth of records (kept as it was when its commit fails)."""
+    """Records folded and waiting for their commit (kept as they are while commits fail)."""
 
-    items: list[Any]
-    forwarded: bool = False  # its outcomes went to Metrics already (a failed commit)
+    rows: list[tuple[Any, ...]]
+    samples: list[tuple[float, int, float]]
+    new_series: list[tuple[int, str, str]]
+    events: list[tuple[float, int | None, str, dict[str, Any]]]
+    fold: Fold
+    tallies: Fold | None  # requests the loop only tallied (no row): their totals
+    next_id: int  # the row id after this batch's
+    keep_rows: bool
+    forwarded: bool = False  # its fold went to Metrics already (the disk failing)
+
+    def add(self, later: _Batch) -> None:
+        """Append a later batch (commits are failing)."""
+        self.rows += later.rows
+        self.samples += later.samples
+        self.new_series += later.new_series
+        self.events += later.events
+        self.fold.merge(later.fold)
+        if later.tallies is not None:
+            if self.tallies is None:
+                self.tallies = later.tallies
+            else:
+                self.tallies.merge(later.tallies)
+        self.next_id = later.next_id
+        self.keep_rows = self.keep_rows and later.keep_rows
 
 
 class Journal:
     """The run's journal: an OutcomeSink (``record``), a sample sink (``sample``), events.
 
-    ``forward``: where committed outcomes go next (Metrics), on the loop that opened the
-    journal. A full queue or a failing disk never stops the measurement: those outcomes
-    are forwarded at once and counted (``soakd_journal_dropped_records_total``,
-    ``soakd_journal_write_errors_total``)."""
+    ``forward``: what applies each batch's fold (``Metrics``, ``RunStats``), on the loop that
+    opened the journal, once the batch is committed. A full queue or a failing disk never
+    stops the measurement: an outcome the queue cannot take is tallied and applied at once
+    (``soakd_journal_dropped_records_total``), and a batch the disk refuses is applied at
+    once and retried (``soakd_journal_write_errors_total``)."""
 
     def __init__(
         self,
@@ -107,7 +131,7 @@ class Journal:
         cfg: JournalConfig | None = None,
         *,
         metrics: JournalMetrics | None = None,
-        forward: OutcomeSink | None = None,
+        forward: Sequence[FoldSink] = (),
         resume: ResumeState | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -115,7 +139,6 @@ class Journal:
         self.run = run
         self.cfg = cfg or JournalConfig()
         self.metrics = metrics
-        self._forward = forward
         self._resume = resume
         self._wall = wall
         limit = self.cfg.queue_size
@@ -126,7 +149,8 @@ class Journal:
         self._open_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._dropped: dict[tuple[str, str, str, str], tuple[int, int, int, int]] = {}
+        self._tally = Fold()  # outcomes the queue could not take, not yet applied
+        self._tally_due = False
         self._drop_logged = False
         self.restored: Restored | None = None
         self.downtime_s = 0.0
@@ -181,50 +205,58 @@ class Journal:
         """Write everything still queued, the final heartbeat and the stop event; blocks."""
         if self._closed:
             return
+        self._apply_tally()
+        self._shut(completed)
+
+    async def aclose(self, completed: bool = False) -> None:
+        """``close`` off the loop; the folds the writer hands over at its end are applied
+        on the loop before this returns."""
+        if self._closed:
+            return
+        self._apply_tally()
+        await asyncio.to_thread(self._shut, completed)
+
+    def _shut(self, completed: bool) -> None:
         self.event("run_stopped", completed=completed)
         self._closed = True
         self._stop.set()
         self._handoff.wake.set()
         if self._thread is not None:
             self._thread.join()
-        self._handoff.pump()
-
-    async def aclose(self, completed: bool = False) -> None:
-        if self._closed:
-            return
-        await asyncio.to_thread(self.close, completed)
-        self._handoff.pump()
 
     # --- the hot path (loop side) --------------------------------------------------------------
 
     def record(self, outcome: Outcome) -> None:
-        """OutcomeSink: enqueue, or (queue full, journal closed) count and forward now."""
+        """OutcomeSink: enqueue; or (queue full, journal closed) tally it, applied at once."""
         q = self._q
         n = len(q)
         h = self._handoff
         if n < h.limit and not self._closed:
-            if self._errors_in_row and self._forward is not None:
-                h.forward_early(outcome)  # the disk is failing
             q.append(outcome)
             if n == h.wake_at:
                 h.wake.set()
             return
-        if self._closed:  # after the run: nothing left to journal it
-            if self._forward is not None:
-                self._forward.record(outcome)
+        if not self._closed:
+            self._drop("request")
+        self._tally.tally(outcome)
+        if not self._tally_due:
+            self._tally_due = True
+            loop = h.loop
+            if loop is None or self._closed:
+                self._apply_tally()
+            else:
+                loop.call_soon(self._apply_tally)
+
+    def _apply_tally(self) -> None:
+        """The tallied outcomes: to the sinks now, and to the writer for the totals."""
+        self._tally_due = False
+        f = self._tally
+        if not f:
             return
-        self._drop("request")
-        o = outcome
-        key = (o.target, o.phase, o.outcome, status_class(o.status))
-        d = self._dropped.get(key, (0, 0, 0, 0))
-        self._dropped[key] = (
-            d[0] + 1,
-            d[1] + o.output_tokens,
-            d[2] + (o.prompt_tokens or 0),
-            d[3] + o.oom,
-        )
-        if self._forward is not None:
-            self._forward.record(outcome)
+        self._tally = Fold()
+        self._handoff.apply(f)
+        if not self._closed:  # after the run: nothing left to journal it
+            self._handoff.tallies.append(f)
 
     def sample(self, sample: Sample) -> None:
         """A probe reading (the probes' ``emit``)."""
@@ -248,8 +280,8 @@ class Journal:
                 "journal_queue_full",
                 kind=kind,
                 queue=len(self._q),
-                note="records are dropped from the journal (metrics go on); "
-                "the disk may be too slow or stalled",
+                note="records are dropped from the journal (counted in the totals and "
+                "the metrics); the disk may be too slow or stalled",
             )
 
     # --- the writer thread ---------------------------------------------------------------------
@@ -267,7 +299,7 @@ class Journal:
         try:
             interval = self.cfg.flush_interval
             while not self._stop.is_set():
-                if len(self._q) < MAX_BATCH or self._pending is not None:
+                if len(self._q) < MAX_BATCH:
                     wake.wait(interval)  # a backlog of full batches: no pause
                 wake.clear()
                 self._cycle()
@@ -370,11 +402,17 @@ class Journal:
 
     def _cycle(self) -> None:
         now = time.monotonic()
-        if self._pending is not None and now < self._retry_at:
-            return
-        batch = self._pending or self._take()
-        if not batch.items and now - self._last_commit < IDLE_HEARTBEAT_S:
-            return  # nothing new: a heartbeat a second is enough (and spares the disk)
+        pending = self._pending
+        if pending is not None:  # commits are failing: fold what comes, retry when due
+            self._fold_into(pending)
+            if now < self._retry_at:
+                return
+            batch = pending
+        else:
+            batch = self._take()
+            empty = not (batch.rows or batch.fold or batch.samples or batch.events)
+            if empty and batch.tallies is None and now - self._last_commit < IDLE_HEARTBEAT_S:
+                return  # nothing new: a heartbeat a second is enough (and spares the disk)
         try:
             self._commit(batch, final=False)
         except sqlite3.Error as exc:
@@ -389,14 +427,91 @@ class Journal:
             self._last_retention = now
             self._retention()
 
-    def _take(self) -> _Batch:
-        return _Batch(self._handoff.take(MAX_BATCH))
+    def _take(self, room: int = MAX_BATCH) -> _Batch:
+        """Up to MAX_BATCH queued records, folded, with the rows (at most ``room``) of the
+        outcomes among them; ids and series are numbered here, once."""
+        assert self._conn is not None
+        items = self._handoff.take(MAX_BATCH)
+        rows: list[tuple[Any, ...]] = []
+        samples: list[tuple[float, int, float]] = []
+        events: list[tuple[float, int | None, str, dict[str, Any]]] = []
+        new_series: list[tuple[int, str, str]] = []
+        f = Fold()
+        next_id = self._next_id
+        progress = self._progress
+        clock = progress.clock
+        origin = clock.origin_ns if clock is not None else 0
+        session, window_ns = progress.session, self._agg.window_ns
+        itl = self.cfg.itl if self.cfg.itl_gaps else "none"
+        keep_rows = self._budget.keep_rows(self._conn)  # near journal.max_bytes: rollups only
+        unkept = 0
+        every = YIELD_EVERY
+        for i, item in enumerate(items, 1):
+            if every and not i % every:
+                os.sched_yield()  # the loop's turn (YIELD_EVERY)
+            kind = type(item)
+            if kind is Outcome:
+                row, ordered = outcome_row(item, next_id, session, origin, itl=itl)
+                if keep_rows and len(rows) < room:
+                    rows.append(row)
+                    f.add(item, next_id, row[END_NS], window_ns, ordered)
+                    next_id += 1
+                else:
+                    f.add(item, 0, row[END_NS], window_ns, ordered)
+                    unkept += keep_rows
+            elif kind is Sample:
+                key = (item.name, item.labels)
+                sid = self._series.get(key)
+                if sid is None:
+                    sid = self._series[key] = self._next_series
+                    self._next_series += 1
+                    new_series.append((sid, item.name, json.dumps(item.labels)))
+                samples.append((item.wall, sid, item.value))
+            else:
+                _, wall, offset, name, data = item
+                events.append((wall, offset, name, data))
+        self._next_id = next_id
+        if unkept:
+            self._drop_rows(unkept)
+        tallies = self._handoff.take_tallies()
+        return _Batch(rows, samples, new_series, events, f, tallies, next_id, keep_rows)
+
+    def _fold_into(self, pending: _Batch) -> None:
+        """Commits are failing: fold what came meanwhile into the batch kept for the retry
+        (rows up to ``queue_size``), its fold to the metrics now."""
+        batch = self._take(room=self.cfg.queue_size - len(pending.rows))
+        self._forward(batch)
+        pending.add(batch)
+
+    def _drop_rows(self, n: int) -> None:
+        """Rows the disk's failure left no room for: their requests are in the fold."""
+        if self.metrics is not None:
+            self.metrics.dropped.labels("request").inc(n)
+        if not self._drop_logged:
+            self._drop_logged = True
+            log.error(
+                "journal_queue_full",
+                kind="request",
+                queue=n,
+                note="rows are dropped from the journal while its writes fail (their "
+                "requests stay in the totals, histograms and rollups)",
+            )
+
+    def _forward(self, batch: _Batch) -> None:
+        if not batch.forwarded:
+            batch.forwarded = True
+            self._handoff.give_back(batch.fold)
 
     def _final(self) -> None:
         """Closing: write everything queued (a few retries on errors), then every window."""
         attempts = 0
         while True:
-            batch = self._pending or self._take()
+            pending = self._pending
+            if pending is not None:
+                self._fold_into(pending)
+                batch = pending
+            else:
+                batch = self._take()
             last = not self._q
             try:
                 self._commit(batch, final=last)
@@ -404,8 +519,10 @@ class Journal:
                 self._failed(batch, exc)
                 attempts += 1
                 if attempts >= 3:
-                    lost = len(batch.items) + len(self._q)
+                    lost = len(batch.rows) + len(self._q)
                     log.exception("journal_close_incomplete", unwritten=lost)
+                    while self._q:  # the rest: measured still
+                        self._handoff.give_back(self._take().fold)
                     return
                 time.sleep(1.0)
                 continue
@@ -423,8 +540,6 @@ class Journal:
             assert self._conn is not None
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
-        for key in [k for k, sid in self._series.items() if sid >= self._next_series]:
-            del self._series[key]
         self._errors_in_row += 1
         delay = min(RETRY_MAX_S, 0.5 * 2 ** min(self._errors_in_row, 6))
         self._retry_at = time.monotonic() + delay
@@ -435,13 +550,11 @@ class Journal:
             log.error(
                 "journal_write_failed",
                 error=f"{type(exc).__name__}: {exc}",
-                records=len(batch.items),
+                records=len(batch.rows) + len(batch.samples) + len(batch.events),
                 retry_in_s=delay,
                 failures=self._errors_in_row,
             )
-        if not batch.forwarded:  # metrics must not wait for the disk
-            batch.forwarded = True
-            self._handoff.give_back([o for o in batch.items if type(o) is Outcome])
+        self._forward(batch)  # metrics must not wait for the disk
 
     def _commit(self, batch: _Batch, *, final: bool) -> None:
         """One transaction: rows, samples, events, aggregates, heartbeat. The in-memory
@@ -449,71 +562,32 @@ class Journal:
         conn = self._conn
         assert conn is not None
         t0 = time.perf_counter()
-        rows: list[tuple[Any, ...]] = []
-        samples: list[tuple[float, int, float]] = []
-        events: list[tuple[float, int | None, str, dict[str, Any]]] = []
-        new_series: list[tuple[int, str, str]] = []
-        outcomes: list[Outcome] = []
-        next_id = self._next_id
-        next_series = self._next_series
-        deltas = Deltas()
-        agg, progress = self._agg, self._progress
-        clock = progress.clock
-        origin = clock.origin_ns if clock is not None else 0
-        session, window_ns = progress.session, agg.window_ns
-        itl = self.cfg.itl if self.cfg.itl_gaps else "none"
-        budget = self._budget
-        keep_rows = budget.keep_rows(conn)  # near journal.max_bytes: rollups only
-        every = YIELD_EVERY
-        for i, item in enumerate(batch.items, 1):
-            if every and not i % every:
-                os.sched_yield()  # the loop's turn (YIELD_EVERY)
-            kind = type(item)
-            if kind is Outcome:
-                row, ordered = outcome_row(item, next_id, session, origin, itl=itl)
-                deltas.add(item, row, ordered, window_ns)
-                rows.append(row)
-                outcomes.append(item)
-                next_id += keep_rows
-            elif kind is Sample:
-                key = (item.name, item.labels)
-                sid = self._series.get(key)
-                if sid is None:
-                    sid = self._series[key] = next_series
-                    next_series += 1
-                    new_series.append((sid, item.name, json.dumps(item.labels)))
-                samples.append((item.wall, sid, item.value))
-            else:
-                _, wall, offset, name, data = item
-                events.append((wall, offset, name, data))
-        last_id = next_id - 1
-        now_window = (progress.offset_now() or progress.last_offset) // window_ns
+        agg, progress, budget = self._agg, self._progress, self._budget
+        rows, samples, events, keep_rows = batch.rows, batch.samples, batch.events, batch.keep_rows
+        next_id = batch.next_id
+        now_window = (progress.offset_now() or progress.last_offset) // agg.window_ns
         conn.execute("BEGIN")
         stopped = budget.stopped(conn) if budget.rows_kept and not keep_rows else None
         if stopped is not None:
             progress.insert_event(conn, self._wall(), progress.last_offset, "rows_stopped", stopped)
-        if new_series:
-            conn.executemany("INSERT INTO series VALUES (?,?,?)", new_series)
-        if rows and keep_rows:
+        if batch.new_series:
+            conn.executemany("INSERT INTO series VALUES (?,?,?)", batch.new_series)
+        if rows:
             conn.executemany(schema.INSERT_REQUEST, rows)
         if samples:
             conn.executemany("INSERT INTO samples VALUES (?,?,?)", samples)
         for wall, offset, name, data in events:
             progress.insert_event(conn, wall, offset, name, data)
-        # dropped outcomes are in the totals too (Metrics counted them); the loop replaces
-        # the values of _dropped, never mutates them
         # without rows, every window is stored at each commit (nothing to rebuild them from)
         staged = agg.write(
-            conn, deltas, dict(self._dropped), last_id, now_window, final or not keep_rows
+            conn, batch.fold, batch.tallies, next_id - 1, now_window, final or not keep_rows
         )
         beat = progress.heartbeat(conn, staged.rollup_from_id(next_id), final)
         conn.execute("COMMIT")
         # committed: the in-memory state moves on
         progress.committed(beat)
-        self._next_id = next_id
-        self._next_series = next_series
         agg.committed(staged, now_window)
-        budget.committed(keep_rows, len(rows), stopped)
+        budget.committed(keep_rows, batch.fold.requests, stopped)
         downtime = beat.downtime_s
         if downtime is not None:
             self.downtime_s = downtime
@@ -523,16 +597,14 @@ class Journal:
                 m.downtime.inc(downtime)
             m.commit.observe(time.perf_counter() - t0)
             m.last_commit.set(self._wall())
-            if rows and keep_rows:
+            if rows:
                 m.records.labels("request").inc(len(rows))
             if samples:
                 m.records.labels("sample").inc(len(samples))
             if events:
                 m.records.labels("event").inc(len(events))
             self._update_size()
-        if not batch.forwarded:
-            batch.forwarded = True
-            self._handoff.give_back(outcomes)
+        self._forward(batch)
 
     def _update_size(self) -> None:
         if self.metrics is None:
@@ -574,7 +646,7 @@ async def open_journal(
     cfg: JournalConfig | None = None,
     *,
     metrics: JournalMetrics | None = None,
-    forward: OutcomeSink | None = None,
+    forward: Sequence[FoldSink] = (),
     resume: ResumeState | None = None,
 ) -> Journal:
     """Open or create ``run_dir/journal.db`` and start its writer (async factory)."""

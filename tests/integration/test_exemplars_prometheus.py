@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
+from soakd.fold import fold
 from soakd.http import start_http
 from soakd.metrics import Metrics
 from soakd.model import Outcome
@@ -69,8 +70,8 @@ async def test_prometheus_keeps_the_trace_ids_the_dashboard_shows(tmp_path: Path
     m.add_target("vllm", ["steady"])
     m.trace_exemplars(RUN_ID, ["vllm"])
     for seq in range(20):
-        m.record(ok(seq, 0.4 + seq / 100))
-    m.record(ok(99, 42.0))  # the spike: alone in its bucket
+        m.apply(fold([ok(seq, 0.4 + seq / 100)]))
+    m.apply(fold([ok(99, 42.0)]))  # the spike: alone in its bucket
     slow = trace_id(RUN_ID, "vllm", 99)
 
     def status() -> dict[str, Any]:

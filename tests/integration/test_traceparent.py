@@ -15,6 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from soakd.config import TargetConfig
+from soakd.fold import fold
 from soakd.http import start_http
 from soakd.metrics import Metrics
 from soakd.model import Outcome, RequestSpec
@@ -89,7 +90,7 @@ async def test_metrics_serve_exemplars_when_the_scraper_asks_for_openmetrics() -
         2_500_000_001,
     )
     o.status, o.output_tokens, o.content_chunks, o.itl_ns = 200, 2, 2, array("q", [1])
-    m.record(o)
+    m.apply(fold([o]))
 
     def status() -> dict[str, Any]:
         return {}

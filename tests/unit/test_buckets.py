@@ -1,17 +1,18 @@
-"""Histogram restore without prometheus_client's private fields: the journal's bucket
-counts (soakd/buckets.py) plus live observations equal a registry that counted it all."""
+"""soakd's own latency histograms (soakd/buckets.py) fed by the journal's folds
+(soakd/fold.py): the same exposition as client_python's, a resumed run's stored counts plus
+live folds equal a registry that counted it all, and a batch folded at once equals its
+outcomes folded one by one."""
 
 from __future__ import annotations
 
 import random
 
-from prometheus_client import Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.buckets import BucketChild, observe
-from soakd.journal.codec import outcome_row
-from soakd.journal.rollups import Deltas
-from soakd.metrics import HISTOGRAM_BUCKETS, Metrics
+from soakd.buckets import BucketHistogram
+from soakd.fold import HISTOGRAM_BUCKETS, ITL_BUCKETS, Buckets, Fold, fold
+from soakd.metrics import Metrics
 from soakd.model import ErrorKind, Outcome
 from tests.journal_fixtures import FakeClock, outcome
 
@@ -46,26 +47,16 @@ def scraped(m: Metrics) -> Scrape:
     }
 
 
-def journaled(batch: list[Outcome]) -> Deltas:
-    """What the journal's writer counts for these outcomes (totals and buckets)."""
-    deltas = Deltas()
-    for i, o in enumerate(batch, 1):
-        row, ordered = outcome_row(o, i, 1, 0, itl="none")
-        deltas.add(o, row, ordered, 1_000_000_000)
-    return deltas
-
-
 def test_restored_then_live_equals_counted_live_all_along() -> None:
     before, after = outcomes(300, seed=1), outcomes(200, seed=2)
     live = metrics()
-    for o in before + after:
-        live.record(o)
-    deltas = journaled(before)
+    live.apply(fold(before))
+    live.apply(fold(after))
+    stored = fold(before)  # what the journal keeps: totals and bucket counts
     resumed = metrics()
-    totals = [(*k, *v) for k, v in deltas.totals.items()]
-    assert resumed.restore(totals, deltas.hists) == []  # type: ignore[arg-type]
-    for o in after:
-        resumed.record(o)
+    totals = [(*k, *v) for k, v in stored.totals.items()]
+    assert resumed.restore(totals, stored.hist_counts()) == []  # type: ignore[arg-type]
+    resumed.apply(fold(after))
     want, got = scraped(live), scraped(resumed)
     assert want.keys() == got.keys()
     for key, value in want.items():
@@ -73,6 +64,48 @@ def test_restored_then_live_equals_counted_live_all_along() -> None:
             assert abs(got[key] - value) <= 1e-9 * max(1.0, abs(value)), key
         else:  # buckets, counts, counters: whole numbers, exact
             assert got[key] == value, key
+
+
+def test_a_batch_folded_at_once_equals_its_outcomes_one_by_one() -> None:
+    """The writer folds a batch into one Fold, and while the disk fails merges batches:
+    Metrics must end the same as if every outcome had been applied on its own."""
+    batch = outcomes(400, seed=3)
+    whole, one_by_one, merged = metrics(), metrics(), Fold()
+    whole.apply(fold(batch))
+    for i in range(0, len(batch), 7):
+        part = fold(batch[i : i + 7])
+        merged.merge(part)
+        for o in batch[i : i + 7]:
+            one_by_one.apply(fold([o]))
+    merged_m = metrics()
+    merged_m.apply(merged)
+    want = scraped(one_by_one)
+    for got in (scraped(whole), scraped(merged_m)):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            assert abs(got[key] - value) <= 1e-9 * max(1.0, abs(value)), key
+    assert merged.requests == len(batch)
+    stats = merged.by_phase()
+    assert sum(s.requests for s in stats.values()) == len(batch)
+    assert sum(s.e2e.count for s in stats.values()) == sum(1 for o in batch if o.ok)
+
+
+def test_a_tallied_outcome_counts_but_stays_out_of_the_histograms() -> None:
+    """A request whose row the journal's queue could not take is counted (requests, tokens,
+    the run's counts), never observed: the journal's histograms never had it either."""
+    o = outcomes(1, seed=4)[0]
+    o.error = None
+    f = Fold()
+    f.tally(o)
+    m = metrics()
+    m.apply(f)
+    get = m.registry.get_sample_value
+    labels = {"target": o.target, "phase": "warm", "outcome": "ok", "status_class": "2xx"}
+    assert get("soakd_requests_total", labels) == 1
+    assert get("soakd_output_tokens_total", {"target": o.target}) == o.output_tokens
+    assert get("soakd_request_duration_seconds_count", {"target": o.target}) == 0
+    (stats,) = f.by_phase().values()
+    assert (stats.requests, stats.ok, stats.e2e.count) == (1, 1, 0)
 
 
 def test_buckets_that_do_not_fit_are_reported_and_left_live() -> None:
@@ -88,25 +121,18 @@ def test_buckets_that_do_not_fit_are_reported_and_left_live() -> None:
     assert sorted(missing) == ["e2e:alpha", "ttft:nobody"]
     get = m.registry.get_sample_value
     assert get("soakd_request_duration_seconds_count", {"target": "alpha"}) == 0
-    assert isinstance(m.e2e, Histogram)
 
 
 def test_a_value_on_a_bound_counts_in_that_bucket_as_prometheus_does() -> None:
-    bounds = (0.1, 0.5, 1.0)
-    hists: dict[tuple[str, str], tuple[list[int], float]] = {}
-    observe(hists, ("k", "t"), bounds, [0.1])
-    observe(hists, ("k", "t"), bounds, [0.05, 0.5, 0.7, 1.0, 2.0])
-    assert hists[("k", "t")] == ([2, 1, 2, 1], 0.1 + (0.05 + 0.5 + 0.7 + 1.0 + 2.0))
+    b = Buckets((0.1, 0.5, 1.0))
+    b.add(0.1)
+    b.add_sorted([0.05, 0.5, 0.7, 1.0, 2.0])
+    assert b.hist() == ([2, 1, 2, 1], 0.1 + (0.05 + 0.5 + 0.7 + 1.0 + 2.0))
 
 
 def test_bucket_histogram_exposes_what_a_prometheus_histogram_would() -> None:
-    """The per-token ITL histogram is counted outside prometheus_client (no lock, one
-    bisect a value); a scrape must read exactly what client_python's Histogram writes."""
-    from prometheus_client import CollectorRegistry
-
-    from soakd.buckets import BucketHistogram
-    from soakd.metrics import ITL_BUCKETS
-
+    """The latency histograms are counted outside prometheus_client (bulk adds, no lock);
+    a scrape must read exactly what client_python's Histogram writes."""
     rng = random.Random(7)
     gaps_ns = [rng.randrange(0, 3_000_000_000) for _ in range(5000)]
     gaps_ns += [round(b * 1e9) for b in ITL_BUCKETS]  # on the bounds, and past the last
@@ -117,9 +143,11 @@ def test_bucket_histogram_exposes_what_a_prometheus_histogram_would() -> None:
     for target, share in (("a", gaps_ns[::2]), ("b", gaps_ns[1::2])):
         for g in share:
             ref.labels(target).observe(g * 1e-9)
-        ours.labels(target).observe_ns(share[:-3])
+        counted = Buckets(ITL_BUCKETS)
+        counted.add_sorted(sorted(g * 1e-9 for g in share[:-3]))
         for g in share[-3:]:
-            ours.labels(target).observe(g * 1e-9)
+            counted.add(g * 1e-9)
+        ours.labels(target).add(counted.counts, counted.total)
     ours.labels("idle")
     ref.labels("idle")
 
@@ -140,15 +168,15 @@ def test_long_answers_count_the_same_sorted_as_gap_by_gap() -> None:
     as one at a time, bounds hit exactly included."""
     bounds = tuple(HISTOGRAM_BUCKETS["itl"])
     rng = random.Random(7)
-    on_bounds = [round(b * 1e9) for b in bounds]
+    on_bounds = [b for b in bounds]
     for n in (3, 2 * len(bounds) + 1, 512, 4000):
         gaps = [
-            rng.choice(on_bounds) if rng.random() < 0.2 else int(rng.lognormvariate(15, 2))
+            rng.choice(on_bounds) if rng.random() < 0.2 else rng.lognormvariate(15, 2) * 1e-9
             for _ in range(n)
         ]
-        long_path, one_by_one = BucketChild(bounds), BucketChild(bounds)
-        long_path.observe_ns(gaps)
+        long_path, one_by_one = Buckets(bounds), Buckets(bounds)
+        long_path.add_sorted(sorted(gaps))
         for g in gaps:
-            one_by_one.observe_ns([g])
+            one_by_one.add(g)
         assert long_path.counts == one_by_one.counts
         assert abs(long_path.total - one_by_one.total) < 1e-9 * max(1.0, one_by_one.total)

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from soakd import journal as journal_mod
 from soakd.config import JournalConfig
+from soakd.fold import Fold
 from soakd.journal import (
     Journal,
     JournalError,
@@ -80,7 +81,7 @@ def test_rows_totals_and_histograms_match_what_metrics_counted(tmp_path: Path) -
     for t in ("alpha", "beta"):
         live.add_target(t, ["warm", "hot"])
     exact = JournalConfig(flush_interval=0.05, itl="exact")  # compact: test_journal_size.py
-    j = open_test_journal(tmp_path, cfg, clock, forward=live, journal_cfg=exact)
+    j = open_test_journal(tmp_path, cfg, clock, forward=(live,), journal_cfg=exact)
     outcomes = make_outcomes(clock, 600)
     for o in outcomes:
         j.record(o)
@@ -134,21 +135,45 @@ def test_prometheus_never_counts_what_the_journal_does_not_hold(tmp_path: Path) 
         def __init__(self) -> None:
             self.n = 0
 
-        def record(self, o: Outcome) -> None:
-            self.n += 1
+        def apply(self, f: Fold) -> None:
+            self.n += f.requests
             with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
                 committed = conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
             seen.append((self.n, committed))
 
-    j = Journal(db, run_info(config())[0], JournalConfig(flush_interval=0.02), forward=Checking())  # type: ignore[arg-type]
+    j = Journal(db, run_info(config())[0], JournalConfig(flush_interval=0.02), forward=[Checking()])
     j.start()
     j.attach(clock)
     for o in make_outcomes(clock, 200):
         j.record(o)
         time.sleep(0.0005)
     j.close()
-    assert len(seen) == 200
+    assert seen[-1][0] == 200
     assert all(n <= committed for n, committed in seen)
+
+
+def resumed_equals_live(tmp_path: Path, live: Metrics) -> None:
+    """A fresh registry restored from the journal exports what ``live`` counted: every
+    request counter and every latency bucket (nothing lost, nothing counted twice)."""
+    state = read_resume_state(tmp_path / "journal.db")
+    assert state is not None
+    j = Journal(tmp_path / "journal.db", run_info(config())[0], resume=state)
+    j.start()
+    j.close()
+    assert j.restored is not None
+    restored = Metrics()
+    for t in ("alpha", "beta"):
+        restored.add_target(t, ["warm", "hot"])
+    assert restored.restore(j.restored.totals, j.restored.histograms) == []
+    prefixes = ("soakd_requests", "soakd_output", "soakd_prompt", "soakd_oom", "soakd_request_d")
+    before = {k: v for k, v in scraped(live, "soakd_").items() if k[0].startswith(prefixes)}
+    after = {k: v for k, v in scraped(restored, "soakd_").items() if k[0].startswith(prefixes)}
+    for name in ("soakd_time_to_first", "soakd_inter_token", "soakd_dispatch_lag"):
+        before |= scraped(live, name)
+        after |= scraped(restored, name)
+    assert before.keys() == after.keys()
+    for key, value in before.items():
+        assert after[key] == pytest.approx(value, rel=1e-9), key
 
 
 def test_full_queue_drops_are_counted_forwarded_and_totalled(tmp_path: Path) -> None:
@@ -160,7 +185,7 @@ def test_full_queue_drops_are_counted_forwarded_and_totalled(tmp_path: Path) -> 
         live.add_target(t, ["warm", "hot"])
     jm = JournalMetrics(live.registry)
     j = Journal(
-        tmp_path / "journal.db", info, JournalConfig(queue_size=100), metrics=jm, forward=live
+        tmp_path / "journal.db", info, JournalConfig(queue_size=100), metrics=jm, forward=[live]
     )
     j.attach(clock)
     outcomes = make_outcomes(clock, 150)
@@ -179,6 +204,10 @@ def test_full_queue_drops_are_counted_forwarded_and_totalled(tmp_path: Path) -> 
         assert sum(t[4] for t in r.totals()) == 150  # totals still match the counters
     counted = sum(v for (n, _), v in scraped(live, "soakd_requests_total").items())
     assert counted == 150
+    # the dropped ones are in no histogram, the journal's nor the exporter's
+    e2e = scraped(live, "soakd_request_duration_seconds_count")
+    assert sum(e2e.values()) == sum(1 for o in outcomes[:100] if o.ok)
+    resumed_equals_live(tmp_path, live)
 
 
 class DiskFills(Journal):
@@ -209,7 +238,7 @@ def test_a_full_disk_keeps_measuring_loses_nothing_written_and_recovers(
         run_info(cfg)[0],
         JournalConfig(flush_interval=0.02),
         metrics=jm,
-        forward=live,
+        forward=[live],
     )
     j.start()
     j.attach(clock)
@@ -236,6 +265,56 @@ def test_a_full_disk_keeps_measuring_loses_nothing_written_and_recovers(
         assert sum(t[4] for t in r.totals()) == 400
         assert r.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert sum(scraped(live, "soakd_requests_total").values()) == 400  # not forwarded twice
+    resumed_equals_live(tmp_path, live)
+
+
+def test_a_long_disk_failure_drops_rows_past_the_queue_but_counts_every_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While commits fail, the writer keeps folding what arrives (the metrics go on) and
+    keeps at most ``queue_size`` rows for the retry; the rows past it are dropped and
+    counted, their requests stay in the totals, the histograms and the rollups."""
+    monkeypatch.setattr(writer_mod, "RETRY_MAX_S", 0.2)
+    clock = FakeClock(offset_s=5)
+    live = Metrics()
+    for t in ("alpha", "beta"):
+        live.add_target(t, ["warm", "hot"])
+    jm = JournalMetrics(live.registry)
+    j = DiskFills(
+        tmp_path / "journal.db",
+        run_info(config())[0],
+        JournalConfig(flush_interval=0.02, queue_size=150),
+        metrics=jm,
+        forward=[live],
+    )
+    j.start()
+    j.attach(clock)
+    for o in make_outcomes(clock, 50, seed=1):
+        j.record(o)
+    wait_for(lambda: written(live) == 50)
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        j.cap = conn.execute("PRAGMA page_count").fetchone()[0]
+    wait_for(lambda: j.cap is None)
+    second = make_outcomes(clock, 400, seed=2)
+    for i in range(0, len(second), 50):  # in steps the queue can take
+        for o in second[i : i + 50]:
+            j.record(o)
+        wait_for(lambda: not j._q)
+    wait_for(lambda: sum(scraped(live, "soakd_requests_total").values()) == 450)
+    get = live.registry.get_sample_value
+    assert (get("soakd_journal_write_errors_total") or 0) >= 1
+    before = written(live)  # what fitted before the disk was full (none since)
+    dropped = get("soakd_journal_dropped_records_total", {"kind": "request"}) or 0
+    assert 0 < dropped == 450 - before - 150  # kept for the retry: queue_size rows
+    j.cap = 1_000_000  # space again
+    wait_for(lambda: written(live) == 450 - dropped)
+    j.close()
+    with JournalReader(tmp_path) as r:
+        assert sum(1 for _ in r.request_rows()) == 450 - dropped
+        assert sum(t[4] for t in r.totals()) == 450
+        assert sum(x.stats.requests for x in r.rollups()) == 450
+    assert sum(scraped(live, "soakd_requests_total").values()) == 450
+    resumed_equals_live(tmp_path, live)
 
 
 def test_resume_state_and_the_refusals(tmp_path: Path) -> None:

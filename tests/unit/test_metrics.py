@@ -7,6 +7,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from soakd.fold import fold
 from soakd.metrics import JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import ErrorKind, Outcome
 
@@ -64,8 +65,8 @@ def test_record_counts_and_observes() -> None:
     )
     ok = outcome()
     ok.itl_ns.extend([50_000_000] * 4)
-    m.record(ok)
-    m.record(outcome(error=ErrorKind.HTTP_5XX, status=503, output_tokens=0, oom=True))
+    m.apply(fold([ok]))
+    m.apply(fold([outcome(error=ErrorKind.HTTP_5XX, status=503, output_tokens=0, oom=True)]))
     assert (
         get(
             "soakd_requests_total",
@@ -107,9 +108,9 @@ def test_run_5xx_ratio_counts_the_whole_run_across_a_resume() -> None:
     get = m.registry.get_sample_value
     assert get("soakd_run_5xx_ratio", {"target": "a"}) == 0  # present at 0 before a request
     for _ in range(3):
-        m.record(outcome())
-    m.record(outcome(error=ErrorKind.HTTP_5XX, status=500, output_tokens=0))
-    m.record(outcome(error=ErrorKind.TIMEOUT_TTFT, status=0, output_tokens=0))  # not a 5xx
+        m.apply(fold([outcome()]))
+    m.apply(fold([outcome(error=ErrorKind.HTTP_5XX, status=500, output_tokens=0)]))
+    m.apply(fold([outcome(error=ErrorKind.TIMEOUT_TTFT, status=0, output_tokens=0)]))  # not a 5xx
     assert get("soakd_run_5xx_ratio", {"target": "a"}) == 1 / 5
     # a resumed run starts from the journal's totals: 995 ok and 5 5xx before the crash
     resumed = full_registry()
@@ -121,7 +122,7 @@ def test_run_5xx_ratio_counts_the_whole_run_across_a_resume() -> None:
         ],
         {},
     )
-    resumed.record(outcome(error=ErrorKind.HTTP_5XX, status=502, output_tokens=0))
+    resumed.apply(fold([outcome(error=ErrorKind.HTTP_5XX, status=502, output_tokens=0)]))
     assert resumed.registry.get_sample_value("soakd_run_5xx_ratio", {"target": "a"}) == 6 / 1001
 
 
@@ -130,5 +131,5 @@ def test_no_created_series() -> None:
 
     m = full_registry()
     m.add_target("a", ["steady"])
-    m.record(outcome())
+    m.apply(fold([outcome()]))
     assert b"_created" not in generate_latest(m.registry)

@@ -13,6 +13,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 
 from soakd.config import ConfigError, TargetConfig, config_from_dict
 from soakd.config.redact import config_doc
+from soakd.fold import fold
 from soakd.metrics import Metrics
 from soakd.model import ErrorKind, Outcome
 from soakd.tracing import (
@@ -148,12 +149,12 @@ def test_latency_exemplars_carry_the_trace_id_in_openmetrics_only() -> None:
             target(name="cloud", base_url="https://api.example.com"),
         ],
     )
-    m.record(ok_outcome("edge", 41, 0.3))
-    m.record(ok_outcome("edge", 42, 12.0))  # the slow one, in a bucket of its own
-    m.record(ok_outcome("cloud", 5, 12.0))
+    m.apply(fold([ok_outcome("edge", 41, 0.3)]))
+    m.apply(fold([ok_outcome("edge", 42, 12.0)]))  # the slow one, in a bucket of its own
+    m.apply(fold([ok_outcome("cloud", 5, 12.0)]))
     failed = ok_outcome("edge", 43, 40.0)
     failed.error = ErrorKind.HTTP_5XX
-    m.record(failed)  # failures stay out of the latency histograms, exemplars too
+    m.apply(fold([failed]))  # failures stay out of the latency histograms, exemplars too
 
     om = openmetrics_latest(m.registry).decode()
     e2e = exemplar_ids(om, "soakd_request_duration_seconds")
@@ -186,11 +187,11 @@ def test_a_bucket_takes_a_new_exemplar_at_most_once_a_second() -> None:
         o.last_token_ns = o.end_ns = o.end_ns + shift
         return o
 
-    m.record(at(1, 0.3, 100.0))
-    m.record(at(2, 0.3, 100.5))  # same bucket, half a second later: kept out
-    m.record(at(3, 12.0, 100.6))  # another bucket: its own exemplar
+    m.apply(fold([at(1, 0.3, 100.0)]))
+    m.apply(fold([at(2, 0.3, 100.5)]))  # same bucket, half a second later: kept out
+    m.apply(fold([at(3, 12.0, 100.6)]))  # another bucket: its own exemplar
     first = exemplar_ids(openmetrics_latest(m.registry).decode(), "soakd_request_duration_seconds")
     assert first == {"edge": {trace_id("run-9", "edge", 1), trace_id("run-9", "edge", 3)}}
-    m.record(at(4, 0.3, 101.2))  # the first bucket's is due again
+    m.apply(fold([at(4, 0.3, 101.2)]))  # the first bucket's is due again
     later = exemplar_ids(openmetrics_latest(m.registry).decode(), "soakd_request_duration_seconds")
     assert later == {"edge": {trace_id("run-9", "edge", 4), trace_id("run-9", "edge", 3)}}
