@@ -7,7 +7,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from soakd.config import GpuConfig
-from soakd.probes.gpu import DcgmSource, NvmlSource, make_gpu_source
+from soakd.probes.gpu import DcgmSource, NvmlSampler, NvmlSource, make_gpu_source
 
 
 def gpu(**kw: object) -> GpuConfig:
@@ -19,10 +19,15 @@ def test_none_is_no_source() -> None:
 
 
 @pytest.mark.parametrize(("source", "required"), [("auto", False), ("nvml", True)])
-def test_auto_and_nvml_read_nvml(source: str, required: bool) -> None:
+def test_auto_and_nvml_read_nvml_in_the_sampler(source: str, required: bool) -> None:
     s = make_gpu_source(gpu(source=source))
-    assert isinstance(s, NvmlSource)
+    assert isinstance(s, NvmlSampler)  # soakd/gpu/sampler.py: not in this process
     assert s.required is required  # asked for NVML: an absent GPU is a warning
+
+
+def test_a_fake_nvml_is_read_in_this_process() -> None:
+    s = make_gpu_source(gpu(source="auto"), nvml=object())  # type: ignore[arg-type]
+    assert isinstance(s, NvmlSource)
 
 
 def test_dcgm_reads_its_url_or_the_base_servers_metrics() -> None:

@@ -1,19 +1,22 @@
-"""Probes room, GPU model: what a GPU source reads (``GpuReading``, in base units) and the
-``GpuSource`` seam that NVML (``nvml.py``), DCGM (``dcgm.py``) and test fakes fill.
+"""Probes room, GPU model: the ``GpuSource`` seam that NVML (``nvml.py``), DCGM
+(``dcgm.py``) and test fakes fill, and what a reading means.
 
-Pure: the XID catalog, the throttle-reason bits, and the types a reading is made of.
+Pure: the XID catalog and the throttle-reason bits. The reading's types live in
+``soakd/gpu/readings.py`` (the NVML sampler process imports them without the probes) and
+are re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
+from soakd.gpu.readings import OTHER as OTHER
+from soakd.gpu.readings import GpuReading as GpuReading
+from soakd.gpu.readings import ProcMem as ProcMem
+from soakd.gpu.readings import Vanished as Vanished
+from soakd.gpu.readings import XidCallback as XidCallback
+from soakd.gpu.readings import error_text as error_text
 from soakd.metrics import THROTTLE_REASONS
-
-OTHER = "other"
-"""The ``target`` label of GPU processes that belong to no configured target."""
 
 # Clock event ("throttle") reason bits -> THROTTLE_REASONS labels; other bits -> "other".
 THROTTLE_BITS: tuple[tuple[int, str], ...] = (
@@ -49,51 +52,6 @@ MEMORY_XIDS = frozenset({31, 48, 63, 64, 92, 94, 95})
 """XIDs about device memory: faults and failing ECC, not out-of-memory (see oom.py)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ProcMem:
-    """A GPU process: its memory (None where NVML cannot tell) and its target."""
-
-    pid: int
-    used_bytes: float | None
-    target: str
-
-
-@dataclass(frozen=True, slots=True)
-class Vanished:
-    """A mapped GPU process that left NVML's list since the last reading."""
-
-    pid: int
-    target: str
-    last_bytes: float | None
-    alive: bool  # still running (it only released the GPU): not a vanished process
-
-
-@dataclass(slots=True)
-class GpuReading:
-    """One GPU at one instant, in base units; None where the source could not say."""
-
-    index: int
-    uuid: str = ""
-    name: str = ""
-    total: float | None = None
-    used: float | None = None
-    free: float | None = None
-    reserved: float | None = None
-    temperature_c: float | None = None
-    power_w: float | None = None
-    energy_j: float | None = None  # cumulative since some origin (driver load, boot)
-    sm_clock_hz: float | None = None
-    mem_clock_hz: float | None = None
-    utilization: float | None = None  # 0-1
-    throttle: int | None = None  # clock event reason bitmask
-    processes: list[ProcMem] | None = None  # None: the source cannot list processes
-    vanished: list[Vanished] = field(default_factory=list)
-
-
-XidCallback = Callable[[str, int], None]
-"""``(gpu label, xid code)``, always called on the event loop."""
-
-
 class GpuSource(Protocol):
     """Where GPU readings come from (NVML, a DCGM exporter, the simulator's DCGM page)."""
 
@@ -108,8 +66,3 @@ class GpuSource(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-def error_text(exc: BaseException) -> str:
-    """An exception as one short log field."""
-    return (str(exc) or type(exc).__name__)[:200]

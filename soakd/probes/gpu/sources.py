@@ -14,11 +14,12 @@ from typing import Final
 import structlog
 
 from soakd.config import GpuConfig, TargetConfig
+from soakd.gpu.nvml import NvmlApi, NvmlSource
+from soakd.gpu.procfs import ProcFs
 from soakd.probes._http import Endpoint, base_root
 from soakd.probes.gpu.dcgm import DCGM_TIMEOUT_S, DcgmSource
 from soakd.probes.gpu.model import GpuSource
-from soakd.probes.gpu.nvml import NvmlApi, NvmlSource
-from soakd.probes.gpu.procfs import ProcFs
+from soakd.probes.gpu.nvml import NvmlSampler
 
 log = structlog.get_logger()
 
@@ -43,7 +44,8 @@ def make_gpu_source(
 
     ``dcgm`` without ``dcgm_url`` reads ``dcgm_base``'s /metrics (the first simulator
     target's, or the gateway's upstream); with neither, one error line and None.
-    ``targets`` map NVML's GPU processes to target names; ``nvml``/``procfs``: test fakes."""
+    ``targets`` map NVML's GPU processes to target names. NVML is read in the sampler
+    process (``NvmlSampler``); ``nvml``/``procfs``: a test's fakes, read in this process."""
     if cfg.source == "none":
         return None
     if cfg.source == "dcgm":
@@ -58,4 +60,7 @@ def make_gpu_source(
             return None
         return DcgmSource(Endpoint(url), timeout_s=dcgm_timeout_s(cfg.interval))
     # auto and nvml: NVML when a driver answers
-    return NvmlSource(targets, nvml=nvml, procfs=procfs, required=cfg.source == "nvml")
+    required = cfg.source == "nvml"
+    if nvml is not None or procfs is not None:
+        return NvmlSource(targets, nvml=nvml, procfs=procfs, required=required)
+    return NvmlSampler(targets, required=required)

@@ -1,4 +1,4 @@
-"""Probes room, GPU processes: which target a GPU process belongs to (``/proc`` on Linux),
+"""GPU processes room: which target a GPU process belongs to (``/proc`` on Linux),
 and which mapped processes left the GPU since the last reading.
 
 The NVML source lists the compute processes of each GPU; ``ProcessMap`` names their
@@ -13,8 +13,18 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from soakd.config import TargetConfig
-from soakd.probes.gpu.model import OTHER, ProcMem, Vanished
+from soakd.gpu.readings import OTHER, ProcMem, Vanished
+
+
+class MappedTarget(Protocol):
+    """What the map reads of a target (a ``TargetConfig``, or the sampler's copy of it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def process_name(self) -> str | None: ...
 
 
 class NvmlProcess(Protocol):
@@ -64,7 +74,7 @@ class LinuxProcFs:
 class ProcessMap:
     """GPU processes -> targets, per GPU; remembers the last listing to see who left."""
 
-    def __init__(self, targets: Sequence[TargetConfig] = (), procfs: ProcFs | None = None) -> None:
+    def __init__(self, targets: Sequence[MappedTarget] = (), procfs: ProcFs | None = None) -> None:
         self._proc: ProcFs = procfs if procfs is not None else LinuxProcFs()
         self._targets = [t for t in targets if t.pid is not None or t.process_name]
         self._known: dict[int, dict[int, ProcMem]] = {}
