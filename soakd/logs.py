@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, TextIO, cast
 
 import structlog
 
@@ -175,6 +175,18 @@ def flush_repeats(everything: bool = False) -> None:
         _repeats.due(everything)
 
 
+class _Stderr:
+    """``sys.stderr`` as it is when a line is written, not when logging was set up: a
+    process that swaps it (pytest's capture, several runs in one process) never leaves the
+    log writing to a stream closed since."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def close_logging() -> None:
     """Close the run's log file (the end of a run; tests run several in one process)."""
     global _file
@@ -232,6 +244,7 @@ def setup_logging(
     structlog.configure(
         processors=[*shared, render],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        # print() needs only write and flush: _Stderr has them
+        logger_factory=structlog.PrintLoggerFactory(cast("TextIO", _Stderr())),
         cache_logger_on_first_use=False,
     )
