@@ -49,7 +49,7 @@ from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.stats import RunStats
 from soakd.status import progress_fields, vram_status
 from soakd.types import Target
-from soakd.workers.senders import Senders, WorkerStartError, open_senders
+from soakd.workers.senders import Senders, WorkerStartError, open_senders, senders_for
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.ledger import SendLedger
 from soakd.workload.plan import build_plan
@@ -341,9 +341,11 @@ class Soak:
                     raise StartError(f"targets[{tcfg.name}].gateway", exc) from None
             cfgs.append(tcfg)
             self._add_guard(tcfg)
+        n, why = senders_for(self.cfg.run.workers, self.plan, self.cfg.workload.max_tokens)
+        log.info("senders", processes=n, why=why)  # how many send, and why (auto: the plan)
         try:
             self.senders = await open_senders(
-                self.cfg.run.workers,
+                n,
                 cfgs,
                 run_id=self.run_id,
                 run_dir=self.run_dir,

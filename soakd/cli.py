@@ -224,14 +224,10 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
     )
     print(f"{path}: ok")
     print(describe_plan(plan, cfg))
-    if cfg.run.workers != 1:
-        from soakd.workers.pool import worker_count
+    from soakd.workers.senders import senders_for
 
-        n = worker_count(cfg.run.workers)
-        how = f"run.workers {cfg.run.workers}" + (f" on this machine: {n}" if n == 1 else "")
-        print(
-            f"senders: {n} worker processes ({how})" if n > 1 else f"senders: this process ({how})"
-        )
+    n, why = senders_for(cfg.run.workers, plan, cfg.workload.max_tokens)
+    print(f"senders: {n} worker processes ({why})" if n > 1 else f"senders: this process ({why})")
     if not cfg.slo.empty or any(not t.slo.empty for t in cfg.targets):
         from soakd.verdicts import describe_slo
 

@@ -130,8 +130,9 @@ class RunConfig(Strict):
     drain_timeout: Duration = 30.0
     start_at: str | None = None  # ISO datetime: the plan's calendar start (default: now)
     # sender processes: 1 sends from soakd's own loop; N > 1 starts N that only send and
-    # time; auto: one per core soakd may use, less one (docs/architecture.md)
-    workers: int | Literal["auto"] = 1
+    # time; auto (the default): as many as the plan's peak needs, 1 for a light plan, at
+    # most one per core soakd may use, less one (soakd/workers/senders.py)
+    workers: int | Literal["auto"] = "auto"
 
     @field_validator("workers", mode="before")
     @classmethod

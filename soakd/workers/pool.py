@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import sys
 import time
@@ -118,14 +117,6 @@ def _wake_one(done: asyncio.Future[None], exc: BaseException | None) -> None:
         done.set_result(None)
     else:
         done.set_exception(exc)
-
-
-def worker_count(setting: int | str) -> int:
-    """``run.workers`` resolved: ``auto`` is one worker per core soakd may use, keeping one
-    for the parent (exporter, journal, probes); 1 means no worker processes."""
-    if setting != "auto":
-        return int(setting)
-    return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 class WorkerMetrics:

@@ -1,22 +1,32 @@
 """Workers room, the seam the run uses: its targets' clients, in this process or in workers.
 
-``open_senders`` gives the run what it sends through: with ``run.workers: 1`` one
-``OpenAITarget`` per target on the run's own loop (as soakd always did); with more, a
-``WorkerPool`` and a ``RemoteTarget`` per target. The runner sees the same Target and
-SendGate protocols either way.
+``open_senders`` gives the run what it sends through: with one sender (``run.workers: 1``,
+or ``auto`` for a plan one loop times well) one ``OpenAITarget`` per target on the run's
+own loop (as soakd always did); with more, a ``WorkerPool`` and a ``RemoteTarget`` per
+target. The runner sees the same Target and SendGate protocols either way.
+
+``senders_for`` resolves ``run.workers: auto`` (the default) from the plan's peak: the
+requests a second, the tokens a second they may stream (at ``workload.max_tokens``) and the
+closed-loop streams of the busiest phase, against what one sender times well
+(``SENDER_RPS``, ``SENDER_TOKENS_S``, ``SENDER_STREAMS``: about a third of what one loop
+reaches saturated, docs/benchmarks.md "Worker processes"), on at most the cores soakd may
+use less one (the parent's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
 
 from soakd.config import TargetConfig
+from soakd.model import Plan
 from soakd.targets.openai import open_target
 from soakd.types import SendGate, Target
 from soakd.workers.pool import (
@@ -25,8 +35,52 @@ from soakd.workers.pool import (
     WorkerGate,
     WorkerMetrics,
     WorkerPool,
-    worker_count,
 )
+
+SENDER_RPS: Final = 600.0
+"""Requests a second one sender times well (one loop saturates at 1.5-1.9k of 16 tokens)."""
+SENDER_TOKENS_S: Final = 10_000.0
+"""Streamed tokens a second one sender times well (one loop saturates at 28-30k)."""
+SENDER_STREAMS: Final = 64
+"""Concurrent closed-loop streams per sender (the one-core benchmark's load)."""
+
+
+def plan_peak(plan: Plan) -> tuple[float, int]:
+    """The busiest phase's open-loop requests a second (a ramp at its top) and closed-loop
+    streams, each summed over the targets."""
+    rate, streams = 0.0, 0
+    for phase in plan.phases:
+        loads = phase.loads.values()
+        rate = max(rate, sum(max(s.rate, s.rate_end) for s in loads if s.mode != "closed"))
+        streams = max(streams, sum(s.concurrency for s in loads if s.mode == "closed"))
+    return rate, streams  # a rehearsal keeps the configured rates
+
+
+def senders_for(setting: int | str, plan: Plan, max_tokens: int) -> tuple[int, str]:
+    """``run.workers`` resolved: how many sender processes (1: this process sends) and why,
+    in words for the line ``soakd run`` and ``soakd check`` print."""
+    if setting != "auto":
+        return int(setting), f"run.workers: {setting}"
+    rate, streams = plan_peak(plan)
+    tokens = rate * max_tokens
+    need = max(
+        1,
+        math.ceil(rate / SENDER_RPS),
+        math.ceil(tokens / SENDER_TOKENS_S),
+        math.ceil(streams / SENDER_STREAMS),
+    )
+    cores = len(os.sched_getaffinity(0))
+    n = min(need, max(1, cores - 1))
+    peak = (
+        f"the plan peaks at {rate:,.0f} req/s (up to {tokens:,.0f} tokens/s at max_tokens "
+        f"{max_tokens}) and {streams} closed-loop streams; one sender times about "
+        f"{SENDER_RPS:,.0f} req/s, {SENDER_TOKENS_S:,.0f} tokens/s or {SENDER_STREAMS} streams"
+    )
+    if need == 1:
+        return 1, f"run.workers: auto: {peak}, so this process sends"
+    if n < need:
+        return n, f"run.workers: auto: {peak}: {need} wanted, {n} on {cores} cores (one kept)"
+    return n, f"run.workers: auto: {peak}"
 
 
 @dataclass
@@ -65,16 +119,16 @@ class WorkerStartError(RuntimeError):
 
 
 async def open_senders(
-    workers: int | str,
+    n: int,
     cfgs: list[TargetConfig],
     *,
     run_id: str,
     run_dir: Path,
     registry: CollectorRegistry,
 ) -> Senders:
-    """The run's senders. ConfigError for a target's key or TLS files (named, read here
-    first, also when workers read them again); WorkerStartError when a worker cannot start."""
-    n = worker_count(workers)
+    """The run's ``n`` senders (``senders_for``). ConfigError for a target's key or TLS files
+    (named, read here first, also when workers read them again); WorkerStartError when a
+    worker cannot start."""
     if n == 1:  # soakd's own process is the one sender, and it is up
         WorkerMetrics(registry, 1).up.set(1)
         return Senders({c.name: await open_target(c, run_id=run_id) for c in cfgs})

@@ -40,7 +40,9 @@ def test_overload_stays_responsive_bounded_and_counted(tmp_path: Path, name: str
     cfg = write_config(
         tmp_path / "soak.yaml",
         {
-            "run": {"name": "overload", "drain_timeout": f"{DRAIN_S}s"},
+            # the one-process loop (workers: auto would start senders on a machine with
+            # more cores: the same rules, tests/integration/test_workers.py)
+            "run": {"name": "overload", "drain_timeout": f"{DRAIN_S}s", "workers": 1},
             "targets": [
                 {
                     "name": "sim",

@@ -204,5 +204,5 @@ def test_workers_take_auto_a_number_or_the_environment() -> None:
     raw = base()
     raw["run"] = {"workers": "auto"}
     assert config_from_dict(raw).run.workers == "auto"
-    assert config_from_dict(base()).run.workers == 1  # default: this process sends
+    assert config_from_dict(base()).run.workers == "auto"  # default: as the plan needs
     assert config_from_dict(base(), {"SOAKD__RUN__WORKERS": "4"}).run.workers == 4

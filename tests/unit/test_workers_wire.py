@@ -11,7 +11,7 @@ import pytest
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.types import NotSent
 from soakd.workers import wire
-from soakd.workers.pool import WAKE_SLICE, Wakeups, WorkerGate, worker_count
+from soakd.workers.pool import WAKE_SLICE, Wakeups, WorkerGate
 from tests.waiting import until
 
 
@@ -103,14 +103,6 @@ async def test_frames_read_back_and_a_torn_frame_is_an_error() -> None:
     empty = asyncio.StreamReader()
     empty.feed_eof()
     assert await wire.read_frame(empty) is None
-
-
-def test_worker_count_auto_keeps_a_core_for_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("os.sched_getaffinity", lambda _: set(range(16)))
-    assert worker_count("auto") == 15
-    monkeypatch.setattr("os.sched_getaffinity", lambda _: {0})
-    assert worker_count("auto") == 1
-    assert worker_count(4) == 4
 
 
 class _Pool:
