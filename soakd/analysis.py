@@ -180,12 +180,40 @@ class TargetStats:
         self.errors.update(other.errors)
         self.output_tokens += other.output_tokens
         self.prompt_tokens += other.prompt_tokens
-        for name in ("ttft", "e2e", "itl", "tpot", "lag"):
+        for name in DIGESTS:
             getattr(self, name).merge(getattr(other, name))
 
     @property
     def error_ratio(self) -> float:
         return (self.requests - self.ok) / self.requests if self.requests else 0.0
+
+    def to_state(self) -> dict[str, object]:
+        """Plain JSON (the journal's rollups, the writer process's folds)."""
+        return {
+            "requests": self.requests,
+            "ok": self.ok,
+            "errors": dict(self.errors),
+            "output_tokens": self.output_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "digests": {name: getattr(self, name).to_state() for name in DIGESTS},
+        }
+
+    @classmethod
+    def from_state(cls, doc: Mapping[str, object]) -> TargetStats:
+        stats = cls(
+            requests=cast("int", doc["requests"]),
+            ok=cast("int", doc["ok"]),
+            output_tokens=cast("int", doc["output_tokens"]),
+            prompt_tokens=cast("int", doc["prompt_tokens"]),
+        )
+        stats.errors.update(cast("dict[str, int]", doc["errors"]))
+        for name, state in cast("dict[str, list[int]]", doc["digests"]).items():
+            setattr(stats, name, Digest.from_state(state))
+        return stats
+
+
+DIGESTS = ("ttft", "e2e", "itl", "tpot", "lag")
+"""The digests of a ``TargetStats``."""
 
 
 class Window:

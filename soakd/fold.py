@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from soakd.analysis import TargetStats
 from soakd.model import OK, S_PER_NS, Outcome, status_class
@@ -219,6 +220,8 @@ class Fold:
     windows: dict[WindowKey, Window] = field(default_factory=dict)
     tallied: dict[tuple[str, str], TargetStats] = field(default_factory=dict)
     """(target, phase) -> the counts (no digests) of the requests only tallied."""
+    phases: dict[tuple[str, str], TargetStats] | None = None
+    """``by_phase`` as the writer process sent it (``from_doc``: no windows travel)."""
 
     def __bool__(self) -> bool:
         return bool(self.totals)
@@ -281,7 +284,7 @@ class Fold:
             stats.errors[o.error.value] += 1
 
     def merge(self, other: Fold) -> None:
-        """Add ``other`` (a later batch) to this one."""
+        """Add ``other`` (a later batch) to this one (folds made here: not ``from_doc``'s)."""
         for key, t in other.totals.items():
             mine = self.totals.get(key)
             if mine is None:
@@ -313,6 +316,8 @@ class Fold:
 
     def by_phase(self) -> dict[tuple[str, str], TargetStats]:
         """Per (target, phase): the batch's stats (windows and tallies merged; new objects)."""
+        if self.phases is not None:
+            return self.phases
         out: dict[tuple[str, str], TargetStats] = {}
         for (target, phase, _), win in self.windows.items():
             out.setdefault((target, phase), TargetStats()).merge(win.stats)
@@ -322,6 +327,35 @@ class Fold:
 
     def hist_counts(self) -> dict[HistKey, Hist]:
         return {key: b.hist() for key, b in self.hists.items()}
+
+    def to_doc(self) -> dict[str, list[list[object]]]:
+        """What ``Metrics`` and ``RunStats`` apply, as JSON (the writer process sends it):
+        totals, buckets, exemplar candidates and ``by_phase``; the windows stay behind."""
+        return {
+            "totals": [[*k, *v] for k, v in self.totals.items()],
+            "hists": [[*k, b.counts, b.total] for k, b in self.hists.items()],
+            "exemplars": [
+                [*k, bucket, *cand]
+                for k, cands in self.exemplars.items()
+                for bucket, cand in cands.items()
+            ],
+            "phases": [[*k, stats.to_state()] for k, stats in self.by_phase().items()],
+        }
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, list[list[Any]]]) -> Fold:
+        f = cls(phases={})
+        for target, phase, outcome, sclass, *counts in doc["totals"]:
+            f.totals[(target, phase, outcome, sclass)] = [int(n) for n in counts]
+        for kind, target, counts, total in doc["hists"]:
+            b = f.hists[(kind, target)] = Buckets(HISTOGRAM_BUCKETS[kind])
+            b.counts, b.total = [int(n) for n in counts], float(total)
+        for kind, target, bucket, seq, value, end in doc["exemplars"]:
+            f.exemplars.setdefault((kind, target), {})[int(bucket)] = (int(seq), value, int(end))
+        assert f.phases is not None
+        for target, phase, state in doc["phases"]:
+            f.phases[(target, phase)] = TargetStats.from_state(state)
+        return f
 
     def _count(self, o: Outcome) -> None:
         error = o.error

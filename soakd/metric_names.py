@@ -101,6 +101,7 @@ JOURNAL_MAX_BYTES: Final = "soakd_journal_max_bytes"
 JOURNAL_DISK_FREE_BYTES: Final = "soakd_journal_disk_free_bytes"
 JOURNAL_ROWS_KEPT: Final = "soakd_journal_rows_kept"
 JOURNAL_ROWS_DROPPED_TOTAL: Final = "soakd_journal_rows_dropped_total"
+JOURNAL_WRITER_RESTARTS_TOTAL: Final = "soakd_journal_writer_restarts_total"
 RUN_DOWNTIME_SECONDS_TOTAL: Final = "soakd_run_downtime_seconds_total"
 RUN_RESUMES_TOTAL: Final = "soakd_run_resumes_total"
 # --- send guards (GuardMetrics) -------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 from prometheus_client import (
     CollectorRegistry,
@@ -477,6 +478,26 @@ class JournalMetrics:
             "the journal was near its budget.",
             registry=r,
         )
+        self.writer_restarts = Counter(
+            mn.JOURNAL_WRITER_RESTARTS_TOTAL,
+            "The journal's writer process started again after it died.",
+            registry=r,
+        )
         for kind in JOURNAL_KINDS:
             self.records.labels(kind)
             self.dropped.labels(kind)
+
+    def add(self, counts: Mapping[str, object]) -> None:
+        """What the journal's writer process counted of itself since it last said
+        (soakd/journal/counts.py: counters' increments, gauges' last values)."""
+        for name in ("write_errors", "downtime", "rows_dropped"):
+            if name in counts:
+                getattr(self, name).inc(cast("float", counts[name]))
+        for name in ("last_commit", "size", "max_bytes", "disk_free", "rows_kept"):
+            if name in counts:
+                getattr(self, name).set(cast("float", counts[name]))
+        for name in ("records", "dropped"):
+            for kind, n in cast("dict[str, float]", counts.get(name, {})).items():
+                getattr(self, name).labels(kind).inc(n)
+        for seconds in cast("list[float]", counts.get("commit", [])):
+            self.commit.observe(seconds)

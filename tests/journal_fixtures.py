@@ -12,7 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from soakd.config import Config, JournalConfig, config_from_dict
+from soakd.fold import Fold
 from soakd.journal import FoldSink, Journal, RunInfo, config_doc, plan_doc, rollup_window_ns
+from soakd.journal.counts import WriterCounts
+from soakd.journal.progress import ClockState
+from soakd.journal.store import Store, WriterConfig
 from soakd.metrics import JournalMetrics
 from soakd.model import ErrorKind, Outcome, Phase, Plan, Sample
 from soakd.workload.plan import build_plan
@@ -195,3 +199,63 @@ def write_hour_run(d: Path) -> Path:
     )
     j.close(completed=True)
     return d
+
+
+class StoreHarness:
+    """The journal's writer side (soakd/journal/store.py) driven in this process, with no
+    writer process between: what a packet adds, what a commit does, on a fake disk.
+    Folds go to ``forward`` as soakd applies them; the writer's counts to ``metrics``."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: Config,
+        clock: FakeClock,
+        *,
+        journal_cfg: JournalConfig | None = None,
+        forward: Sequence[FoldSink] = (),
+        metrics: JournalMetrics | None = None,
+    ) -> None:
+        info, _ = run_info(cfg)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.forward, self.metrics = forward, metrics
+        self.counts = WriterCounts()
+        jcfg = journal_cfg or JournalConfig(flush_interval=0.05)
+        self.store = Store(
+            run_dir / "journal.db",
+            info,
+            WriterConfig.of(jcfg.model_dump()),
+            self,
+            counts=self.counts,
+        )
+        self.restored = self.store.open()
+        self.store.clock = ClockState.of(clock)
+        self.seq = 0
+        self.applied: list[tuple[int, bool]] = []  # (through, committed) of each fold
+
+    def fold(self, f: Fold, through: int, committed: bool) -> None:
+        self.applied.append((through, committed))
+        for sink in self.forward:
+            sink.apply(f)
+
+    def committed(self, through: int) -> None:
+        self.applied.append((through, True))
+
+    def add(self, outcomes: Sequence[Outcome] = (), samples: Sequence[Sample] = ()) -> None:
+        """One packet, as soakd sends it."""
+        self.seq += 1
+        self.store.add(self.seq, outcomes, samples)
+
+    def cycle(self) -> None:
+        """One flush: a commit (or, the disk failing, the folds handed over)."""
+        self.store.cycle(force=True)
+        self._counts()
+
+    def close(self) -> None:
+        self.store.final()
+        self._counts()
+        self.store.close()
+
+    def _counts(self) -> None:
+        if self.metrics is not None:
+            self.metrics.add(self.counts.drain())

@@ -13,7 +13,7 @@ writer does near it.
   (``soakd_journal_rows_kept`` 0, ``soakd_journal_rows_dropped_total``).
 - Beyond the budget itself, retention deletes the oldest rows (retention.py).
 
-Writer-thread state only.
+Writer state only (the journal's writer process).
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ import json
 import os
 import sqlite3
 from pathlib import Path
+from typing import Protocol
 
-import structlog
+from soakd.childlog import ChildLog
+from soakd.journal.counts import WriterCounts
 
-from soakd.config import JournalConfig
-from soakd.metrics import JournalMetrics
-
-log = structlog.get_logger()
+log = ChildLog()
 
 AUTO_CAP = 20_000_000_000  # the default budget's ceiling: 72 h of 300 B rows at 900 req/s
 AUTO_SHARE = 0.5  # of the free space at the first start
@@ -53,10 +52,17 @@ def disk_free(path: Path) -> int | None:
     return st.f_bavail * st.f_frsize
 
 
+class BudgetConfig(Protocol):
+    """What the budget reads of ``journal:`` (``JournalConfig``, or the writer's copy)."""
+
+    @property
+    def max_bytes(self) -> int | None: ...
+
+
 class Budget:
     """The session's view of the budget: ``open`` once, ``keep_rows`` before each batch."""
 
-    def __init__(self, cfg: JournalConfig, metrics: JournalMetrics | None) -> None:
+    def __init__(self, cfg: BudgetConfig, metrics: WriterCounts | None) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.max_bytes = cfg.max_bytes or AUTO_CAP

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
-from soakd.analysis import Digest, TargetStats, digest_counts, digest_value, itl_keys
+from soakd.analysis import TargetStats, digest_counts, digest_value, itl_keys
 from soakd.model import ErrorKind, Outcome
 
 _BIG = sys.byteorder == "big"
@@ -221,31 +221,11 @@ def outcome_from_row(row: Mapping[str, Any] | sqlite3.Row) -> Outcome:
 
 
 def stats_to_blob(stats: TargetStats) -> bytes:
-    doc = {
-        "requests": stats.requests,
-        "ok": stats.ok,
-        "errors": dict(stats.errors),
-        "output_tokens": stats.output_tokens,
-        "prompt_tokens": stats.prompt_tokens,
-        "digests": {
-            name: getattr(stats, name).to_state() for name in ("ttft", "e2e", "itl", "tpot", "lag")
-        },
-    }
-    return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6)
+    return zlib.compress(json.dumps(stats.to_state(), separators=(",", ":")).encode(), 6)
 
 
 def stats_from_blob(blob: bytes) -> TargetStats:
-    doc = json.loads(zlib.decompress(blob))
-    stats = TargetStats(
-        requests=doc["requests"],
-        ok=doc["ok"],
-        output_tokens=doc["output_tokens"],
-        prompt_tokens=doc["prompt_tokens"],
-    )
-    stats.errors.update(doc["errors"])
-    for name, state in doc["digests"].items():
-        setattr(stats, name, Digest.from_state(state))
-    return stats
+    return TargetStats.from_state(json.loads(zlib.decompress(blob)))
 
 
 def copy_stats(stats: TargetStats) -> TargetStats:

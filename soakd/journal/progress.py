@@ -1,9 +1,10 @@
 """Journal progress room: this session's row in ``progress``, the plan clock's heartbeat,
 the downtime of a resumed run, and the run's events.
 
-Writer-thread state only. ``heartbeat`` writes inside the batch's transaction and returns
-a ``Beat``; ``committed`` applies it once the transaction commits, so a failed batch is
-retried from the same state.
+Writer state only (the journal's writer process). The plan clock reaches it as a
+``ClockState``, a snapshot of the runner the parent sends with each batch. ``heartbeat``
+writes inside the batch's transaction and returns a ``Beat``; ``committed`` applies it once
+the transaction commits, so a failed batch is retried from the same state.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from soakd import __version__
-from soakd.journal.resume import ResumeState
 from soakd.model import Phase
 
 MissedKey = tuple[str, str, str]
@@ -42,6 +42,66 @@ class PlanClock(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class ClockState:
+    """The plan clock as the writer reads it: a snapshot of the runner (``PlanClock``), taken
+    by the parent each time it sends a batch. The writer reads the monotonic clock itself
+    (CLOCK_MONOTONIC is one clock for every process of the host)."""
+
+    origin_ns: int = 0
+    phase_index: int | None = None
+    finished: bool = False
+    stopping: bool = False
+    next_seq: dict[str, int] = field(default_factory=dict)
+    missed: dict[MissedKey, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, clock: PlanClock) -> ClockState:
+        """A snapshot (plain attribute reads and C-level copies: safe from another thread)."""
+        phase = clock.phase
+        return cls(
+            clock.origin_ns,
+            phase.index if phase is not None else None,
+            clock.finished,
+            clock.stopping,
+            dict(clock.next_seq),
+            dict(clock.missed),
+        )
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "origin_ns": self.origin_ns,
+            "phase_index": self.phase_index,
+            "finished": self.finished,
+            "stopping": self.stopping,
+            "next_seq": self.next_seq,
+            "missed": [[*k, n] for k, n in self.missed.items()],
+        }
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> ClockState:
+        missed = {(t, p, r): int(n) for t, p, r, n in doc["missed"]}
+        return cls(
+            int(doc["origin_ns"]),
+            doc["phase_index"],
+            bool(doc["finished"]),
+            bool(doc["stopping"]),
+            {k: int(v) for k, v in doc["next_seq"].items()},
+            missed,
+        )
+
+
+class Resumed(Protocol):
+    """What a session continuing a run needs of the last one (``ResumeState`` has it)."""
+
+    @property
+    def offset_ns(self) -> int: ...
+    @property
+    def next_seq(self) -> dict[str, int]: ...
+    @property
+    def last_wall(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
 class Beat:
     """One heartbeat, written and waiting for its commit."""
 
@@ -53,11 +113,11 @@ class Beat:
 class Progress:
     """The session's progress row and events (writer thread)."""
 
-    def __init__(self, resume: ResumeState | None, wall: Callable[[], float]) -> None:
+    def __init__(self, resume: Resumed | None, wall: Callable[[], float]) -> None:
         self.resume = resume
         self.wall = wall
         self.session = 0
-        self.clock: PlanClock | None = None
+        self.clock: ClockState | None = None
         self.last_offset = resume.offset_ns if resume else 0
         self.started_offset = self.last_offset
         self.seqs: dict[str, int] = dict(resume.next_seq) if resume else {}
@@ -76,6 +136,22 @@ class Progress:
         """This session's number, and the sends not made as the journal holds them."""
         self.session = 1 + (conn.execute("SELECT MAX(session) FROM progress").fetchone()[0] or 0)
         self.missed = {(t, p, r): n for t, p, r, n in conn.execute("SELECT * FROM missed")}
+
+    def rejoin(self, conn: sqlite3.Connection, session: int) -> None:
+        """This session's writer started again (the one before died): continue its row, its
+        plan clock and seq numbers; its downtime was written already."""
+        row = conn.execute(
+            "SELECT offset_ns, seqs FROM progress WHERE session = ?", (session,)
+        ).fetchone()
+        if row is None:
+            raise sqlite3.DatabaseError(f"no session {session} to continue")
+        self.session = session
+        self.last_offset = self.started_offset = int(row[0])
+        self.seqs.update(json.loads(row[1]))
+        self._clock_seen = True
+        self.insert_event(
+            conn, self.wall(), self.last_offset, "writer_restarted", {"session": session}
+        )
 
     def begin(self, conn: sqlite3.Connection, now: float, next_id: int) -> None:
         """Inside the opening transaction: the session's row and its first event."""
@@ -196,8 +272,7 @@ class Progress:
                 self._frozen_offset = self.last_offset  # the last heartbeat before the stop
         offset = self._frozen_offset if self._frozen_offset is not None else current
         self.seqs.update(clock.next_seq)
-        phase = clock.phase
-        return offset, phase.index if phase is not None else None
+        return offset, clock.phase_index
 
     def _missed_changes(self) -> dict[MissedKey, int]:
         """The ledger's counts (whole run: it starts from the restored ones) that moved."""

@@ -2,8 +2,8 @@
 one soakd per run dir.
 
 ``read_resume_state`` runs before anything else starts (it fails before a run dir is
-touched); ``ResumeState.check`` refuses a changed config or plan unless forced;
-``Restored`` is what the writer found in the journal for ``Metrics.restore``.
+touched); ``ResumeState.check`` refuses a changed config or plan unless forced. What the
+writer found in the journal for ``Metrics.restore`` is ``store.Restored``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -111,17 +111,6 @@ class ResumeState:
                 "(use a new --run-dir, or `soakd report` on this one)"
             )
         return diffs
-
-
-@dataclass(frozen=True)
-class Restored:
-    """What the journal held when this session opened it (for Metrics.restore)."""
-
-    totals: list[tuple[str, str, str, str, int, int, int, int]]
-    histograms: dict[tuple[str, str], tuple[list[int], float]]
-    downtime_s: float
-    resumes: int
-    missed: dict[tuple[str, str, str], int] = field(default_factory=dict)  # sends not made
 
 
 def take_lock(run_dir: Path) -> int:

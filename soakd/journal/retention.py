@@ -10,15 +10,25 @@ resume still restores the counters; only the export loses rows.
 from __future__ import annotations
 
 import sqlite3
+from typing import Protocol
 
-from soakd.config import JournalConfig
 from soakd.journal.budget import used_bytes
+
+
+class Keep(Protocol):
+    """What retention reads of ``journal:`` (``JournalConfig``, or the writer's copy)."""
+
+    @property
+    def keep_samples(self) -> float | None: ...
+    @property
+    def keep_requests(self) -> float | None: ...
+
 
 RETENTION_TABLES = ("samples", "requests")
 
 
 def apply_retention(
-    conn: sqlite3.Connection, cfg: JournalConfig, now: float, max_bytes: int
+    conn: sqlite3.Connection, cfg: Keep, now: float, max_bytes: int
 ) -> dict[str, int]:
     """Delete what ``cfg`` and the budget no longer keep; rows deleted per table (tables
     with none left out). Each delete is its own transaction; raises sqlite3.Error."""

@@ -72,19 +72,16 @@ class Aggregates:
     def write(
         self,
         conn: sqlite3.Connection,
-        fold: Fold,
-        extra: Fold | None,
+        folds: tuple[Fold, ...],
         last_id: int,
         now_window: int,
         final: bool,
     ) -> Staged:
-        """Inside the batch's transaction: totals (``extra``'s too: requests only tallied,
-        whose rows the queue dropped), histogram buckets, and the windows that are over
-        (every one with news when ``final``)."""
+        """Inside the batch's transaction: what ``folds`` add to the totals (requests only
+        tallied included), the histogram buckets and the windows, and the windows that are
+        over (every one with news when ``final``)."""
         new_totals: dict[TotalsKey, list[int]] = {}
-        for part in (fold, extra):
-            if part is None:
-                continue
+        for part in folds:
             for key, d in part.totals.items():
                 base = new_totals.get(key) or self.totals.get(key, [0, 0, 0, 0])
                 new_totals[key] = [a + b for a, b in zip(base, d, strict=True)]
@@ -94,24 +91,28 @@ class Aggregates:
                 [(*key, *t) for key, t in new_totals.items()],
             )
         new_hists: dict[HistKey, Hist] = {}
-        for hkey, b in fold.hists.items():
-            new_hists[hkey] = merged = add_hist(self.hists.get(hkey), b.counts, b.total)
+        for part in folds:
+            for hkey, b in part.hists.items():
+                sofar = new_hists.get(hkey) or self.hists.get(hkey)
+                new_hists[hkey] = add_hist(sofar, b.counts, b.total)
+        for hkey, (counts, total) in new_hists.items():
             conn.execute(
                 "INSERT OR REPLACE INTO histograms VALUES (?,?,?,?)",
-                (*hkey, json.dumps(merged[0]), merged[1]),
+                (*hkey, json.dumps(counts), total),
             )
         staged: dict[WindowKey, Window] = {}
-        for wkey, dwin in fold.windows.items():
-            win = self.windows.get(wkey) or self._load_window(conn, wkey)
-            if win is None:
-                staged[wkey] = Window(
-                    copy_stats(dwin.stats), dwin.wall_min, dwin.wall_max, 0, dwin.first_id
-                )
-                continue
-            both = Window(copy_stats(win.stats), win.wall_min, win.wall_max, win.upto_id)
-            both.first_id, both.dirty = win.first_id, win.dirty
-            both.merge(dwin)
-            staged[wkey] = both
+        for part in folds:
+            for wkey, dwin in part.windows.items():
+                have = staged.get(wkey)
+                if have is None:
+                    win = self.windows.get(wkey) or self._load_window(conn, wkey)
+                    if win is None:
+                        have = Window(TargetStats(), dwin.wall_min, dwin.wall_max)
+                    else:
+                        have = Window(copy_stats(win.stats), win.wall_min, win.wall_max)
+                        have.upto_id, have.first_id, have.dirty = win.upto_id, win.first_id, False
+                    staged[wkey] = have
+                have.merge(dwin)
         for wkey, win in self.windows.items():
             if win.dirty and wkey not in staged:
                 staged[wkey] = win

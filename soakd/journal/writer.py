@@ -1,128 +1,107 @@
-"""Journal writer room: the ``Journal`` sink, its writer thread, and the queue between them.
+"""Journal writer room, soakd's side: ``Journal``, the sink the run records to, and the link to
+the journal's writer process (process.py, store.py).
 
-One writer thread owns the database. The event loop only appends to a bounded deque
-(``record``/``sample``/``event``: a length check and an append, never IO, never a
-lock wait); the thread drains it every ``flush_interval`` (0.5 s) into one
-transaction. Durability (docs/journal.md has the long form):
+The event loop only appends to a bounded deque (``record``, ``sample``, ``event``: a length
+check and an append, never IO, never a lock wait). A link thread takes what is queued every
+``SEND_EVERY_S``, packs the outcomes in columns (batch.py) and sends them, with the samples,
+the events and a snapshot of the plan clock, as one numbered packet (link.py); it reads what
+the writer sends back: each committed batch's fold (soakd/fold.py), applied to ``Metrics`` and
+``RunStats`` in one callback on the loop, the writer's own counts (into ``JournalMetrics``) and
+its log events (logged here as soakd's own). The writer's Python (rows, folds, SQLite) never
+holds soakd's GIL; what soakd's process does per outcome is the append and its columns.
 
-- WAL makes every commit atomic: after any crash the journal opens at the last
-  commit, never half-written.
-- A killed process loses nothing committed (the WAL is in the OS page cache); what it
-  loses is the batch in memory, at most one flush interval.
-- A power cut loses what the disk never got. With ``synchronous=NORMAL`` SQLite syncs
-  the WAL only at checkpoints (every ~1000 pages: minutes of a busy run), so that is
-  not "the last second"; soakd therefore defaults to ``synchronous=FULL``, one fsync
-  per commit, which at 2 commits/s costs nothing measurable (docs/journal.md).
+What can go wrong, and what is counted (docs/journal.md):
 
-The writer folds each outcome once (soakd/fold.py) and hands each batch's fold to
-``Metrics`` and ``RunStats`` *after* the commit, so the counters Prometheus scrapes never
-exceed what the journal holds, and a resumed run that restores them from the journal cannot
-step backwards (which Prometheus would read as a reset and turn into a spike in every rate).
-A failing disk hands the folds over at once instead: measuring never waits for the disk.
-
-The queue between the loop and the thread, both ways, is ``HandOff`` (handoff.py); the
-session's heartbeat and events are ``Progress`` (progress.py); the totals, histogram
-buckets and rollup windows are ``Aggregates`` (rollups.py).
+- **Metrics count what the journal holds**: a fold comes back after its commit (store.py),
+  or at once while the disk fails, never twice.
+- **A full queue** (the writer cannot keep up, or is down): an outcome the deque cannot take
+  is tallied (``Fold.tally``), applied to the metrics at once, and its tally travels in the
+  next packet into the journal's totals: counted, without a row or a histogram bucket.
+- **The writer dies** (a crash, the OOM killer): logged (``journal_writer_died``), counted
+  (``soakd_journal_writer_restarts_total``), started again with a back-off (0.25 s, doubling to
+  30 s); it continues the same session, tells which packets the dead one committed, and soakd
+  sends it the others again (those whose folds soakd applied already are written, not sent
+  back). Meanwhile the queue fills, then tallies. Packets soakd applied while the disk failed
+  are kept for this at most ``journal.queue_size`` outcomes' worth; older ones, if the writer
+  then died too, are in the metrics and not in the journal's totals.
+- **soakd is SIGKILLed**: the writer gets SIGTERM and ends at once; lost is what it had not
+  committed (at most one flush interval) and the packet soakd had not sent (``SEND_EVERY_S``).
+- One soakd per run dir: soakd holds the ``flock`` on ``journal.lock`` and the writer holds it
+  too (the same open file), so the lock lasts until both are gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import os
-import sqlite3
+import select
+import socket
+import subprocess
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from soakd import __version__
+from soakd.childlog import relog
 from soakd.config import JournalConfig
-from soakd.fold import Fold
-from soakd.journal import schema
-from soakd.journal.budget import Budget
-from soakd.journal.codec import END_NS, outcome_row
+from soakd.fold import Fold, fold
+from soakd.journal import link
+from soakd.journal.batch import Columns
 from soakd.journal.handoff import FoldSink, HandOff
-from soakd.journal.progress import PlanClock, Progress
-from soakd.journal.resume import Restored, ResumeState, take_lock
-from soakd.journal.retention import apply_retention
-from soakd.journal.rollups import Aggregates, store_window, unfolded_rollups
-from soakd.journal.schema import JOURNAL_FILE, PAGE_SIZE, JournalError
+from soakd.journal.progress import ClockState, PlanClock
+from soakd.journal.resume import ResumeState, take_lock
+from soakd.journal.schema import JOURNAL_FILE, JournalError
+from soakd.journal.store import MAX_BATCH, Restored, RunInfo
 from soakd.metrics import JournalMetrics
 from soakd.model import Outcome, Sample
 
 log = structlog.get_logger()
 
-MAX_BATCH = 5000  # records per transaction; more wait for the next one
-RETENTION_EVERY_S = 60.0
-IDLE_HEARTBEAT_S = 1.0
-RETRY_MAX_S = 30.0
-YIELD_EVERY = 32
-"""Records the writer encodes between two ``os.sched_yield()`` calls (0: never yield).
-
-The writer thread runs Python (encoding rows, folding digests) while holding the GIL. The
-event loop, woken by a token, must then wait for the GIL, and on a busy or pinned core for
-the CPU too: every timestamp it takes meanwhile is late (TTFT p99 +11 ms at 64 streams with
-the client on one core, docs/benchmarks.md "Many cores"). ``sched_yield`` releases the GIL
-and the CPU every few dozen records, so the loop waits for at most one slice."""
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What the journal stores about the run when it creates it."""
-
-    run_id: str
-    config: dict[str, Any]
-    plan: dict[str, Any]
-    plan_start: datetime
-    options: dict[str, float | None]
-    window_ns: int
+SEND_EVERY_S = 0.02
+"""How often the link thread sends what is queued: a SIGKILL of soakd loses at most this
+much that the writer never got (plus what the writer had not committed)."""
+CLOCK_EVERY_S = 0.1
+"""With nothing queued, a packet of the plan clock alone this often."""
+MAX_PACKET = 2000
+"""Records in one packet."""
+OUT_LIMIT = 8 << 20
+"""Bytes waiting to be written to the writer; beyond, the queue waits (and fills)."""
+YIELD_EVERY = 64
+"""Outcomes packed between two ``os.sched_yield()`` calls: the loop's turn for the GIL
+(it stamps tokens with ``run.workers: 1``)."""
+START_TIMEOUT_S = 60.0
+CLOSE_TIMEOUT_S = 120.0
+"""How long closing waits for the writer's last commit before it kills it."""
+BACKOFF_S = (0.25, 30.0)
+SOCKET_BUFFER = 1 << 20
+WRITER_LOG = "journal-writer.log"
 
 
 @dataclass(slots=True)
-class _Batch:
-    """Records folded and waiting for their commit (kept as they are while commits fail)."""
+class _Sent:
+    """A packet sent and not yet committed (sent again if the writer dies)."""
 
-    rows: list[tuple[Any, ...]]
-    samples: list[tuple[float, int, float]]
-    new_series: list[tuple[int, str, str]]
-    events: list[tuple[float, int | None, str, dict[str, Any]]]
-    fold: Fold
-    tallies: Fold | None  # requests the loop only tallied (no row): their totals
-    next_id: int  # the row id after this batch's
-    keep_rows: bool
-    forwarded: bool = False  # its fold went to Metrics already (the disk failing)
-
-    def add(self, later: _Batch) -> None:
-        """Append a later batch (commits are failing)."""
-        self.rows += later.rows
-        self.samples += later.samples
-        self.new_series += later.new_series
-        self.events += later.events
-        self.fold.merge(later.fold)
-        if later.tallies is not None:
-            if self.tallies is None:
-                self.tallies = later.tallies
-            else:
-                self.tallies.merge(later.tallies)
-        self.next_id = later.next_id
-        self.keep_rows = self.keep_rows and later.keep_rows
+    seq: int
+    header: dict[str, Any]
+    columns: bytes
+    outcomes: int
+    counted: bool = False  # its fold came back (the disk failing): applied already
 
 
 class Journal:
     """The run's journal: an OutcomeSink (``record``), a sample sink (``sample``), events.
 
     ``forward``: what applies each batch's fold (``Metrics``, ``RunStats``), on the loop that
-    opened the journal, once the batch is committed. A full queue or a failing disk never
-    stops the measurement: an outcome the queue cannot take is tallied and applied at once
-    (``soakd_journal_dropped_records_total``), and a batch the disk refuses is applied at
-    once and retried (``soakd_journal_write_errors_total``)."""
+    opened the journal, once the batch is committed."""
 
     def __init__(
         self,
@@ -142,54 +121,59 @@ class Journal:
         self._resume = resume
         self._wall = wall
         limit = self.cfg.queue_size
-        self._handoff = HandOff(limit, min(MAX_BATCH, limit // 2), forward)
+        self._handoff = HandOff(limit, min(MAX_PACKET, limit // 2), forward)
         self._q = self._handoff.records  # the hot path's one attribute lookup
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._open_error: BaseException | None = None
-        self._thread: threading.Thread | None = None
         self._closed = False
         self._tally = Fold()  # outcomes the queue could not take, not yet applied
         self._tally_due = False
         self._drop_logged = False
+        self._clock: PlanClock | None = None
         self.restored: Restored | None = None
-        self.downtime_s = 0.0
-        # writer-thread state
-        self._conn: sqlite3.Connection | None = None
+        self.session = 0
+        # the link thread's state
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopping = threading.Event()
+        self._open_error: str | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._lock_fd: int | None = None
-        self._next_id = 1
-        self._next_series = 1
-        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
-        self._agg = Aggregates(run.window_ns)
-        self._budget = Budget(self.cfg, metrics)
-        self._progress = Progress(resume, wall)
-        self._pending: _Batch | None = None
-        self._last_commit = 0.0
-        self._last_retention = 0.0
-        self._errors_in_row = 0
-        self._retry_at = 0.0
-
-    @property
-    def session(self) -> int:
-        """This session's number (1 for a new run; 0 before ``start``)."""
-        return self._progress.session
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._frames = link.Frames()
+        self._out = bytearray()
+        self._unacked: deque[_Sent] = deque()
+        self._seq = 0
+        self._last_packet = 0.0
+        self._restart_at = 0.0
+        self._delay = BACKOFF_S[0] / 2
+        self._started = 0.0
+        self._close_sent = False
+        self._close_deadline = 0.0
+        self._finished = False
+        self.restarts = 0
 
     # --- lifecycle (loop side) ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Open (or create) the database in the writer thread; raises JournalError."""
+        """Take the run dir's lock, start the writer process and open (or create) the
+        database there; raises JournalError."""
         if self._handoff.loop is None:
             with contextlib.suppress(RuntimeError):
                 self._handoff.loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._main, name="soakd-journal", daemon=True)
+        fd = self._lock_fd = take_lock(self.path.parent)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        ctx = contextvars.copy_context()  # the run's log context, for the writer's lines
+        self._thread = threading.Thread(target=ctx.run, args=(self._run,), name="soakd-journal")
+        self._thread.daemon = True
         self._thread.start()
         self._ready.wait()
         if self._open_error is not None:
             self._thread.join()
-            err = self._open_error
-            if isinstance(err, JournalError):
-                raise err
-            raise JournalError(f"{self.path}: cannot open the journal: {err}") from err
+            self._unlock()
+            raise JournalError(self._open_error)
         m, restored = self.metrics, self.restored
         if m is not None:
             m.queue_depth.set_function(self._q.__len__)
@@ -199,7 +183,7 @@ class Journal:
 
     def attach(self, clock: PlanClock) -> None:
         """Read the plan clock from the runner: offsets of rows, heartbeats, seq numbers."""
-        self._progress.clock = clock
+        self._clock = clock
 
     def close(self, completed: bool = False) -> None:
         """Write everything still queued, the final heartbeat and the stop event; blocks."""
@@ -209,8 +193,8 @@ class Journal:
         self._shut(completed)
 
     async def aclose(self, completed: bool = False) -> None:
-        """``close`` off the loop; the folds the writer hands over at its end are applied
-        on the loop before this returns."""
+        """``close`` off the loop; the folds the writer hands back at its end are applied on
+        the loop before this returns."""
         if self._closed:
             return
         self._apply_tally()
@@ -219,10 +203,16 @@ class Journal:
     def _shut(self, completed: bool) -> None:
         self.event("run_stopped", completed=completed)
         self._closed = True
-        self._stop.set()
-        self._handoff.wake.set()
+        self._stopping.set()
+        self._wake()
         if self._thread is not None:
             self._thread.join()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     # --- the hot path (loop side) --------------------------------------------------------------
 
@@ -234,7 +224,7 @@ class Journal:
         if n < h.limit and not self._closed:
             q.append(outcome)
             if n == h.wake_at:
-                h.wake.set()
+                self._wake()
             return
         if not self._closed:
             self._drop("request")
@@ -269,7 +259,9 @@ class Journal:
         """A run event (phase change, stop...). Events are rare: never dropped."""
         if self._closed:
             return
-        self._q.append(("event", self._wall(), self._progress.offset_now(), kind, data))
+        clock = self._clock
+        offset = time.perf_counter_ns() - clock.origin_ns if clock and clock.origin_ns else None
+        self._q.append(("event", self._wall(), offset, kind, data))
 
     def _drop(self, kind: str) -> None:
         if self.metrics is not None:
@@ -281,363 +273,344 @@ class Journal:
                 kind=kind,
                 queue=len(self._q),
                 note="records are dropped from the journal (counted in the totals and "
-                "the metrics); the disk may be too slow or stalled",
+                "the metrics); the journal's writer cannot keep up, or is down",
             )
 
-    # --- the writer thread ---------------------------------------------------------------------
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
 
-    def _main(self) -> None:
+    # --- the link thread: the writer process and its socket ----------------------------------
+
+    def _run(self) -> None:
         try:
-            self._open()
-        except BaseException as exc:  # handed to start(), which raises it
-            self._open_error = exc
-            self._ready.set()
-            self._unlock()
-            return
+            ok = self._connect()
+        except Exception as exc:  # handed to start(), which raises it
+            self._open_error = f"{self.path}: cannot start the journal's writer: {exc}"
+            ok = False
         self._ready.set()
-        wake = self._handoff.wake
+        if not ok:
+            return
         try:
-            interval = self.cfg.flush_interval
-            while not self._stop.is_set():
-                if len(self._q) < MAX_BATCH:
-                    wake.wait(interval)  # a backlog of full batches: no pause
-                wake.clear()
-                self._cycle()
-            self._final()
+            while not self._finished:
+                self._turn()
         except Exception:
-            log.exception("journal_writer_failed")
+            log.exception("journal_link_failed")
+            self._lose_rest("journal_link_failed")
         finally:
-            with contextlib.suppress(sqlite3.Error):
-                if self._conn is not None:
-                    self._conn.close()
-            self._unlock()
+            self._disconnect(kill=False)
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
-    def _lock(self) -> None:
-        fd = take_lock(self.path.parent)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
-
-    def _unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
-
-    def _open(self) -> None:
-        self._lock()
-        new = not self.path.exists()
-        if new and self._resume is not None:
-            raise JournalError(f"{self.path}: the journal vanished before the resume")
-        conn = self._conn = schema.connect(self.path, readonly=False)
-        if new:  # rows of 2 KB (512 ITL gaps) half-fill 4 KiB pages; 16 KiB ones hold 7
-            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(f"PRAGMA synchronous = {self.cfg.synchronous.upper()}")
-        conn.execute("PRAGMA journal_size_limit = 67108864")  # WAL back to 64 MiB after use
-        now = self._wall()
-        if new:
-            r = self.run
-            schema.create(
-                conn,
-                {
-                    "schema_version": schema.SCHEMA_VERSION,
-                    "soakd_version": __version__,
-                    "run_id": r.run_id,
-                    "created_wall": now,
-                    "created": datetime.fromtimestamp(now, UTC).isoformat(),
-                    "plan_start": r.plan_start.isoformat(),
-                    "options": r.options,
-                    "config": r.config,
-                    "plan": r.plan,
-                    "window_ns": r.window_ns,
-                },
+    def _connect(self) -> bool:
+        """Start a writer and wait for it to open the journal; False (the reason in
+        ``_open_error``, or logged when it is a restart) when it does not."""
+        first = self.session == 0
+        ours, theirs = socket.socketpair()
+        for s in (ours, theirs):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+        log_path = self.path.parent / WRITER_LOG
+        assert self._lock_fd is not None
+        with theirs, log_path.open("ab") as logf:
+            self._proc = subprocess.Popen(  # noqa: S603  # soakd's own module, no input
+                [
+                    sys.executable,
+                    "-m",
+                    "soakd.journal.process",
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                ],
+                pass_fds=(theirs.fileno(), self._lock_fd),  # the lock lasts while it runs
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
             )
-        else:
-            schema.migrate(conn)
-        meta = schema.check_schema(conn, self.path, writing=True)
-        if meta["run_id"] != self.run.run_id:
-            raise JournalError(f"{self.path}: holds run {meta['run_id']}, not {self.run.run_id}")
-        self._agg.window_ns = int(meta["window_ns"])
-        self._budget.open(conn, self.path)
-        self._load_state(conn)
-        conn.execute("BEGIN")
-        self._repair(conn)
-        self._progress.begin(conn, now, self._next_id)
-        conn.execute("COMMIT")
-        self._update_size()
-
-    def _load_state(self, conn: sqlite3.Connection) -> None:
-        progress = self._progress
-        progress.load(conn)
-        self._next_id = 1 + (conn.execute("SELECT MAX(id) FROM requests").fetchone()[0] or 0)
-        for sid, name, labels in conn.execute("SELECT id, name, labels FROM series"):
-            skey = (name, tuple((str(k), str(v)) for k, v in json.loads(labels)))
-            self._series[skey] = sid
-            self._next_series = max(self._next_series, sid + 1)
-        totals = self._agg.load(conn)
-        downtime = sum(
-            json.loads(d)["seconds"]
-            for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'downtime'")
-        )
-        resumes = conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'run_resumed'").fetchone()
-        self.restored = Restored(
-            totals, dict(self._agg.hists), downtime, resumes[0], dict(progress.missed)
-        )
-
-    def _repair(self, conn: sqlite3.Connection) -> None:
-        """Fold rows a killed session committed but never rolled up into the rollups."""
-        start = conn.execute(
-            "SELECT MIN(rollup_from_id) FROM progress "
-            "WHERE session = (SELECT MAX(session) FROM progress)"
-        ).fetchone()[0]
-        if start is None:
-            return
-        found = unfolded_rollups(conn, start, self._agg.window_ns)
-        for key, (stats, wall_min, wall_max, upto) in found.items():
-            store_window(conn, key, stats, wall_min, wall_max, upto)
-        if found:
-            log.info("journal_rollups_repaired", windows=len(found))
-
-    # --- one flush ---------------------------------------------------------------------------
-
-    def _cycle(self) -> None:
-        now = time.monotonic()
-        pending = self._pending
-        if pending is not None:  # commits are failing: fold what comes, retry when due
-            self._fold_into(pending)
-            if now < self._retry_at:
-                return
-            batch = pending
-        else:
-            batch = self._take()
-            empty = not (batch.rows or batch.fold or batch.samples or batch.events)
-            if empty and batch.tallies is None and now - self._last_commit < IDLE_HEARTBEAT_S:
-                return  # nothing new: a heartbeat a second is enough (and spares the disk)
+        self._started = time.monotonic()
+        resume = self._resume
+        hello = {
+            "path": str(self.path),
+            "run": self.run.to_doc(),
+            "journal": self.cfg.model_dump(),
+            "resume": None
+            if resume is None
+            else {
+                "offset_ns": resume.offset_ns,
+                "next_seq": resume.next_seq,
+                "last_wall": resume.last_wall,
+            },
+            "session": self.session,
+        }
+        ours.settimeout(START_TIMEOUT_S)
+        frames = link.Frames()
+        answer: tuple[int, dict[str, Any]] | None = None
         try:
-            self._commit(batch, final=False)
-        except sqlite3.Error as exc:
-            self._failed(batch, exc)
-            return
-        self._last_commit = now
-        if self._errors_in_row:
-            log.warning("journal_writes_resumed", after_errors=self._errors_in_row)
-        self._errors_in_row = 0
-        self._pending = None
-        if now - self._last_retention >= RETENTION_EVERY_S:
-            self._last_retention = now
-            self._retention()
+            ours.sendall(link.json_frame(link.HELLO, hello))
+            while answer is None:
+                data = ours.recv(SOCKET_BUFFER)
+                if not data:
+                    break
+                for kind, payload in frames.feed(data):
+                    doc = json.loads(payload)
+                    if kind == link.LOG:
+                        relog(*doc["log"])
+                    elif kind in (link.READY, link.FAILED):
+                        answer = kind, doc
+                        break
+        except (OSError, link.LinkError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        else:
+            why = "it exited before it was ready"
+        if answer is None or answer[0] == link.FAILED:
+            reason = answer[1]["error"] if answer is not None else f"{why}: {self._log_tail()}"
+            ours.close()
+            self._reap(kill=True)
+            if first:
+                self._open_error = reason
+            else:
+                log.error("journal_writer_restart_failed", error=reason[:300])
+            return False
+        doc = answer[1]
+        ours.setblocking(False)
+        self._sock, self._frames = ours, frames
+        if first:
+            self.restored = Restored.from_doc(doc["restored"])
+            self.session = int(doc["session"])
+        else:
+            self._rejoined(int(doc["packet_seq"]))
+        return True
 
-    def _take(self, room: int = MAX_BATCH) -> _Batch:
-        """Up to MAX_BATCH queued records, folded, with the rows (at most ``room``) of the
-        outcomes among them; ids and series are numbered here, once."""
-        assert self._conn is not None
-        items = self._handoff.take(MAX_BATCH)
-        rows: list[tuple[Any, ...]] = []
-        samples: list[tuple[float, int, float]] = []
-        events: list[tuple[float, int | None, str, dict[str, Any]]] = []
-        new_series: list[tuple[int, str, str]] = []
-        f = Fold()
-        next_id = self._next_id
-        progress = self._progress
-        clock = progress.clock
-        origin = clock.origin_ns if clock is not None else 0
-        session, window_ns = progress.session, self._agg.window_ns
-        itl = self.cfg.itl if self.cfg.itl_gaps else "none"
-        keep_rows = self._budget.keep_rows(self._conn)  # near journal.max_bytes: rollups only
-        unkept = 0
+    def _log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            return (self.path.parent / WRITER_LOG).read_text(errors="replace").strip()[-300:]
+        return ""
+
+    def _turn(self) -> None:
+        """One turn of the link: read, write, pack what is queued."""
+        sock = self._sock
+        now = time.monotonic()
+        if sock is None:  # the writer is down
+            if self._stopping.is_set() or now >= self._restart_at:
+                if not self._restart():
+                    if self._stopping.is_set():
+                        self._lose_rest("the journal's writer could not be started again")
+                    return
+            else:
+                ready, _, _ = select.select(
+                    [self._wake_r], [], [], min(SEND_EVERY_S, self._restart_at - now)
+                )
+                if ready:
+                    with contextlib.suppress(BlockingIOError, OSError):
+                        os.read(self._wake_r, 4096)
+                return
+            sock = self._sock
+            assert sock is not None
+        fd = sock.fileno()
+        wait = [fd] if self._out else []
+        readable, writable, _ = select.select([fd, self._wake_r], wait, [], SEND_EVERY_S)
+        if self._wake_r in readable:
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.read(self._wake_r, 4096)
+        if fd in readable and not self._read(sock):
+            return
+        if writable or self._out:
+            try:
+                sent = sock.send(self._out)
+                del self._out[:sent]
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                self._died(f"{type(exc).__name__}: {exc}")
+                return
+        now = time.monotonic()
+        stopping = self._stopping.is_set()
+        if len(self._out) < OUT_LIMIT and not self._close_sent:
+            due = now - self._last_packet >= SEND_EVERY_S or len(self._q) >= MAX_PACKET
+            if stopping or (due and (self._q or self._handoff.tallies)):
+                self._pack()
+            elif now - self._last_packet >= CLOCK_EVERY_S:
+                self._pack()  # the plan clock alone
+        if stopping and not self._close_sent and not self._q and not self._handoff.tallies:
+            self._out += link.json_frame(link.CLOSE, {})
+            self._close_sent = True
+            self._close_deadline = now + CLOSE_TIMEOUT_S
+        if self._close_sent and now > self._close_deadline:
+            self._disconnect(kill=True)
+            self._lose_rest(f"the journal's writer did not finish in {CLOSE_TIMEOUT_S:g} s")
+
+    def _read(self, sock: socket.socket) -> bool:
+        """What the writer sent; False when it is gone (handled)."""
+        try:
+            data = sock.recv(SOCKET_BUFFER)
+        except BlockingIOError:
+            return True
+        except OSError as exc:
+            self._died(f"{type(exc).__name__}: {exc}")
+            return False
+        if not data:
+            if self._finished:
+                return False
+            self._died("its socket closed")
+            return False
+        try:
+            frames = self._frames.feed(data)
+        except link.LinkError as exc:
+            self._died(str(exc))
+            return False
+        for kind, payload in frames:
+            self._dispatch(kind, json.loads(payload))
+        return True
+
+    def _dispatch(self, kind: int, doc: dict[str, Any]) -> None:
+        if kind == link.FOLD:
+            through = int(doc["through"])
+            self._handoff.give_back(Fold.from_doc(doc["fold"]))
+            if doc["committed"]:
+                self._acked(through)
+            else:
+                for sent in self._unacked:
+                    if sent.seq <= through:
+                        sent.counted = True
+                self._trim_counted()
+        elif kind == link.COMMITTED:
+            self._acked(int(doc["through"]))
+        elif kind == link.STATS:
+            if self.metrics is not None:
+                self.metrics.add(doc)
+        elif kind == link.LOG:
+            relog(*doc["log"])
+        elif kind == link.CLOSED:
+            self._finished = True
+
+    def _acked(self, through: int) -> None:
+        unacked = self._unacked
+        while unacked and unacked[0].seq <= through:
+            unacked.popleft()
+
+    def _trim_counted(self) -> None:
+        """Packets applied while the disk fails are kept for a restart of the writer, at
+        most ``queue_size`` outcomes' worth (the rows a failing writer keeps)."""
+        unacked = self._unacked
+        kept = sum(s.outcomes for s in unacked)
+        while kept > self.cfg.queue_size and unacked and unacked[0].counted:
+            kept -= unacked.popleft().outcomes
+
+    def _pack(self) -> None:
+        """Take what is queued (up to MAX_PACKET records) and append it as one packet."""
+        items = self._handoff.take(MAX_PACKET)
+        tally = self._handoff.take_tallies()
+        cols = Columns()
+        samples: list[list[Any]] = []
+        events: list[list[Any]] = []
         every = YIELD_EVERY
         for i, item in enumerate(items, 1):
-            if every and not i % every:
-                os.sched_yield()  # the loop's turn (YIELD_EVERY)
             kind = type(item)
             if kind is Outcome:
-                row, ordered = outcome_row(item, next_id, session, origin, itl=itl)
-                if keep_rows and len(rows) < room:
-                    rows.append(row)
-                    f.add(item, next_id, row[END_NS], window_ns, ordered)
-                    next_id += 1
-                else:
-                    f.add(item, 0, row[END_NS], window_ns, ordered)
-                    unkept += keep_rows
+                cols.add(item)
+                if not i % every:
+                    os.sched_yield()  # the loop's turn (YIELD_EVERY)
             elif kind is Sample:
-                key = (item.name, item.labels)
-                sid = self._series.get(key)
-                if sid is None:
-                    sid = self._series[key] = self._next_series
-                    self._next_series += 1
-                    new_series.append((sid, item.name, json.dumps(item.labels)))
-                samples.append((item.wall, sid, item.value))
+                samples.append([item.wall, item.name, item.value, item.labels])
             else:
                 _, wall, offset, name, data = item
-                events.append((wall, offset, name, data))
-        self._next_id = next_id
-        if unkept:
-            self._drop_rows(unkept)
-        tallies = self._handoff.take_tallies()
-        return _Batch(rows, samples, new_series, events, f, tallies, next_id, keep_rows)
-
-    def _fold_into(self, pending: _Batch) -> None:
-        """Commits are failing: fold what came meanwhile into the batch kept for the retry
-        (rows up to ``queue_size``), its fold to the metrics now."""
-        batch = self._take(room=self.cfg.queue_size - len(pending.rows))
-        self._forward(batch)
-        pending.add(batch)
-
-    def _drop_rows(self, n: int) -> None:
-        """Rows the disk's failure left no room for: their requests are in the fold."""
-        if self.metrics is not None:
-            self.metrics.dropped.labels("request").inc(n)
-        if not self._drop_logged:
-            self._drop_logged = True
-            log.error(
-                "journal_queue_full",
-                kind="request",
-                queue=n,
-                note="rows are dropped from the journal while its writes fail (their "
-                "requests stay in the totals, histograms and rollups)",
-            )
-
-    def _forward(self, batch: _Batch) -> None:
-        if not batch.forwarded:
-            batch.forwarded = True
-            self._handoff.give_back(batch.fold)
-
-    def _final(self) -> None:
-        """Closing: write everything queued (a few retries on errors), then every window."""
-        attempts = 0
-        while True:
-            pending = self._pending
-            if pending is not None:
-                self._fold_into(pending)
-                batch = pending
-            else:
-                batch = self._take()
-            last = not self._q
-            try:
-                self._commit(batch, final=last)
-            except sqlite3.Error as exc:
-                self._failed(batch, exc)
-                attempts += 1
-                if attempts >= 3:
-                    lost = len(batch.rows) + len(self._q)
-                    log.exception("journal_close_incomplete", unwritten=lost)
-                    while self._q:  # the rest: measured still
-                        self._handoff.give_back(self._take().fold)
-                    return
-                time.sleep(1.0)
-                continue
-            self._pending = None
-            if last:
-                break
-        with contextlib.suppress(sqlite3.Error):
-            assert self._conn is not None
-            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        self._update_size()
-
-    def _failed(self, batch: _Batch, exc: sqlite3.Error) -> None:
-        """Disk full, read-only, I/O error: keep the batch, retry later, keep measuring."""
-        with contextlib.suppress(sqlite3.Error):
-            assert self._conn is not None
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
-        self._errors_in_row += 1
-        delay = min(RETRY_MAX_S, 0.5 * 2 ** min(self._errors_in_row, 6))
-        self._retry_at = time.monotonic() + delay
-        self._pending = batch
-        if self.metrics is not None:
-            self.metrics.write_errors.inc()
-        if self._errors_in_row == 1 or self._errors_in_row % 20 == 0:
-            log.error(
-                "journal_write_failed",
-                error=f"{type(exc).__name__}: {exc}",
-                records=len(batch.rows) + len(batch.samples) + len(batch.events),
-                retry_in_s=delay,
-                failures=self._errors_in_row,
-            )
-        self._forward(batch)  # metrics must not wait for the disk
-
-    def _commit(self, batch: _Batch, *, final: bool) -> None:
-        """One transaction: rows, samples, events, aggregates, heartbeat. The in-memory
-        state moves on only after COMMIT, so a failed batch can be retried as it was."""
-        conn = self._conn
-        assert conn is not None
-        t0 = time.perf_counter()
-        agg, progress, budget = self._agg, self._progress, self._budget
-        rows, samples, events, keep_rows = batch.rows, batch.samples, batch.events, batch.keep_rows
-        next_id = batch.next_id
-        now_window = (progress.offset_now() or progress.last_offset) // agg.window_ns
-        conn.execute("BEGIN")
-        stopped = budget.stopped(conn) if budget.rows_kept and not keep_rows else None
-        if stopped is not None:
-            progress.insert_event(conn, self._wall(), progress.last_offset, "rows_stopped", stopped)
-        if batch.new_series:
-            conn.executemany("INSERT INTO series VALUES (?,?,?)", batch.new_series)
-        if rows:
-            conn.executemany(schema.INSERT_REQUEST, rows)
+                events.append([wall, offset, name, data])
+        self._seq += 1
+        clock = self._clock
+        header: dict[str, Any] = {
+            "seq": self._seq,
+            "clock": ClockState.of(clock).to_doc() if clock is not None else None,
+        }
         if samples:
-            conn.executemany("INSERT INTO samples VALUES (?,?,?)", samples)
-        for wall, offset, name, data in events:
-            progress.insert_event(conn, wall, offset, name, data)
-        # without rows, every window is stored at each commit (nothing to rebuild them from)
-        staged = agg.write(
-            conn, batch.fold, batch.tallies, next_id - 1, now_window, final or not keep_rows
+            header["samples"] = samples
+        if events:
+            header["events"] = events
+        if tally is not None:
+            header["tally"] = tally.to_doc()
+        columns = cols.encode() if len(cols) else b""
+        self._unacked.append(_Sent(self._seq, header, columns, len(cols)))
+        self._out += link.packet(header, columns)
+        self._last_packet = time.monotonic()
+
+    def _died(self, why: str) -> None:
+        """The writer is gone: log it, start another after the back-off; what it had not
+        committed is sent again then."""
+        code = self._disconnect(kill=True)
+        lived = time.monotonic() - self._started
+        self._delay = BACKOFF_S[0] if lived >= 60 else min(BACKOFF_S[1], self._delay * 2)
+        self._restart_at = time.monotonic() + self._delay
+        log.error(
+            "journal_writer_died",
+            why=why,
+            code=code,
+            not_committed=sum(s.outcomes for s in self._unacked),
+            restart_in_s=self._delay,
+            log=self._log_tail()[-200:] or None,
         )
-        beat = progress.heartbeat(conn, staged.rollup_from_id(next_id), final)
-        conn.execute("COMMIT")
-        # committed: the in-memory state moves on
-        progress.committed(beat)
-        agg.committed(staged, now_window)
-        budget.committed(keep_rows, batch.fold.requests, stopped)
-        downtime = beat.downtime_s
-        if downtime is not None:
-            self.downtime_s = downtime
-        m = self.metrics
-        if m is not None:
-            if downtime:
-                m.downtime.inc(downtime)
-            m.commit.observe(time.perf_counter() - t0)
-            m.last_commit.set(self._wall())
-            if rows:
-                m.records.labels("request").inc(len(rows))
-            if samples:
-                m.records.labels("sample").inc(len(samples))
-            if events:
-                m.records.labels("event").inc(len(events))
-            self._update_size()
-        self._forward(batch)
 
-    def _update_size(self) -> None:
-        if self.metrics is None:
-            return
-        size = 0
-        for suffix in ("", "-wal"):
+    def _disconnect(self, *, kill: bool) -> int | None:
+        if self._sock is not None:
             with contextlib.suppress(OSError):
-                size += os.stat(f"{self.path}{suffix}").st_size
-        self.metrics.size.set(size)
-        self._budget.update_free()
+                self._sock.close()
+            self._sock = None
+        self._out.clear()
+        self._frames = link.Frames()
+        return self._reap(kill=kill)
 
-    # --- retention -----------------------------------------------------------------------------
-
-    def _retention(self) -> None:
-        """Delete old samples/requests by age, then the oldest rows while over max_bytes.
-        Totals, histograms and rollups are never deleted: the report stays whole-run."""
-        cfg = self.cfg
-        conn = self._conn
-        assert conn is not None
-        now = self._wall()
-        progress = self._progress
+    def _reap(self, *, kill: bool) -> int | None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
         try:
-            deleted = apply_retention(conn, cfg, now, self._budget.max_bytes)
-            if deleted:
-                conn.execute("BEGIN")
-                progress.insert_event(conn, now, progress.last_offset, "retention", deleted)
-                conn.execute("COMMIT")
-                log.info("journal_retention", deleted=deleted)
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            log.warning("journal_retention_failed", error=str(exc))
+            return proc.wait(timeout=0.5 if kill else 10.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def _restart(self) -> bool:
+        if not self._connect():
+            self._delay = min(BACKOFF_S[1], self._delay * 2)
+            self._restart_at = time.monotonic() + self._delay
+            return False
+        self.restarts += 1
+        if self.metrics is not None:
+            self.metrics.writer_restarts.inc()
+        return True
+
+    def _rejoined(self, committed: int) -> None:
+        """A new writer continues the session; the dead one committed the packets up to
+        ``committed``: their folds never came back (applied here), the others go again."""
+        for sent in list(self._unacked):
+            if sent.seq <= committed:
+                if not sent.counted and sent.columns:
+                    outcomes = Columns.decode(sent.columns).outcomes()
+                    self._handoff.give_back(fold(outcomes))
+                self._unacked.popleft()
+            else:
+                self._out += link.packet({**sent.header, "counted": sent.counted}, sent.columns)
+        log.warning(
+            "journal_writer_restarted",
+            session=self.session,
+            sent_again=len(self._unacked),
+            committed_by_the_last=committed,
+        )
+
+    def _lose_rest(self, why: str) -> None:
+        """No writer will write what is left: its outcomes are tallied into the metrics (not
+        journaled), and the link ends."""
+        lost = Fold()
+        for sent in self._unacked:
+            if not sent.counted and sent.columns:
+                for o in Columns.decode(sent.columns).outcomes():
+                    lost.tally(o)
+        self._unacked.clear()
+        while self._q:
+            item = self._q.popleft()
+            if type(item) is Outcome:
+                lost.tally(item)
+        self._handoff.give_back(lost)
+        log.error("journal_close_incomplete", why=why, unwritten=lost.requests)
+        self._finished = True
 
 
 async def open_journal(
@@ -653,6 +626,9 @@ async def open_journal(
     journal = Journal(
         run_dir / JOURNAL_FILE, run, cfg, metrics=metrics, forward=forward, resume=resume
     )
-    journal._handoff.loop = asyncio.get_running_loop()  # committed outcomes come back here
+    journal._handoff.loop = asyncio.get_running_loop()  # committed folds come back here
     await asyncio.to_thread(journal.start)  # opening may fold a crashed session's rows in
     return journal
+
+
+__all__ = ["MAX_BATCH", "Journal", "RunInfo", "open_journal"]

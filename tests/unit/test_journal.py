@@ -27,10 +27,18 @@ from soakd.journal import (
     read_resume_state,
     unpack_itl,
 )
-from soakd.journal import writer as writer_mod
+from soakd.journal import store as store_mod
 from soakd.metrics import JournalMetrics, Metrics
 from soakd.model import ErrorKind, Outcome, Sample
-from tests.journal_fixtures import MS, FakeClock, config, open_test_journal, outcome, run_info
+from tests.journal_fixtures import (
+    MS,
+    FakeClock,
+    StoreHarness,
+    config,
+    open_test_journal,
+    outcome,
+    run_info,
+)
 from tests.waiting import wait_until
 
 KINDS = [None] * 12 + [ErrorKind.HTTP_5XX, ErrorKind.HTTP_429, ErrorKind.TIMEOUT_CONNECT]
@@ -210,61 +218,62 @@ def test_full_queue_drops_are_counted_forwarded_and_totalled(tmp_path: Path) -> 
     resumed_equals_live(tmp_path, live)
 
 
-class DiskFills(Journal):
-    """A journal whose database is capped (SQLITE_FULL, as on a full disk) on request."""
+def fill_disk(h: StoreHarness) -> None:
+    """The database capped at its size now: SQLITE_FULL, as on a full disk."""
+    conn = h.store._conn
+    assert conn is not None
+    pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    conn.execute(f"PRAGMA max_page_count = {pages}")
 
-    cap: int | None = None
 
-    def _cycle(self) -> None:
-        assert self._conn is not None
-        if self.cap is not None:
-            self._conn.execute(f"PRAGMA max_page_count = {self.cap}")
-            self.cap = None
-        super()._cycle()
+def free_disk(h: StoreHarness) -> None:
+    assert h.store._conn is not None
+    h.store._conn.execute("PRAGMA max_page_count = 1000000")
+
+
+def live_metrics() -> tuple[Metrics, JournalMetrics]:
+    live = Metrics()
+    for t in ("alpha", "beta"):
+        live.add_target(t, ["warm", "hot"])
+    return live, JournalMetrics(live.registry)
 
 
 def test_a_full_disk_keeps_measuring_loses_nothing_written_and_recovers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(writer_mod, "RETRY_MAX_S", 0.2)
-    cfg = config()
+    """The writer's commit rule (soakd/journal/store.py), driven here: a batch the disk
+    refuses goes to the metrics at once and is retried; once written, never counted twice."""
+    monkeypatch.setattr(store_mod, "RETRY_MAX_S", 0.0)  # every cycle retries
     clock = FakeClock(offset_s=5)
-    live = Metrics()
-    for t in ("alpha", "beta"):
-        live.add_target(t, ["warm", "hot"])
-    jm = JournalMetrics(live.registry)
-    j = DiskFills(
-        tmp_path / "journal.db",
-        run_info(cfg)[0],
-        JournalConfig(flush_interval=0.02),
-        metrics=jm,
-        forward=[live],
-    )
-    j.start()
-    j.attach(clock)
-    first = make_outcomes(clock, 100, seed=1)
-    for o in first:
-        j.record(o)
-    wait_for(lambda: written(live) == 100)
-    with sqlite3.connect(tmp_path / "journal.db") as conn:
-        pages = conn.execute("PRAGMA page_count").fetchone()[0]
-    j.cap = pages  # full from now on
+    live, jm = live_metrics()
+    h = StoreHarness(tmp_path, config(), clock, forward=[live], metrics=jm)
+    h.add(make_outcomes(clock, 100, seed=1))
+    h.cycle()
+    assert written(live) == 100
+    fill_disk(h)
     second = make_outcomes(clock, 300, seed=2)
-    for o in second:
-        j.record(o)
-    wait_for(lambda: live.registry.get_sample_value("soakd_journal_write_errors_total") >= 1)
-    # still measuring: Metrics got the batch the disk refused
-    wait_for(lambda: sum(scraped(live, "soakd_requests_total").values()) == 400)
+    for i in range(0, 200, 20):  # the last free bytes of a page may take a batch or two
+        h.add(second[i : i + 20])
+        h.cycle()
+    assert (live.registry.get_sample_value("soakd_journal_write_errors_total") or 0) >= 1
+    before = written(live)
+    # still measuring: Metrics got the batch the disk refused, and the next one at once
+    assert sum(scraped(live, "soakd_requests_total").values()) == 300
+    h.add(second[200:])
+    h.cycle()
+    assert sum(scraped(live, "soakd_requests_total").values()) == 400
     with JournalReader(tmp_path) as r:
-        assert sum(1 for _ in r.request_rows()) == 100  # what was written is intact
-    j.cap = 1_000_000  # space again
-    wait_for(lambda: written(live) == 400)
-    j.close()
+        assert sum(1 for _ in r.request_rows()) == before  # what was written is intact
+    free_disk(h)  # space again
+    h.cycle()
+    assert written(live) == 400
+    h.close()
     with JournalReader(tmp_path) as r:
         assert sum(1 for _ in r.request_rows()) == 400
         assert sum(t[4] for t in r.totals()) == 400
         assert r.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert sum(scraped(live, "soakd_requests_total").values()) == 400  # not forwarded twice
+    assert False in [c for _, c in h.applied]  # handed over before its commit
     resumed_equals_live(tmp_path, live)
 
 
@@ -274,41 +283,29 @@ def test_a_long_disk_failure_drops_rows_past_the_queue_but_counts_every_request(
     """While commits fail, the writer keeps folding what arrives (the metrics go on) and
     keeps at most ``queue_size`` rows for the retry; the rows past it are dropped and
     counted, their requests stay in the totals, the histograms and the rollups."""
-    monkeypatch.setattr(writer_mod, "RETRY_MAX_S", 0.2)
+    monkeypatch.setattr(store_mod, "RETRY_MAX_S", 0.0)
     clock = FakeClock(offset_s=5)
-    live = Metrics()
-    for t in ("alpha", "beta"):
-        live.add_target(t, ["warm", "hot"])
-    jm = JournalMetrics(live.registry)
-    j = DiskFills(
-        tmp_path / "journal.db",
-        run_info(config())[0],
-        JournalConfig(flush_interval=0.02, queue_size=150),
-        metrics=jm,
-        forward=[live],
-    )
-    j.start()
-    j.attach(clock)
-    for o in make_outcomes(clock, 50, seed=1):
-        j.record(o)
-    wait_for(lambda: written(live) == 50)
-    with sqlite3.connect(tmp_path / "journal.db") as conn:
-        j.cap = conn.execute("PRAGMA page_count").fetchone()[0]
-    wait_for(lambda: j.cap is None)
+    live, jm = live_metrics()
+    jcfg = JournalConfig(flush_interval=0.02, queue_size=150)
+    h = StoreHarness(tmp_path, config(), clock, journal_cfg=jcfg, forward=[live], metrics=jm)
+    h.add(make_outcomes(clock, 50, seed=1))
+    h.cycle()
+    fill_disk(h)
     second = make_outcomes(clock, 400, seed=2)
-    for i in range(0, len(second), 50):  # in steps the queue can take
-        for o in second[i : i + 50]:
-            j.record(o)
-        wait_for(lambda: not j._q)
-    wait_for(lambda: sum(scraped(live, "soakd_requests_total").values()) == 450)
+    before = 0
+    for i in range(0, len(second), 50):
+        h.add(second[i : i + 50])
+        h.cycle()
+        if not before and live.registry.get_sample_value("soakd_journal_write_errors_total"):
+            before = written(live)  # what fitted before the disk was full (none since)
+    assert sum(scraped(live, "soakd_requests_total").values()) == 450
     get = live.registry.get_sample_value
-    assert (get("soakd_journal_write_errors_total") or 0) >= 1
-    before = written(live)  # what fitted before the disk was full (none since)
     dropped = get("soakd_journal_dropped_records_total", {"kind": "request"}) or 0
     assert 0 < dropped == 450 - before - 150  # kept for the retry: queue_size rows
-    j.cap = 1_000_000  # space again
-    wait_for(lambda: written(live) == 450 - dropped)
-    j.close()
+    free_disk(h)
+    h.cycle()
+    assert written(live) == 450 - dropped
+    h.close()
     with JournalReader(tmp_path) as r:
         assert sum(1 for _ in r.request_rows()) == 450 - dropped
         assert sum(t[4] for t in r.totals()) == 450
@@ -442,35 +439,21 @@ def test_a_killed_writer_leaves_rows_the_reader_and_a_resume_fold_in(tmp_path: P
 def test_retention_deletes_old_rows_but_keeps_the_aggregates(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(writer_mod, "RETENTION_EVERY_S", 0.0)
+    monkeypatch.setattr(store_mod, "RETENTION_EVERY_S", 0.0)  # after every commit
     clock = FakeClock(offset_s=60)
-    j = open_test_journal(
-        tmp_path,
-        config(),
-        clock,
-        journal_cfg=JournalConfig(flush_interval=0.02, keep_samples="1h", keep_requests="1h"),
-    )
+    jcfg = JournalConfig(flush_interval=0.02, keep_samples="1h", keep_requests="1h")
+    h = StoreHarness(tmp_path, config(), clock, journal_cfg=jcfg)
     old = time.time() - 7200
     outcomes = make_outcomes(clock, 100)
     for i, o in enumerate(outcomes):
         o.wall_start = old if i < 60 else time.time()
-        j.record(o)
-    for i in range(50):
-        j.sample(
-            Sample(
-                old + i if i < 30 else time.time(), "soakd_gpu_power_watts", 100.0, (("gpu", "0"),)
-            )
-        )
-
-    def retention_done() -> bool:
-        # the writer deletes old rows after a commit (every commit here): wait for both
-        with sqlite3.connect(f"file:{tmp_path / 'journal.db'}?mode=ro", uri=True) as conn:
-            requests = conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
-            samples = conn.execute("SELECT COUNT(*) FROM samples").fetchone()[0]
-        return bool(requests == 40 and samples == 20)
-
-    wait_for(retention_done)
-    j.close()
+    samples = [
+        Sample(old + i if i < 30 else time.time(), "soakd_gpu_power_watts", 100.0, (("gpu", "0"),))
+        for i in range(50)
+    ]
+    h.add(outcomes, samples)
+    h.cycle()
+    h.close()
     with JournalReader(tmp_path) as r:
         assert sum(1 for _ in r.request_rows()) == 40
         assert sum(len(v) for v in r.samples(("soakd_gpu_power_watts",)).values()) == 20

@@ -28,7 +28,7 @@ from soakd.journal import (
 from soakd.journal import budget as budget_mod
 from soakd.metrics import JournalMetrics
 from soakd.report import build_report, render_markdown
-from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome
+from tests.journal_fixtures import FakeClock, StoreHarness, config, open_test_journal, outcome
 from tests.unit.test_journal import make_outcomes, wait_for
 
 MS = 1_000_000
@@ -211,11 +211,11 @@ def test_a_kill_after_the_rows_stopped_loses_at_most_the_last_flush(tmp_path: Pa
     """Without rows nothing can rebuild a window: they are stored at every commit."""
     cfg, clock = config(), FakeClock(offset_s=30)
     jcfg = JournalConfig(flush_interval=0.02, max_bytes=1_000_000)
-    j = open_test_journal(tmp_path, cfg, clock, journal_cfg=jcfg)
-    j._budget.rows_kept = False  # as after the switch
-    for o in make_outcomes(clock, 300):
-        j.record(o)
-    j.close()
+    h = StoreHarness(tmp_path, cfg, clock, journal_cfg=jcfg)
+    h.store._budget.rows_kept = False  # as after the switch
+    h.add(make_outcomes(clock, 300))
+    h.cycle()
+    h.close()
     with sqlite3.connect(tmp_path / "journal.db") as conn:  # as a SIGKILL leaves it
         conn.execute("UPDATE progress SET stopped = 0")
         assert conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0] == 0
@@ -228,19 +228,18 @@ def test_the_default_budget_is_half_the_free_space_once(
 ) -> None:
     monkeypatch.setattr(budget_mod, "disk_free", lambda _: 8_000_000_000)
     clock = FakeClock(offset_s=5)
-    j = open_test_journal(tmp_path, config(), clock)
-    first = j._budget.max_bytes
-    j.close()
+    h = StoreHarness(tmp_path, config(), clock)  # the writer's side, here: disk_free faked
+    first = h.store._budget.max_bytes
+    h.close()
     assert 4_000_000_000 <= first < 4_001_000_000
     monkeypatch.setattr(budget_mod, "disk_free", lambda _: 1_000_000_000)
-    j = open_test_journal(tmp_path, config(), clock)  # a resume keeps it
-    assert j._budget.max_bytes == first
-    j.close()
+    h = StoreHarness(tmp_path, config(), clock)  # a resume keeps it
+    assert h.store._budget.max_bytes == first
+    h.close()
     monkeypatch.setattr(budget_mod, "disk_free", lambda _: 10**13)
-    other = tmp_path / "big"
-    j = open_test_journal(other, config(), clock)
-    assert j._budget.max_bytes == budget_mod.AUTO_CAP
-    j.close()
+    h = StoreHarness(tmp_path / "big", config(), clock)
+    assert h.store._budget.max_bytes == budget_mod.AUTO_CAP
+    h.close()
 
 
 def test_a_long_run_is_reported_from_merged_windows_with_the_same_numbers(

@@ -1,0 +1,93 @@
+"""Journal link room: the frames between soakd and its journal writer process. Pure.
+
+A frame is ``u32 length | u8 kind | payload`` (as between soakd and its sender workers).
+JSON where a frame is small or rare; the outcomes in columns (batch.py).
+
+- ``HELLO`` (soakd -> writer, JSON): the journal's path, the run, ``journal:`` as dumped,
+  what a resume continues from, and the session to rejoin (0: a new one).
+- ``READY`` (writer -> soakd, JSON): what the journal holds (``Restored``), the session, the
+  last packet this session committed before (a restarted writer), the writer's pid; or
+  ``FAILED`` with the one-line error (the journal cannot be used).
+- ``PACKET`` (soakd -> writer): ``u32 length | header (JSON) | columns``: the packet's
+  sequence number, the plan clock, samples, events, a tally of outcomes soakd could not
+  queue, whether soakd already counted it (sent again to a restarted writer), and the
+  outcomes in columns.
+- ``FOLD`` (writer -> soakd, JSON): a batch's fold (soakd/fold.py), ``through`` the last
+  packet in it, ``committed`` or not yet (the disk failing); ``COMMITTED``: packets up to
+  ``through`` committed, their folds sent earlier.
+- ``STATS``, ``LOG`` (writer -> soakd, JSON): the writer's own counts (counts.py) after each
+  commit; a log event, logged by soakd as its own.
+- ``CLOSE`` (soakd -> writer, JSON ``{}``): write everything and stop; ``CLOSED`` the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Final
+
+HELLO, READY, FAILED, PACKET, FOLD, COMMITTED, STATS, LOG, CLOSE, CLOSED = range(1, 11)
+
+HEAD: Final = struct.Struct("<IB")
+"""A frame's header: the payload's length (kind byte included) and the kind."""
+MAX_FRAME: Final = 256 << 20
+"""A frame longer than this is a broken peer, not data."""
+_LEN = struct.Struct("<I")
+
+
+class LinkError(Exception):
+    """A frame that cannot be read: the other end is broken."""
+
+
+def frame(kind: int, payload: bytes = b"") -> bytes:
+    return HEAD.pack(len(payload) + 1, kind) + payload
+
+
+def json_frame(kind: int, doc: dict[str, Any]) -> bytes:
+    return frame(kind, json.dumps(doc, separators=(",", ":"), default=str).encode())
+
+
+def packet(header: dict[str, Any], columns: bytes) -> bytes:
+    """A ``PACKET`` frame."""
+    head = json.dumps(header, separators=(",", ":"), default=str).encode()
+    return frame(PACKET, _LEN.pack(len(head)) + head + columns)
+
+
+def unpack_packet(payload: bytes) -> tuple[dict[str, Any], bytes]:
+    """A ``PACKET``'s header and its columns (the bytes ``batch.Columns.decode`` reads)."""
+    try:
+        (n,) = _LEN.unpack_from(payload, 0)
+        header: dict[str, Any] = json.loads(payload[_LEN.size : _LEN.size + n])
+    except (struct.error, ValueError) as exc:
+        raise LinkError(f"packet: {exc}") from None
+    return header, payload[_LEN.size + n :]
+
+
+class Frames:
+    """Frames out of a byte stream, as it arrives."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """The frames ``data`` completes (the rest waits for more)."""
+        buf = self._buf
+        buf += data
+        out: list[tuple[int, bytes]] = []
+        at, end = 0, len(buf)
+        while end - at >= HEAD.size:
+            size, kind = HEAD.unpack_from(buf, at)
+            if not 1 <= size <= MAX_FRAME:
+                raise LinkError(f"frame of {size} bytes")
+            if end - at - HEAD.size < size - 1:
+                break
+            start = at + HEAD.size
+            out.append((kind, bytes(buf[start : start + size - 1])))
+            at = start + size - 1
+        del buf[:at]
+        return out
+
+    @property
+    def partial(self) -> bool:
+        """Bytes of an unfinished frame are waiting."""
+        return bool(self._buf)

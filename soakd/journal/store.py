@@ -1,0 +1,606 @@
+"""Journal store room: the writer's side of the journal: the database, what each batch adds
+to it, and the rule that makes a failed commit safe to retry. It runs in the journal's writer
+process (process.py; a test drives it in its own process), and imports neither the config
+models, nor prometheus_client, nor structlog: that process stays small.
+
+Durability (docs/journal.md has the long form):
+
+- WAL makes every commit atomic: after any crash the journal opens at the last commit,
+  never half-written.
+- A killed process loses nothing committed (the WAL is in the OS page cache); what it loses
+  is what it had not committed yet, at most one flush interval (plus what soakd had not
+  sent it: one packet interval).
+- A power cut loses what the disk never got. With ``synchronous=NORMAL`` SQLite syncs the WAL
+  only at checkpoints (every ~1000 pages: minutes of a busy run), so soakd defaults to
+  ``synchronous=FULL``, one fsync per commit, which at 2 commits/s costs nothing measurable.
+
+Each packet soakd sends (``add``) is folded at once (soakd/fold.py): its rows are built and
+every outcome is counted into the batch's ``Fold``. ``cycle`` commits the open batch (rows,
+samples, events, aggregates, heartbeat) in one transaction and then hands its fold to the
+sink, which sends it to soakd: Metrics never count what the journal does not hold. A commit
+that fails (disk full, read-only, I/O error) is rolled back and retried with a back-off; the
+batch's fold goes to the sink at once (``committed=False``: measuring never waits for the
+disk), and so does every later packet's while commits keep failing, never again once
+committed; at most ``queue_size`` rows wait for the retry, the rows past that are dropped and
+counted, their requests stay in the fold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from soakd import __version__
+from soakd.childlog import ChildLog
+from soakd.fold import Fold
+from soakd.journal import schema
+from soakd.journal.budget import Budget
+from soakd.journal.codec import END_NS, outcome_row
+from soakd.journal.counts import WriterCounts
+from soakd.journal.progress import ClockState, Progress, Resumed
+from soakd.journal.retention import apply_retention
+from soakd.journal.rollups import Aggregates, store_window, unfolded_rollups
+from soakd.journal.schema import PAGE_SIZE, JournalError
+from soakd.model import Outcome, Sample
+
+log = ChildLog()
+
+MAX_BATCH = 5000  # rows per transaction: a packet that brings more commits at once
+RETENTION_EVERY_S = 60.0
+IDLE_HEARTBEAT_S = 1.0
+RETRY_MAX_S = 30.0
+PACKET_KEY = "writer_packet"
+"""``meta`` key: the last packet a session's writer committed ({session, seq}): a restarted
+writer tells soakd which of the packets it sent the dead one are in the journal."""
+
+Event = tuple[float, int | None, str, dict[str, Any]]
+"""(wall, plan offset, kind, data): one row of ``events``."""
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """What the writer reads of ``journal:`` (the fields of ``JournalConfig``, without the
+    config models: ``of`` takes its ``model_dump()``)."""
+
+    synchronous: str = "full"
+    flush_interval: float = 0.5
+    queue_size: int = 10_000
+    keep_samples: float | None = None
+    keep_requests: float | None = None
+    max_bytes: int | None = None
+    itl_gaps: bool = True
+    itl: str = "compact"
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any]) -> WriterConfig:
+        return cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the journal stores about the run when it creates it."""
+
+    run_id: str
+    config: dict[str, Any]
+    plan: dict[str, Any]
+    plan_start: datetime
+    options: dict[str, float | None]
+    window_ns: int
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "config": self.config,
+            "plan": self.plan,
+            "plan_start": self.plan_start.isoformat(),
+            "options": self.options,
+            "window_ns": self.window_ns,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> RunInfo:
+        return cls(
+            doc["run_id"],
+            doc["config"],
+            doc["plan"],
+            datetime.fromisoformat(doc["plan_start"]),
+            doc["options"],
+            int(doc["window_ns"]),
+        )
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What the journal held when this session opened it (for Metrics.restore)."""
+
+    totals: list[tuple[str, str, str, str, int, int, int, int]]
+    histograms: dict[tuple[str, str], tuple[list[int], float]]
+    downtime_s: float
+    resumes: int
+    missed: dict[tuple[str, str, str], int]
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "totals": [list(t) for t in self.totals],
+            "histograms": [[*k, counts, total] for k, (counts, total) in self.histograms.items()],
+            "downtime_s": self.downtime_s,
+            "resumes": self.resumes,
+            "missed": [[*k, n] for k, n in self.missed.items()],
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> Restored:
+        return cls(
+            [
+                (a, b, c, d, int(e), int(f), int(g), int(h))
+                for a, b, c, d, e, f, g, h in doc["totals"]
+            ],
+            {(k, t): ([int(n) for n in c], float(s)) for k, t, c, s in doc["histograms"]},
+            float(doc["downtime_s"]),
+            int(doc["resumes"]),
+            {(t, p, r): int(n) for t, p, r, n in doc["missed"]},
+        )
+
+
+class StoreSink(Protocol):
+    """Where the store's folds go (the writer process sends them to soakd)."""
+
+    def fold(self, f: Fold, through: int, committed: bool) -> None:
+        """A batch's fold, for Metrics and RunStats: committed, or (the disk failing) not
+        yet. ``through``: the last packet in it."""
+
+    def committed(self, through: int) -> None:
+        """Packets up to ``through`` are committed (their folds went earlier)."""
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Packets folded and waiting for their commit (kept as they are while commits fail)."""
+
+    rows: list[tuple[Any, ...]]
+    samples: list[tuple[float, int, float]]
+    new_series: list[tuple[int, str, str]]
+    events: list[Event]
+    fold: Fold  # what goes to the sink: the packets' outcomes
+    known: Fold  # written, never sent again: re-sent packets soakd counted, tallies
+    keep_rows: bool
+    through: int = 0  # the last packet in it
+    forwarded: bool = False  # its fold went to the sink already (the disk failing)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.rows or self.fold or self.known or self.samples or self.events)
+
+    def add(self, later: _Batch) -> None:
+        """Append a later batch (commits are failing)."""
+        self.rows += later.rows
+        self.samples += later.samples
+        self.new_series += later.new_series
+        self.events += later.events
+        self.fold.merge(later.fold)
+        self.known.merge(later.known)
+        self.keep_rows = self.keep_rows and later.keep_rows
+        self.through = max(self.through, later.through)
+
+
+class Store:
+    """The journal's writer: ``open``, then ``add`` packets and ``cycle`` every flush
+    interval, then ``final``. Single-threaded: one caller at a time."""
+
+    def __init__(
+        self,
+        path: Path,
+        run: RunInfo,
+        cfg: WriterConfig,
+        sink: StoreSink,
+        *,
+        resume: Resumed | None = None,
+        session: int = 0,
+        counts: WriterCounts | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self.run = run
+        self.cfg = cfg
+        self.sink = sink
+        self.counts = counts
+        self._resume = resume
+        self._rejoin = session  # 0: a new session; else this one's writer started again
+        self._wall = wall
+        self._conn: sqlite3.Connection | None = None
+        self._next_id = 1
+        self._next_series = 1
+        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
+        self._agg = Aggregates(run.window_ns)
+        self._budget = Budget(cfg, counts)
+        self._progress = Progress(resume, wall)
+        self._open: _Batch | None = None
+        self._pending: _Batch | None = None
+        self._last_commit = 0.0
+        self._last_cycle = 0.0
+        self._last_retention = 0.0
+        self._errors_in_row = 0
+        self._retry_at = 0.0
+        self._drop_logged = False
+        self.restored: Restored | None = None
+        self.packet_seq = 0  # the last packet this session committed before this writer
+
+    @property
+    def session(self) -> int:
+        return self._progress.session
+
+    @property
+    def clock(self) -> ClockState | None:
+        return self._progress.clock
+
+    @clock.setter
+    def clock(self, value: ClockState) -> None:
+        self._progress.clock = value
+
+    @property
+    def waiting(self) -> int:
+        """Rows folded and not committed yet."""
+        return sum(len(b.rows) for b in (self._open, self._pending) if b is not None)
+
+    # --- opening ---------------------------------------------------------------------------
+
+    def open(self) -> Restored:
+        """Open (or create) the database; JournalError when it cannot be used."""
+        new = not self.path.exists()
+        if new and (self._resume is not None or self._rejoin):
+            raise JournalError(f"{self.path}: the journal vanished before the resume")
+        conn = self._conn = schema.connect(self.path, readonly=False)
+        if new:  # rows of 2 KB (512 ITL gaps) half-fill 4 KiB pages; 16 KiB ones hold 7
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self.cfg.synchronous.upper()}")
+            conn.execute("PRAGMA journal_size_limit = 67108864")  # WAL back to 64 MiB after use
+            now = self._wall()
+            if new:
+                r = self.run
+                schema.create(
+                    conn,
+                    {
+                        "schema_version": schema.SCHEMA_VERSION,
+                        "soakd_version": __version__,
+                        "run_id": r.run_id,
+                        "created_wall": now,
+                        "created": datetime.fromtimestamp(now, UTC).isoformat(),
+                        "plan_start": r.plan_start.isoformat(),
+                        "options": r.options,
+                        "config": r.config,
+                        "plan": r.plan,
+                        "window_ns": r.window_ns,
+                    },
+                )
+            else:
+                schema.migrate(conn)
+            meta = schema.check_schema(conn, self.path, writing=True)
+            if meta["run_id"] != self.run.run_id:
+                raise JournalError(
+                    f"{self.path}: holds run {meta['run_id']}, not {self.run.run_id}"
+                )
+            self._agg.window_ns = int(meta["window_ns"])
+            self._budget.open(conn, self.path)
+            restored = self._load_state(conn, meta)
+            conn.execute("BEGIN")
+            self._repair(conn)
+            if self._rejoin:
+                self._progress.rejoin(conn, self._rejoin)
+            else:
+                self._progress.begin(conn, now, self._next_id)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise JournalError(f"{self.path}: cannot open the journal: {exc}") from None
+        self._update_size()
+        return restored
+
+    def _load_state(self, conn: sqlite3.Connection, meta: dict[str, Any]) -> Restored:
+        progress = self._progress
+        progress.load(conn)
+        self._next_id = 1 + (conn.execute("SELECT MAX(id) FROM requests").fetchone()[0] or 0)
+        for sid, name, labels in conn.execute("SELECT id, name, labels FROM series"):
+            skey = (name, tuple((str(k), str(v)) for k, v in json.loads(labels)))
+            self._series[skey] = sid
+            self._next_series = max(self._next_series, sid + 1)
+        totals = self._agg.load(conn)
+        downtime = sum(
+            json.loads(d)["seconds"]
+            for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'downtime'")
+        )
+        resumes = conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'run_resumed'").fetchone()
+        packet = meta.get(PACKET_KEY) or {}
+        if self._rejoin and packet.get("session") == self._rejoin:
+            self.packet_seq = int(packet["seq"])
+        self.restored = Restored(
+            totals, dict(self._agg.hists), downtime, resumes[0], dict(progress.missed)
+        )
+        return self.restored
+
+    def _repair(self, conn: sqlite3.Connection) -> None:
+        """Fold rows a killed session committed but never rolled up into the rollups."""
+        start = conn.execute(
+            "SELECT MIN(rollup_from_id) FROM progress "
+            "WHERE session = (SELECT MAX(session) FROM progress)"
+        ).fetchone()[0]
+        if start is None:
+            return
+        found = unfolded_rollups(conn, start, self._agg.window_ns)
+        for key, (stats, wall_min, wall_max, upto) in found.items():
+            store_window(conn, key, stats, wall_min, wall_max, upto)
+        if found:
+            log.info("journal_rollups_repaired", windows=len(found))
+
+    # --- what soakd sends -------------------------------------------------------------------
+
+    def add(
+        self,
+        seq: int,
+        outcomes: Iterable[Outcome] = (),
+        samples: Iterable[Sample] = (),
+        events: Iterable[Event] = (),
+        tally: Fold | None = None,
+        *,
+        counted: bool = False,
+    ) -> None:
+        """One packet: its outcomes folded (and their rows built, while there is room), its
+        samples numbered by series, its events. ``tally``: requests soakd could not queue,
+        counted by soakd already: into the totals only. ``counted``: a packet soakd sends
+        again to a restarted writer whose fold it applied: written, never sent again."""
+        assert self._conn is not None
+        batch = self._open
+        if batch is None:
+            batch = self._open = _Batch(
+                [], [], [], [], Fold(), Fold(), self._budget.keep_rows(self._conn)
+            )
+        batch.through = max(batch.through, seq)
+        target = batch.known if counted else batch.fold
+        room = self.cfg.queue_size - self.waiting
+        progress = self._progress
+        clock = progress.clock
+        origin = clock.origin_ns if clock is not None else 0
+        session, window_ns = progress.session, self._agg.window_ns
+        itl = self.cfg.itl if self.cfg.itl_gaps else "none"
+        keep, rows, next_id = batch.keep_rows, batch.rows, self._next_id
+        unkept = 0
+        for o in outcomes:
+            row, ordered = outcome_row(o, next_id, session, origin, itl=itl)
+            if keep and room > 0:
+                rows.append(row)
+                target.add(o, next_id, row[END_NS], window_ns, ordered)
+                next_id += 1
+                room -= 1
+            else:
+                target.add(o, 0, row[END_NS], window_ns, ordered)
+                unkept += keep
+        self._next_id = next_id
+        if unkept:
+            self._drop_rows(unkept)
+        for s in samples:
+            key = (s.name, s.labels)
+            sid = self._series.get(key)
+            if sid is None:
+                sid = self._series[key] = self._next_series
+                self._next_series += 1
+                batch.new_series.append((sid, s.name, json.dumps(s.labels)))
+            batch.samples.append((s.wall, sid, s.value))
+        batch.events += events
+        if tally is not None:
+            batch.known.merge(tally)
+
+    def _drop_rows(self, n: int) -> None:
+        """Rows there is no room for (commits failing): their requests are in the fold."""
+        if self.counts is not None:
+            self.counts.dropped.labels("request").inc(n)
+        if not self._drop_logged:
+            self._drop_logged = True
+            log.error(
+                "journal_queue_full",
+                kind="request",
+                queue=n,
+                note="rows are dropped from the journal while its writes fail (their "
+                "requests stay in the totals, histograms and rollups)",
+            )
+
+    # --- commits -----------------------------------------------------------------------------
+
+    def due(self, now: float) -> bool:
+        """Whether ``cycle`` has work now: a flush interval passed, or a full batch."""
+        return now - self._last_cycle >= self.cfg.flush_interval or (
+            self._pending is None and self.waiting >= MAX_BATCH
+        )
+
+    def cycle(self, now: float | None = None, *, force: bool = False) -> None:
+        """Commit what was added (or, commits failing, hand it over and retry when due);
+        with nothing new, a heartbeat once a second (``force``: now)."""
+        now = time.monotonic() if now is None else now
+        self._last_cycle = now
+        batch, self._open = self._open, None
+        pending = self._pending
+        if pending is not None:  # commits are failing: hand what came over, retry when due
+            if batch is not None:
+                self._forward(batch)
+                pending.add(batch)
+            if now < self._retry_at:
+                return
+            batch = pending
+        elif batch is None or batch.empty:
+            if now - self._last_commit < IDLE_HEARTBEAT_S and not force:
+                if batch is not None:
+                    self._open = batch  # nothing new: a heartbeat a second is enough
+                return
+            if batch is None:
+                assert self._conn is not None
+                batch = _Batch([], [], [], [], Fold(), Fold(), self._budget.keep_rows(self._conn))
+        try:
+            self._commit(batch, final=False)
+        except sqlite3.Error as exc:
+            self._failed(batch, exc)
+            return
+        self._last_commit = now
+        if self._errors_in_row:
+            log.warning("journal_writes_resumed", after_errors=self._errors_in_row)
+        self._errors_in_row = 0
+        self._pending = None
+        if now - self._last_retention >= RETENTION_EVERY_S:
+            self._last_retention = now
+            self._retention()
+
+    def final(self) -> None:
+        """Closing: write everything (a few retries on errors), then every window."""
+        assert self._conn is not None
+        batch, self._open = self._open, None
+        pending = self._pending
+        if pending is not None:
+            if batch is not None:
+                self._forward(batch)
+                pending.add(batch)
+            batch = pending
+        if batch is None:
+            batch = _Batch([], [], [], [], Fold(), Fold(), self._budget.keep_rows(self._conn))
+        for attempt in range(3):
+            try:
+                self._commit(batch, final=True)
+                break
+            except sqlite3.Error as exc:
+                self._failed(batch, exc)
+                if attempt == 2:
+                    log.error(  # noqa: TRY400  # the error is in the line: no traceback
+                        "journal_close_incomplete",
+                        unwritten=len(batch.rows) + len(batch.samples) + len(batch.events),
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+                    return
+                time.sleep(1.0)
+        self._pending = None
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._update_size()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.close()
+            self._conn = None
+
+    def _forward(self, batch: _Batch) -> None:
+        if not batch.forwarded:
+            batch.forwarded = True
+            self.sink.fold(batch.fold, batch.through, committed=False)
+
+    def _failed(self, batch: _Batch, exc: sqlite3.Error) -> None:
+        """Disk full, read-only, I/O error: keep the batch, retry later, keep measuring."""
+        with contextlib.suppress(sqlite3.Error):
+            assert self._conn is not None
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+        self._errors_in_row += 1
+        delay = min(RETRY_MAX_S, 0.5 * 2 ** min(self._errors_in_row, 6))
+        self._retry_at = time.monotonic() + delay
+        self._pending = batch
+        if self.counts is not None:
+            self.counts.write_errors.inc()
+        if self._errors_in_row == 1 or self._errors_in_row % 20 == 0:
+            log.error(
+                "journal_write_failed",
+                error=f"{type(exc).__name__}: {exc}",
+                records=len(batch.rows) + len(batch.samples) + len(batch.events),
+                retry_in_s=delay,
+                failures=self._errors_in_row,
+            )
+        self._forward(batch)  # metrics must not wait for the disk
+
+    def _commit(self, batch: _Batch, *, final: bool) -> None:
+        """One transaction: rows, samples, events, aggregates, heartbeat. The in-memory
+        state moves on only after COMMIT, so a failed batch can be retried as it was."""
+        conn = self._conn
+        assert conn is not None
+        t0 = time.perf_counter()
+        agg, progress, budget = self._agg, self._progress, self._budget
+        rows, samples, events, keep_rows = batch.rows, batch.samples, batch.events, batch.keep_rows
+        next_id = self._next_id
+        now_window = (progress.offset_now() or progress.last_offset) // agg.window_ns
+        conn.execute("BEGIN")
+        stopped = budget.stopped(conn) if budget.rows_kept and not keep_rows else None
+        if stopped is not None:
+            progress.insert_event(conn, self._wall(), progress.last_offset, "rows_stopped", stopped)
+        if batch.new_series:
+            conn.executemany("INSERT INTO series VALUES (?,?,?)", batch.new_series)
+        if rows:
+            conn.executemany(schema.INSERT_REQUEST, rows)
+        if samples:
+            conn.executemany("INSERT INTO samples VALUES (?,?,?)", samples)
+        for wall, offset, name, data in events:
+            progress.insert_event(conn, wall, offset, name, data)
+        # without rows, every window is stored at each commit (nothing to rebuild them from)
+        staged = agg.write(
+            conn, (batch.fold, batch.known), next_id - 1, now_window, final or not keep_rows
+        )
+        beat = progress.heartbeat(conn, staged.rollup_from_id(next_id), final)
+        if batch.through:
+            conn.execute(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                (PACKET_KEY, json.dumps({"session": progress.session, "seq": batch.through})),
+            )
+        conn.execute("COMMIT")
+        # committed: the in-memory state moves on
+        progress.committed(beat)
+        agg.committed(staged, now_window)
+        budget.committed(keep_rows, batch.fold.requests, stopped)
+        m = self.counts
+        if m is not None:
+            if beat.downtime_s:
+                m.downtime.inc(beat.downtime_s)
+            m.commit.observe(time.perf_counter() - t0)
+            m.last_commit.set(self._wall())
+            if rows:
+                m.records.labels("request").inc(len(rows))
+            if samples:
+                m.records.labels("sample").inc(len(samples))
+            if events:
+                m.records.labels("event").inc(len(events))
+            self._update_size()
+        if batch.forwarded:
+            self.sink.committed(batch.through)
+        else:
+            batch.forwarded = True
+            self.sink.fold(batch.fold, batch.through, committed=True)
+
+    def _update_size(self) -> None:
+        if self.counts is None:
+            return
+        size = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                size += os.stat(f"{self.path}{suffix}").st_size
+        self.counts.size.set(size)
+        self._budget.update_free()
+
+    def _retention(self) -> None:
+        """Delete old samples/requests by age, then the oldest rows while over max_bytes.
+        Totals, histograms and rollups are never deleted: the report stays whole-run."""
+        conn = self._conn
+        assert conn is not None
+        now = self._wall()
+        progress = self._progress
+        try:
+            deleted = apply_retention(conn, self.cfg, now, self._budget.max_bytes)
+            if deleted:
+                conn.execute("BEGIN")
+                progress.insert_event(conn, now, progress.last_offset, "retention", deleted)
+                conn.execute("COMMIT")
+                log.info("journal_retention", deleted=deleted)
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            log.warning("journal_retention_failed", error=str(exc))
