@@ -8,14 +8,18 @@ A producer thread plays the event loop: it builds outcomes and calls ``Journal.r
 (pausing while the queue is over 20k, as a loop at that rate would not be). Figures:
 
 - hot path: mean time of one ``record`` call (what the event loop pays per request);
-- writer: records/s per second of the writer thread's own CPU time (its cost, GIL waits
-  left out), and over the whole run (producer included, so that one is a floor);
+- soakd's process: CPU per record of the journal's link thread (packing the queue into
+  columns, reading the folds back), i.e. what the journal still costs soakd's process
+  beyond the hot path; and of applying the folds (Metrics, RunStats) on the loop;
+- writer: records/s per second of the writer process's CPU time (rows, folds, SQLite), and
+  over the whole run (producer included, so that one is a floor);
 - bytes/request: journal.db after the final checkpoint, divided by the requests.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import tempfile
 import threading
@@ -26,10 +30,37 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from soakd.analysis import itl_keys
 from soakd.config import JournalConfig
+from soakd.fold import Fold
 from soakd.journal import JOURNAL_FILE, Journal, RunInfo
-from soakd.metrics import JournalMetrics
+from soakd.metrics import JournalMetrics, Metrics
 from soakd.model import ErrorKind, Outcome
+from soakd.stats import RunStats
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class Timed:
+    """Metrics and RunStats, as the run applies each committed fold: timed."""
+
+    def __init__(self) -> None:
+        self.metrics = Metrics()
+        self.stats = RunStats(["local", "cloud"])
+        for t in ("local", "cloud"):
+            self.metrics.add_target(t, ["steady"])
+        self.spent = 0.0
+
+    def apply(self, f: Fold) -> None:
+        t = time.thread_time()
+        self.metrics.apply(f)
+        self.stats.apply(f)
+        self.spent += time.thread_time() - t
 
 
 class Clock:
@@ -74,6 +105,7 @@ def outcomes(n: int, tokens: int, seed: int = 1, gaps: str = "wide") -> list[Out
         o.itl_ns = itl
         if i % 100 == 0:
             o.error, o.status = ErrorKind.HTTP_5XX, 503
+        itl_keys(o)  # as the sender worker that timed it counts them
         pool.append(o)
     return pool
 
@@ -90,12 +122,15 @@ def bench(n: int, tokens: int, itl: str, sync: str, gaps: str = "wide") -> dict[
             itl="exact" if itl == "exact" else "compact",
             queue_size=100_000,
         )
-        j = Journal(Path(tmp) / JOURNAL_FILE, info, cfg, metrics=jm)
+        sinks = Timed()
+        j = Journal(Path(tmp) / JOURNAL_FILE, info, cfg, metrics=jm, forward=[sinks])
         j.start()
         j.attach(Clock())  # type: ignore[arg-type]
         assert j._thread is not None
         assert j._thread.ident is not None
-        writer_clock = time.pthread_getcpuclockid(j._thread.ident)
+        assert j._proc is not None
+        link_clock = time.pthread_getcpuclockid(j._thread.ident)
+        writer_pid = j._proc.pid
         spent_in_record = 0.0
         t0 = time.perf_counter()
 
@@ -113,9 +148,10 @@ def bench(n: int, tokens: int, itl: str, sync: str, gaps: str = "wide") -> dict[
         producer = threading.Thread(target=produce)
         producer.start()
         producer.join()
-        while len(j._q):
+        while (reg.get_sample_value("soakd_journal_records_total", {"kind": "request"}) or 0) < n:
             time.sleep(0.01)
-        writer_cpu = time.clock_gettime(writer_clock)
+        writer_cpu = process_cpu_s(writer_pid)
+        link_cpu = time.clock_gettime(link_clock)
         j.close()
         wall = time.perf_counter() - t0
         size = sum(p.stat().st_size for p in Path(tmp).iterdir() if p.name.startswith("journal"))
@@ -129,6 +165,8 @@ def bench(n: int, tokens: int, itl: str, sync: str, gaps: str = "wide") -> dict[
         "writer_busy_s": busy,
         "commits": commits,
         "record_us": spent_in_record / n * 1e6,
+        "link_us": (link_cpu - sinks.spent) / n * 1e6,  # the folds are applied in it here
+        "apply_us": sinks.spent / n * 1e6,
         "per_s_cpu": n / writer_cpu,
         "writer_cpu_s": writer_cpu,
         "per_s_wall": n / wall,
@@ -159,7 +197,11 @@ def main() -> None:
     )
     print(f"hot path            {r['record_us']:.2f} us per record() call")
     print(
-        f"writer throughput   {r['per_s_cpu']:,.0f} records per CPU-second of the writer "
+        f"soakd's process     {r['link_us']:.2f} us per record in the journal's link thread, "
+        f"{r['apply_us']:.2f} us applying the folds (Metrics, RunStats)"
+    )
+    print(
+        f"writer throughput   {r['per_s_cpu']:,.0f} records per CPU-second of the writer process "
         f"({r['writer_cpu_s']:.1f} s CPU; {r['writer_busy_s']:.1f} s in "
         f"{r['commits']:,.0f} commits)"
     )

@@ -385,7 +385,8 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
         ("TTFT error mean (ms)", lambda t: _spread(col(t, "ttft_err", "mean"))),
         ("TTFT error p99 (ms)", lambda t: _spread(col(t, "ttft_err", "p99"))),
         ("ITL error p99 (ms)", lambda t: _spread(col(t, "itl_err", "p99"))),
-        ("peak RSS (MB)", lambda t: _spread(col(t, "peak_rss_mb"), 1)),
+        ("peak RSS, whole tree (MB)", lambda t: _spread(col(t, "peak_rss_mb"), 1)),
+        ("peak RSS, the client's process (MB)", lambda t: _spread(col(t, "peak_rss_root_mb"), 1)),
         (
             "at peak: anon / heap / file (MB)",
             lambda t: " / ".join(
@@ -421,15 +422,34 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
         def vt(ok: bool) -> str:
             return f"not judged: the stub itself was {floor:.1f} ms late at p99" if busy else v(ok)
 
+        own = max((v for v in col("soakd", "peak_rss_root_mb") if v is not None), default=None)
+        brss = _med(col("bare", "peak_rss_mb"))
+        if doc.get("goals") != "issue 28":  # a run from before: the goals it was run for
+            lines += [
+                "| goal (issue 18), `soakd run` | measured (median over rounds) | |",
+                "|---|---|---|",
+                f"| CPU per request at most 1.3× bare | {_f(rq)}× | "
+                f"{v(rq is not None and rq <= 1.3)} |",
+                f"| TTFT error mean under 1 ms | {_f(mean)} ms | "
+                f"{vt(mean is not None and mean < 1)} |",
+                f"| TTFT error p99 no worse than bare (within 5 %) | {_f(p99)} vs {_f(bp99)} ms "
+                f"| {vt(p99 is not None and bp99 is not None and p99 <= bp99 * 1.05)} |",
+                f"| peak RSS under 80 MB (largest round) | {_f(rss, 1)} MB | "
+                f"{v(rss is not None and rss < 80)} |",
+                "",
+            ]
+            return
         lines += [
-            "| goal (issue 18), `soakd run` | measured (median over rounds) | |",
-            "|---|---|---|",
-            f"| CPU per request at most 1.3× bare | {_f(rq)}× | "
-            f"{v(rq is not None and rq <= 1.3)} |",
-            f"| TTFT error mean under 1 ms | {_f(mean)} ms | {vt(mean is not None and mean < 1)} |",
-            f"| TTFT error p99 no worse than bare (within 5 %) | {_f(p99)} vs {_f(bp99)} ms "
+            "| goal (issue 28), `soakd run` | soakd (median over rounds) | bare | |",
+            "|---|---|---|---|",
+            f"| CPU per request at most 1.2× bare (per round) | {_f(rq)}× | 1× | "
+            f"{v(rq is not None and rq <= 1.2)} |",
+            f"| TTFT error mean under 1 ms | {_f(mean)} ms | "
+            f"{_f(_med(col('bare', 'ttft_err', 'mean')))} ms | {vt(mean is not None and mean < 1)} |",
+            f"| TTFT error p99 no worse than bare (within 5 %) | {_f(p99)} ms | {_f(bp99)} ms "
             f"| {vt(p99 is not None and bp99 is not None and p99 <= bp99 * 1.05)} |",
-            f"| peak RSS under 80 MB (largest round) | {_f(rss, 1)} MB | "
+            f"| peak RSS under 80 MB, whole tree (largest round; soakd's own process) "
+            f"| {_f(rss, 1)} MB ({_f(own, 1)} MB) | {_f(brss, 1)} MB | "
             f"{v(rss is not None and rss < 80)} |",
             "",
         ]

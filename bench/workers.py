@@ -1,7 +1,8 @@
-"""Past one core (issue 17): `soakd run` with `run.workers` against the stub, next to bare
-aiohttp loops, one per worker, on the same cores in the same run.
+"""Past one core (issues 17, 28): `soakd run` with `run.workers` against the stub, next to
+bare aiohttp loops, one per worker, on the same cores in the same run.
 
     .venv/bin/python bench/workers.py --out .cache/bench/results/workers  # all cases
+    .venv/bin/python bench/workers.py --rounds 3 --seconds 12 --workers 8  # issue 28's table
     .venv/bin/python bench/workers.py --cases t16 --seconds 10 --workers 2
 
 The stub (bench/stub.py, SO_REUSEPORT processes) runs on the first cores, the clients on
@@ -18,8 +19,10 @@ the rest (taskset). Cases, each a warm-up phase and a measured one:
 
 soakd's figures are taken over the measured phase only (its /metrics and /proc sampled at
 the phase's start and end: no start-up, no report); the bare loops run for the same
-seconds and count their start-up (about 0.3 s of CPU each). Prints a Markdown table and
-writes ``results.json`` to ``--out``.
+seconds and count their start-up (about 0.3 s of CPU each). ``--rounds N`` runs every case
+N times, the rounds interleaved. At the end it prints issue 28's table: each figure, soakd
+beside the bare loops, min / median / max over the rounds, the goal and whether the median
+meets it; ``results.json`` in ``--out`` has every round.
 """
 
 from __future__ import annotations
@@ -216,6 +219,7 @@ def main() -> None:
     ap.add_argument("--stub-cores", type=int, default=0, help="default: 3/8 of the cores")
     ap.add_argument("--rate", type=float, default=5000.0)
     ap.add_argument("--streams", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=1, help="every case this many times")
     a = ap.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     n_stub = a.stub_cores or max(1, len(cores) * 3 // 8)
@@ -225,7 +229,8 @@ def main() -> None:
     work = a.out / "work"
     work.mkdir(exist_ok=True)
     results: dict[str, Any] = {"cores": len(cores), "stub_cores": n_stub, "workers": a.workers,
-                               "seconds": a.seconds, "cases": {}}
+                               "seconds": a.seconds, "rounds": a.rounds, "rate": a.rate,
+                               "command": " ".join(sys.argv), "load": [], "cases": {}}
     closed = {"mode": "closed", "concurrency": a.streams}
     plan = {
         "t16": dict(ttft=0.005, itl=0.001, tokens=16, load=closed, bare=True, w1=True),
@@ -235,8 +240,9 @@ def main() -> None:
         "ttft": dict(ttft=0.050, itl=0.005, tokens=16, bare=True, w1=True,
                      load={"mode": "closed", "concurrency": 256}),
     }
-    for name in a.cases.split(","):
+    for rnd, name in ((r, n) for r in range(a.rounds) for n in a.cases.split(",")):
         case = plan[name]
+        results["load"].append(os.getloadavg()[0])
         stub = Stub(work, ttft=case["ttft"], itl=case["itl"], tokens=case["tokens"],
                     workers=n_stub, cpus=stub_cpus)
         rows = []
@@ -255,12 +261,122 @@ def main() -> None:
             ttfts = row.pop("ttft_ms")
             if ttfts:
                 row["ttft_error_ms"] = ttft_error(ttfts, case["ttft"] * 1e3)
-        results["cases"][name] = rows
-        print(f"\n## {name}")
+            row["round"] = rnd
+        results["cases"].setdefault(name, []).extend(rows)
+        print(f"\n## {name}, round {rnd + 1} of {a.rounds}", flush=True)
         for row in rows:
             print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
                               for k, v in row.items()}))
     (a.out / "results.json").write_text(json.dumps(results, indent=1))
+    print("\n" + "\n".join(issue_table(results)))
+
+
+def _rows(results: dict[str, Any], case: str, tool: str) -> list[dict[str, Any]]:
+    return [r for r in results["cases"].get(case, []) if r["tool"] == tool]
+
+
+def _spread(values: list[float | None], fmt: str = "{:,.0f}") -> str:
+    vals = sorted(v for v in values if v is not None)
+    if not vals:
+        return "-"
+    if len(vals) == 1:
+        return fmt.format(vals[0])
+    mid = statistics.median(vals)
+    return f"{fmt.format(mid)} ({fmt.format(vals[0])}-{fmt.format(vals[-1])})"
+
+
+def _median(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _ratios(soakd: list[dict[str, Any]], bare: list[dict[str, Any]], key: str) -> list[float]:
+    """soakd's figure over the bare loops', round by round."""
+    by_round = {b["round"]: b for b in bare}
+    out = []
+    for r in soakd:
+        b = by_round.get(r["round"])
+        if b and r.get(key) and b.get(key):
+            out.append(r[key] / b[key])
+    return out
+
+
+def issue_table(results: dict[str, Any]) -> list[str]:
+    """Issue 28's table: each figure from this run, soakd beside the bare loops; medians over
+    the rounds with (min-max); the goal, and whether the median meets it."""
+    w = results["workers"]
+    sk, bare = f"soakd w{w}", f"bare x{w}"
+    lines = [
+        f"### Issue 28's figures: {results['cores']} cores, {w} workers, "
+        f"{results['rounds']} round(s) of {results['seconds']:g} s, load average "
+        f"{min(results['load'], default=0):.1f}-{max(results['load'], default=0):.1f}",
+        "",
+        f"`{results.get('command', '')}`",
+        "",
+        "| figure | soakd | bare | goal | median meets it |",
+        "|---|---:|---:|---|---|",
+    ]
+
+    def row(label: str, ours: str, theirs: str, goal: str, ok: bool | None) -> None:
+        verdict = "-" if ok is None else ("yes" if ok else "**no**")
+        lines.append(f"| {label} | {ours} | {theirs} | {goal} | {verdict} |")
+
+    t16, b16 = _rows(results, "t16", sk), _rows(results, "t16", bare)
+    if t16:
+        tps = _median([r["tokens_per_s"] for r in t16])
+        row(f"16-token answers, {w} workers: tokens/s", _spread([r["tokens_per_s"] for r in t16]),
+            _spread([r["tokens_per_s"] for r in b16]), ">= 250,000",
+            tps is not None and tps >= 250_000)
+        ratio = _ratios(t16, b16, "cpu_us_per_token")
+        row("CPU per token, 16-token answers (x bare, per round)",
+            _spread([r["cpu_us_per_token"] for r in t16], "{:.1f} us") + " ("
+            + _spread(ratio, "{:.2f}x") + ")",
+            _spread([r["cpu_us_per_token"] for r in b16], "{:.1f} us"), "<= 1.3x",
+            bool(ratio) and statistics.median(ratio) <= 1.3)
+        kept = [r["journal_rows"] / r["sent"] * 100 for r in t16 if r["sent"]]
+        rate = _median([r["rate"] for r in t16])
+        row("rows journaled of requests sent, 16-token answers",
+            _spread(kept, "{:.1f} %") + f" at {_spread([r['rate'] for r in t16])} req/s",
+            "", "100 % up to 15k req/s",
+            None if rate is None or rate > 15_000 else min(kept) == 100.0)
+        per = _median([r["parent_cpu_us_per_request"] for r in t16])
+        row("parent CPU: cores, us a request (16-token answers)",
+            _spread([r["parent_busy"] for r in t16], "{:.2f}") + ", "
+            + _spread([r["parent_cpu_us_per_request"] for r in t16], "{:.0f} us"),
+            "", "< 0.6 cores at 10k req/s (< 60 us a request)", per is not None and per < 60)
+        tree = _ratios(t16, b16, "peak_rss_mb")
+        parent = _median([r["parent_rss_mb"] for r in t16])
+        row(f"RSS, {w} workers: whole tree / parent (MB)",
+            _spread([r["peak_rss_mb"] for r in t16]) + " / "
+            + _spread([r["parent_rss_mb"] for r in t16]) + " (" + _spread(tree, "{:.2f}x") + ")",
+            _spread([r["peak_rss_mb"] for r in b16]), "tree <= 1.2x bare, parent < 100 MB",
+            bool(tree) and statistics.median(tree) <= 1.2 and parent is not None and parent < 100)
+    t512, b512 = _rows(results, "t512", sk), _rows(results, "t512", bare)
+    if t512:
+        ratio = _ratios(t512, b512, "cpu_us_per_token")
+        row("512-token answers: tokens/s (CPU per token x bare)",
+            _spread([r["tokens_per_s"] for r in t512]) + " (" + _spread(ratio, "{:.2f}x") + ")",
+            _spread([r["tokens_per_s"] for r in b512]), "CPU per token <= 1.3x bare",
+            bool(ratio) and statistics.median(ratio) <= 1.3)
+    poisson = _rows(results, "poisson", sk)
+    if poisson:
+        target = results.get("rate", 5000.0)
+        rates_ok = all(abs(r["rate"] - target) <= 0.01 * target for r in poisson)
+        lag_ok = all(r["lag_p99_ms"] < 2 for r in poisson)
+        row(f"Poisson {target:,.0f} req/s: rate, lag p99 (every round)",
+            _spread([r["rate"] for r in poisson], "{:,.1f}") + "/s, "
+            + ", ".join(f"{r['lag_p99_ms']:.2f}" for r in poisson) + " ms",
+            "", "rate within 1 %, lag p99 < 2 ms in every run", rates_ok and lag_ok)
+    ttft, bttft = _rows(results, "ttft", sk), _rows(results, "ttft", bare)
+    if ttft:
+        ours = _median([r["ttft_error_ms"]["p99"] for r in ttft])
+        theirs = _median([r["ttft_error_ms"]["p99"] for r in bttft])
+        row("TTFT error at 256 streams, p99 (ms)",
+            _spread([r["ttft_error_ms"]["p99"] for r in ttft], "{:.2f}"),
+            _spread([r["ttft_error_ms"]["p99"] for r in bttft], "{:.2f}"), "<= bare",
+            None if ours is None or theirs is None else ours <= theirs)
+    lines.append("")
+    return lines
 
 
 if __name__ == "__main__":
