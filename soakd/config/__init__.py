@@ -71,13 +71,14 @@ from soakd.config.slo import (
     TokenPrice,
 )
 from soakd.config.targets import RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
-from soakd.config.workload import Load, PhaseConfig, Prompts, TokenLength, Workload
+from soakd.config.workload import MAX_TOKENS, Load, PhaseConfig, Prompts, TokenLength, Workload
 
 __all__ = [
     "ENV_PREFIX",
     "GATEWAY_ENV_PREFIX",
     "MAX_CONCURRENCY",
     "MAX_DURATION_S",
+    "MAX_TOKENS",
     "REGRESSION_KEYS",
     "THRESHOLDS_MOVED",
     "AlertLimits",

@@ -12,6 +12,7 @@ from soakd.config.base import (
     Duration,
     Logging,
     Strict,
+    base_http_url,
     host_port,
     http_url,
     parse_bytes,
@@ -171,7 +172,7 @@ class GatewayConfig(GatewaySettings):
     @field_validator("upstream")
     @classmethod
     def _upstream(cls, value: str) -> str:
-        checked = http_url(value)
+        checked = base_http_url(value)
         assert checked is not None
         return checked.rstrip("/")
 

@@ -13,7 +13,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from soakd.config.base import ConfigError, _yaml_load
+from soakd.config.base import ConfigError, TooLarge, _yaml_load
 from soakd.config.gateway import GatewayConfig
 from soakd.config.run import Config
 from soakd.config.slo import THRESHOLDS_MOVED
@@ -24,6 +24,8 @@ ENV_PREFIX = "SOAKD__"
 def _env_value(key: str, text: str) -> Any:
     try:
         return _yaml_load(text)
+    except TooLarge as exc:
+        raise ConfigError(f"{key}: {exc}") from None
     except yaml.YAMLError as exc:
         why = getattr(exc, "problem", None) or type(exc).__name__
         raise ConfigError(f"{key}: not a YAML value: {why}") from None
@@ -63,7 +65,7 @@ def _apply_env(
 
 
 def _list_index(items: list[Any], part: str) -> int | None:
-    if part.isdigit():
+    if part.isascii() and part.isdigit():  # str.isdigit alone takes '²' and '٣' too
         return int(part) if int(part) < len(items) else None
     for i, item in enumerate(items):
         if isinstance(item, dict) and str(item.get("name", "")).lower().replace("-", "_") == (
@@ -161,6 +163,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         raw = _yaml_load(text)
+    except TooLarge as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"

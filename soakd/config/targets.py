@@ -3,12 +3,14 @@ its keys are read (by reference, never written in the config)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import ssl
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from soakd.config.base import (
     MAX_CONCURRENCY,
@@ -17,11 +19,20 @@ from soakd.config.base import (
     Duration,
     PositiveDuration,
     Strict,
+    base_http_url,
     http_url,
 )
 from soakd.config.gateway import GatewaySettings
 from soakd.config.slo import Slo, TargetCost
-from soakd.net import TlsFileError, client_ssl
+from soakd.net import TlsFileError, client_ssl, header_problem, value_problem
+from soakd.sim.profiles import PROFILES
+
+MAX_MODEL_NAME = 1024
+"""Longest model name accepted: a repository id or a local path, not a pasted file."""
+MAX_EXTRA_BODY = 1 << 20
+"""Largest ``extra_body``, as JSON (1 MiB): it goes out with every request."""
+_DEPLOYMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+"""An Azure deployment name: it is a segment of the request's URL path."""
 
 
 class Timeouts(Strict):
@@ -99,7 +110,7 @@ class TargetConfig(Strict):
     # a `soakd gateway` that soakd starts in front of the target.
     kind: Literal["openai", "azure"] = "openai"
     api_version: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,40}$")] | None = None
-    deployment: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")] | None = None
+    deployment: Annotated[str, Field(pattern=_DEPLOYMENT.pattern)] | None = None
     organization: str | None = None  # OpenAI-Organization header
     project: str | None = None  # OpenAI-Project header
     path: Annotated[str, Field(pattern=r"^/[^?#\s]*$")] | None = None  # request path, as is
@@ -110,20 +121,69 @@ class TargetConfig(Strict):
     # None: on for local targets (loopback/private host, simulator:, gateway:), else off.
     traceparent: bool | None = None
 
-    @field_validator("base_url", "metrics_url", "health_url", "proxy")
+    @field_validator("base_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        return base_http_url(value) or value
+
+    @field_validator("metrics_url", "health_url", "proxy")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         return http_url(value)
 
     @field_validator("headers")
     @classmethod
-    def _no_inline_auth(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, text in value.items():
             if key.lower() in ("authorization", "api-key", "x-api-key"):
                 raise ValueError(
                     f"header {key!r} would put a secret in the config: "
                     "use api_key_env or api_key_file"
                 )
+            problem = header_problem(key, text)
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
+    @field_validator("organization", "project")
+    @classmethod
+    def _header_value(cls, value: str | None, info: ValidationInfo) -> str | None:
+        name = "OpenAI-Organization" if info.field_name == "organization" else "OpenAI-Project"
+        problem = header_problem(name, value) if value is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("the model name is empty")
+        if len(value) > MAX_MODEL_NAME:
+            raise ValueError(f"a model name of {len(value)} characters (at most {MAX_MODEL_NAME})")
+        bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
+        if bad is not None:
+            raise ValueError(f"the model name holds a control character (U+{ord(bad):04X})")
+        return value
+
+    @field_validator("simulator")
+    @classmethod
+    def _profile(cls, value: str | None) -> str | None:
+        if value is not None and value not in PROFILES:
+            raise ValueError(f"unknown simulator profile {value!r} (known: {', '.join(PROFILES)})")
+        return value
+
+    @field_validator("extra_body")
+    @classmethod
+    def _json_body(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:  # as the client encodes it (a NaN or a date is not JSON; a cycle never ends)
+            size = len(json.dumps(value, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not JSON, as every request must carry it: {exc}") from None
+        if size > MAX_EXTRA_BODY:
+            raise ValueError(
+                f"{size:,} bytes as JSON, sent with every request (at most {MAX_EXTRA_BODY:,})"
+            )
         return value
 
     @model_validator(mode="after")
@@ -141,33 +201,34 @@ class TargetConfig(Strict):
                 )
             if self.path:
                 raise ValueError("kind 'azure' builds its own path: use kind 'openai' with path")
+            if self.deployment is None and not _DEPLOYMENT.fullmatch(self.model):
+                raise ValueError(
+                    f"kind 'azure' puts the deployment in the URL path; model {self.model!r} "
+                    "cannot be one: set deployment (letters, digits, _ . -)"
+                )
         elif self.api_version or self.deployment:
             raise ValueError("api_version and deployment are for kind 'azure'")
         return self
 
     def api_key(self) -> SecretStr | None:
-        """Read the key by reference. Raises ConfigError naming the reference, never the key."""
+        """Read the key by reference. Raises ConfigError naming the reference, never the
+        key: unset, unreadable, empty, or holding a character no header can carry."""
         if self.api_key_env:
+            where = f"targets[{self.name}].api_key_env"
             value = os.environ.get(self.api_key_env)
             if not value:
-                raise ConfigError(
-                    f"targets[{self.name}].api_key_env: environment variable "
-                    f"{self.api_key_env} is not set"
-                )
-            return SecretStr(value.strip())
+                raise ConfigError(f"{where}: environment variable {self.api_key_env} is not set")
+            return _key(where, f"environment variable {self.api_key_env}", value.strip())
         if self.api_key_file:
+            where = f"targets[{self.name}].api_key_file"
             try:
                 value = self.api_key_file.read_text().strip()
-            except OSError as exc:
-                raise ConfigError(
-                    f"targets[{self.name}].api_key_file: cannot read {self.api_key_file}: "
-                    f"{exc.strerror}"
-                ) from None
+            except (OSError, UnicodeDecodeError) as exc:
+                why = getattr(exc, "strerror", None) or "not UTF-8 text"
+                raise ConfigError(f"{where}: cannot read {self.api_key_file}: {why}") from None
             if not value:
-                raise ConfigError(
-                    f"targets[{self.name}].api_key_file: {self.api_key_file} is empty"
-                )
-            return SecretStr(value)
+                raise ConfigError(f"{where}: {self.api_key_file} is empty")
+            return _key(where, str(self.api_key_file), value)
         return None
 
     def ssl_context(self) -> ssl.SSLContext | bool:
@@ -189,3 +250,11 @@ class TargetConfig(Strict):
         if self.path:
             return base + self.path
         return base + path if base.endswith("/v1") else base + "/v1" + path
+
+
+def _key(where: str, source: str, value: str) -> SecretStr:
+    """The key as a SecretStr, once a header can carry it (the key itself is never shown)."""
+    problem = value_problem(value)
+    if problem is not None:
+        raise ConfigError(f"{where}: the key in {source} holds {problem}: no header can carry it")
+    return SecretStr(value)

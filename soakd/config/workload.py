@@ -16,15 +16,23 @@ from soakd.config.base import (
 )
 from soakd.config.gateway import GatewayModes
 
+MAX_TOKENS = 1 << 20
+"""The longest prompt and the longest answer a config may ask for (1,048,576 tokens): the
+longest context windows served today are a million tokens. A prompt is held once per
+request in flight (~6.5 bytes a synthetic token); past this, a typo (1e9) would end the
+run in MemoryError instead of a config error."""
+
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+
 
 class TokenLength(Strict):
     """A distribution of prompt lengths in tokens."""
 
     dist: Literal["fixed", "uniform", "normal"] = "fixed"
-    mean: Annotated[int, Field(ge=1)] = 256
-    stddev: Annotated[float, Field(ge=0)] = 0.0  # normal
-    min: Annotated[int, Field(ge=1)] = 1
-    max: Annotated[int, Field(ge=1)] = 4096
+    mean: Tokens = 256
+    stddev: Annotated[float, Field(ge=0, le=MAX_TOKENS, allow_inf_nan=False)] = 0.0  # normal
+    min: Tokens = 1
+    max: Tokens = 4096
 
     @model_validator(mode="after")
     def _bounds(self) -> TokenLength:
@@ -92,6 +100,6 @@ class PhaseConfig(Strict):
 
 class Workload(Strict):
     prompts: Prompts = Prompts()
-    max_tokens: Annotated[int, Field(ge=1)] = 512
+    max_tokens: Tokens = 512
     temperature: Annotated[float, Field(ge=0, le=2)] = 0.7
     seed: int = 0

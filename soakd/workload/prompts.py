@@ -15,7 +15,7 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol
 
-from soakd.config import ConfigError, TokenLength, Workload
+from soakd.config import MAX_TOKENS, ConfigError, TokenLength, Workload
 
 # Common English words, each a single token both alone and after a space in
 # cl100k_base, o200k_base, Llama 3 and Qwen 2.5/3 (checked with those vocabularies),
@@ -221,6 +221,11 @@ def _read_jsonl(path: Path) -> list[str]:
             texts.append(_prompt_text(obj))
         except _BadRecord as exc:
             raise ConfigError(f"{where}: {path}:{lineno}: {exc}") from None
+        if len(texts[-1]) > MAX_TOKENS * _CHARS_PER_TOKEN:
+            raise ConfigError(
+                f"{where}: {path}:{lineno}: a prompt of {len(texts[-1]):,} characters, "
+                f"~{len(texts[-1]) // _CHARS_PER_TOKEN:,} tokens (at most {MAX_TOKENS:,})"
+            )
     if not texts:
         raise ConfigError(f"{where}: {path} holds no prompts")
     return texts

@@ -312,7 +312,9 @@ def test_the_journal_holds_key_references_never_keys(
         targets=[
             {
                 "name": "alpha",
-                "base_url": f"https://api.example.com/v1?key={secret}",
+                "base_url": "https://api.example.com/v1",
+                # (a base URL takes no query: paths are appended to it)
+                "metrics_url": f"https://api.example.com/metrics?key={secret}",
                 "api_key_env": "SOAKD_TEST_KEY",
                 "headers": {"X-Session-Token": secret, "X-Team": "t1"},
             }
