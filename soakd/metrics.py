@@ -207,7 +207,7 @@ class Metrics:
             mn.SENDS_MISSED_TOTAL,
             "Planned open-loop sends not made, by reason: late (the "
             "instant was past max_lateness), in_flight_cap, spend_cap, rate_limited, "
-            "no_worker.",
+            "no_worker, invalid_request (the client refused to build it).",
             ["target", "phase", "reason"],
             registry=r,
         )

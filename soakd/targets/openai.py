@@ -2,7 +2,11 @@
 
 Talks ``/v1/chat/completions`` or ``/v1/completions``, streamed (SSE) or not, and
 records named instants into the Outcome as bytes arrive. Every failure is data
-(``Outcome.error``); ``send`` only raises ``CancelledError``, after recording it.
+(``Outcome.error``); ``send`` only raises ``CancelledError``, after recording it, and
+``NotSent`` for a request that never left soakd: too late for its instant, or one the
+client refuses to build (a header or URL that cannot go on the wire, a body that is not
+JSON): counted with its reason (``invalid_request``), never an outcome the server did
+not see. The config refuses all of these first (``soakd check``); this is the last line.
 
 Secrets: the API key lives in the session's default headers and in a ``SecretStr``
 used to scrub; no repr, log line, exception text or ``error_detail`` carries it, and
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from json import dumps, loads
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import aiohttp
 import structlog
@@ -31,7 +35,7 @@ from yarl import URL
 from soakd import __version__
 from soakd.config import TargetConfig
 from soakd.model import GATEWAY_ORIGIN_HEADER, ErrorKind, Outcome, RequestSpec
-from soakd.net import env_proxy
+from soakd.net import env_proxy, header_problem, url_problem
 from soakd.targets.errors import (
     clean,
     client_error,
@@ -47,7 +51,7 @@ from soakd.targets.stream import Fault, StreamParser, apply_usage, idle_cut
 from soakd.tracing import HEADER as TRACEPARENT
 from soakd.tracing import traceparent, wants_traceparent
 from soakd.types import NotSent
-from soakd.workload.ledger import LATE
+from soakd.workload.ledger import INVALID_REQUEST, LATE
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
 
@@ -78,8 +82,13 @@ class OpenAITarget:
         proxy_auth: BasicAuth | None = None,
         secret: SecretStr | None = None,
         run_id: str | None = None,
+        refused: str | None = None,
     ) -> None:
         self.name = cfg.name
+        # why every request would be refused before it is written (open_target's check of
+        # the headers and URL); None: they can go on the wire
+        self._refused = refused
+        self._refusal_logged = False
         # the run id the traceparent is derived from; None: no traceparent (soakd/tracing.py)
         self._trace_run = run_id if run_id is not None and wants_traceparent(cfg) else None
         self._session = session
@@ -141,18 +150,27 @@ class OpenAITarget:
         """
         if spec.deadline_ns and _perf_ns() > spec.deadline_ns:
             raise NotSent(LATE)  # too late to be this instant's send: counted, not sent
+        if self._refused is not None:
+            self._refuse(self._refused)
         out = outcome if outcome is not None else Outcome.planned(spec)
         try:
             payload = self.body(spec)
-        except Exception as exc:  # an extra_body json cannot encode: still data
-            self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
-            self._finish(out)
-            return out
+        except (TypeError, ValueError) as exc:  # an extra_body that json cannot encode
+            self._refuse(f"the body is not JSON ({type(exc).__name__})")
         run = self._trace_run
         hdrs = None if run is None else {TRACEPARENT: traceparent(run, spec.target, spec.seq)}
         await self._attempt(out, payload, self._session, hdrs)
         self._finish(out)
         return out
+
+    def _refuse(self, cause: str) -> NoReturn:
+        """NotSent(invalid_request): the request cannot be built, so no server saw it."""
+        if not self._refusal_logged:
+            self._refusal_logged = True
+            log.error(
+                "request_not_buildable", target=self.name, cause=cause, counted_as=INVALID_REQUEST
+            )
+        raise NotSent(INVALID_REQUEST)
 
     async def _attempt(
         self,
@@ -221,9 +239,19 @@ class OpenAITarget:
                 self._fail(out, ErrorKind.TIMEOUT_CONNECT, "connect timed out")
             else:
                 self._fail(out, ErrorKind.CLIENT_ERROR, exc_name(exc))
+        except aiohttp.InvalidURL:  # the request or proxy URL: refused before any connection
+            self._refuse("aiohttp refused the URL (InvalidURL)")
         except aiohttp.ClientError as exc:
             kind, detail = client_error(exc, out.status != 0)
             self._fail(out, kind, detail)
+        except ValueError as exc:
+            # aiohttp wraps every failure on the wire in a ClientError: a bare ValueError
+            # before any answer is the request refused as it was built (a header with a
+            # control character...), never written
+            if out.status or out.first_byte_ns is not None:
+                self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
+            else:
+                self._refuse(f"aiohttp refused to write the request ({type(exc).__name__})")
         except Exception as exc:  # a bug or an unforeseen library error: still data
             self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
 
@@ -421,6 +449,12 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
     if cfg.project:
         headers["OpenAI-Project"] = cfg.project
     headers.update(cfg.headers)
+    refused = next(
+        (p for p in (header_problem(k, v) for k, v in headers.items()) if p is not None),
+        url_problem(cfg.endpoint),
+    )
+    if refused is not None and key is not None:
+        refused = redact(refused, key.get_secret_value())
 
     session = ClientSession(
         # idle connections reused newest first: the pool shrinks after a burst (pool.py)
@@ -439,7 +473,13 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
     )
 
     target = OpenAITarget(
-        cfg, session, proxy=proxy, proxy_auth=proxy_auth, secret=key, run_id=run_id
+        cfg,
+        session,
+        proxy=proxy,
+        proxy_auth=proxy_auth,
+        secret=key,
+        run_id=run_id,
+        refused=refused,
     )
     log.debug("target_opened", target=cfg.name, endpoint=cfg.endpoint, proxy=proxy is not None)
     return target

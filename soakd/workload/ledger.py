@@ -21,7 +21,8 @@ IN_FLIGHT_CAP: Final = "in_flight_cap"
 SPEND_CAP: Final = "spend_cap"
 RATE_LIMITED: Final = "rate_limited"
 NO_WORKER: Final = "no_worker"  # run.workers > 1 and every sender process was down
-MISSED_REASONS: Final = (LATE, IN_FLIGHT_CAP, SPEND_CAP, RATE_LIMITED, NO_WORKER)
+INVALID_REQUEST: Final = "invalid_request"  # the client refused to build it (never written)
+MISSED_REASONS: Final = (LATE, IN_FLIGHT_CAP, SPEND_CAP, RATE_LIMITED, NO_WORKER, INVALID_REQUEST)
 """Why a planned send was not made: a bounded set, safe as a metric label."""
 
 Key = tuple[str, str, str]

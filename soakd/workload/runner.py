@@ -30,7 +30,14 @@ log = structlog.get_logger()
 
 
 _UNREACHABLE = frozenset(
-    {ErrorKind.CONNECT_REFUSED, ErrorKind.CONNECT_ERROR, ErrorKind.TIMEOUT_CONNECT}
+    {
+        ErrorKind.CONNECT_REFUSED,
+        ErrorKind.CONNECT_ERROR,
+        ErrorKind.TIMEOUT_CONNECT,
+        # soakd's own client failed: such a failure can come back without the loop ever
+        # turning (nothing awaited), and a closed-loop stream would spin, deaf to signals
+        ErrorKind.CLIENT_ERROR,
+    }
 )
 DRIVERS_FINISH_S: Final = 2.0
 """At the plan's end, how long open-loop drivers may take to deal with the instants that
@@ -329,9 +336,10 @@ class Runner:
     async def _closed_worker(self, name: str, pool: _Pool) -> None:
         """Send, wait, send again, while the pool wants this many workers.
 
-        After a connection failure the worker pauses (50 ms doubling to 1 s) before its
-        next send: a dead target is then probed a few times a second, not hammered
-        thousands of times (every failure is still recorded)."""
+        After a connection failure, a failure of soakd's own client or a request not sent
+        the worker pauses (50 ms doubling to 1 s) before its next send: a dead target is
+        then probed a few times a second, not hammered thousands of times (every failure
+        is still recorded)."""
         pause = 0.0
         gate = self._gates.get(name)
         try:
