@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from soakd import __version__
-from soakd.config import Config, ConfigError, load_config, parse_duration
+from soakd.config import ConfigError, load_config, parse_duration
 from soakd.journal import JournalError
 from soakd.net import parse_host_port
 
@@ -180,14 +180,6 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-def _check_exporter(cfg: Config) -> None:
-    """exporter.basic_auth's password and exporter.tls's files load (ConfigError if not)."""
-    if cfg.exporter.basic_auth is not None:
-        cfg.exporter.basic_auth.password()
-    if cfg.exporter.tls is not None:
-        cfg.exporter.tls.context()
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     """Check each file; every problem of every file is listed (exit 2 if any)."""
     failed = 0
@@ -204,21 +196,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_one(path: Path, args: argparse.Namespace) -> None:
+    from soakd.startcheck import check_start
     from soakd.workload.plan import build_plan, describe_plan
 
     cfg = load_config(path)
-    problems = []
-    for target in cfg.targets:
-        try:
-            target.api_key()  # a missing key reference is a config error too
-        except ConfigError as exc:
-            problems += exc.problems
-    try:
-        _check_exporter(cfg)
-    except ConfigError as exc:
-        problems += exc.problems
-    if problems:
-        raise ConfigError.of(problems)
+    check_start(cfg)  # what `soakd run` reads before it starts: the same lines
     plan = build_plan(
         cfg, datetime.now(UTC), rehearse_s=args.rehearse, duration_cap_s=args.duration
     )
@@ -256,11 +238,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from soakd.app import RunOptions, Soak, StartError
     from soakd.live import errors_table, target_table
     from soakd.report import build_report, terminal_summary
+    from soakd.startcheck import check_start
 
     cfg = load_config(args.config)
-    for target in cfg.targets:
-        target.api_key()
-    _check_exporter(cfg)
+    check_start(cfg)  # before the run dir is touched (`soakd check` says the same)
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(
         run_dir=args.run_dir,
