@@ -260,10 +260,15 @@ def apply(
     o.itl_keys = keys or None
 
 
+FRAME_SPLIT: Final = 8 << 20
+"""A batch this long takes no more records: the next go in a new frame of the same kind,
+so a turn of long prompts (a million tokens is ~7 MB) never makes a frame past MAX_FRAME."""
+
+
 class Outbox:
-    """Records for the other end, batched: at most one frame per kind per flush, however
-    many records it holds, written in the order of the kinds' numbers (a SEND before a
-    CANCEL of the same turn, so a cut never overtakes its request).
+    """Records for the other end, batched: one frame per kind per flush (more when a batch
+    passes FRAME_SPLIT), however many records it holds, written in the order of the kinds'
+    numbers (a SEND before a CANCEL of the same turn, so a cut never overtakes its request).
 
     A record someone waits for (``buf``) is flushed at the end of this loop turn; one
     nobody waits for (``buf(kind, wait_ns=...)``: an open-loop outcome, whose instants are
@@ -271,16 +276,19 @@ class Outbox:
     few ms, not one per request."""
 
     def __init__(self) -> None:
-        self._parts: dict[int, bytearray] = {}
+        self._parts: dict[int, list[bytearray]] = {}
         self._more = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
 
     def buf(self, kind: int, wait_ns: int = 0) -> bytearray:
         """The open batch of ``kind``: pack records into it; it leaves at the next flush,
         within ``wait_ns`` (0: this turn)."""
-        part = self._parts.get(kind)
-        if part is None:
-            part = self._parts[kind] = bytearray()
+        parts = self._parts.get(kind)
+        if parts is None:
+            parts = self._parts[kind] = [bytearray()]
+        elif len(parts[-1]) >= FRAME_SPLIT:
+            parts.append(bytearray())
+        part = parts[-1]
         if not wait_ns:
             self._more.set()
         elif self._timer is None and not self._more.is_set():
@@ -298,8 +306,9 @@ class Outbox:
             self._timer = None
         parts, self._parts = self._parts, {}
         for kind in sorted(parts):
-            if parts[kind]:
-                writer.write(frame(kind, parts[kind]))
+            for part in parts[kind]:
+                if part:
+                    writer.write(frame(kind, part))
 
     async def flush_forever(self, writer: asyncio.StreamWriter) -> None:
         while True:

@@ -169,6 +169,23 @@ def test_outbox_one_frame_per_kind_and_a_cut_never_overtakes_its_request() -> No
     assert len(writer.frames) == 2
 
 
+def test_outbox_splits_a_turn_of_long_prompts_into_frames_the_other_end_reads() -> None:
+    """24 prompts of a million tokens (~7 MB each) sent in one turn: one frame would be
+    160 MB, past MAX_FRAME, and the worker would drop the connection (seen: both workers
+    died, 24 requests lost). Split, every frame is within it and every request arrives."""
+    box = wire.Outbox()
+    prompt = "word " * 1_400_000
+    for rid in range(24):
+        wire.pack_spec(box.buf(wire.SEND), rid, 0, spec(rid, prompt, 1_000_000))
+    writer = _Writer()
+    box.write_to(writer)  # type: ignore[arg-type]
+    sizes = [wire.HEAD.unpack_from(f)[0] for f in writer.frames]
+    assert len(sizes) > 1
+    assert max(sizes) <= wire.MAX_FRAME
+    got = [r[0] for f in writer.frames for r in wire.unpack_specs(f[wire.HEAD.size :])]
+    assert got == list(range(24))
+
+
 async def test_outbox_lets_a_record_nobody_waits_for_travel_with_the_next() -> None:
     box = wire.Outbox()
     writer = _Writer()
