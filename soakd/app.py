@@ -15,6 +15,7 @@ import gc
 import signal
 import sys
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -239,6 +240,7 @@ class Soak:
             self._cancelled,
             self._summary,
             session=journal.session,
+            journal_unwritten=journal.unwritten,
         )
 
     async def _run_parts(self) -> None:
@@ -436,6 +438,10 @@ class Soak:
             missing = self.metrics.restore(restored.totals, restored.histograms)
             if self.config_changes:
                 journal.event("config_changed", paths=self.config_changes)
+            loss = self.resume.loss
+            if loss is not None:  # said, and kept: the next session's mark will not know
+                journal.event("journal_loss", **asdict(loss))
+                log.error("journal_loss", **asdict(loss), note=loss.describe())
             log.warning(
                 "run_resumed",
                 session=journal.session,

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -136,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
         "their trace ids (default: 10; 0: none)",
     )
     report.add_argument(
+        "--salvage",
+        action="store_true",
+        help="a damaged journal: report what is readable (a copy beside it), saying what "
+        "was lost in the report's first lines",
+    )
+    report.add_argument(
         "--check",
         action="store_true",
         help="gate on the verdict: exit 1 when a target fails its SLO or the "
@@ -150,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--itl", action="store_true", help="add every inter-token gap (microseconds) to each row"
+    )
+    export.add_argument(
+        "--salvage",
+        action="store_true",
+        help="a damaged journal: export the rows that are readable (what was lost: on stderr)",
     )
 
     sim = sub.add_parser("sim", help="serve the embedded vLLM-like simulator")
@@ -253,6 +265,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         force=args.force,
     )
     soak = Soak(cfg, opts)
+    loss = soak.resume.loss if soak.resume is not None else None
+    if loss is not None:  # said before the live view hides the log; journaled too
+        _warn(f"{loss.describe()}; the run goes on from where it had got to")
     # The journal's writer thread runs Python between its commits; with the default 5 ms
     # GIL switch interval a token read meanwhile is stamped up to 5 ms late. 0.5 ms cut
     # the TTFT p99 error by ~30 % at 64 streams, same CPU (docs/benchmarks.md).
@@ -269,6 +284,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s{resumed}; "
         f"results in {result.run_dir}"
     )
+    if result.journal_unwritten:  # the disk never came back, even for the reserve
+        console.print(
+            f"WARNING: the journal could not write its final state: {result.journal_unwritten:,}"
+            " record(s) are in no file; this session measured "
+            + ", ".join(f"{t} {row['requests']:,}" for t, row in result.summary.items())
+            + " request(s); the figures below are what the journal holds",
+            style="bold red",
+        )
     try:  # the report's summary: the whole run, every session, from the journal
         for part in terminal_summary(build_report(result.run_dir, slowest_n=0)):
             console.print(part)
@@ -303,8 +326,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         energy_price_per_kwh=args.energy_price,
         judge_by=judge_by,
         slowest_n=args.slowest,
+        salvage=args.salvage,
     )
     fmt = args.format or "md"
+    if fmt != "text":  # (the text form opens with them itself)
+        for warning in rep.warnings:  # the file may not be read soon: said here too
+            _warn(warning)
     # --check alone prints the verdict; with --format or -o the report goes there too
     show = not args.check or args.format is not None or args.output is not None
     if show and fmt == "text":
@@ -331,19 +358,28 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0 if rep.passed else EXIT_FAILED
 
 
+def _warn(text: str) -> None:
+    print(f"soakd: warning: {text}", file=sys.stderr)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from soakd.export import export
 
+    how = {"itl": args.itl, "salvage": args.salvage, "warn": _warn}
     if args.output is None:
         try:
-            export(args.run_dir, args.format, sys.stdout, itl=args.itl)
+            export(args.run_dir, args.format, sys.stdout, **how)
             sys.stdout.flush()
         except BrokenPipeError:  # `soakd export DIR | head`: the reader had enough
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     tmp = args.output.with_name(args.output.name + ".tmp")
-    with tmp.open("w", encoding="utf-8", newline="") as out:
-        n = export(args.run_dir, args.format, out, itl=args.itl)
+    try:
+        with tmp.open("w", encoding="utf-8", newline="") as out:
+            n = export(args.run_dir, args.format, out, **how)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no half-written file left behind
+        raise
     tmp.replace(args.output)
     print(f"{args.output}: {n} request rows", file=sys.stderr)
     return 0
@@ -405,6 +441,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a closed pipe is still ours to handle
     except (ConfigError, JournalError) as exc:
         _fail(str(exc))
+    except sqlite3.DatabaseError as exc:  # damage the integrity check did not see
+        where = getattr(args, "run_dir", None)
+        _fail(
+            f"{where or 'the journal'}: unreadable ({exc}); "
+            f"`soakd report {where or 'DIR'} --salvage` reads what is readable"
+        )
     except BrokenPipeError:  # `soakd check ... | head`: the reader had enough, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -87,10 +87,22 @@ def _record(row: sqlite3.Row, itl: bool) -> dict[str, Any]:
     return out
 
 
-def export(run_dir: Path, fmt: str, out: IO[str], *, itl: bool = False) -> int:
-    """Write every request row to ``out``; returns how many."""
+def export(
+    run_dir: Path,
+    fmt: str,
+    out: IO[str],
+    *,
+    itl: bool = False,
+    salvage: bool = False,
+    warn: Callable[[str], None] | None = None,
+) -> int:
+    """Write every request row to ``out``; returns how many. ``salvage``: a damaged
+    journal's readable rows (integrity.py); ``warn`` hears what the journal lost, first."""
     n = 0
-    with JournalReader(run_dir) as reader:
+    with JournalReader(run_dir, salvage=salvage) as reader:
+        for lost in (reader.salvaged, reader.loss):
+            if lost is not None and warn is not None:
+                warn(lost.describe())
         if fmt == "jsonl":
             for rec in records(reader, itl=itl):
                 out.write(json.dumps(rec, separators=(",", ":")) + "\n")

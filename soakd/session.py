@@ -36,6 +36,7 @@ class RunResult:
     cancelled: int  # requests cut at the drain deadline
     summary: dict[str, SessionRow] = field(default_factory=dict)  # this session only
     session: int = 1  # 2 and up: a resumed run
+    journal_unwritten: int = 0  # records the journal's final write could not keep at all
 
 
 async def _close_all(what: str, closes: list[Coroutine[Any, Any, None]]) -> None:

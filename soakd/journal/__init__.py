@@ -10,6 +10,7 @@ One package, one concern per module (docs/architecture.md, "The journal's rooms"
 - ``rollups``: totals, histogram buckets and rollup windows beside the rows;
 - ``retention``: deleting old rows in very long runs;
 - ``resume``: ``ResumeState``, ``read_resume_state``, the run-dir lock;
+- ``integrity``: damage checks, the mark a lost WAL is counted against, salvage;
 - ``reader``: ``JournalReader`` for the report and the export.
 
 Everything other modules import is re-exported here: ``from soakd.journal import X``.
@@ -28,6 +29,7 @@ from soakd.journal.codec import (
     unpack_itl_hist,
 )
 from soakd.journal.handoff import PUMP_SLICE, HandOff
+from soakd.journal.integrity import MARK_FILE, SALVAGED_FILE, Loss, Mark, Salvaged
 from soakd.journal.progress import PlanClock
 from soakd.journal.reader import JournalReader, Rollup
 from soakd.journal.resume import Restored, ResumeState, plan_doc, read_resume_state
@@ -40,6 +42,7 @@ from soakd.journal.schema import (
     READS_SCHEMAS,
     REQUEST_COLUMNS,
     SCHEMA_VERSION,
+    JournalDamaged,
     JournalError,
 )
 from soakd.journal.writer import (
@@ -57,6 +60,7 @@ __all__ = [
     "IDLE_HEARTBEAT_S",
     "JOURNAL_FILE",
     "LOCK_FILE",
+    "MARK_FILE",
     "MAX_BATCH",
     "PAGE_SIZE",
     "PUMP_SLICE",
@@ -64,16 +68,21 @@ __all__ = [
     "REQUEST_COLUMNS",
     "RETENTION_EVERY_S",
     "RETRY_MAX_S",
+    "SALVAGED_FILE",
     "SCHEMA_VERSION",
     "HandOff",
     "Journal",
+    "JournalDamaged",
     "JournalError",
     "JournalReader",
+    "Loss",
+    "Mark",
     "PlanClock",
     "Restored",
     "ResumeState",
     "Rollup",
     "RunInfo",
+    "Salvaged",
     "config_doc",
     "open_journal",
     "outcome_from_row",

@@ -18,6 +18,7 @@ from typing import Any
 
 from soakd.config import Config
 from soakd.config.redact import config_doc
+from soakd.journal.integrity import Loss, check_whole, emptied, lost, read_mark
 from soakd.journal.schema import LOCK_FILE, JournalError, check_schema, connect
 from soakd.model import Plan
 
@@ -92,6 +93,7 @@ class ResumeState:
     next_seq: dict[str, int]
     finished: bool
     written_by: str
+    loss: Loss | None = None  # what a damaged write-ahead log took (integrity.py)
 
     def check(self, cfg: Config, plan: Plan, *, force: bool) -> list[str]:
         """Same config and plan as stored, or JournalError (``force``: the differences)."""
@@ -144,13 +146,21 @@ def read_resume_state(path: Path) -> ResumeState | None:
     """The state of the run journaled at ``path``; None when there is no journal yet.
 
     Raises JournalError for a finished run, a run dir another soakd is writing, another
-    program's file, or a schema this soakd cannot continue."""
+    program's file, a schema this soakd cannot continue, or a damaged journal. Commits a
+    damaged write-ahead log took are ``loss``: the plan clock and the seq numbers go on
+    from the last commit the journal made (its mark), not from what it still holds."""
     if not path.exists():
         return None
     os.close(take_lock(path.parent))  # fail before anything touches the run dir
+    mark = read_mark(path.parent)  # before the database (integrity.py)
     conn = connect(path, readonly=True)
     try:
-        meta = check_schema(conn, path, writing=True)
+        try:
+            meta = check_schema(conn, path, writing=True)
+        except JournalError as exc:  # not a soakd journal: unless its mark says it was one
+            raise (emptied(path, mark) or exc) from None
+        check_whole(conn, path, resume=True)
+        loss = lost(conn, mark)
         rows = conn.execute(
             "SELECT session, wall, offset_ns, seqs, stopped FROM progress ORDER BY session"
         ).fetchall()
@@ -182,6 +192,11 @@ def read_resume_state(path: Path) -> ResumeState | None:
             "(use a new --run-dir, or `soakd report` on this one)"
         )
     last = rows[-1] if rows else None
+    offset_ns = int(last[2]) if last else 0
+    if loss is not None and mark is not None:  # go on from what had run, not from before
+        offset_ns = max(offset_ns, mark.offset_ns)
+        for name, n in mark.seqs.items():
+            seqs[name] = max(seqs.get(name, 0), n)
     return ResumeState(
         run_id=run_id,
         created_wall=float(meta["created_wall"]),
@@ -190,9 +205,10 @@ def read_resume_state(path: Path) -> ResumeState | None:
         config=meta["config"],
         plan=meta["plan"],
         sessions=len(rows),
-        offset_ns=int(last[2]) if last else 0,
+        offset_ns=offset_ns,
         last_wall=float(last[1]) if last else float(meta["created_wall"]),
         next_seq=seqs,
         finished=False,
         written_by=meta["soakd_version"],
+        loss=loss,
     )

@@ -137,6 +137,10 @@ class JournalError(Exception):
     """A journal that cannot be used as asked, phrased for the user as one line."""
 
 
+class JournalDamaged(JournalError):
+    """A journal whose pages cannot be read whole (integrity.py: ``--salvage`` may help)."""
+
+
 def connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     """An autocommit connection (transactions are explicit), or JournalError."""
     try:
@@ -189,8 +193,8 @@ def check_schema(conn: sqlite3.Connection, path: Path, *, writing: bool) -> dict
         if app_id != APPLICATION_ID:
             raise JournalError(f"{path}: not a soakd journal")
         meta = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM meta")}
-    except sqlite3.DatabaseError as exc:
-        raise JournalError(f"{path}: not a readable soakd journal ({exc})") from None
+    except (sqlite3.DatabaseError, ValueError, TypeError) as exc:  # TypeError: a NULL value
+        raise JournalDamaged(f"{path}: not a readable soakd journal ({exc})") from None
     if version not in READS_SCHEMAS:
         by = meta.get("soakd_version", "?")
         newer = version > SCHEMA_VERSION

@@ -21,7 +21,16 @@ holds, and a resumed run that restores them from the journal cannot step backwar
 
 The queue between the loop and the thread, both ways, is ``HandOff`` (handoff.py); the
 session's heartbeat and events are ``Progress`` (progress.py); the totals, histogram
-buckets and rollup windows are ``Aggregates`` (rollups.py).
+buckets and rollup windows are ``Aggregates`` (rollups.py). After every commit the writer
+leaves a mark outside the database (integrity.py), so commits a damaged write-ahead log
+drops are counted, not lost in silence.
+
+A disk that fills and never frees: the writer holds ``journal.reserve`` (RESERVE_BYTES)
+from the start, and lets it go when the final write fails, so the run's final state (its
+totals, rollups and the stop) still goes in; if it fails again the last rows give way
+(counted in the rollups, not written as rows). Either way a ``journal_write_errors``
+event says how long writes failed and how many requests have no row, and the report and
+the run's summary say so in their first lines.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from soakd.journal import schema
 from soakd.journal.budget import Budget
 from soakd.journal.codec import outcome_row
 from soakd.journal.handoff import HandOff
+from soakd.journal.integrity import Mark, write_mark
 from soakd.journal.progress import PlanClock, Progress
 from soakd.journal.resume import Restored, ResumeState, take_lock
 from soakd.journal.retention import apply_retention
@@ -62,6 +72,12 @@ MAX_BATCH = 5000  # records per transaction; more wait for the next one
 RETENTION_EVERY_S = 60.0
 IDLE_HEARTBEAT_S = 1.0
 RETRY_MAX_S = 30.0
+RESERVE_FILE = "journal.reserve"
+RESERVE_BYTES = 4 << 20
+"""Disk held back from the start for the run's final state: its totals, rollup windows,
+heartbeat and events take a few dozen 16 KiB pages (their WAL frames, then the
+checkpoint), far less than this."""
+FINAL_ATTEMPTS = 4
 YIELD_EVERY = 32
 """Records the writer encodes between two ``os.sched_yield()`` calls (0: never yield).
 
@@ -144,6 +160,10 @@ class Journal:
         self._last_retention = 0.0
         self._errors_in_row = 0
         self._retry_at = 0.0
+        self._failing: dict[str, Any] | None = None  # since when writes fail, and why
+        self._lean = False  # the final write without request rows (the disk stayed full)
+        self._reserve: Path | None = None
+        self.unwritten = 0  # records the journal could not write at all (set by close)
 
     @property
     def session(self) -> int:
@@ -287,12 +307,40 @@ class Journal:
         self._lock_fd = fd
 
     def _unlock(self) -> None:
+        self._release_reserve()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    def _hold_reserve(self) -> None:
+        """Take RESERVE_BYTES of the disk now (real blocks, not a sparse file), for the
+        final write of a run whose disk fills up."""
+        path = self.path.parent / RESERVE_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError as exc:  # already full: the run goes on without one
+            with contextlib.suppress(OSError):
+                path.unlink()
+            log.warning("journal_reserve_not_taken", error=exc.strerror)
+            return
+        self._reserve = path
+
+    def _release_reserve(self) -> bool:
+        """Give the reserve back to the disk; True when there was one."""
+        path, self._reserve = self._reserve, None
+        if path is None:
+            return False
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return True
+
     def _open(self) -> None:
         self._lock()
+        self._hold_reserve()
         new = not self.path.exists()
         if new and self._resume is not None:
             raise JournalError(f"{self.path}: the journal vanished before the resume")
@@ -383,6 +431,7 @@ class Journal:
         self._last_commit = now
         if self._errors_in_row:
             log.warning("journal_writes_resumed", after_errors=self._errors_in_row)
+            self._failed_event(until_end=False)
         self._errors_in_row = 0
         self._pending = None
         if now - self._last_retention >= RETENTION_EVERY_S:
@@ -393,7 +442,9 @@ class Journal:
         return _Batch(self._handoff.take(MAX_BATCH))
 
     def _final(self) -> None:
-        """Closing: write everything queued (a few retries on errors), then every window."""
+        """Closing: write everything queued, then every window. When that fails (a disk
+        that stayed full), the reserve is given back and it is tried again, then without
+        the last request rows (they are still counted in the rollups), then given up."""
         attempts = 0
         while True:
             batch = self._pending or self._take()
@@ -403,11 +454,18 @@ class Journal:
             except sqlite3.Error as exc:
                 self._failed(batch, exc)
                 attempts += 1
-                if attempts >= 3:
-                    lost = len(batch.items) + len(self._q)
-                    log.exception("journal_close_incomplete", unwritten=lost)
+                if attempts >= FINAL_ATTEMPTS:
+                    self.unwritten = len(batch.items) + len(self._q)
+                    log.exception("journal_close_incomplete", unwritten=self.unwritten)
                     return
-                time.sleep(1.0)
+                if attempts == 1:
+                    self._failed_event(until_end=True)  # goes in with what follows
+                if attempts == 1 and self._release_reserve():
+                    log.warning("journal_reserve_released", reason="the final write failed")
+                elif not self._lean:
+                    self._lean = True  # the rows give way to the run's final state
+                    log.warning("journal_final_without_rows", reason="the final write failed")
+                time.sleep(0.2 if attempts == 1 else 1.0)
                 continue
             self._pending = None
             if last:
@@ -416,6 +474,23 @@ class Journal:
             assert self._conn is not None
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self._update_size()
+
+    def _failed_event(self, *, until_end: bool) -> None:
+        """A ``journal_write_errors`` event (in the next batch): how long writes failed
+        (``until_end``: to the end of the session), why, and how many requests the full
+        queue dropped meanwhile (in the totals, not in the rollups or the rows)."""
+        failing = self._failing
+        if failing is None:
+            return
+        self._failing = None
+        progress = self._progress
+        data = {
+            **failing,
+            "to_offset_ns": progress.offset_now() or progress.last_offset,
+            "until_end": until_end,
+            "dropped_requests": sum(n for n, *_ in list(self._dropped.values())),
+        }
+        self._q.append(("event", self._wall(), progress.offset_now(), "journal_write_errors", data))
 
     def _failed(self, batch: _Batch, exc: sqlite3.Error) -> None:
         """Disk full, read-only, I/O error: keep the batch, retry later, keep measuring."""
@@ -426,6 +501,13 @@ class Journal:
         for key in [k for k, sid in self._series.items() if sid >= self._next_series]:
             del self._series[key]
         self._errors_in_row += 1
+        if self._failing is None:
+            progress = self._progress
+            self._failing = {
+                "error": f"{type(exc).__name__}: {exc}",
+                "from_offset_ns": progress.offset_now() or progress.last_offset,
+            }
+        self._failing["failures"] = self._errors_in_row
         delay = min(RETRY_MAX_S, 0.5 * 2 ** min(self._errors_in_row, 6))
         self._retry_at = time.monotonic() + delay
         self._pending = batch
@@ -463,7 +545,8 @@ class Journal:
         session, window_ns = progress.session, agg.window_ns
         itl = self.cfg.itl if self.cfg.itl_gaps else "none"
         budget = self._budget
-        keep_rows = budget.keep_rows(conn)  # near journal.max_bytes: rollups only
+        # near journal.max_bytes, or the final write of a full disk: rollups only
+        keep_rows = budget.keep_rows(conn) and not self._lean
         every = YIELD_EVERY
         for i, item in enumerate(batch.items, 1):
             if every and not i % every:
@@ -489,7 +572,9 @@ class Journal:
         last_id = next_id - 1
         now_window = (progress.offset_now() or progress.last_offset) // window_ns
         conn.execute("BEGIN")
-        stopped = budget.stopped(conn) if budget.rows_kept and not keep_rows else None
+        stopped = (
+            budget.stopped(conn) if budget.rows_kept and not keep_rows and not self._lean else None
+        )
         if stopped is not None:
             progress.insert_event(conn, self._wall(), progress.last_offset, "rows_stopped", stopped)
         if new_series:
@@ -503,9 +588,8 @@ class Journal:
         # dropped outcomes are in the totals too (Metrics counted them); the loop replaces
         # the values of _dropped, never mutates them
         # without rows, every window is stored at each commit (nothing to rebuild them from)
-        staged = agg.write(
-            conn, deltas, dict(self._dropped), last_id, now_window, final or not keep_rows
-        )
+        dropped = dict(self._dropped)
+        staged = agg.write(conn, deltas, dropped, last_id, now_window, final or not keep_rows)
         beat = progress.heartbeat(conn, staged.rollup_from_id(next_id), final)
         conn.execute("COMMIT")
         # committed: the in-memory state moves on
@@ -514,6 +598,11 @@ class Journal:
         self._next_series = next_series
         agg.committed(staged, now_window)
         budget.committed(keep_rows, len(rows), stopped)
+        requests = sum(t[0] for t in agg.totals.values()) + sum(d[0] for d in dropped.values())
+        write_mark(
+            self.path.parent,
+            Mark(session, next_id - 1, requests, beat.offset_ns, dict(progress.seqs)),
+        )
         downtime = beat.downtime_s
         if downtime is not None:
             self.downtime_s = downtime

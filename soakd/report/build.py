@@ -27,10 +27,10 @@ from soakd.analysis import (
     slice_p99,
     worst_window_jitter,
 )
-from soakd.config import Compare, Slo, TargetCost
+from soakd.config import Compare, Slo, TargetCost, format_duration
 from soakd.cost import cost_line
 from soakd.goodput import Tally, journal_tallies
-from soakd.journal import JournalReader, Rollup
+from soakd.journal import JournalReader, Loss, Rollup
 from soakd.model import NS_PER_S
 from soakd.report import names
 from soakd.report.model import (
@@ -66,17 +66,70 @@ def _rows_stopped_notes(events: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def _journal_warnings(
+    reader: JournalReader,
+    events: list[dict[str, Any]],
+    measured: int,
+    journaled: int,
+    rows: int,
+) -> list[str]:
+    """What the journal lost or could not keep: the report's (and the run summary's) first
+    lines, with the counts, never a note at the end."""
+    out = []
+    failed = False
+    if reader.salvaged is not None:
+        out.append(reader.salvaged.describe())
+    if reader.loss is not None:
+        out.append(reader.loss.describe())
+    for e in events:
+        data = e["data"]
+        if e["kind"] == "journal_loss":
+            loss = Loss(
+                *(int(data[k]) for k in ("rows", "requests", "offset_ns", "held_offset_ns"))
+            )
+            out.append(f"{loss.describe()} (found when session {e['session']} resumed the run)")
+        elif e["kind"] == "journal_write_errors":
+            failed = True
+            start = format_duration(data.get("from_offset_ns", 0) / NS_PER_S)
+            end = format_duration(data.get("to_offset_ns", 0) / NS_PER_S)
+            until = "the end of the session" if data.get("until_end") else end
+            out.append(
+                f"the journal could not write from {start} of plan time to {until} "
+                f"({data.get('failures', '?')} failed writes: {data.get('error', '?')})"
+            )
+    if measured > journaled:
+        why = (
+            "the damaged pages held their windows"
+            if reader.salvaged is not None
+            else "its queue was full or it could not write"
+        )
+        out.append(
+            f"{measured - journaled:,} of the {measured:,} requests measured are not in the "
+            f"journal's windows ({why}): the tables count the {journaled:,} journaled; "
+            "percentiles, plots and the export leave the others out"
+        )
+    if failed and rows < min(measured, journaled):
+        out.append(
+            f"{min(measured, journaled) - rows:,} request(s) in the tables have no row in the "
+            "journal (written while the disk was full: counted, not stored): the export lacks "
+            "them; goodput and the error ratio count the rows"
+        )
+    return out
+
+
 def build_report(
     run_dir: Path,
     *,
     energy_price_per_kwh: float | None = None,
     judge_by: dict[str, Any] | None = None,
     slowest_n: int = DEFAULT_N,
+    salvage: bool = False,
 ) -> Report:
     """Everything the report says, from the journal in ``run_dir`` (read-only).
     ``judge_by``: another config document whose slo, compare, costs and report sections
-    replace the run's own (``soakd report --config``)."""
-    with JournalReader(run_dir) as reader:
+    replace the run's own (``soakd report --config``). ``salvage``: a damaged journal is
+    read for what is readable (integrity.py), said in the report's first lines."""
+    with JournalReader(run_dir, salvage=salvage) as reader:
         meta = reader.meta
         sessions = reader.sessions()
         events = reader.events()
@@ -97,6 +150,10 @@ def build_report(
         slos, spec, slo_note = _decision_config(config, targets)
         tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
         slow = slowest(reader, slowest_n, rollups)
+        measured = sum(t.requests for t in totals)
+        in_windows = sum(r.stats.requests for r in rollups)
+        rows = sum(_counted(tallies[t][0]) for t in targets)
+        warnings = _journal_warnings(reader, events, measured, in_windows, rows)
     plan_phases = [
         (p["name"], p["start_ns"] / NS_PER_S, p["end_ns"] / NS_PER_S)
         for p in meta["plan"]["phases"]
@@ -206,12 +263,6 @@ def build_report(
             "no probe samples in the journal: OOM events, restarts, VRAM and "
             "energy are not measured"
         )
-    dropped = sum(t.requests for t in totals) - sum(r.requests for r in overall.values())
-    if dropped > 0:
-        notes.append(
-            f"{dropped} request(s) were counted but not journaled (queue full or "
-            "write errors): percentiles leave them out"
-        )
     retention = [e for e in events if e["kind"] == "retention"]
     if retention:
         notes.append(
@@ -241,6 +292,7 @@ def build_report(
         best=best(overall, targets, eligible),
         plots=plots(rollups, targets, window_s, probe, gpus),
         notes=notes,
+        warnings=warnings,
         currency=currency,
         slice_s=slice_s,
         verdicts=verdicts,

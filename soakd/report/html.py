@@ -58,6 +58,7 @@ th{background:#f5f5f5}.best{background:#e3f5e1;font-weight:600}
 .meta{color:#555}.plots{display:flex;flex-wrap:wrap;gap:12px}
 svg{background:#fff;border:1px solid #e4e4e4}svg text{font-size:11px;fill:#333}
 .notes li{color:#444}
+.warning{color:#b00020;font-weight:bold}
 """
 
 
@@ -88,6 +89,7 @@ def render_html(rep: Report) -> str:
         f"<title>soakd report {e(rep.run_id)}</title><style>{_CSS}</style></head><body>",
         f"<h1>soakd report: {e(rep.run_id)}</h1>",
     ]
+    parts += [f'<p class="warning">Warning: {e(w)}</p>' for w in rep.warnings]
     parts += [f'<p class="meta">{e(line)}</p>' for line in header_lines(rep)]
     parts += [html_table(table) for table in verdict_tables(rep)]
     parts.append(html_table(metric_table(rep, "Targets side by side", rep.overall), title_sep="\n"))

@@ -39,6 +39,7 @@ def md_table(table: Table, level: str = "##") -> list[str]:
 
 def render_markdown(rep: Report) -> str:
     out = [f"# soakd report: {rep.run_id}", ""]
+    out += [f"> **Warning:** {w}\n" for w in rep.warnings]  # what the journal lost: first
     out += [f"- {line}" for line in header_lines(rep)]
     for table in verdict_tables(rep):
         out += md_table(table)

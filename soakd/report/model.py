@@ -134,6 +134,9 @@ class Report:
     passed: bool | None = None  # None: nothing judged (no slo, no compare)
     # target -> phase -> its slowest requests, with trace ids (soakd/slowest.py)
     slowest: dict[str, dict[str, list[SlowRequest]]] = field(default_factory=dict)
+    # what the journal lost or could not keep (damage, a lost WAL, a full disk): the
+    # report's first lines, before anything else (build.py, _journal_warnings)
+    warnings: list[str] = field(default_factory=list)
 
 
 Better = Literal["min", "max"]

@@ -48,7 +48,8 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     """Rich renderables for ``soakd run``'s end and ``soakd report --format text``."""
     from rich.text import Text
 
-    out: list[RenderableType] = [Text("\n".join(header_lines(rep)))]
+    out: list[RenderableType] = [Text(f"WARNING: {w}", style="bold red") for w in rep.warnings]
+    out.append(Text("\n".join(header_lines(rep))))
     for table in verdict_tables(rep):
         # the criterion's name beside the target; figures and results to the right
         right = [i >= 2 for i in range(len(table.header))]
