@@ -56,7 +56,7 @@ from soakd.journal import schema
 from soakd.journal.budget import Budget
 from soakd.journal.codec import outcome_row
 from soakd.journal.handoff import HandOff
-from soakd.journal.integrity import Mark, write_mark
+from soakd.journal.integrity import Mark, MarkFile
 from soakd.journal.progress import PlanClock, Progress
 from soakd.journal.resume import Restored, ResumeState, take_lock
 from soakd.journal.retention import apply_retention
@@ -163,6 +163,7 @@ class Journal:
         self._failing: dict[str, Any] | None = None  # since when writes fail, and why
         self._lean = False  # the final write without request rows (the disk stayed full)
         self._reserve: Path | None = None
+        self._mark = MarkFile(path.parent)
         self.unwritten = 0  # records the journal could not write at all (set by close)
 
     @property
@@ -308,6 +309,7 @@ class Journal:
 
     def _unlock(self) -> None:
         self._release_reserve()
+        self._mark.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -599,10 +601,7 @@ class Journal:
         agg.committed(staged, now_window)
         budget.committed(keep_rows, len(rows), stopped)
         requests = sum(t[0] for t in agg.totals.values()) + sum(d[0] for d in dropped.values())
-        write_mark(
-            self.path.parent,
-            Mark(session, next_id - 1, requests, beat.offset_ns, dict(progress.seqs)),
-        )
+        self._mark.write(Mark(session, next_id - 1, requests, beat.offset_ns, dict(progress.seqs)))
         downtime = beat.downtime_s
         if downtime is not None:
             self.downtime_s = downtime
