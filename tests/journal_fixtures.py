@@ -125,13 +125,16 @@ def open_test_journal(
 
 
 HOUR = 3600.0
-KINDS = [None] * 20 + [
+KINDS = [None] * 24 + [
     ErrorKind.HTTP_5XX,
     ErrorKind.HTTP_429,
     ErrorKind.TIMEOUT_TTFT,
     ErrorKind.STREAM_TRUNCATED,
+    ErrorKind.CANCELLED,
+    ErrorKind.SHED_QUEUE_FULL,
 ]
-"""The error a synthetic request gets: one in six fails, four kinds."""
+"""The error a synthetic request gets: one in five does not succeed; four kinds fail, one
+is cut by soakd (not judged), one shed by the guard (out of the error ratios)."""
 
 
 def write_hour_run(d: Path) -> Path:

@@ -42,7 +42,9 @@ class Slo(Strict):
     ttft_p99: Limit | None = None
     tpot_p99: Limit | None = None
     e2e_p99: Limit | None = None
+    # every failed request (4xx, 5xx, transport, timeouts, bad answers) / judged requests
     error_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
+    server_error_ratio: Annotated[float, Field(ge=0, le=1)] | None = None  # 5xx alone
     jitter: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     oom_events: Annotated[int, Field(ge=0)] | None = None
     vram_peak: (
@@ -94,6 +96,7 @@ REGRESSION_KEYS = (
     "ttft_p50",
     "e2e_p50",
     "error_ratio",
+    "server_error_ratio",
     "goodput",
     "goodput_rps",
     "output_tps",

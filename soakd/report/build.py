@@ -29,7 +29,7 @@ from soakd.analysis import (
 )
 from soakd.config import Compare, Slo, TargetCost
 from soakd.cost import cost_line
-from soakd.goodput import Tally, journal_tallies
+from soakd.goodput import Tally, error_counts, journal_tallies
 from soakd.journal import JournalReader, Rollup
 from soakd.model import NS_PER_S
 from soakd.report import names
@@ -59,8 +59,8 @@ def _rows_stopped_notes(events: list[dict[str, Any]]) -> list[str]:
         f"session {e['session']} stopped writing per-request rows at "
         f"{(e['offset_ns'] or 0) / NS_PER_S / HOUR_S:.2f} h (the journal reached 90 % of "
         f"journal.max_bytes, {e['data'].get('max_bytes', 0) / 1e9:.2f} GB): percentiles, "
-        "counts and plots come from the rollups and stay whole; goodput and the error-ratio "
-        "tally cover the rows kept; the export holds no rows after that point"
+        "counts, error ratios and plots come from the rollups and stay whole; goodput covers "
+        "the rows kept; the export holds no rows after that point"
         for e in events
         if e["kind"] == "rows_stopped"
     ]
@@ -195,7 +195,7 @@ def build_report(
     short = {t: n for t in targets if (n := overall[t].requests - _counted(journaled[t])) > 0}
     if short:
         notes.append(
-            "goodput and the error ratio count the journaled request rows: "
+            "goodput counts the journaled request rows: "
             + ", ".join(
                 f"{t} has {n} fewer (retention, dropped records or journal.max_bytes)"
                 for t, n in short.items()
@@ -314,7 +314,8 @@ def _verdicts(
     slos: dict[str, Slo],
     tallies: dict[str, tuple[Tally, dict[str, Tally]]],
 ) -> tuple[dict[str, Verdict], dict[str, dict[str, Verdict]]]:
-    """Goodput into the rows, and each target judged over the run and per phase."""
+    """Goodput into the rows (the error ratios are there already: ``_row``), and each
+    target judged over the run and per phase."""
     verdicts: dict[str, Verdict] = {}
     phase_verdicts: dict[str, dict[str, Verdict]] = {p: {} for p in by_phase}
     for t in targets:
@@ -322,7 +323,7 @@ def _verdicts(
         pairs = [(overall[t], whole)] + [(by_phase[p][t], phases.get(p, Tally())) for p in by_phase]
         for row, tally in pairs:
             v = judge(t, row.phase, slos[t], row, tally)
-            row.goodput, row.goodput_rps, row.error_ratio = v.goodput, v.goodput_rps, v.error_ratio
+            row.goodput, row.goodput_rps = v.goodput, v.goodput_rps
             if row.phase is None:
                 verdicts[t] = v
             else:
@@ -348,15 +349,19 @@ def _row(
             s = slices[r.window // per_slice] = TargetStats()
         s.merge(r.stats)
     row = Row(target, phase, active_s=active_s, requests=stats.requests, ok=stats.ok)
-    row.success_rate = stats.ok / stats.requests if stats.requests else None
-    row.errors = stats.requests - stats.ok
     row.errors_by_kind = dict(sorted(stats.errors.items()))
-    row.shed = sum(n for kind, n in row.errors_by_kind.items() if kind.startswith("shed_"))
+    counted = error_counts(stats.requests, stats.errors)  # the one basis (goodput.py)
+    row.errors, row.server_errors = counted.failed, counted.server
+    row.shed, row.not_judged = counted.shed, counted.excluded
+    row.error_ratio, row.server_error_ratio = counted.error_ratio, counted.server_error_ratio
+    attempted = stats.requests - counted.excluded
+    row.success_rate = stats.ok / attempted if attempted else None
     row.lag_p99_ms = ms(stats.lag.quantile(0.99))
     row.output_tokens = stats.output_tokens
     row.prompt_tokens = stats.prompt_tokens
     if active_s > 0:
-        row.rps = stats.requests / active_s
+        row.rps = stats.ok / active_s
+        row.attempt_rps = stats.requests / active_s
         row.output_tps = stats.output_tokens / active_s
     for kind in LATENCY_KINDS:
         digest = getattr(stats, kind)

@@ -20,9 +20,21 @@ from soakd.report.model import (
     value_of,
 )
 from soakd.slowest import slowest_sections
+from soakd.verdicts import Criterion
 
 COUNTS = frozenset(
-    {"offered", "missed", "requests", "errors", "shed", "oom_events", "oom_responses", "restarts"}
+    {
+        "offered",
+        "missed",
+        "requests",
+        "errors",
+        "server_errors",
+        "shed",
+        "not_judged",
+        "oom_events",
+        "oom_responses",
+        "restarts",
+    }
 )
 
 
@@ -57,13 +69,13 @@ def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
         return f"{value:,.0f}"
     if key in ("success_rate", "goodput"):
         return f"{value * 100:.2f} %" if value < 1 else "100 %"
-    if key == "error_ratio":
-        return f"{value * 100:.3g} %"
+    if key in ("error_ratio", "server_error_ratio"):
+        return fmt_ratio(value)
     if "." in key or key == "lag_p99_ms":
         return fmt_ms(value)
     if key == "jitter":
         return f"{value * 100:.1f} %"
-    if key in ("rps", "output_tps", "goodput_rps"):
+    if key in ("rps", "attempt_rps", "output_tps", "goodput_rps"):
         return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
     if key == "vram_peak_bytes":
         return fmt_bytes(value)
@@ -74,6 +86,17 @@ def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
     if key in ("cost_per_mtok", "cost_per_month"):
         return f"{currency}{value:,.3g}" if value < 1000 else f"{currency}{value:,.0f}"
     return f"{value:g}"
+
+
+def fmt_ratio(value: float) -> str:
+    """An error ratio: 3 significant digits, never "0 %" for a ratio above zero (one
+    failure in a million is 0.0001 %), nor "100 %" below one."""
+    if value <= 0 or value >= 1:
+        return f"{value * 100:.0f} %"
+    if value < 1e-5:
+        return "< 0.001 %"
+    text = f"{value * 100:.3g} %"
+    return "99.9 %" if text == "100 %" else text
 
 
 def fmt_bytes(value: float, signed: bool = False) -> str:
@@ -98,10 +121,21 @@ def fmt_criterion(unit: str, value: float | None) -> str:
     if unit == "s":
         return fmt_ms(value * 1000)
     if unit == "ratio":
-        return f"{value * 100:.3g} %"
+        return fmt_ratio(value)
     if unit == "bytes":  # decimal, as slo.vram_peak is usually written (3.9GB)
         return f"{value / 1e9:.3g} GB" if value >= 1e8 else f"{value / 1e6:.3g} MB"
     return f"{value:,.0f}"
+
+
+def fmt_limit(unit: str, value: float) -> str:
+    """A criterion's limit: a ceiling as a value, a floor (``min_count``) as "at least"."""
+    return f"at least {value:,.0f}" if unit == "min_count" else fmt_criterion(unit, value)
+
+
+def failed_text(c: Criterion, *, note: bool = True) -> str:
+    """``ttft_p99 3.42 s (limit 3.00 s)``: a failed criterion in one phrase."""
+    why = f", {c.note}" if note and c.note else ""
+    return f"{c.name} {fmt_criterion(c.unit, c.measured)} (limit {fmt_limit(c.unit, c.limit)}{why})"
 
 
 def result(passed: bool | None, note: str = "") -> str:
@@ -132,13 +166,16 @@ def definitions(rep: Report) -> list[str]:
         f"P99 jitter: stdev / mean of the P99 E2E of {JITTER_SLICES} consecutive {slices} "
         f"slices of plan time, the worst hour (slices with >= {JITTER_MIN_OK} successful "
         f"requests, at least {JITTER_MIN_SLICES}); the P99E2EJitterHigh alert's definition.",
-        "Throughput: over active plan time (downtime excluded). ✓ marks the better value; "
-        "outside goodput, success and errors, only targets that pass the error criterion "
-        "and succeeded on most of their requests compete.",
-        "Goodput: requests sent (less those soakd cut at the drain deadline) that succeeded "
-        "within every latency SLO of the target, over all of them; error ratio (SLO): 5xx, "
-        "transport errors, timeouts and broken streams over the requests that reached the "
-        "server (429 and 4xx refusals count against goodput only). docs/slo.md.",
+        "Throughput: successful requests per second of active plan time (downtime "
+        "excluded); attempts: every request sent. ✓ marks the better value; outside goodput, "
+        "success and errors, only targets that pass the error criterion and succeeded on "
+        "most of their requests compete.",
+        "Counts: sent = ok + errors + shed by the guard + cut by soakd. Error ratio: every "
+        "failed request (4xx and 429, 5xx, transport errors, timeouts, broken streams, bad "
+        "answers) over ok + errors; 5xx ratio: the server's 5xx answers over the same; the "
+        "guard's sheds and the requests soakd cut at the stop are in neither. Goodput: "
+        "requests that succeeded within every latency SLO of the target, over ok + errors + "
+        "shed. A target sent requests with no success fails its verdict. docs/slo.md.",
         "Cost per month: the run's cost rate at the measured load x 730 h.",
         "The guard, phase by phase: features on as the phase left them; sheds as soakd "
         "counted them (shed_* outcomes, the phase they were sent in); the gateway's own "
@@ -252,7 +289,7 @@ def verdict_tables(rep: Report) -> list[Table]:
                     t,
                     c.name,
                     fmt_criterion(c.unit, c.measured),
-                    fmt_criterion(c.unit, c.limit),
+                    fmt_limit(c.unit, c.limit),
                     result(c.passed, c.note),
                 ]
             )
@@ -295,10 +332,7 @@ def phase_verdict_table(rep: Report, phase: str) -> Table | None:
         v = verdicts.get(t)
         if v is None or not v.criteria:
             continue
-        failed = ", ".join(
-            f"{c.name} {fmt_criterion(c.unit, c.measured)} > {fmt_criterion(c.unit, c.limit)}"
-            for c in v.failed
-        )
+        failed = ", ".join(failed_text(c, note=False) for c in v.failed)
         why = "no requests" if not v.sent else "nothing measurable"
         table.rows.append(
             cells([t, result(v.passed, why if v.passed is None else ""), failed or "-"])
@@ -373,11 +407,7 @@ def check_lines(rep: Report) -> list[str]:
         v = rep.verdicts.get(t)
         if v is None or not v.criteria:
             continue
-        failed = "; ".join(
-            f"{c.name} {fmt_criterion(c.unit, c.measured)} (limit {fmt_criterion(c.unit, c.limit)}"
-            f"{', ' + c.note if c.note else ''})"
-            for c in v.failed
-        )
+        failed = "; ".join(failed_text(c) for c in v.failed)
         goodput = fmt_value("goodput", v.goodput)
         lines.append(
             f"{t}: {result(v.passed).upper()}, goodput {goodput}"

@@ -85,6 +85,10 @@ ROW_KEYS = [
     "cost_per_mtok",
     "cost_per_month",
     "cost_basis",
+    "not_judged",
+    "server_errors",
+    "server_error_ratio",
+    "attempt_rps",
 ]
 SHAPES = {
     "report": REPORT_KEYS,
@@ -133,6 +137,7 @@ SHAPES = {
         "goodput_rps",
         "error_ratio",
         "sent",
+        "server_error_ratio",
     ],
     "criterion": ["name", "limit", "measured", "unit", "passed", "note"],
     "comparison": ["baseline", "candidate", "deltas", "passed"],
@@ -167,6 +172,10 @@ SUMMARY_KEYS = [
     "itl_p99_ms",
     "tpot_p50_ms",
     "lag_p99_ms",
+    "server_error_ratio",
+    "not_judged",
+    "attempt_rps",
+    "top_error",
 ]
 SESSION_KEYS = [
     *SUMMARY_KEYS,
