@@ -23,8 +23,9 @@ only format it. Definitions (docs/journal.md has them in full):
 
 The rooms: ``build`` (journal -> ``Report``; ``samples`` places probe readings on plan
 time, ``plots`` bins the series), ``model`` (the dataclasses, the metric columns),
-``table`` (the one table model every renderer draws), ``markdown``, ``html``,
-``terminal``, ``write`` (JSON, files), ``names`` (every metric name read).
+``tested`` (the head: what was tested, from the journal's config and plan), ``table``
+(the one table model every renderer draws), ``markdown``, ``html``, ``terminal``,
+``write`` (JSON, files), ``names`` (every metric name read).
 """
 
 from __future__ import annotations

@@ -39,12 +39,14 @@ from soakd.report.model import (
     NOT_RANKED,
     Doc,
     Downtime,
+    GpuRow,
     Report,
     Row,
     value_of,
 )
 from soakd.report.plots import plots
 from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
+from soakd.report.tested import served_tokens, what_was_tested
 from soakd.slowest import DEFAULT_N, slowest
 from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
 from soakd.verdicts import overall as overall_verdict
@@ -97,6 +99,7 @@ def build_report(
         slos, spec, slo_note = _decision_config(config, targets)
         tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
         slow = slowest(reader, slowest_n, rollups)
+        tested = what_was_tested(meta, sessions, events, served_tokens(reader.conn))
     plan_phases = [
         (p["name"], p["start_ns"] / NS_PER_S, p["end_ns"] / NS_PER_S)
         for p in meta["plan"]["phases"]
@@ -185,6 +188,8 @@ def build_report(
         price = config.get("report", {}).get("energy_price_per_kwh")
     currency = str(config.get("report", {}).get("currency", "$"))
     _energy_and_cost(overall, by_phase, targets, config, gpu_energy, price, notes)
+    if tested.rehearsal:
+        _project_nothing(overall, by_phase, gpus)
     if slo_note:
         notes.append(slo_note)
     verdicts, phase_verdicts = _verdicts(overall, by_phase, targets, slos, tallies)
@@ -248,6 +253,7 @@ def build_report(
         comparison=comparison,
         passed=overall_verdict(verdicts.values(), comparison),
         slowest=slow,
+        tested=tested,
     )
 
 
@@ -270,6 +276,21 @@ def decisions_from(stored: Doc, other: Doc) -> dict[str, Any]:
         for t in stored.get("targets", [])
     ]
     return out
+
+
+REHEARSAL_NOTE = "a rehearsal: not projected"
+
+
+def _project_nothing(
+    overall: dict[str, Row], by_phase: dict[str, dict[str, Row]], gpus: list[GpuRow]
+) -> None:
+    """A rehearsal compresses the plan: a month at its load or a slope per hour of its
+    compressed time would be made up, so neither is given."""
+    for row in (*overall.values(), *(r for p in by_phase.values() for r in p.values())):
+        row.cost_per_month = None
+        row.leak_bytes_per_hour, row.leak_note = None, REHEARSAL_NOTE
+    for g in gpus:
+        g.leak_bytes_per_hour, g.leak_note = None, REHEARSAL_NOTE
 
 
 def _count(per_phase: dict[str, float] | None, phase: str | None) -> int | None:

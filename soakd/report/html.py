@@ -20,13 +20,13 @@ from soakd.report.table import (
     fmt_duration,
     gpu_table,
     guard_table,
-    header_lines,
     metric_table,
     phase_title,
     phase_verdict_table,
     slowest_tables,
     verdict_tables,
 )
+from soakd.report.tested import header_lines, tested_tables
 
 _COLORS = (
     "#1f77b4",
@@ -82,13 +82,15 @@ def html_table(table: Table, level: str = "h2", *, title_sep: str = "", row_sep:
 
 def render_html(rep: Report) -> str:
     e = html.escape
+    rehearsal = " (rehearsal)" if rep.tested is not None and rep.tested.rehearsal else ""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>soakd report {e(rep.run_id)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>soakd report: {e(rep.run_id)}</h1>",
+        f"<h1>soakd report: {e(rep.run_id)}{rehearsal}</h1>",
     ]
     parts += [f'<p class="meta">{e(line)}</p>' for line in header_lines(rep)]
+    parts += [html_table(table) for table in tested_tables(rep)]
     parts += [html_table(table) for table in verdict_tables(rep)]
     parts.append(html_table(metric_table(rep, "Targets side by side", rep.overall), title_sep="\n"))
     for extra in (cost_table(rep), guard_table(rep)):

@@ -111,6 +111,54 @@ class Series:
 
 
 @dataclass
+class TargetTested:
+    """One target as the run was configured to call it (the journal's redacted config),
+    and the sizes it was sent and answered with."""
+
+    name: str
+    model: str
+    endpoint: str  # redacted (soakd/config/redact.py), or "simulator <profile>"
+    api: str  # "chat" or "completions", "openai" or "azure"
+    stream: bool
+    gateway: bool  # through a soakd gateway soakd started
+    prompt_tokens_planned: str  # the workload's distribution ("normal 200 ± 50, 16-400")
+    max_tokens: int
+    prompt_tokens_served: float | None  # mean over successful requests (server's usage)
+    output_tokens_served: float | None  # mean over successful requests
+
+
+@dataclass
+class PhaseTested:
+    """One phase of the plan (a looped plan's repeats of it counted in ``times``)."""
+
+    name: str
+    start_s: float  # plan time of its first start
+    duration_s: float  # one pass, as run (a rehearsal's compressed time)
+    configured_s: float  # one pass, as configured
+    times: int
+    loads: dict[str, str]  # target -> the load shape, described
+
+
+@dataclass
+class Tested:
+    """What was tested, for the report's top: targets, plan, sizes, soakd, where, when."""
+
+    run_name: str
+    node: str  # run.node (the host's name unless configured)
+    hosts: list[str]  # where soakd ran, one per host its sessions ran on
+    started: str  # ISO, UTC
+    ended: str  # ISO, UTC: the last heartbeat
+    rehearsal: bool  # --rehearse: the plan compressed, nothing projected monthly
+    scale: float  # run time per configured time (1: not a rehearsal)
+    configured_plan_s: float
+    duration_cap_s: float | None  # --duration
+    prompts: str  # "synthetic" or "file <name>"
+    temperature: float | None
+    targets: list[TargetTested]
+    phases: list[PhaseTested]
+
+
+@dataclass
 class Report:
     run_id: str
     created: str
@@ -138,6 +186,7 @@ class Report:
     passed: bool | None = None  # None: nothing judged (no slo, no compare)
     # target -> phase -> its slowest requests, with trace ids (soakd/slowest.py)
     slowest: dict[str, dict[str, list[SlowRequest]]] = field(default_factory=dict)
+    tested: Tested | None = None  # what was tested (soakd/report/tested.py)
 
 
 Better = Literal["min", "max"]

@@ -147,16 +147,6 @@ def result(passed: bool | None, note: str = "") -> str:
 # --- the run's text ---------------------------------------------------------------------------
 
 
-def header_lines(rep: Report) -> list[str]:
-    state = "completed" if rep.completed else "not completed (stopped or still running)"
-    return [
-        f"run {rep.run_id}, created {rep.created}, {state}",
-        f"active {fmt_duration(rep.active_s)} of a {fmt_duration(rep.plan_s)} plan in "
-        f"{rep.sessions} session(s); downtime {fmt_duration(rep.downtime_s)}; "
-        f"soakd {', '.join(rep.versions)}",
-    ]
-
-
 def definitions(rep: Report) -> list[str]:
     slices = fmt_duration(rep.slice_s)
     return [

@@ -10,10 +10,10 @@ from soakd.report.table import (
     Table,
     errors_table,
     guard_table,
-    header_lines,
     metric_table,
     verdict_tables,
 )
+from soakd.report.tested import header_lines, tested_tables
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -49,6 +49,7 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     from rich.text import Text
 
     out: list[RenderableType] = [Text("\n".join(header_lines(rep)))]
+    out += [rich_table(table) for table in tested_tables(rep)]
     for table in verdict_tables(rep):
         # the criterion's name beside the target; figures and results to the right
         right = [i >= 2 for i in range(len(table.header))]

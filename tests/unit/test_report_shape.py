@@ -46,6 +46,7 @@ REPORT_KEYS = [
     "comparison",
     "passed",
     "slowest",  # target -> phase -> slow requests (soakd/slowest.py)
+    "tested",  # what was tested (soakd/report/tested.py)
     "columns",
 ]
 ROW_KEYS = [
@@ -154,6 +155,34 @@ SHAPES = {
         "note",
     ],
     "downtime": ["offset_h", "seconds"],
+    "tested": [
+        "run_name",
+        "node",
+        "hosts",
+        "started",
+        "ended",
+        "rehearsal",
+        "scale",
+        "configured_plan_s",
+        "duration_cap_s",
+        "prompts",
+        "temperature",
+        "targets",
+        "phases",
+    ],
+    "tested_target": [
+        "name",
+        "model",
+        "endpoint",
+        "api",
+        "stream",
+        "gateway",
+        "prompt_tokens_planned",
+        "max_tokens",
+        "prompt_tokens_served",
+        "output_tokens_served",
+    ],
+    "tested_phase": ["name", "start_s", "duration_s", "configured_s", "times", "loads"],
     "column": ["key", "title", "better"],
 }
 SUMMARY_KEYS = [
@@ -275,6 +304,11 @@ def test_the_json_report_keeps_its_keys(run_dir: Path) -> None:
     for v in doc["verdicts"].values():
         for c in v["criteria"]:
             _keys(c, "criterion", found)
+    _keys(doc["tested"], "tested", found)
+    for t in doc["tested"]["targets"]:
+        _keys(t, "tested_target", found)
+    for p in doc["tested"]["phases"]:
+        _keys(p, "tested_phase", found)
     _keys(doc["comparison"], "comparison", found)
     for d in doc["comparison"]["deltas"]:
         _keys(d, "delta", found)
