@@ -44,7 +44,7 @@ from soakd.report.model import (
     Row,
     value_of,
 )
-from soakd.report.plots import plots
+from soakd.report.plots import plots, slo_lines
 from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
 from soakd.report.tested import served_tokens, what_was_tested
 from soakd.slowest import DEFAULT_N, slowest
@@ -244,7 +244,7 @@ def build_report(
         gpus=gpus,
         guard=guard,
         best=best(overall, targets, eligible),
-        plots=plots(rollups, targets, window_s, probe, gpus),
+        plots=plots(rollups, targets, window_s, probe, gpus, active_s),
         notes=notes,
         currency=currency,
         slice_s=slice_s,
@@ -254,6 +254,8 @@ def build_report(
         passed=overall_verdict(verdicts.values(), comparison),
         slowest=slow,
         tested=tested,
+        plot_phases=[(start / HOUR_S, name) for name, start, _ in plan_phases if start < active_s],
+        plot_limits=slo_lines(slos, targets),
     )
 
 
@@ -288,7 +290,8 @@ def _project_nothing(
     compressed time would be made up, so neither is given."""
     for row in (*overall.values(), *(r for p in by_phase.values() for r in p.values())):
         row.cost_per_month = None
-        row.leak_bytes_per_hour, row.leak_note = None, REHEARSAL_NOTE
+        if row.leak_bytes_per_hour is not None or row.leak_note is not None:
+            row.leak_bytes_per_hour, row.leak_note = None, REHEARSAL_NOTE
     for g in gpus:
         g.leak_bytes_per_hour, g.leak_note = None, REHEARSAL_NOTE
 

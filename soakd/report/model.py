@@ -187,6 +187,10 @@ class Report:
     # target -> phase -> its slowest requests, with trace ids (soakd/slowest.py)
     slowest: dict[str, dict[str, list[SlowRequest]]] = field(default_factory=dict)
     tested: Tested | None = None  # what was tested (soakd/report/tested.py)
+    # what frames the plots: each phase's start (plan hours, name), each plot's SLO lines
+    # (plot -> (label, value in the plot's unit)); soakd/report/plots.py
+    plot_phases: list[tuple[float, str]] = field(default_factory=list)
+    plot_limits: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
 
 
 Better = Literal["min", "max"]

@@ -7,6 +7,7 @@ a renderer only decides the markup (a ``best`` cell is bold, ✓-marked and gree
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -20,7 +21,7 @@ from soakd.report.model import (
     value_of,
 )
 from soakd.slowest import slowest_sections
-from soakd.verdicts import Criterion
+from soakd.verdicts import HIGHER_IS_WORSE, Criterion, Delta
 
 COUNTS = frozenset(
     {
@@ -99,10 +100,15 @@ def fmt_ratio(value: float) -> str:
     return "99.9 %" if text == "100 %" else text
 
 
+BYTE_UNITS = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+"""The one unit rule for bytes in every report, plot and verdict, and the live view:
+decimal, as ``slo.vram_peak`` is written (3.9GB) and as Prometheus shows the gauges."""
+
+
 def fmt_bytes(value: float, signed: bool = False) -> str:
     sign = "-" if value < 0 else ("+" if signed and value > 0 else "")
     v = abs(value)
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, size in BYTE_UNITS:
         if v >= size:
             return f"{sign}{v / size:.2f} {unit}"
     return f"{sign}{v:.0f} B"
@@ -122,8 +128,8 @@ def fmt_criterion(unit: str, value: float | None) -> str:
         return fmt_ms(value * 1000)
     if unit == "ratio":
         return fmt_ratio(value)
-    if unit == "bytes":  # decimal, as slo.vram_peak is usually written (3.9GB)
-        return f"{value / 1e9:.3g} GB" if value >= 1e8 else f"{value / 1e6:.3g} MB"
+    if unit == "bytes":
+        return fmt_bytes(value)
     return f"{value:,.0f}"
 
 
@@ -294,25 +300,71 @@ def verdict_tables(rep: Report) -> list[Table]:
             ["metric", "baseline", "candidate", "change", "allowed regression", "result"],
         )
         for d in cmp.deltas:
-            unit = (
-                "s"
-                if d.key.endswith(("_p99", "_p50"))
-                else ("ratio" if d.key in ("error_ratio", "goodput") else "rate")
-            )
+            unit = _delta_unit(d.key)
             value = (
                 (fmt_criterion(unit, d.baseline), fmt_criterion(unit, d.candidate))
                 if unit != "rate"
                 else tuple("-" if x is None else f"{x:.4g}/s" for x in (d.baseline, d.candidate))
             )
-            change = "-" if d.relative is None else f"{d.relative * 100:+.1f} %"
-            if d.relative is None and d.delta is not None:
-                change = f"{d.delta:+.4g}"
-            allowed = f"{d.limit * 100:g} %" if d.limit_kind == "relative" else f"{d.limit:g}"
             ctable.rows.append(
-                cells([d.key, value[0], value[1], change, allowed, result(d.passed, d.note)])
+                cells(
+                    [
+                        d.key,
+                        value[0],
+                        value[1],
+                        fmt_change(d),
+                        fmt_allowed(d),
+                        result(d.passed, d.note),
+                    ]
+                )
             )
         out.append(ctable)
     return out
+
+
+def _delta_unit(key: str) -> str:
+    if key.endswith(("_p99", "_p50")):
+        return "s"
+    return "ratio" if key in ("error_ratio", "server_error_ratio", "goodput") else "rate"
+
+
+def fmt_pct_change(ratio: float) -> str:
+    """``+2,085 %``, ``-8.0 %``: a relative change, signed."""
+    if math.isinf(ratio):
+        return "+∞ %" if ratio > 0 else "-∞ %"
+    pct = ratio * 100
+    return f"{pct:+,.0f} %" if abs(pct) >= 100 else f"{pct:+.1f} %"
+
+
+def _fmt_abs_change(unit: str, value: float) -> str:
+    """A change in the metric's own unit, signed: ``+200 ms``, ``+0.2 points``, ``-3.1/s``."""
+    sign = "-" if value < 0 else "+"
+    if unit == "s":
+        return sign + fmt_ms(abs(value) * 1000)
+    if unit == "ratio":
+        return f"{sign}{abs(value) * 100:.3g} points"
+    return f"{value:+.4g}/s"
+
+
+def fmt_change(d: Delta) -> str:
+    """The candidate against the baseline, in the limit's terms: relative when the limit
+    is (``+2,085 %``), else in the metric's unit (``+200 ms``)."""
+    if d.delta is None:
+        return "-"
+    if d.limit_kind == "relative" and d.relative is not None:
+        return fmt_pct_change(d.relative)
+    if d.limit_kind == "relative":  # a baseline of 0: no relative change
+        return f"{_fmt_abs_change(_delta_unit(d.key), d.delta)} from 0"
+    return _fmt_abs_change(_delta_unit(d.key), d.delta)
+
+
+def fmt_allowed(d: Delta) -> str:
+    """The regression allowed, signed in the metric's direction: ``+10 %`` for a latency,
+    ``-5 %`` for a throughput."""
+    worse = 1.0 if d.key in HIGHER_IS_WORSE else -1.0
+    if d.limit_kind == "relative":
+        return f"{worse * d.limit * 100:+,g} %"
+    return _fmt_abs_change(_delta_unit(d.key), worse * d.limit)
 
 
 def phase_verdict_table(rep: Report, phase: str) -> Table | None:
@@ -406,8 +458,7 @@ def check_lines(rep: Report) -> list[str]:
     cmp = rep.comparison
     if cmp is not None:
         worse = "; ".join(
-            f"{d.key} {'-' if d.regression is None else f'{d.regression:.4g}'} "
-            f"(allowed {d.limit:g}{' relative' if d.limit_kind == 'relative' else ''})"
+            f"{d.key} {fmt_change(d)} (allowed {fmt_allowed(d)}{', ' + d.note if d.note else ''})"
             for d in cmp.deltas
             if d.passed is False
         )

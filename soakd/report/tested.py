@@ -178,18 +178,16 @@ def tested_tables(rep: Report) -> list[Table]:
     t = rep.tested
     if t is None:
         return []
-    targets = Table(
-        "What was tested",
-        [
-            "target",
-            "model",
-            "endpoint",
-            "api",
-            "stream",
-            "prompt tokens: planned / served",
-            "output tokens: max / served",
-        ],
-    )
+    header = [
+        "target",
+        "model",
+        "endpoint",
+        "api",
+        "stream",
+        "prompt tokens: planned / served",
+        "output tokens: max / served",
+    ]
+    targets = Table("What was tested", header, numeric=[False] * len(header))
     for x in t.targets:
         endpoint = x.endpoint + (" via soakd gateway" if x.gateway else "")
         targets.rows.append(
@@ -211,7 +209,11 @@ def tested_tables(rep: Report) -> list[Table]:
     title += ", rehearsed)" if t.rehearsal else ")"
     if t.duration_cap_s is not None:
         title += f", cut at --duration {format_duration(t.duration_cap_s)}"
-    plan = Table(title, ["phase", "start", *rehearsed, *names])
+    plan = Table(
+        title,
+        ["phase", "start", *rehearsed, *names],
+        numeric=[False, True, *(True for _ in rehearsed), *(False for _ in names)],
+    )
     for p in t.phases:
         times = f" x{p.times}" if p.times > 1 else ""
         span = [format_duration(p.configured_s) + times]

@@ -47,6 +47,8 @@ REPORT_KEYS = [
     "passed",
     "slowest",  # target -> phase -> slow requests (soakd/slowest.py)
     "tested",  # what was tested (soakd/report/tested.py)
+    "plot_phases",
+    "plot_limits",
     "columns",
 ]
 ROW_KEYS = [

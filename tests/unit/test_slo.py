@@ -4,6 +4,7 @@ here from the requests the test wrote, not read back from soakd."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -376,7 +377,13 @@ def test_compare_in_the_report_and_check(
     assert delta["passed"] is False
     assert doc["passed"] is False
     assert main(["report", str(run), "--check"]) == 1
-    assert "compare beta against alpha: FAIL: ttft_p99" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # a regression as a change against the allowed one, both in percent
+    assert re.search(
+        r"compare beta against alpha: FAIL: ttft_p99 \+3\d\.\d % \(allowed \+10 %\)", out
+    )
+    md = render_markdown(build_report(run))
+    assert re.search(r"\| ttft_p99 \| 1\d\d ms \| 1\d\d ms \| \+3\d\.\d % \| \+10 % \| FAIL \|", md)
 
 
 # --- cost -------------------------------------------------------------------------------------
