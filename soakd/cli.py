@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from soakd import __version__
-from soakd.config import Config, ConfigError, load_config, parse_duration
+from soakd.config import Config, ConfigError, load_config, load_decisions, parse_duration
 from soakd.journal import JournalError
 from soakd.net import parse_host_port
 
@@ -124,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         metavar="FILE",
-        help="judge by this config's slo, compare, costs and report sections "
-        "(targets matched by name) instead of the run's own",
+        help="judge by this file's slo, compare, report and targets[].slo/cost sections "
+        "(targets matched by name) instead of the run's own; just those sections, or a "
+        "whole config",
     )
     report.add_argument(
         "--slowest",
@@ -313,10 +314,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from soakd.report import build_report, check_lines, terminal_summary, write_built
 
     judge_by = None
-    if args.config is not None:
-        from soakd.config.redact import config_doc
-
-        judge_by = config_doc(load_config(args.config))
+    if args.config is not None:  # the sections that decide; a whole config is fine too
+        judge_by = load_decisions(args.config).model_dump(mode="json")
     rep = build_report(
         args.run_dir,
         energy_price_per_kwh=args.energy_price,

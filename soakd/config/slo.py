@@ -143,3 +143,22 @@ class Compare(Strict):
                 f"unknown key(s) {', '.join(unknown)} (known: {', '.join(REGRESSION_KEYS)})"
             )
         return value
+
+
+class JudgedTarget(Strict):
+    """A target of ``soakd report --config``, matched by name: its SLO overrides and cost."""
+
+    name: str
+    slo: Slo = Slo()
+    cost: TargetCost = TargetCost()
+
+
+class Decisions(Strict):
+    """What ``soakd report --config FILE`` reads of FILE: what decides a run (its SLO,
+    compare, report and per-target slo and cost blocks), nothing else; a whole config is
+    read the same way (loader.load_decisions)."""
+
+    slo: Slo = Slo()
+    compare: Compare | None = None
+    report: ReportConfig = ReportConfig()
+    targets: list[JudgedTarget] = Field(default_factory=list)

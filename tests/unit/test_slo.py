@@ -559,6 +559,40 @@ def test_judge_a_finished_run_by_another_config(
     assert main(["report", str(slo_run), "--check"]) == 1  # the run's own slo is unchanged
 
 
+def test_judge_by_a_file_of_just_the_deciding_sections(
+    slo_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--config`` reads a file holding only slo, compare, report and targets matched by
+    name (no base_url, no phases): a release's SLO file."""
+    path = tmp_path / "release-slo.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "slo": {"ttft_p99": "1s", "error_ratio": 0.5},
+                "targets": [
+                    {"name": "beta", "slo": {"ttft_p99": "500ms"}, "cost": {"per_hour": 3}}
+                ],
+                "report": {"currency": "EUR "},
+            }
+        )
+    )
+    assert main(["report", str(slo_run), "--check", "--config", str(path)]) == 0
+    assert "beta: PASS" in capsys.readouterr().out
+    assert main(["report", str(slo_run), "--config", str(path), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["currency"] == "EUR "
+    assert doc["overall"]["beta"]["cost_basis"] == "3/h"
+    assert doc["overall"]["alpha"]["cost_basis"] is None  # alpha is not in the file: no cost
+    # the same sections are checked as strictly as in a whole config, one line each
+    path.write_text(yaml.safe_dump({"slo": {"ttft_p9": "1s"}, "target": []}))
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(slo_run), "--config", str(path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{path}: target: unknown key (did you mean 'targets'?)" in err
+    assert f"{path}: slo.ttft_p9: unknown key (did you mean 'ttft_p99'?)" in err
+
+
 def test_check_prints_each_targets_effective_slo(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
