@@ -150,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: standard output)"
     )
     export.add_argument(
-        "--itl", action="store_true", help="add every inter-token gap (microseconds) to each row"
+        "--itl",
+        action="store_true",
+        help="add each row's inter-token gaps (microseconds): itl_us in arrival order "
+        "(journal.itl: exact), itl_sorted_us as sorted 2%% bucket middles (compact, the "
+        "default: the order is not stored)",
     )
 
     sim = sub.add_parser("sim", help="serve the embedded vLLM-like simulator")
@@ -350,7 +354,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from soakd.export import export
+    from soakd.export import export, itl_note
+    from soakd.journal import JournalReader
+
+    if args.itl:
+        with JournalReader(args.run_dir) as reader:
+            note = itl_note(reader)
+        if note:
+            print(f"soakd: note: {note}", file=sys.stderr)
 
     if args.output is None:
         try:

@@ -94,7 +94,8 @@ def test_phase_boundaries_and_slo_lines(run_dir: Path) -> None:
     assert ">SLO e2e_p99</text>" in latency
     assert by_title["TTFT and ITL, p99"].count('class="slo"') == 2
     assert ">SLO vram_peak</text>" in by_title["GPU memory"]
-    assert "(GB)" in page and "GiB" not in page
+    assert "(GB)" in page
+    assert "GiB" not in page
 
 
 def test_one_byte_unit_in_the_verdict_tables_and_plots(run_dir: Path) -> None:
