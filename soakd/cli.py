@@ -260,7 +260,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from soakd.app import RunOptions, Soak, StartError
     from soakd.live import errors_table, target_table
-    from soakd.report import build_report, terminal_summary
+    from soakd.report import Report, build_report, final_verdict, terminal_summary
 
     cfg = load_config(args.config)
     for target in cfg.targets:
@@ -293,8 +293,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s{resumed}; "
         f"results in {result.run_dir}"
     )
+    rep: Report | None = None
     try:  # the report's summary: the whole run, every session, from the journal
-        for part in terminal_summary(build_report(result.run_dir, slowest_n=0)):
+        rep = build_report(result.run_dir, slowest_n=0)
+        for part in terminal_summary(rep):
             console.print(part)
     except Exception as exc:  # the run's own numbers are still worth printing
         console.print(f"(no report from the journal: {type(exc).__name__}: {exc})")
@@ -306,8 +308,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.cancelled:
         console.print(
             f"{result.cancelled} request(s) were still running at the drain "
-            "deadline and were cut (counted as 'cancelled')"
+            "deadline and were cut (counted as 'cancelled': not judged)"
         )
+    if rep is not None:  # last: what stays on screen once the live view is gone
+        console.print(final_verdict(rep))
     return 0
 
 

@@ -57,7 +57,7 @@ from soakd.report.table import (
     fmt_value,
     verdict_title,
 )
-from soakd.report.terminal import terminal_summary
+from soakd.report.terminal import final_verdict, terminal_summary
 from soakd.report.write import render_json, write_built, write_report
 
 __all__ = [
@@ -79,6 +79,7 @@ __all__ = [
     "build_report",
     "check_lines",
     "decisions_from",
+    "final_verdict",
     "fmt_criterion",
     "fmt_value",
     "render_html",

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from soakd.report.model import TERMINAL_COLUMNS, Report
 from soakd.report.table import (
     Table,
+    check_lines,
     errors_table,
     guard_table,
     metric_table,
@@ -66,4 +67,17 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     if errors is not None:
         out.append(rich_table(errors))
     out += [Text(f"note: {note}", style="dim") for note in rep.notes]
+    return out
+
+
+def final_verdict(rep: Report) -> RenderableType:
+    """The verdict in a few lines (``report --check``'s), for the very end of ``soakd
+    run``: the last thing printed, so that it stays on a small terminal's screen."""
+    from rich.text import Text
+
+    lines = check_lines(rep)
+    style = "bold" if rep.passed is None else ("bold green" if rep.passed else "bold red")
+    out = Text(lines[0], style=style)
+    for line in lines[1:]:
+        out.append("\n" + line, style="red" if ": FAIL" in line else "")
     return out
