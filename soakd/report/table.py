@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from soakd.analysis import JITTER_MIN_OK, JITTER_MIN_SLICES, JITTER_SLICES, fmt_ms
+from soakd.goodput import classify
 from soakd.report.model import (
     METRIC_COLUMNS,
     Column,
@@ -232,8 +233,12 @@ def errors_table(rep: Report, title: str) -> Table | None:
     table = Table(title, ["kind", *rep.targets], numeric=[False] + [True] * len(rep.targets))
     for kind in kinds:
         counts = (str(rep.overall[t].errors_by_kind.get(kind, 0)) for t in rep.targets)
-        table.rows.append(cells([kind, *counts]))
+        table.rows.append(cells([kind + KIND_CLASS.get(classify(kind), ""), *counts]))
     return table
+
+
+KIND_CLASS = {"guard": " (shed: not an error)", "excluded": " (cut by soakd: not judged)"}
+"""What the errors-by-kind table says of the kinds outside the error ratio (goodput.py)."""
 
 
 def gpu_leak(g: GpuRow) -> str:
