@@ -14,7 +14,7 @@ from soakd.report.table import (
     metric_table,
     verdict_tables,
 )
-from soakd.report.tested import header_lines, tested_tables
+from soakd.report.tested import header_lines, plan_table, target_lines
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -50,7 +50,13 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     from rich.text import Text
 
     out: list[RenderableType] = [Text("\n".join(header_lines(rep)))]
-    out += [rich_table(table) for table in tested_tables(rep)]
+    targets = target_lines(rep)
+    if targets:  # lines, not the table: they wrap whole on an 80-column terminal
+        out.append(Text("What was tested", style="bold"))
+        out.append(Text("\n".join(targets)))
+    plan = plan_table(rep)
+    if plan is not None:
+        out.append(rich_table(plan))
     for table in verdict_tables(rep):
         # the criterion's name beside the target; figures and results to the right
         right = [i >= 2 for i in range(len(table.header))]

@@ -173,11 +173,29 @@ def _tokens(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def tested_tables(rep: Report) -> list[Table]:
-    """The targets as they were called, and the plan as it ran."""
+def target_lines(rep: Report) -> list[str]:
+    """The targets as lines, for a terminal too narrow for the table: each wraps whole."""
     t = rep.tested
     if t is None:
         return []
+    return [
+        f"{x.name}: {x.model} at {x.endpoint}{' via soakd gateway' if x.gateway else ''} "
+        f"({x.api}, {'streamed' if x.stream else 'not streamed'}); prompt tokens "
+        f"{x.prompt_tokens_planned}, served {_tokens(x.prompt_tokens_served)}; output "
+        f"tokens max {x.max_tokens:,}, served {_tokens(x.output_tokens_served)}"
+        for x in t.targets
+    ]
+
+
+def tested_tables(rep: Report) -> list[Table]:
+    """The targets as they were called, and the plan as it ran."""
+    return [table for table in (targets_table(rep), plan_table(rep)) if table is not None]
+
+
+def targets_table(rep: Report) -> Table | None:
+    t = rep.tested
+    if t is None:
+        return None
     header = [
         "target",
         "model",
@@ -203,6 +221,15 @@ def tested_tables(rep: Report) -> list[Table]:
                 ]
             )
         )
+    return targets
+
+
+def plan_table(rep: Report) -> Table | None:
+    """The plan's phases, their durations (configured, and as run in a rehearsal) and the
+    load shape of each target."""
+    t = rep.tested
+    if t is None:
+        return None
     names = [x.name for x in t.targets]
     rehearsed = ["configured", "as run"] if t.rehearsal else ["duration"]
     title = f"The plan ({format_duration(t.configured_plan_s)}"
@@ -229,4 +256,4 @@ def tested_tables(rep: Report) -> list[Table]:
                 ]
             )
         )
-    return [targets, plan]
+    return plan
