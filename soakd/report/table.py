@@ -278,7 +278,11 @@ def verdict_title(rep: Report) -> str:
 
 def verdict_tables(rep: Report) -> list[Table]:
     """The decision, first: each target against its SLO, then the baseline comparison."""
-    table = Table(verdict_title(rep), ["target", "criterion", "measured", "limit", "result"])
+    table = Table(
+        verdict_title(rep),
+        ["target", "criterion", "measured", "limit", "result"],
+        numeric=[False, False, True, True, False],
+    )
     for t in rep.targets:
         v = rep.verdicts.get(t)
         if v is None or not v.criteria:
