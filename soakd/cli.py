@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from soakd import __version__
-from soakd.config import ConfigError, load_config, parse_duration
+from soakd.config import ConfigError, load_config, load_decisions, parse_duration
 from soakd.journal import JournalError
 from soakd.net import parse_host_port
 
@@ -125,8 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         metavar="FILE",
-        help="judge by this config's slo, compare, costs and report sections "
-        "(targets matched by name) instead of the run's own",
+        help="judge by this file's slo, compare, report and targets[].slo/cost sections "
+        "(targets matched by name) instead of the run's own; just those sections, or a "
+        "whole config",
     )
     report.add_argument(
         "--slowest",
@@ -156,7 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: standard output)"
     )
     export.add_argument(
-        "--itl", action="store_true", help="add every inter-token gap (microseconds) to each row"
+        "--itl",
+        action="store_true",
+        help="add each row's inter-token gaps (microseconds): itl_us in arrival order "
+        "(journal.itl: exact), itl_sorted_us as sorted 2%% bucket middles (compact, the "
+        "default: the order is not stored)",
     )
     export.add_argument(
         "--salvage",
@@ -249,7 +254,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from soakd.app import RunOptions, Soak, StartError
     from soakd.live import errors_table, target_table
-    from soakd.report import build_report, terminal_summary
+    from soakd.report import Report, build_report, final_verdict, terminal_summary
     from soakd.startcheck import check_start
 
     cfg = load_config(args.config)
@@ -292,8 +297,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             + " request(s); the figures below are what the journal holds",
             style="bold red",
         )
+    rep: Report | None = None
     try:  # the report's summary: the whole run, every session, from the journal
-        for part in terminal_summary(build_report(result.run_dir, slowest_n=0)):
+        rep = build_report(result.run_dir, slowest_n=0)
+        for part in terminal_summary(rep):
             console.print(part)
     except Exception as exc:  # the run's own numbers are still worth printing
         console.print(f"(no report from the journal: {type(exc).__name__}: {exc})")
@@ -305,8 +312,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.cancelled:
         console.print(
             f"{result.cancelled} request(s) were still running at the drain "
-            "deadline and were cut (counted as 'cancelled')"
+            "deadline and were cut (counted as 'cancelled': not judged)"
         )
+    if rep is not None:  # last: what stays on screen once the live view is gone
+        console.print(final_verdict(rep))
     return 0
 
 
@@ -317,10 +326,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from soakd.report import build_report, check_lines, terminal_summary, write_built
 
     judge_by = None
-    if args.config is not None:
-        from soakd.config.redact import config_doc
-
-        judge_by = config_doc(load_config(args.config))
+    if args.config is not None:  # the sections that decide; a whole config is fine too
+        judge_by = load_decisions(args.config).model_dump(mode="json")
     rep = build_report(
         args.run_dir,
         energy_price_per_kwh=args.energy_price,
@@ -362,10 +369,14 @@ def _warn(text: str) -> None:
     print(f"soakd: warning: {text}", file=sys.stderr)
 
 
+def _note(text: str) -> None:
+    print(f"soakd: note: {text}", file=sys.stderr)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from soakd.export import export
 
-    how = {"itl": args.itl, "salvage": args.salvage, "warn": _warn}
+    how = {"itl": args.itl, "salvage": args.salvage, "warn": _warn, "note": _note}
     if args.output is None:
         try:
             export(args.run_dir, args.format, sys.stdout, **how)
