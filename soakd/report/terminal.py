@@ -87,4 +87,10 @@ def final_verdict(rep: Report) -> RenderableType:
     out = Text(lines[0], style=style)
     for line in lines[1:]:
         out.append("\n" + line, style="red" if ": FAIL" in line else "")
+    if rep.warnings:  # the summary's first lines may have scrolled away
+        out.append(
+            f"\nWARNING: the journal lost or could not keep part of this run "
+            f"({len(rep.warnings)} warning(s) at the top of the summary)",
+            style="bold red",
+        )
     return out
