@@ -2,10 +2,10 @@
 
 The config model checks each value; some things it names live elsewhere: key files and
 variables, CA files, the exporter's certificate and password, the prompt file, the proxy
-the environment names. ``soakd run`` reads them all before it touches a run dir, and
-``soakd check`` calls the same function, so the two never disagree, and a problem is
-the same line in both (docs/journal.md: a run that failed after its journal opened
-would be "resumed" by the next try).
+the environment names, the OOM log (a file, or none yet; never a directory). ``soakd
+run`` reads them all before it touches a run dir, and ``soakd check`` calls the same
+function, so the two never disagree, and a problem is the same line in both (a run that
+failed after its journal opened would be "resumed" by the next try).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ def check_start(cfg: Config) -> None:
                 step()
             except ConfigError as exc:
                 problems += exc.problems
+        if target.oom_log is not None and target.oom_log.is_dir():  # may not exist yet
+            problems.append(f"targets[{target.name}].oom_log: {target.oom_log} is a directory")
     exporter = cfg.exporter
     try:
         if exporter.basic_auth is not None:

@@ -145,7 +145,10 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 PositiveDuration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 """A Duration that must be above zero (a deadline of 0 s would fail every request)."""
 
-PositiveRate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+MAX_RATE = 1e12
+"""Requests a second, far past any client (the overload tests ask 1e9): past it, the
+expected counts of a long plan overflow."""
+PositiveRate = Annotated[float, Field(ge=0, le=MAX_RATE, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):

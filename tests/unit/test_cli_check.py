@@ -183,6 +183,13 @@ def test_a_proxy_from_the_environment_that_cannot_be_used(
     )
 
 
+def test_an_oom_log_that_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: check ok, then the run's OOM probe failed every 5 s with a traceback."""
+    cfg = starts_with(tmp_path, {"oom_log": str(tmp_path)})
+    (line,) = check_and_run(cfg, tmp_path, capsys)
+    assert line == f"soakd: error: targets[cloud].oom_log: {tmp_path} is a directory"
+
+
 def test_a_rehearsal_longer_than_the_plan(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -153,6 +153,15 @@ def test_token_lengths_past_a_million_are_refused(field: str) -> None:
     assert error_of(raw).startswith("workload.max_tokens: ")
 
 
+def test_a_rate_past_any_client_is_refused() -> None:
+    """1e308 req/s: check and run ended in OverflowError (a plan's expected count)."""
+    raw = base()
+    raw["phases"] = [{"name": "p", "duration": "2h", "load": {"mode": "poisson", "rate": 1e308}}]
+    assert error_of(raw).startswith("phases[p].load.rate: ")
+    raw["phases"][0]["load"]["rate"] = 1e9  # the overload tests' rate: fine
+    assert config_from_dict(raw).phases[0].load.rate == 1e9
+
+
 def test_an_infinite_stddev_is_refused() -> None:
     raw = base()
     raw["workload"] = {"prompts": {"input_tokens": {"dist": "normal", "stddev": float("inf")}}}
