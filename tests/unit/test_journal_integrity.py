@@ -7,6 +7,7 @@ from where the run had got to)."""
 from __future__ import annotations
 
 import random
+from functools import partial
 import shutil
 import sqlite3
 from pathlib import Path
@@ -145,7 +146,7 @@ def journal_with_wal(run: Path, n: int, checkpoint_at: int = 0) -> None:
         clock.next_seq[target] = i // 2 + 1  # as the runner numbers its sends
         j.record(outcome(rng, clock, target, "warm", i // 2, 1 + 590 * i / n))
         if i % 300 == 299:  # commits of a few hundred rows: many WAL frames
-            wait_until(lambda i=i: committed(i + 1), 20, "the writer's commit")
+            wait_until(partial(committed, i + 1), 20, "the writer's commit")
         if i + 1 == checkpoint_at:  # what a checkpoint moved into journal.db stays there
             with sqlite3.connect(live / "journal.db") as other:
                 other.execute("PRAGMA wal_checkpoint(PASSIVE)")
