@@ -7,9 +7,9 @@ from where the run had got to)."""
 from __future__ import annotations
 
 import random
-from functools import partial
 import shutil
 import sqlite3
+from functools import partial
 from pathlib import Path
 
 import pytest
