@@ -33,6 +33,7 @@ from soakd.goodput import Tally, journal_tallies
 from soakd.journal import JournalReader, Rollup
 from soakd.model import NS_PER_S
 from soakd.report import names
+from soakd.report.failing import failing_notes
 from soakd.report.model import (
     LATENCY_KINDS,
     METRIC_COLUMNS,
@@ -220,6 +221,7 @@ def build_report(
         )
 
     notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
+    notes[:0] = failing_notes(events, overall, targets, active_s)  # first: the biggest news
     notes += _client_limits(overall, targets, config)
     eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}
     return Report(

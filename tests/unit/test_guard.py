@@ -180,5 +180,6 @@ def test_auth_failures_log_one_clear_line_per_streak_without_the_key() -> None:
     assert failed[0]["key"] == "api_key_env CLOUD_KEY"
     assert failed[0]["detail"] == "http 401 auth_error"
     assert failed[1]["failures"] == 51
-    assert [e["event"] for e in logs][-1] == "auth_recovered"
-    assert [e[0] for e in events] == ["auth_failed"]
+    # over a minute of nothing but 401s also paused the target (failing.after: 30 s)
+    assert [e["event"] for e in logs][-2:] == ["auth_recovered", "target_resumed"]
+    assert [e[0] for e in events] == ["auth_failed", "target_paused", "target_resumed"]
