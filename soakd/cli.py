@@ -262,8 +262,10 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
 def _probe(cfg: Config) -> None:
     """``check --probe``: the preflight of ``run`` (a gateway's target: the server behind
     it); a problem is a ConfigError (exit 2), a warning is printed."""
+    from soakd.logs import setup_logging
     from soakd.targets.preflight import preflight
 
+    setup_logging(console=False)  # the lines below say it all: no client log on the screen
     servers = [t for t in cfg.targets if not t.simulator]
     for t in cfg.targets:
         if t.simulator:
