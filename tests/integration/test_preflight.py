@@ -1,7 +1,9 @@
-"""The preflight against real servers: the simulator, the hostile server, a closed port, a
-name that does not resolve, and (briefly) a real vLLM. Each first-run mistake is one line
-naming the field; the server sees one request of one token; `soakd run` ends before the
-journal opens, and `check --probe` says the same."""
+"""The first minute against real servers. The preflight: the simulator, the hostile server,
+a closed port, a name that does not resolve, and (briefly) a real vLLM; each first-run
+mistake is one line naming the field, the server sees one request of one token, `soakd
+run` ends before the journal opens, and `check --probe` says the same. During the run: a
+target failing every request is paused, probed and resumed, and a run in which one never
+succeeded exits 3."""
 
 from __future__ import annotations
 
@@ -20,14 +22,17 @@ import pytest_asyncio
 import yaml
 
 from soakd import cli
-from soakd.config import TargetConfig
+from soakd.app import RunOptions, Soak
+from soakd.config import TargetConfig, config_from_dict
 from soakd.journal import JournalReader
+from soakd.report import build_report
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import SimServer, start_sim
 from soakd.sim.spawn import free_port
 from soakd.targets.preflight import preflight_one
 from tests.hostile_server import HostileServer, serve_hostile
 from tests.vllm_server import VllmServer, sum_samples
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -212,13 +217,15 @@ async def test_run_counts_none_of_the_preflight_and_the_server_saw_one_more(
     assert [(p["target"], p["ok"]) for p in pre] == [("t", True)]
 
 
-async def _run_async(cfg: dict[str, Any], tmp_path: Path, run_dir: Path) -> tuple[int, str, str]:
+async def _run_async(
+    cfg: dict[str, Any], tmp_path: Path, run_dir: Path, *args: str
+) -> tuple[int, str, str]:
     """`soakd run` as a process, without blocking the loop the simulator runs on."""
     path = tmp_path / "soak.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "soakd", "run", str(path), "--no-live", "--run-dir", str(run_dir),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     return proc.returncode or 0, out.decode(), err.decode()
@@ -255,3 +262,69 @@ async def test_a_real_vllm_says_404_for_an_unknown_model(vllm: VllmServer) -> No
     assert not bad.ok
     assert bad.line.startswith("targets[t].model: unknown model 'tiny-llama' (http 404")
     assert bad.line.endswith(f"the server lists: {vllm.model}")
+
+
+# --- during the run: a target failing every request is paused, probed and resumed ----------
+
+
+async def test_a_target_that_comes_up_later_is_paused_then_resumed(tmp_path: Path) -> None:
+    """--no-preflight, nothing listening yet: after failing.after of refused connects the
+    target is paused (open-loop sends counted `failing`, named in /status and on
+    /metrics), one request at a time probes it, and once a server listens it resumes.
+    Every request the server saw is an outcome."""
+    port = free_port()
+    cfg = one_target(f"http://127.0.0.1:{port}", failing={"after": "0.5s", "max_pause": "1s"})
+    cfg["phases"] = [{"name": "p", "duration": "8s", "load": {"mode": "poisson", "rate": 20}}]
+    soak = Soak(
+        config_from_dict(cfg),
+        RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False),
+    )
+    run = asyncio.create_task(soak.run())
+    registry = soak.metrics.registry
+
+    def gauge(cause: str) -> float | None:
+        return registry.get_sample_value("soakd_target_failing", {"target": "t", "cause": cause})
+
+    sim = None
+    try:
+        await until(lambda: "t" in soak.status()["failing"], 20, "the pause")
+        assert soak.status()["failing"]["t"]["cause"] == "connect_refused"
+        assert gauge("connect_refused") == 1
+        sim = await start_sim("127.0.0.1", port, get_profile("fast"), "real-model")
+        await until(lambda: not soak.status()["failing"], 20, "the resume")
+        assert gauge("connect_refused") == 0
+        result = await asyncio.wait_for(run, 60)
+        finished, _ = await served(sim)
+    finally:
+        if not run.done():
+            run.cancel()
+        if sim is not None:
+            await sim.aclose()
+    assert result.completed
+    row = result.summary["t"]
+    assert row["ok"] > 0
+    assert row["missed_by_reason"]["failing"] > 0
+    assert row["offered"] == row["requests"] + row["missed"]
+    assert finished == row["ok"]  # nothing sent twice, nothing lost
+    with JournalReader(tmp_path / "run") as journal:
+        kinds = [(e["kind"], e["data"].get("reason")) for e in journal.events()]
+    assert ("target_paused", "failing") in kinds
+    assert ("target_resumed", "failing") in kinds
+    rep = build_report(tmp_path / "run")
+    assert any(n.startswith("t: paused as failing (connect_refused") for n in rep.notes)
+
+
+async def test_a_run_where_a_target_never_succeeded_exits_3(sim: SimServer, tmp_path: Path) -> None:
+    """A wrong model with --no-preflight: the loop backs off and pauses it, the report says
+    it never answered, and `soakd run` exits 3 (0 when the config expects it)."""
+    cfg = one_target(sim.url, model="wrong-model", failing={"after": "1s", "max_pause": "1s"})
+    code, out, err = await _run_async(cfg, tmp_path, tmp_path / "run", "--no-preflight")
+    assert code == 3, err[-2000:]
+    assert "soakd: targets[t] never answered a request successfully (http_4xx " in err
+    assert "note: t: never answered a request successfully" in out
+    assert "paused as failing (http_404" in out
+    sent = json.loads((tmp_path / "run" / "summary.json").read_text())["targets"]["t"]
+    assert sent["requests"] < 100  # 4 workers backing off, then one probe at a time
+    cfg["targets"][0]["expect_failure"] = True
+    code, _, err = await _run_async(cfg, tmp_path, tmp_path / "run2", "--no-preflight")
+    assert code == 0, err[-2000:]
