@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ import pytest_asyncio
 import yaml
 
 from soakd import cli
-from soakd.app import RunOptions, Soak
+from soakd.app import RunOptions, Soak, StoppedBeforeStart
 from soakd.config import TargetConfig, config_from_dict
 from soakd.journal import JournalReader
 from soakd.report import build_report
@@ -328,3 +329,23 @@ async def test_a_run_where_a_target_never_succeeded_exits_3(sim: SimServer, tmp_
     cfg["targets"][0]["expect_failure"] = True
     code, _, err = await _run_async(cfg, tmp_path, tmp_path / "run2", "--no-preflight")
     assert code == 0, err[-2000:]
+
+
+async def test_a_stop_during_the_preflight_records_nothing(
+    hostile: HostileServer, tmp_path: Path
+) -> None:
+    """A server that reads the request and never answers: a signal during the preflight
+    ends the start at once, with no journal and no run directory."""
+    run_dir = tmp_path / "run"
+    cfg = one_target(hostile.url("no_headers"))
+    soak = Soak(
+        config_from_dict(cfg),
+        RunOptions(run_dir=run_dir, metrics_addr="127.0.0.1:0", console_logs=False, preflight=True),
+    )
+    before = hostile.stats.requests["no_headers"]
+    run = asyncio.create_task(soak.run())
+    await until(lambda: hostile.stats.requests["no_headers"] > before, 20, "the models list asked")
+    soak._on_signal(signal.SIGTERM)
+    with pytest.raises(StoppedBeforeStart):
+        await asyncio.wait_for(run, 10)
+    assert not run_dir.exists()
