@@ -76,7 +76,7 @@ class Failing(Strict):
     sends, then sends one request at a time after each pause (2 s, doubling up to
     ``max_pause``) and resumes on the first answer that is not such a failure."""
 
-    after: Duration | None = 30.0  # None: never pause
+    after: Duration | None = 30.0  # a streak of such failures this long pauses; null: never
     max_pause: PositiveDuration = 30.0  # the longest wait between two probing requests
 
 
