@@ -304,7 +304,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     for target in cfg.targets:
         target.api_key()
-        target.ssl_context()  # a CA file that cannot be loaded: before anything starts
+        if target.tls.ca_file is not None:  # one that cannot be loaded: before anything starts
+            target.ssl_context()
     _check_exporter(cfg)
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(
