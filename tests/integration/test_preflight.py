@@ -199,6 +199,19 @@ def test_run_ends_before_the_journal_in_one_line(tmp_path: Path) -> None:
     print(f"\nrefused: exit {done.returncode} after {took:.1f} s")
 
 
+def test_a_missing_ca_file_ends_the_run_before_anything_starts(tmp_path: Path) -> None:
+    """It used to fail once the journal was open: the same command again "resumed" it."""
+    run_dir = tmp_path / "run"
+    cfg = one_target("https://127.0.0.1:1", tls={"ca_file": str(tmp_path / "ca.pem")})
+    done = run_cli(cfg, tmp_path, "--run-dir", str(run_dir))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"soakd: error: targets[t].tls.ca_file: cannot load {tmp_path / 'ca.pem'}: "
+        "No such file or directory"
+    )
+    assert not run_dir.exists()
+
+
 async def test_run_counts_none_of_the_preflight_and_the_server_saw_one_more(
     sim: SimServer, tmp_path: Path
 ) -> None:
