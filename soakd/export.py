@@ -4,7 +4,8 @@ Streamed row by row from a read-only cursor: constant memory whatever the run's 
 Times are plan offsets and durations in seconds (floats), ``wall`` is Unix seconds;
 ``itl_us`` (with ``--itl``) lists every inter-token gap in microseconds. ``trace_id`` is the
 one the request's ``traceparent`` carried (soakd/tracing.py), empty for a target that sent
-none.
+none. ``usage_delta`` and ``usage_rejected`` say how the server's usage compared with the
+stream (soakd/targets/stream.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ COLUMNS = (
     "output_tokens",
     "usage_reported",
     "trace_id",
+    "usage_delta",  # usage minus the content chunks streamed (NULL before schema v4)
+    "usage_rejected",  # why the server's usage was not taken (soakd/notes.py)
 )
 _SECONDS = {
     "scheduled_s": "scheduled_ns",

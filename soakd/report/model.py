@@ -134,6 +134,9 @@ class Report:
     passed: bool | None = None  # None: nothing judged (no slo, no compare)
     # target -> phase -> its slowest requests, with trace ids (soakd/slowest.py)
     slowest: dict[str, dict[str, list[SlowRequest]]] = field(default_factory=dict)
+    # target -> note -> answers that carried it (soakd/notes.py: usage not taken, usage off
+    # the stream, unreadable Retry-After); each also a line of ``notes``
+    answer_notes: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 Better = Literal["min", "max"]
