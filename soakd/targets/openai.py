@@ -54,6 +54,7 @@ from soakd.targets.stream import (
     apply_usage,
     choice_text,
     idle_cut,
+    settle_usage,
 )
 from soakd.tracing import HEADER as TRACEPARENT
 from soakd.tracing import traceparent, wants_traceparent
@@ -425,10 +426,7 @@ class OpenAITarget:
     def _finish(self, out: Outcome) -> None:
         if out.end_ns == 0:
             out.end_ns = _perf_ns()
-        if not out.usage_reported:
-            out.output_tokens = out.content_chunks
-        elif self._stream:  # both counts kept: the journal stores the difference
-            out.usage_delta = out.output_tokens - out.content_chunks
+        settle_usage(out, self._stream)
 
     def _scrub(self, text: str) -> str:
         if self._secret is not None:

@@ -32,6 +32,7 @@ __all__ = [
     "apply_usage",
     "choice_text",
     "idle_cut",
+    "settle_usage",
 ]
 
 MAX_OUTPUT_FACTOR: Final = 10.0
@@ -240,6 +241,15 @@ def apply_usage(out: Outcome, usage: object, bounds: Bounds = NO_BOUNDS) -> None
     if completion is not None:
         out.output_tokens = completion
         out.usage_reported = True
+
+
+def settle_usage(out: Outcome, stream: bool) -> None:
+    """At the answer's end: the count kept is the server's usage when it was taken, else
+    the content chunks counted; a stream keeps both (their difference, ``usage_delta``)."""
+    if not out.usage_reported:
+        out.output_tokens = out.content_chunks
+    elif stream:
+        out.usage_delta = out.output_tokens - out.content_chunks
 
 
 def _implausible(count: object, limit: int) -> str:
