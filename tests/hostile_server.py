@@ -80,15 +80,15 @@ MODES: dict[str, str | None] = {
     "huge_line": "too_large",  # a 100 MB line without a line end
     "many_lines": "too_large",  # 100 MB of short data lines, never a blank line
     "gzip_bomb": "too_large",  # 100 MB of zeros, gzip-compressed, despite identity
-    "huge_headers": "bad_response",  # a 1 MB header line
-    "endless": "timeout_total",  # tokens forever, never [DONE]
+    "huge_headers": "protocol_error",  # a 1 MB header line (aiohttp's parser: 8 KiB)
+    "endless": "timeout_total",  # tokens forever (20 a second), never [DONE]
     "stall": "timeout_ttft",  # headers, then silence (slowloris)
     "drip": "timeout_ttft",  # headers, then a comment every 100 ms, never a token
     "no_headers": "timeout_ttft",  # reads the request, never answers
     "wrong_ctype": "bad_response",  # 200 text/html
     "error_200": "bad_response",  # 200 application/json with an error object
     "error_in_stream": "bad_response",  # an error object inside the SSE stream
-    "garbage": "bad_response",  # not HTTP at all
+    "garbage": "protocol_error",  # not HTTP at all
     "s429": "http_429",
     "s429ra": "http_429",  # with Retry-After: 1
     "s503": "http_5xx",
@@ -366,7 +366,7 @@ class HostileServer:
         await self._sse_head(w, "endless")
         while True:
             await self._chunk(w, "endless", chunk("t"))
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # slow enough to meet the total deadline first
 
     async def _m_stall(self, req: Request, w: asyncio.StreamWriter) -> None:
         await self._sse_head(w, "stall")
@@ -490,6 +490,7 @@ class HostileServer:
             self.stats.bytes_sent["runaway"] += len(data)
             self.stats.tokens["runaway"] += 64
             await w.drain()
+            await asyncio.sleep(0)  # drain() does not yield below its high-water mark
 
     async def _m_json_huge(self, req: Request, w: asyncio.StreamWriter) -> None:
         head = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
