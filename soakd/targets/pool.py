@@ -45,6 +45,9 @@ on idle HTTP channel"); so does ``_get`` here: one the server wrote to while idl
 the kernel (``POLLIN``, plain TCP only: on TLS a readable socket may be a session ticket).
 The race left: bytes that arrive after the connection was handed out and before its
 request was written are read as the answer, as in Go.
+
+Each connection's protocol is a ``FramingHandler`` (framing.py): an answer whose HTTP
+breaks mid-body fails when the bad bytes arrive, not at a deadline.
 """
 
 from __future__ import annotations
