@@ -24,7 +24,6 @@ from soakd.model import ErrorKind, Outcome
 from soakd.targets.errors import error_fields
 
 __all__ = [
-    "MAX_OUTPUT_FACTOR",
     "Bounds",
     "Fault",
     "StreamParser",
@@ -35,8 +34,6 @@ __all__ = [
     "settle_usage",
 ]
 
-MAX_OUTPUT_FACTOR: Final = 10.0
-"""The default of ``targets[].max_output_factor``."""
 _TEXT_KEYS: Final = ("content", "reasoning_content", "reasoning")
 """Where a chat delta (or message) carries text: reasoning models stream their reasoning
 in the latter two before the answer."""
