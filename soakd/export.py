@@ -44,9 +44,9 @@ COLUMNS = (
     "prompt_tokens",
     "output_tokens",
     "usage_reported",
-    "trace_id",
     "usage_delta",  # usage minus the content chunks streamed (NULL before schema v4)
     "usage_rejected",  # why the server's usage was not taken (soakd/notes.py)
+    "trace_id",
 )
 _SECONDS = {
     "scheduled_s": "scheduled_ns",

@@ -198,8 +198,8 @@ def test_a_v3_journal_is_read_exported_and_continued_as_v4(tmp_path: Path) -> No
     with (tmp_path / "v4.csv").open("w") as f:
         assert export(tmp_path, "csv", f) == 200
     header, *lines = (tmp_path / "v4.csv").read_text().splitlines()
-    assert header.endswith("usage_delta,usage_rejected")
-    assert sum(line.endswith(",negative") for line in lines) == sum(
+    assert header.endswith("usage_reported,usage_delta,usage_rejected,trace_id")
+    assert sum(",negative," in line for line in lines) == sum(
         o.usage_rejected == "negative" for o in new
     )
 

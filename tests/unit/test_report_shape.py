@@ -46,6 +46,7 @@ REPORT_KEYS = [
     "comparison",
     "passed",
     "slowest",  # target -> phase -> slow requests (soakd/slowest.py)
+    "answer_notes",  # target -> note -> answers (soakd/notes.py)
     "columns",
 ]
 ROW_KEYS = [
