@@ -184,6 +184,18 @@ taken, usage off the stream, framing, unreadable Retry-After, runaway) and no mo
 raw server in this process keeps up on a loaded 2-core box."""
 
 
+def timeouts(mode: str) -> dict[str, str]:
+    """The short deadlines for the modes that must time out, the one each tests: endless
+    streams from its first byte, so it gets no ttft deadline of its own (ttft = total: one
+    deadline). With one, a run loop late by more than 1 s on a loaded box (load average
+    7-18 on 2 cores, measured) saw the deadline's timer and the first token in the same
+    turn, and the timer ran first: a few timeout_ttft among its timeout_total, as before
+    this file's newer modes (main's test, same box: 2 in 30)."""
+    if not (MODES.get(mode) or "").startswith("timeout"):
+        return ROOMY
+    return {**TIMEOUTS, "ttft": TIMEOUTS["total"]} if mode == "endless" else TIMEOUTS
+
+
 def hostile_config(server: HostileServer, seconds: float) -> dict[str, Any]:
     modes = [m for m in MODES if m not in SINGLE] + ["random"]
     return {
@@ -194,7 +206,7 @@ def hostile_config(server: HostileServer, seconds: float) -> dict[str, Any]:
                 "base_url": server.url(m),
                 "model": "m",
                 "stream": m != "json_huge",
-                "timeouts": TIMEOUTS if (MODES.get(m) or "").startswith("timeout") else ROOMY,
+                "timeouts": timeouts(m),
                 "scrape": False,
                 # every answer is recorded as it comes: the pauses are test_faults_storms'
                 "rate_limit": {"honour_retry_after": False},
@@ -219,6 +231,8 @@ def test_daemon_survives_every_misbehaviour_at_once(hostile: HostileServer, tmp_
     records only its own kind, RSS stays flat while 100 MB lines, endless streams and
     gzip bombs arrive, the run completes and exits 0."""
     seconds = 20.0
+    # the server is the session's: count this run's answers only
+    answers, tokens = dict(hostile.stats.requests), dict(hostile.stats.tokens)
     cfg = hostile_config(hostile, seconds)
     path = write_config(tmp_path / "hostile.yaml", cfg)
     port = free_port()
@@ -294,11 +308,12 @@ def test_daemon_survives_every_misbehaviour_at_once(hostile: HostileServer, tmp_
     for mode in (m for m in USAGE if m not in SINGLE):
         name = mode.replace("_", "-")
         rows = kept[name]
-        assert len(rows) == hostile.stats.requests[mode], mode
+        answered = hostile.stats.requests[mode] - answers.get(mode, 0)
+        assert len(rows) == answered, mode
         if mode in REJECTED:
-            assert sum(rows) == hostile.stats.tokens[mode], mode
+            assert sum(rows) == hostile.stats.tokens[mode] - tokens.get(mode, 0), mode
             assert notes[(name, f"usage_rejected:{REJECTED[mode]}")] == len(rows)
-        figure(f"hostile.daemon.{mode}.server_answers", hostile.stats.requests[mode])
+        figure(f"hostile.daemon.{mode}.server_answers", answered)
         figure(f"hostile.daemon.{mode}.journal_rows", len(rows))
     assert notes[("usage-low", "usage_mismatch")] == len(kept["usage-low"])
     for mode in (m for m in BAD_RETRY_AFTER if m not in SINGLE):
