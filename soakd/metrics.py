@@ -53,7 +53,13 @@ from soakd.model import (
     Plan,
     status_class,
 )
-from soakd.notes import RETRY_AFTER_UNREADABLE, USAGE_MISMATCH, USAGE_REJECTED
+from soakd.notes import (
+    MISMATCH_DIRECTIONS,
+    RETRY_AFTER_UNREADABLE,
+    USAGE_MISMATCH,
+    USAGE_REJECTED,
+    notes_of,
+)
 from soakd.probe_metrics import OOM_SOURCES as OOM_SOURCES
 from soakd.probe_metrics import THROTTLE_REASONS as THROTTLE_REASONS
 from soakd.probe_metrics import ProbeMetrics as ProbeMetrics
@@ -237,9 +243,9 @@ class Metrics:
         )
         self.usage_mismatch = Counter(
             mn.USAGE_MISMATCH_TOTAL,
-            "Streamed answers whose usage, taken, differs from the content chunks by more "
-            "than one (legitimate for a server sending several tokens a chunk).",
-            ["target"],
+            "Streamed answers whose usage, taken, is above or below the content chunks by "
+            "more than one (above: legitimate for a server sending several tokens a chunk).",
+            ["target", "direction"],
             registry=r,
         )
         self.retry_after_unreadable = Counter(
@@ -414,7 +420,8 @@ class Metrics:
         self.oom_errors.labels(target)
         for reason in USAGE_REJECTED_REASONS:
             self.usage_rejected.labels(target, reason)
-        self.usage_mismatch.labels(target)
+        for direction in MISMATCH_DIRECTIONS:
+            self.usage_mismatch.labels(target, direction)
         self.retry_after_unreadable.labels(target)
         counts = self._run_counts.setdefault(target, [0, 0])
         self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts))
@@ -460,7 +467,8 @@ class Metrics:
         if o.oom:
             self.oom_errors.labels(o.target).inc()
         if o.usage_rejected or o.usage_mismatch or o.retry_after_unreadable:
-            self.note(o.target, o.usage_rejected, o.usage_mismatch, o.retry_after_unreadable)
+            for note in notes_of(o):
+                self.note(o.target, note)
         if o.error is not None:
             return
         run = self._traced.get(o.target)
@@ -480,24 +488,20 @@ class Metrics:
         if o.itl_ns:
             c.itl.observe_ns(o.itl_ns)
 
-    def note(self, target: str, rejected: str, mismatch: bool, unreadable: bool) -> None:
-        if rejected:
-            self.usage_rejected.labels(target, rejected).inc()
-        if mismatch:
-            self.usage_mismatch.labels(target).inc()
-        if unreadable:
-            self.retry_after_unreadable.labels(target).inc()
+    def note(self, target: str, note: str, n: int = 1) -> None:
+        """Count ``n`` answers of ``target`` that carried ``note`` (soakd/notes.py)."""
+        kind, _, value = note.partition(":")
+        if kind == USAGE_REJECTED:
+            self.usage_rejected.labels(target, value).inc(n)
+        elif kind == USAGE_MISMATCH:
+            self.usage_mismatch.labels(target, value).inc(n)
+        elif kind == RETRY_AFTER_UNREADABLE:
+            self.retry_after_unreadable.labels(target).inc(n)
 
     def restore_notes(self, notes: Iterable[tuple[str, str, int]]) -> None:
         """Continue the note counters of a resumed run from the journal's notes table."""
         for target, note, n in notes:
-            kind, _, reason = note.partition(":")
-            if kind == USAGE_REJECTED:
-                self.usage_rejected.labels(target, reason).inc(n)
-            elif kind == USAGE_MISMATCH:
-                self.usage_mismatch.labels(target).inc(n)
-            elif kind == RETRY_AFTER_UNREADABLE:
-                self.retry_after_unreadable.labels(target).inc(n)
+            self.note(target, note, n)
 
     def restore(
         self,

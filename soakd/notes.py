@@ -3,10 +3,13 @@
 - ``usage_rejected:<reason>``: the answer's ``usage`` was not taken (a count that is not an
   integer, negative, or more than the answer could hold: soakd/targets/stream.py); its
   output tokens are the streamed count;
-- ``usage_mismatch``: a streamed answer's usage, taken, differs from the content chunks it
-  streamed by more than one. A server that sends several tokens a chunk differs
-  legitimately (usage is then the true count, and is the one used); one whose usage is
-  below its chunks, or far above on a server that sends a token a chunk, miscounts;
+- ``usage_mismatch:above`` / ``usage_mismatch:below``: a streamed answer's usage, taken,
+  is above (below) the content chunks it streamed by more than one. Above is what a
+  server that sends several tokens a chunk does, legitimately: vLLM does it under load
+  (its API server merges the tokens a slow reader has not taken yet: measured +1 and +2
+  on a CPU box at 4 concurrent); usage is then the true count, and the one used. Below
+  is a miscount (a content chunk holds at least one token); usage is still the count
+  used, as long as it is plausible;
 - ``retry_after_unreadable``: a 429 or 503 carried a Retry-After soakd could not read; the
   target paused for ``rate_limit.default_pause`` instead (soakd/workload/guard.py).
 
@@ -29,10 +32,11 @@ log = structlog.get_logger()
 
 USAGE_REJECTED: Final = "usage_rejected"
 USAGE_MISMATCH: Final = "usage_mismatch"
+MISMATCH_DIRECTIONS: Final = ("above", "below")
 RETRY_AFTER_UNREADABLE: Final = "retry_after_unreadable"
 NOTES: Final = (
     *(f"{USAGE_REJECTED}:{r}" for r in USAGE_REJECTED_REASONS),
-    USAGE_MISMATCH,
+    *(f"{USAGE_MISMATCH}:{d}" for d in MISMATCH_DIRECTIONS),
     RETRY_AFTER_UNREADABLE,
 )
 """Every note, as the journal stores it (bounded: safe as labels)."""
@@ -40,9 +44,12 @@ NOTES: Final = (
 _SAY: Final = {
     USAGE_REJECTED: "the server's usage is not taken for such answers: their output tokens "
     "are the content chunks soakd counted",
-    USAGE_MISMATCH: "the server's usage.completion_tokens differs from the content chunks "
-    "streamed by more than one; usage is the count used. A server that sends several "
-    "tokens a chunk differs legitimately; usage below the chunks is a miscount",
+    f"{USAGE_MISMATCH}:above": "the server's usage.completion_tokens is above the content "
+    "chunks streamed by more than one: a server that sends several tokens a chunk does "
+    "so legitimately (vLLM under load); usage is the count used",
+    f"{USAGE_MISMATCH}:below": "the server's usage.completion_tokens is below the content "
+    "chunks streamed by more than one: a miscount (a chunk holds at least one token); "
+    "usage is still the count used",
     RETRY_AFTER_UNREADABLE: "the 429/503's Retry-After is no delay-seconds or HTTP date "
     "soakd can read: the target pauses for rate_limit.default_pause instead",
 }
@@ -53,7 +60,7 @@ def notes_of(o: Outcome) -> Iterator[str]:
     if o.usage_rejected:
         yield f"{USAGE_REJECTED}:{o.usage_rejected}"
     if o.usage_mismatch:
-        yield USAGE_MISMATCH
+        yield f"{USAGE_MISMATCH}:{'above' if (o.usage_delta or 0) > 0 else 'below'}"
     if o.retry_after_unreadable:
         yield RETRY_AFTER_UNREADABLE
 
@@ -105,11 +112,17 @@ def describe(notes: Mapping[str, int]) -> list[str]:
             f"usage not taken for {sum(rejected.values()):,} answers ({why}): "
             "their output tokens are the streamed count"
         )
-    if notes.get(USAGE_MISMATCH):
+    above = notes.get(f"{USAGE_MISMATCH}:above", 0)
+    below = notes.get(f"{USAGE_MISMATCH}:below", 0)
+    if above:
         lines.append(
-            f"usage differs from the stream by more than one token in "
-            f"{notes[USAGE_MISMATCH]:,} answers (usage counted; legitimate for a server "
-            "that sends several tokens a chunk)"
+            f"usage above the stream by more than one token in {above:,} answers (usage "
+            "counted: a server that sends several tokens a chunk, as vLLM does under load)"
+        )
+    if below:
+        lines.append(
+            f"usage below the stream by more than one token in {below:,} answers: the "
+            "server miscounts (usage still counted)"
         )
     if notes.get(RETRY_AFTER_UNREADABLE):
         lines.append(
@@ -129,4 +142,5 @@ def _log_first(o: Outcome, note: str) -> None:
         data["streamed"] = o.content_chunks
     else:
         data["status"] = o.status
-    log.warning(kind, target=o.target, **data, note=_SAY[kind], logged="once per target")
+    say = _SAY.get(note) or _SAY[kind]
+    log.warning(kind, target=o.target, **data, note=say, logged="once per target and kind")

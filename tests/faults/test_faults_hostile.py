@@ -315,7 +315,7 @@ def test_daemon_survives_every_misbehaviour_at_once(hostile: HostileServer, tmp_
             assert notes[(name, f"usage_rejected:{REJECTED[mode]}")] == len(rows)
         figure(f"hostile.daemon.{mode}.server_answers", answered)
         figure(f"hostile.daemon.{mode}.journal_rows", len(rows))
-    assert notes[("usage-low", "usage_mismatch")] == len(kept["usage-low"])
+    assert notes[("usage-low", "usage_mismatch:below")] == len(kept["usage-low"])
     for mode in (m for m in BAD_RETRY_AFTER if m not in SINGLE):
         name = mode.replace("_", "-")
         assert notes[(name, "retry_after_unreadable")] == summary["targets"][name]["requests"]

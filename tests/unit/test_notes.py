@@ -62,7 +62,8 @@ def metric_notes(m: Metrics) -> dict[tuple[str, str], int]:
     for t in ("alpha", "beta"):
         for name, note, labels in (
             ("soakd_usage_rejected_total", "usage_rejected:negative", {"reason": "negative"}),
-            ("soakd_usage_mismatch_total", "usage_mismatch", {}),
+            ("soakd_usage_mismatch_total", "usage_mismatch:below", {"direction": "below"}),
+            ("soakd_usage_mismatch_total", "usage_mismatch:above", {"direction": "above"}),
             ("soakd_retry_after_unreadable_total", "retry_after_unreadable", {}),
         ):
             v = m.registry.get_sample_value(name, {"target": t, **labels})
@@ -86,7 +87,7 @@ def test_notes_are_counted_alike_everywhere_and_a_resume_continues_them(tmp_path
     j.close()
     want = expected(first)
     assert want[("alpha", "usage_rejected:negative")] == 40
-    assert want[("alpha", "usage_mismatch")] > 0
+    assert want[("alpha", "usage_mismatch:below")] > 0
     assert want[("beta", "retry_after_unreadable")] > 0
     assert metric_notes(live) == want
     with JournalReader(tmp_path) as r:
@@ -96,7 +97,7 @@ def test_notes_are_counted_alike_everywhere_and_a_resume_continues_them(tmp_path
     assert [row["usage_delta"] for row in rows] == [o.usage_delta for o in first]
     # /status: each target's counts; the log: each note once per target, at its first
     assert sink.row("alpha") == {
-        "usage_mismatch": want[("alpha", "usage_mismatch")],
+        "usage_mismatch:below": want[("alpha", "usage_mismatch:below")],
         "usage_rejected:negative": 40,
     }
     assert sorted((e["event"], e["target"]) for e in logs) == [
@@ -241,3 +242,20 @@ def test_retry_after_is_read_as_http_writes_it(
     headers: dict[str, str], want: tuple[float | None, bool]
 ) -> None:
     assert retry_after(headers) == want
+
+
+@pytest.mark.parametrize(
+    ("delta", "want"),
+    [
+        (None, []),
+        (0, []),
+        (1, []),  # vLLM counts the stop token it does not stream
+        (-1, []),
+        (2, ["usage_mismatch:above"]),  # several tokens a chunk: vLLM under load
+        (-2, ["usage_mismatch:below"]),  # fewer tokens than chunks: a miscount
+    ],
+)
+def test_a_mismatch_says_its_direction(delta: int | None, want: list[str]) -> None:
+    o = Outcome("t", "p", 0, 0)
+    o.usage_delta = delta
+    assert list(notes_of(o)) == want
