@@ -67,7 +67,7 @@ def notes_of(o: Outcome) -> Iterator[str]:
 
 class Notes:
     """An OutcomeSink counting each target's notes over the run; each note is logged once
-    per target, when first seen."""
+    per target, when first seen (a resumed run's are not logged again)."""
 
     def __init__(self) -> None:
         self.counts: dict[str, Counter[str]] = {}

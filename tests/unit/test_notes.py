@@ -17,7 +17,7 @@ from soakd.export import export
 from soakd.journal import SCHEMA_VERSION, Journal, JournalReader, read_resume_state
 from soakd.metrics import Metrics
 from soakd.model import Outcome
-from soakd.notes import Notes, describe, notes_of
+from soakd.notes import NOTES, Notes, describe, notes_of
 from soakd.report import build_report
 from soakd.targets.errors import retry_after
 from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome, run_info
@@ -259,3 +259,4 @@ def test_a_mismatch_says_its_direction(delta: int | None, want: list[str]) -> No
     o = Outcome("t", "p", 0, 0)
     o.usage_delta = delta
     assert list(notes_of(o)) == want
+    assert set(want) <= set(NOTES)  # the bounded set the journal and the labels use
