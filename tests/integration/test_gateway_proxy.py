@@ -236,6 +236,13 @@ def test_cli_needs_an_upstream(capsys: pytest.CaptureFixture[str]) -> None:
     assert "give --config FILE or --upstream URL" in capsys.readouterr().err
 
 
+async def read_stream(s: aiohttp.ClientSession, url: str, got: list[bytes]) -> None:
+    async with s.post(url, data=b"{}") as resp:
+        assert resp.status == 200
+        async for part in resp.content.iter_any():
+            got.append(part)
+
+
 async def test_an_upstream_whose_http_breaks_is_named_at_once() -> None:
     """A status line that is not HTTP's: a 502 upstream_protocol_error. A chunk size that
     is not hex after the first token: the stream is cut for the client when the bad bytes
@@ -252,14 +259,11 @@ async def test_an_upstream_whose_http_breaks_is_named_at_once() -> None:
                 assert doc is not None
                 assert doc["error"]["code"] == "upstream_protocol_error"
                 t0 = time.monotonic()
-                got = b""
+                got: list[bytes] = []
                 with pytest.raises(aiohttp.ClientPayloadError):
-                    async with s.post(bad_chunk.url + CHAT, data=b"{}") as resp:
-                        assert resp.status == 200
-                        async for part in resp.content.iter_any():
-                            got += part
+                    await read_stream(s, bad_chunk.url + CHAT, got)
                 assert time.monotonic() - t0 < 5.0  # the upstream holds it open for an hour
-                assert got.count(b"data: ") == 1  # the one token before the break
+                assert b"".join(got).count(b"data: ") == 1  # the one token before the break
                 for gw in (bad_status, bad_chunk):
                     async with s.get(gw.url + "/metrics") as resp:
                         text = await resp.text()
