@@ -44,6 +44,7 @@ from soakd.journal import (
 from soakd.logs import close_logging, flush_repeats, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
+from soakd.notes import Notes
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
 from soakd.rundir import new_run_id, prepare_dir, raise_fd_limit, write_summary
@@ -105,6 +106,7 @@ class Soak:
         self.names = [t.name for t in cfg.targets]
         self.stats = RunStats(self.names)
         self.goodput = GoodputWindow({name: cfg.slo_for(name) for name in self.names})
+        self.notes = Notes()  # usage not taken or off the stream, unreadable Retry-After
         self.targets: dict[str, Target] = {}
         self.senders = Senders()  # the targets' clients, here or in worker processes
         self.runner: Runner | None = None
@@ -165,7 +167,8 @@ class Soak:
             "slo": self._live_slo,
             "metrics_url": self.http.url if self.http else None,
             "targets": {
-                name: row | self.goodput.row(name) for name, row in self.stats.recent().items()
+                name: row | self.goodput.row(name) | {"notes": self.notes.row(name)}
+                for name, row in self.stats.recent().items()
             },
         }
 
@@ -434,7 +437,14 @@ class Soak:
             make_prompt_source(self.cfg.workload),
             # the journal hands outcomes on to Metrics once committed: Prometheus
             # never counts a request the journal could lose (docs/journal.md)
-            [self.journal, self.stats, self.goodput, self.probes.outcome_sink, self.guards],
+            [
+                self.journal,
+                self.stats,
+                self.goodput,
+                self.probes.outcome_sink,
+                self.guards,
+                self.notes,
+            ],
             max_tokens=self.cfg.workload.max_tokens,
             temperature=self.cfg.workload.temperature,
             seed=self.cfg.workload.seed,
@@ -502,6 +512,8 @@ class Soak:
         restored = journal.restored
         if self.resume is not None and restored is not None:
             missing = self.metrics.restore(restored.totals, restored.histograms)
+            self.metrics.restore_notes(restored.notes)
+            self.notes.restore(restored.notes)
             if self.config_changes:
                 journal.event("config_changed", paths=self.config_changes)
             log.warning(

@@ -95,6 +95,9 @@ class TargetConfig(Strict):
     proxy: str | None = None  # an http(s) proxy URL; None: honour HTTP(S)_PROXY / NO_PROXY
     tls: Tls = Tls()
     max_connections: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)] = 1024  # open at once
+    # the most an answer may stream, in multiples of max_tokens: past it the answer is cut
+    # (too_many_tokens), and a usage count above it is not taken (soakd/targets/stream.py)
+    max_output_factor: Annotated[float, Field(ge=1, le=1000)] = 10.0
     # False: a new connection per request, for servers that drop kept-alive connections
     # unannounced (llama-server, llama.cpp's cpp-httplib 0.58: after each streamed answer)
     keep_alive: bool = True

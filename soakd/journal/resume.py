@@ -122,6 +122,7 @@ class Restored:
     downtime_s: float
     resumes: int
     missed: dict[tuple[str, str, str], int] = field(default_factory=dict)  # sends not made
+    notes: list[tuple[str, str, int]] = field(default_factory=list)  # (target, note, count)
 
 
 def take_lock(run_dir: Path) -> int:
