@@ -10,11 +10,12 @@ server sees it (docs/architecture.md, "Preflight").
 The request's answer decides. What no next request could fix is a *problem* (the start
 ends, exit 2): nothing listening, no connection (DNS, TLS, a connect timeout), the key
 refused (401/403), an unknown model or path (404), any other 4xx, or an answer that is not
-OpenAI's (another content type, not JSON, no choices). A 5xx, a 429, a timeout or a cut
-stream is the server's own trouble, which a soak is there to measure: a *warning*, and
-the run goes on. The models list only words the lines: a model it lacks that still
-answers is a warning (aliases: Ollama's ``llama3`` for ``llama3:latest``, LiteLLM's
-wildcard routes, llama-server answering any name).
+OpenAI's (another content type, not JSON, no choices, not even HTTP). A 5xx, a 429, a
+timeout, a cut stream or more tokens than asked for is the server's own trouble, which a
+soak is there to measure: a *warning*, and the run goes on. The models list only words
+the lines: a model it lacks that still answers is a warning (aliases: Ollama's
+``llama3`` for ``llama3:latest``, LiteLLM's wildcard routes, llama-server answering any
+name).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ TOKEN_CAPS: Final = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 _UNREACHED: Final = frozenset(
     {ErrorKind.CONNECT_REFUSED, ErrorKind.CONNECT_ERROR, ErrorKind.TIMEOUT_CONNECT}
 )
-_NOT_OPENAI: Final = frozenset({ErrorKind.BAD_RESPONSE, ErrorKind.BAD_CHUNK})
+_NOT_OPENAI: Final = frozenset(
+    {ErrorKind.BAD_RESPONSE, ErrorKind.BAD_CHUNK, ErrorKind.PROTOCOL_ERROR}
+)
 
 
 @dataclass(frozen=True, slots=True)
