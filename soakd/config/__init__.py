@@ -73,7 +73,7 @@ from soakd.config.slo import (
     TargetCost,
     TokenPrice,
 )
-from soakd.config.targets import RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
+from soakd.config.targets import Failing, RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
 from soakd.config.workload import MAX_TOKENS, Load, PhaseConfig, Prompts, TokenLength, Workload
 
 __all__ = [
@@ -97,6 +97,7 @@ __all__ = [
     "Exporter",
     "ExporterBasicAuth",
     "ExporterTls",
+    "Failing",
     "GatewayConfig",
     "GatewayLimits",
     "GatewayModes",

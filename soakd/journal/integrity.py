@@ -268,7 +268,8 @@ def salvage(src: Path, dst: Path) -> Salvaged:
                 if name == "meta":
                     continue
                 if "WITHOUT ROWID" not in sql.upper():
-                    failed = _copy_by_rowid(out, name, result, _id_bound(conn, name))
+                    bound = _id_bound(conn, name, read_mark(src.parent))
+                    failed = _copy_by_rowid(out, name, result, bound)
                     if name == "requests" and failed:
                         _drop_undecodable(out, result, failed)
                 elif name == "rollups":
@@ -301,10 +302,13 @@ def _needed(doc: dict[str, Any]) -> None:
         raise ValueError(f"missing {', '.join(sorted(missing))}")
 
 
-def _id_bound(conn: sqlite3.Connection, name: str) -> int:
-    """The highest id a table can hold, when its own pages cannot say: request ids never
-    pass the requests counted in the totals; other tables are searched whole."""
+def _id_bound(conn: sqlite3.Connection, name: str, mark: Mark | None) -> int:
+    """The highest id a table can hold, when its own pages cannot say (or say nonsense):
+    the last request id the writer committed (its mark), else the requests the totals
+    count (ids never pass it); other tables are searched whole."""
     if name == "requests":
+        if mark is not None and mark.last_id:
+            return mark.last_id
         with contextlib.suppress(sqlite3.DatabaseError):
             total = conn.execute("SELECT SUM(requests) FROM totals").fetchone()[0]
             if total is not None:
@@ -316,8 +320,9 @@ def _copy_by_rowid(
     out: sqlite3.Connection, name: str, s: Salvaged, bound: int
 ) -> list[tuple[int, int]]:
     """Every readable row of a rowid table (``src``, attached to ``out``), copied by id
-    ranges inside SQLite; a range that fails is split until it is GRAIN ids short.
-    Returns the ranges that could not be read."""
+    ranges inside SQLite. The ids are dense (retention deletes the oldest only), so a range
+    that fails, or comes back with holes (a damaged page can end a read early without an
+    error), is split in two until it is GRAIN ids short. Returns those short ranges."""
     cols = ", ".join(f'"{r[1]}"' for r in out.execute(f'PRAGMA src.table_info("{name}")'))
     # (+rowid: checked again row by row: a damaged parent page can send a read to the
     # wrong leaf, whose rows belong to another range)
@@ -325,43 +330,40 @@ def _copy_by_rowid(
         f'INSERT OR IGNORE INTO main."{name}" (rowid, {cols}) SELECT rowid, {cols} '  # noqa: S608
         f'FROM src."{name}" WHERE rowid BETWEEN ?1 AND ?2 AND +rowid BETWEEN ?1 AND ?2'
     )
+    have = f'SELECT COUNT(*) FROM main."{name}" WHERE rowid BETWEEN ? AND ?'  # noqa: S608
     try:
         lo, hi = out.execute(f'SELECT MIN(rowid), MAX(rowid) FROM src."{name}"').fetchone()  # noqa: S608
-        ends_known = True
     except sqlite3.DatabaseError:
         lo, hi = 1, bound  # the ends themselves are unreadable: search up to the bound
-        ends_known = False
+    if lo is None:
+        s.read[name] = 0
+        return []
+    hi = min(hi, bound)  # a damaged last page can say any id
     failed: list[tuple[int, int]] = []
+    stack = [(lo, hi)]
     probes = 0
-    stack = [(lo, hi)] if lo is not None else []
     while stack:
         a, b = stack.pop()
         probes += 1
         if probes > MAX_PROBES:
-            failed.append((a, stack[0][1] if stack else b))
             s.whole_lost.append(f"{name}: the search stopped at id {a - 1} (index pages damaged)")
             break
         try:
             out.execute(copy, (a, b))  # all of the range, or (rolled back) none
-            continue
+            if out.execute(have, (a, b)).fetchone()[0] == b - a + 1:
+                continue  # whole
         except sqlite3.DatabaseError:
             pass
         if b - a < GRAIN:
             failed.append((a, b))
             continue
         mid = (a + b) // 2
-        stack += [(mid + 1, b), (a, mid)]
-    read, first, top = out.execute(
-        f'SELECT COUNT(*), MIN(rowid), MAX(rowid) FROM main."{name}"'  # noqa: S608
-    ).fetchone()
+        stack += [(mid + 1, b), (a, mid)]  # the lower half first: ids stay in order
+    read = out.execute(f'SELECT COUNT(*) FROM main."{name}"').fetchone()[0]  # noqa: S608
     s.read[name] = read
-    if failed and read:
-        # rowids are dense (retention deletes the oldest only): the ids between the first
-        # and the last known that were not read are the rows lost
-        if ends_known:
-            top = max(top, hi)
-        if top - first + 1 > read:
-            s.lost[name] = top - first + 1 - read
+    lost = sum(b - a + 1 - out.execute(have, (a, b)).fetchone()[0] for a, b in failed)
+    if lost:
+        s.lost[name] = lost
     return failed
 
 

@@ -191,6 +191,9 @@ class Report:
     # (plot -> (label, value in the plot's unit)); soakd/report/plots.py
     plot_phases: list[tuple[float, str]] = field(default_factory=list)
     plot_limits: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    # target -> note -> answers that carried it (soakd/notes.py: usage not taken, usage off
+    # the stream, unreadable Retry-After); each also a line of ``notes``
+    answer_notes: dict[str, dict[str, int]] = field(default_factory=dict)
     # what the journal lost or could not keep (damage, a lost WAL, a full disk): the
     # report's first lines, before anything else (build.py, _journal_warnings)
     warnings: list[str] = field(default_factory=list)
