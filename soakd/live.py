@@ -142,8 +142,39 @@ def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
             Text(f"CLIENT-LIMITED {', '.join(limited)}: soakd is behind the plan", style="bold red")
         )
     parts.append(target_table(rows, "last 60 s (not sent: this session)", width))
+    prompts = prompt_line(status)
+    if prompts is not None:
+        parts.append(prompts)
     parts += [_vram_line(v) for v in status.get("vram", [])]
     return Group(*parts)
+
+
+def prompt_line(status: Mapping[str, Any]) -> Text | None:
+    """prompt tokens, planned -> served: vllm 300 -> 299, sim 300 -> 146 (-51.3 %); a
+    target off by more than 10 % in red. Served: the answers' usage this session, else the
+    target's own count at start (marked)."""
+    from soakd.workload.sizing import WARN_SHARE
+
+    info = status.get("prompt_tokens")
+    if not isinstance(info, Mapping):
+        return None
+    line = Text("prompt tokens, planned -> served:", style="dim")
+    shown = 0
+    for name, r in info.get("targets", {}).items():
+        planned, served, start = r.get("planned"), r.get("served"), r.get("at_start")
+        if served is None and start is not None:
+            planned, served = info.get("planned"), start
+        if planned is None or served is None or planned <= 0:
+            continue
+        off = served / planned - 1.0
+        mark = " at start" if r.get("served") is None else ""
+        text = f" {name} {planned:,.0f} -> {served:,.0f}{mark}"
+        if abs(off) > WARN_SHARE:
+            line.append(text + f" ({off * 100:+.1f} %)", "bold red")
+        else:
+            line.append(text)
+        shown += 1
+    return line if shown else None
 
 
 def _links(status: dict[str, Any]) -> Text:

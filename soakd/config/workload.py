@@ -95,3 +95,8 @@ class Workload(Strict):
     max_tokens: Annotated[int, Field(ge=1)] = 512
     temperature: Annotated[float, Field(ge=0, le=2)] = 0.7
     seed: int = 0
+    # synthetic prompts sized in the target's own tokens (soakd/workload/calibration.py):
+    # auto: measured at start (this tokenizer, else a target's /tokenize, else the first
+    # answers' usage); off: one word a token, as planned
+    calibrate: Literal["auto", "off"] = "auto"
+    tokenizer: Path | None = None  # a tokenizer.json (the tokenizers package; no hub access)

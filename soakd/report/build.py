@@ -44,6 +44,7 @@ from soakd.report.model import (
     value_of,
 )
 from soakd.report.plots import plots
+from soakd.report.prompt_tokens import prompt_notes, prompt_tokens
 from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
 from soakd.slowest import DEFAULT_N, slowest
 from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
@@ -97,6 +98,7 @@ def build_report(
         slos, spec, slo_note = _decision_config(config, targets)
         tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
         slow = slowest(reader, slowest_n, rollups)
+        prompt_rows, prompt_sizing = prompt_tokens(reader.conn, config, events, targets)
     plan_phases = [
         (p["name"], p["start_ns"] / NS_PER_S, p["end_ns"] / NS_PER_S)
         for p in meta["plan"]["phases"]
@@ -221,6 +223,7 @@ def build_report(
 
     notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
     notes += _client_limits(overall, targets, config)
+    notes += prompt_notes(prompt_rows, prompt_sizing)
     eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}
     return Report(
         run_id=meta["run_id"],
@@ -248,6 +251,8 @@ def build_report(
         comparison=comparison,
         passed=overall_verdict(verdicts.values(), comparison),
         slowest=slow,
+        prompt_tokens=prompt_rows,
+        prompt_sizing=prompt_sizing,
     )
 
 

@@ -107,6 +107,24 @@ class Series:
 
 
 @dataclass
+class PromptTokens:
+    """One target's prompt lengths over the run (None: not measured; report/prompt_tokens.py)."""
+
+    target: str
+    requests: int  # successful requests with usage, journaled: the pairs compared
+    planned: float | None  # mean planned tokens
+    served: float | None  # mean usage.prompt_tokens
+    at_start: float | None  # the target's own count of the first prompts, at start
+
+    @property
+    def off(self) -> float | None:
+        """Served off planned, as a share of planned."""
+        if self.planned is None or self.served is None or self.planned <= 0:
+            return None
+        return self.served / self.planned - 1.0
+
+
+@dataclass
 class Report:
     run_id: str
     created: str
@@ -134,6 +152,8 @@ class Report:
     passed: bool | None = None  # None: nothing judged (no slo, no compare)
     # target -> phase -> its slowest requests, with trace ids (soakd/slowest.py)
     slowest: dict[str, dict[str, list[SlowRequest]]] = field(default_factory=dict)
+    prompt_tokens: list[PromptTokens] = field(default_factory=list)  # planned against served
+    prompt_sizing: str | None = None  # how the synthetic prompts were sized (calibration)
 
 
 Better = Literal["min", "max"]
