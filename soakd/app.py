@@ -411,7 +411,9 @@ class Soak:
         assert self.journal is not None
         journal = self.journal
         wl = self.cfg.workload
-        auto = wl.calibrate == "auto"
+        # a run an older soakd started (no workload.calibrate stored) goes on as it ran
+        first = self.resume.config.get("workload", {}) if self.resume else {"calibrate": "auto"}
+        auto = wl.calibrate == "auto" and first.get("calibrate") == "auto"
         try:
             done = stored(self.resume.calibrations if self.resume else [])
         except ValueError as exc:
@@ -433,7 +435,7 @@ class Soak:
         lengths = PromptLengths(
             prompts,
             self.names,
-            check=auto and not done.checked,
+            checks=done.checks_left if auto else 0,
             reference=reference,
             on_calibration=lambda doc: journal.event(CALIBRATION_EVENT, **doc),
         )

@@ -205,6 +205,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _check_one(path: Path, args: argparse.Namespace) -> None:
     from soakd.workload.plan import build_plan, describe_plan
+    from soakd.workload.sizing import plan_lines
 
     cfg = load_config(path)
     problems = []
@@ -222,8 +223,10 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
     plan = build_plan(
         cfg, datetime.now(UTC), rehearse_s=args.rehearse, duration_cap_s=args.duration
     )
+    prompt_lines = asyncio.run(plan_lines(cfg))  # a bad tokenizer file: a ConfigError
     print(f"{path}: ok")
     print(describe_plan(plan, cfg))
+    print("\n".join(prompt_lines))
     if cfg.run.workers != 1:
         from soakd.workers.pool import worker_count
 
