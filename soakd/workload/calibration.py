@@ -12,6 +12,7 @@ its file once.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, Literal, Protocol, TypeGuard
@@ -104,26 +105,46 @@ class Calibration:
             from_seq,
         )
 
-    def corrected(self, estimated: float, served: float, from_seq: int) -> Calibration | None:
-        """This calibration made to agree with a server's usage: ``served`` tokens where it
-        estimated ``estimated`` (sums over the same answers). Costs measured word by word
-        keep their proportions and the difference goes to the overhead (a chat template
-        the tokenizer could not see); a ratio is scaled. None: out of believable range."""
-        if estimated <= 0 or served <= 0:
+    def units(self, estimate: float) -> float:
+        """A prompt's cost before scale and overhead, from this calibration's estimate of
+        it: the same for a text whatever scale and overhead later corrections give."""
+        return (estimate - self.overhead) / self.scale
+
+    def corrected(
+        self, units: Sequence[float], served: Sequence[int], from_seq: int
+    ) -> Calibration | None:
+        """This calibration made to agree with a server's usage: ``served`` tokens for
+        prompts of these ``units`` (``units()``), the answers of one target. Costs measured
+        word by word keep their scale, and the difference goes to the overhead (a chat
+        template a tokenizer.json cannot see). A ratio is refitted: a least-squares line
+        (its slope the scale, its intercept the overhead) once the prompts differ in length
+        by a fifth, as they do after a first correction of a fixed length; until then the
+        one ratio, over the overhead already known. None: beyond belief."""
+        n = len(units)
+        if n == 0 or len(served) != n or min(served) <= 0 or min(units) <= 0:
             return None
         if self.costs is not None and self.source in ("tokenizer", "tokenize"):
-            overhead = self.overhead + (served - estimated)
-            if overhead < 0 or served / estimated > SCALE_MAX or served / estimated < SCALE_MIN:
+            overhead = (sum(served) - self.scale * sum(units)) / n
+            if overhead < 0 or overhead > max(served):
                 return None
             return replace(self, overhead=round(overhead, 3), from_seq=from_seq)
-        scale = self.scale * served / estimated
+        mean_u, mean_s = sum(units) / n, sum(served) / n
+        spread = sum((u - mean_u) ** 2 for u in units)
+        scale, overhead = 0.0, -1.0
+        if max(units) - min(units) > 0.2 * mean_u and spread > 0:
+            scale = sum((u - mean_u) * (s - mean_s) for u, s in zip(units, served, strict=True))
+            scale /= spread
+            overhead = mean_s - scale * mean_u
+        if overhead < 0:  # one length, or a line through negative tokens: one ratio
+            overhead = min(self.overhead, mean_s / 2)
+            scale = (mean_s - overhead) / mean_u
         if not SCALE_MIN <= scale <= SCALE_MAX:
             return None
         return replace(
             self,
             source="usage" if self.source == "none" else self.source,
             scale=round(scale, 6),
-            overhead=round(self.overhead * served / estimated, 3),
+            overhead=round(overhead, 3),
             from_seq=from_seq,
         )
 

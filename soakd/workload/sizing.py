@@ -163,42 +163,41 @@ def _planned(prompts: PromptSource, seqs: Sequence[int]) -> float:
 
 
 async def calibrate(counter: TokenCounter, prompts: SyntheticPrompts) -> Calibration:
-    """Measure the reference: every word's cost (its tokens of the whole word list, split
-    at word starts, then verified on the run's first prompts), else one ratio (the word
-    list's count over its words); and what a request adds (a one-word prompt as sent,
-    less the word). Five requests to a server."""
+    """Measure the reference, in five requests to a server. Each word's cost: its tokens
+    in the whole word list, split where a token starts a word; else one ratio, the list's
+    count over its words. What a request adds around the text (a chat template, a BOS):
+    the run's first prompts as sent, less what their words cost. The word costs are kept
+    when they predict those counts to within one constant (a few tokens: a template can
+    spell the first word apart), else the ratio is."""
     source: Source = "tokenizer" if isinstance(counter, LocalTokenizer) else "tokenize"
     lead = await counter.tokenize("the", as_sent=False)
-    sent = await counter.tokenize("the", as_sent=True)
     vocab = await counter.tokenize("the " + " ".join(WORDS), as_sent=False)
-    overhead = float(max(0, sent.count - lead.count))
-    if vocab.pieces is not None:
-        costs = costs_from_pieces(vocab.pieces, 1 + len(WORDS))
-        if costs is not None and sum(costs) == vocab.count:
-            cal = Calibration(source, counter.name, costs[1:], 1.0, overhead)
-            if await _holds(counter, prompts, cal):
-                return cal
-    ratio = (vocab.count - lead.count) / len(WORDS)
-    return Calibration(source, counter.name, None, min(SCALE_MAX, max(SCALE_MIN, ratio)), overhead)
-
-
-async def _holds(counter: TokenCounter, prompts: SyntheticPrompts, cal: Calibration) -> bool:
-    """Whether word-by-word costs predict the counter's count of the run's first prompts
-    (to a token and half a percent): tokenizers that merge across words do not."""
-    trial = SyntheticPrompts(prompts.lengths, prompts.seed, [cal])
+    ratio = min(SCALE_MAX, max(SCALE_MIN, (vocab.count - lead.count) / len(WORDS)))
+    costs = costs_from_pieces(vocab.pieces, 1 + len(WORDS)) if vocab.pieces else None
+    if costs is not None and sum(costs) != vocab.count:
+        costs = None
+    trial = Calibration(source, counter.name, costs[1:] if costs else None, 1.0 if costs else ratio)
+    built = SyntheticPrompts(prompts.lengths, prompts.seed, [trial])
+    units, words, served = [], [], []
     for seq in range(START_PROMPTS):
-        text, _, estimate = trial.build(seq)
-        served = (await counter.tokenize(text, as_sent=True)).count
-        if abs(served - estimate) > 1 + 0.005 * estimate:
-            log.info(
-                "prompt_word_costs_not_additive",
-                reference=counter.name,
-                seq=seq,
-                estimated=round(estimate, 1),
-                served=served,
-            )
-            return False
-    return True
+        text, _, estimate = built.build(seq)
+        units.append(estimate)
+        words.append(len(text.split()))
+        served.append((await counter.tokenize(text, as_sent=True)).count)
+    around = [s - u for s, u in zip(served, units, strict=True)]
+    if trial.costs is not None:
+        if max(around) - min(around) <= 2 + 0.02 * sum(served) / len(served):
+            return replace(trial, overhead=round(max(0.0, sum(around) / len(around)), 3))
+        log.info(
+            "prompt_word_costs_not_additive",
+            reference=counter.name,
+            served=served,
+            estimated=[round(u, 1) for u in units],
+        )
+    around = [s - ratio * w for s, w in zip(served, words, strict=True)]
+    return Calibration(
+        source, counter.name, None, ratio, round(max(0.0, sum(around) / len(around)), 3)
+    )
 
 
 @dataclass(frozen=True)
@@ -341,7 +340,9 @@ class PromptLengths:
         self._synthetic = prompts if isinstance(prompts, SyntheticPrompts) else None
         self.checks_left = checks if self._synthetic is not None else 0
         self.reference = reference
-        self._samples: list[tuple[float, int]] = []  # (estimated, served)
+        self._samples: list[tuple[float, int]] = []  # this round's (estimated, served)
+        self._units: list[float] = []  # every round's prompt units (Calibration.units)
+        self._served: list[int] = []
         self._sample_target: str | None = reference
         self._on_calibration = on_calibration
         self.next_seq: Callable[[], int] = lambda: 0  # set once the runner exists
@@ -375,7 +376,10 @@ class PromptLengths:
             if self._sample_target is None:
                 self._sample_target = o.target
             if o.target == self._sample_target:
-                self._samples.append((synthetic.estimate(seq), served))
+                estimate = synthetic.estimate(seq)
+                self._samples.append((estimate, served))
+                self._units.append(synthetic.calibration.units(estimate))
+                self._served.append(served)
                 if len(self._samples) >= CHECK_ANSWERS:
                     self._check(synthetic)
         elif not self.checking and o.target not in self._warned:
@@ -391,7 +395,7 @@ class PromptLengths:
         off = served / estimated - 1.0 if estimated > 0 else 0.0
         new: Calibration | None = current
         if abs(off) > CHECK_TOLERANCE:
-            new = current.corrected(estimated, served, self.next_seq())
+            new = current.corrected(self._units, self._served, self.next_seq())
             if new is not None:
                 if current.source == "none":
                     new = replace(new, reference=self._sample_target or "")
