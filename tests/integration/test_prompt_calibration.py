@@ -16,6 +16,7 @@ import pytest
 
 from soakd.app import RunOptions, Soak
 from soakd.config import TargetConfig, TokenLength, config_from_dict
+from soakd.report import build_report
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import start_sim
 from soakd.targets.tokenize import open_tokenizer
@@ -181,6 +182,18 @@ async def test_a_resumed_run_sizes_its_prompts_as_the_first_session_did(tmp_path
     for seq, words in rows:
         assert words == len(prompts.spec_fields(seq)[0].split()), seq
     assert all(words < 100 for _, words in rows)  # sized by the tokenizer, not 120 words
+
+    # the report pairs planned and served over both sessions' rows
+    report = build_report(run_dir)
+    row = next(r for r in report.prompt_tokens if r.target == "sim")
+    every = served_rows(run_dir, "sim")
+    assert row.requests == len(every)
+    assert row.planned == 120
+    assert row.served == pytest.approx(sum(w for _, w in every) / len(every))
+    assert report.prompt_sizing is not None
+    assert report.prompt_sizing.startswith(f"sized by tokenizer {tok}")
+    note = next(n for n in report.notes if n.startswith("sim: "))
+    assert "where the plan said 120.0" in note
 
 
 async def test_a_target_down_at_start_falls_back_with_one_line(tmp_path: Path) -> None:
