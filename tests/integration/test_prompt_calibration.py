@@ -101,7 +101,7 @@ async def test_the_simulator_counts_as_its_answers_do_and_changes_nothing() -> N
     ],
 )
 async def test_a_server_without_tokenize_is_named_and_left_out(mode: str, why: str) -> None:
-    with serve_hostile() as server:
+    with serve_hostile(tokenize=True) as server:
         url = f"http://127.0.0.1:{server.port}/{mode}"
         counter = await open_tokenizer(target("h", url), url, 0.5)
         try:
