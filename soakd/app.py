@@ -446,6 +446,7 @@ class Soak:
     async def _measure_prompts(self, urls: dict[str, str], prompts: PromptSource) -> StartMeasure:
         """Ask each target's /tokenize (its server's, not a gateway's) and the local
         tokenizer: sizing.measure_at_start."""
+        t0 = time.monotonic()
         servers: dict[str, TokenCounter] = {}
         failed: dict[str, str] = {}
         closes = []
@@ -458,7 +459,9 @@ class Soak:
                 else:
                     servers[tcfg.name] = server
                     closes.append(server.aclose)
-            return await measure_at_start(prompts, servers, local=self._tokenizer, failed=failed)
+            measure = await measure_at_start(prompts, servers, local=self._tokenizer, failed=failed)
+            measure.seconds = time.monotonic() - t0  # the clients' set-up included
+            return measure
         finally:
             await _close_all("tokenizer", [close() for close in closes])
 

@@ -57,7 +57,8 @@ class ServerTokenizer:
         self._timeout = ClientTimeout(total=timeout_s)
         self._proxy = proxy
         self._proxy_auth = proxy_auth
-        self._ssl = cfg.ssl_context()
+        # a TLS context costs 20-100 ms to build: only for an https server
+        self._ssl = cfg.ssl_context() if root.startswith("https:") else True
 
     async def aclose(self) -> None:
         await self._session.close()
