@@ -131,16 +131,10 @@ async def _measure(
 
     await asyncio.gather(*(probe(n, s) for n, s in servers.items()))
     able = {n: s for n, s in servers.items() if n not in out.failed}
-    reference: TokenCounter | None = local or next(iter(able.values()), None)
-    if reference is not None and isinstance(prompts, SyntheticPrompts):
-        try:
-            cal = await calibrate(reference, prompts)
-        except TokenizeError as exc:
-            out.failed[reference.name] = str(exc)
-            able.pop(reference.name, None)
-        else:
-            prompts.calibrate(cal)
-            out.calibration = cal
+    if isinstance(prompts, SyntheticPrompts):  # a prompt file is sent as it is: counted only
+        await _calibrate_first(out, [local] if local is not None else list(able.values()), prompts)
+        for name in out.failed:
+            able.pop(name, None)
     seqs = range(START_PROMPTS)
 
     async def count(name: str, counter: TokenCounter) -> None:
@@ -152,6 +146,21 @@ async def _measure(
             out.served[name] = sum(counts) / len(counts)
 
     await asyncio.gather(*(count(n, s) for n, s in able.items()))
+
+
+async def _calibrate_first(
+    out: StartMeasure, candidates: Sequence[TokenCounter], prompts: SyntheticPrompts
+) -> None:
+    """Calibrate against the first candidate that counts to the end (the reference)."""
+    for reference in candidates:
+        try:
+            cal = await calibrate(reference, prompts)
+        except TokenizeError as exc:
+            out.failed[reference.name] = str(exc)
+            continue
+        prompts.calibrate(cal)
+        out.calibration = cal
+        return
 
 
 def _text(prompts: PromptSource, seq: int) -> str:
