@@ -41,6 +41,7 @@ from soakd.journal import (
 from soakd.logs import close_logging, flush_repeats, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
+from soakd.notes import Notes
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
 from soakd.rundir import new_run_id, prepare_dir, raise_fd_limit, write_summary
@@ -112,6 +113,7 @@ class Soak:
         self.names = [t.name for t in cfg.targets]
         self.stats = RunStats(self.names)
         self.goodput = GoodputWindow({name: cfg.slo_for(name) for name in self.names})
+        self.notes = Notes()  # usage not taken or off the stream, unreadable Retry-After
         self.targets: dict[str, Target] = {}
         self.senders = Senders()  # the targets' clients, here or in worker processes
         self.runner: Runner | None = None
@@ -132,6 +134,10 @@ class Soak:
         self._cancelled = 0  # requests cut at the drain deadline
         self._completed = False
         self._summary: dict[str, SessionRow] = {}
+        # what the live view marks as breached: each target's limits (its overrides applied)
+        self._live_slo = {
+            name: cfg.slo_for(name).model_dump(exclude_none=True) for name in self.names
+        }
         # prompts in the target's tokens (soakd/workload/sizing.py): a bad file fails here
         tok = cfg.workload.tokenizer
         self._tokenizer = LocalTokenizer(tok) if tok and cfg.workload.calibrate == "auto" else None
@@ -150,6 +156,7 @@ class Soak:
             "node": self.cfg.run.node,
             "phase": phase.name if phase else None,
             "phase_index": phase.index if phase else None,
+            "phases": len(self.plan.phases),
             "elapsed_s": round(elapsed, 3),
             "remaining_s": round(max(0.0, total - elapsed), 3),
             "plan_scale": self.plan.scale,
@@ -161,9 +168,12 @@ class Soak:
                 self.probes.gpu if self.probes is not None else None, self.cfg, self.names
             ),
             "lag_limit_s": self.cfg.alert_limits.dispatch_lag,
+            "drain_timeout_s": self.cfg.run.drain_timeout,
+            "slo": self._live_slo,
             "metrics_url": self.http.url if self.http else None,
             "targets": {
-                name: row | self.goodput.row(name) for name, row in self.stats.recent().items()
+                name: row | self.goodput.row(name) | {"notes": self.notes.row(name)}
+                for name, row in self.stats.recent().items()
             },
             "prompt_tokens": self.prompt_lengths.status() if self.prompt_lengths else None,
         }
@@ -389,6 +399,7 @@ class Soak:
                 self.goodput,
                 self.probes.outcome_sink,
                 self.guards,
+                self.notes,
                 lengths,
             ],
             max_tokens=self.cfg.workload.max_tokens,
@@ -520,6 +531,8 @@ class Soak:
         restored = journal.restored
         if self.resume is not None and restored is not None:
             missing = self.metrics.restore(restored.totals, restored.histograms)
+            self.metrics.restore_notes(restored.notes)
+            self.notes.restore(restored.notes)
             if self.config_changes:
                 journal.event("config_changed", paths=self.config_changes)
             log.warning(

@@ -58,14 +58,9 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
     }
 
 
-_NEWER = ("workload.calibrate", "workload.tokenizer")
-"""Keys an older soakd did not write: a run it started resumes as it ran (its prompts not
-calibrated: soakd/app.py), so their absence is no change."""
-
-
 def _diff(a: Any, b: Any, path: str = "") -> list[str]:
     """Dotted paths where two JSON documents differ (list items by ``name`` when they have one)."""
-    if path.strip(".") in _UNCOMPARED or (a is None and path in _NEWER):
+    if path.strip(".") in _UNCOMPARED:
         return []
     if isinstance(a, dict) and isinstance(b, dict):
         out: list[str] = []
@@ -79,6 +74,16 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
             out += _diff(x, y, f"{path}[{name or i}]")
         return out
     return [] if a == b else [path or "config"]
+
+
+def _as_read_now(doc: dict[str, Any]) -> dict[str, Any]:
+    """The stored config as this soakd reads it: a key a newer soakd added takes its
+    default, so an upgrade alone is no config change (a key set away from its default
+    still is). A document this soakd cannot read is compared as it is."""
+    try:
+        return config_doc(Config.model_validate(doc))
+    except ValueError:  # pydantic's ValidationError: a key this soakd dropped or renamed
+        return doc
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ class ResumeState:
 
     def check(self, cfg: Config, plan: Plan, *, force: bool) -> list[str]:
         """Same config and plan as stored, or JournalError (``force``: the differences)."""
-        diffs = _diff(self.config, config_doc(cfg))
+        diffs = _diff(_as_read_now(self.config), config_doc(cfg))
         if not diffs and plan_doc(plan) != self.plan:
             diffs = ["plan"]
         if diffs and not force:
@@ -128,6 +133,7 @@ class Restored:
     downtime_s: float
     resumes: int
     missed: dict[tuple[str, str, str], int] = field(default_factory=dict)  # sends not made
+    notes: list[tuple[str, str, int]] = field(default_factory=list)  # (target, note, count)
 
 
 def take_lock(run_dir: Path) -> int:

@@ -131,7 +131,10 @@ class TargetGuard:
         elif self._auth_failures and outcome.status and outcome.status < 400:
             log.info("auth_recovered", target=self.target, failures=self._auth_failures)
             self._auth_failures = 0
-        if outcome.status == 429 or (outcome.retry_after_s is not None and outcome.status == 503):
+        if outcome.status == 429 or (
+            outcome.status == 503
+            and (outcome.retry_after_s is not None or outcome.retry_after_unreadable)
+        ):
             self._rate_limited(outcome, now)
 
     # --- internals --------------------------------------------------------------------------
@@ -192,7 +195,7 @@ class TargetGuard:
         r = self.rate
         if not r.honour_retry_after:
             return
-        asked = outcome.retry_after_s
+        asked = outcome.retry_after_s  # None: none, or unreadable (soakd/targets/errors.py)
         pause = min(r.max_pause, r.default_pause if asked is None else asked)
         if pause > 0:
             self._rate_until = max(self._rate_until, now + pause)

@@ -160,6 +160,19 @@ def test_retry_after_pauses_the_target_and_the_429_still_counts() -> None:
     assert g.delay_s() == 0
 
 
+def test_an_unreadable_retry_after_pauses_for_the_default() -> None:
+    """A 429 or 503 whose Retry-After soakd could not read ("²", a bad date): the server
+    asked for a pause, so the target pauses for rate_limit.default_pause."""
+    g, clock, _, _ = guard(rate=RateLimit(default_pause=4, max_pause=60))
+    for status, kind in ((429, ErrorKind.HTTP_429), (503, ErrorKind.HTTP_5XX)):
+        o = outcome(status=status, error=kind)
+        o.retry_after_unreadable = True
+        g.record(o)
+        assert g.delay_s() == pytest.approx(4.0)
+        clock.t += 100
+        assert g.delay_s() == 0
+
+
 def test_retry_after_ignored_when_asked() -> None:
     g, _, _, _ = guard(rate=RateLimit(honour_retry_after=False))
     g.record(outcome(status=429, error=ErrorKind.HTTP_429, retry_after=30))
