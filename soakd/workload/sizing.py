@@ -251,7 +251,12 @@ async def plan_lines(cfg: Config) -> list[str]:
     prompts = make_prompt_source(wl)
     if isinstance(prompts, SyntheticPrompts):
         d = wl.prompts.input_tokens
-        shape = f"{d.dist} {d.mean}" + (f" (min {d.min}, max {d.max})" if d.dist != "fixed" else "")
+        if d.dist == "uniform":
+            shape = f"uniform {d.min}-{d.max}"
+        elif d.dist == "normal":
+            shape = f"normal {d.mean} ± {d.stddev:g} (min {d.min}, max {d.max})"
+        else:
+            shape = f"fixed {d.mean}"
         lines = [f"prompts: synthetic, {shape} tokens, seed {wl.seed}"]
     else:
         lines = [f"prompts: {wl.prompts.file}, planned at 4 characters a token"]
