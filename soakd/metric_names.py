@@ -110,6 +110,7 @@ RUN_RESUMES_TOTAL: Final = "soakd_run_resumes_total"
 # --- send guards (GuardMetrics) -------------------------------------------------------
 TARGET_PAUSED: Final = "soakd_target_paused"
 TARGET_PAUSES_TOTAL: Final = "soakd_target_pauses_total"
+TARGET_FAILING: Final = "soakd_target_failing"
 SPEND_CAP_HITS_TOTAL: Final = "soakd_spend_cap_hits_total"
 SPEND_USED: Final = "soakd_spend_used"
 SPEND_LIMIT: Final = "soakd_spend_limit"

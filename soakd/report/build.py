@@ -34,6 +34,7 @@ from soakd.journal import JournalReader, Rollup
 from soakd.model import NS_PER_S
 from soakd.notes import by_target, describe
 from soakd.report import names
+from soakd.report.failing import failing_notes
 from soakd.report.model import (
     LATENCY_KINDS,
     METRIC_COLUMNS,
@@ -229,6 +230,7 @@ def build_report(
         )
 
     notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
+    notes[:0] = failing_notes(events, overall, targets, active_s)  # first: the biggest news
     notes += _client_limits(overall, targets, config)
     notes += [f"{t}: {line}" for t in targets for line in describe(answer_notes.get(t, {}))]
     notes += prompt_notes(prompt_rows, prompt_sizing)

@@ -130,6 +130,25 @@ class OpenAITarget:
     async def aclose(self) -> None:
         await self._session.close()
 
+    async def get(
+        self, url: str, timeout_s: float, limit: int = ERROR_BODY_LIMIT
+    ) -> tuple[int, bytes]:
+        """GET ``url`` with this target's key, TLS and proxy: (status, at most ``limit``
+        bytes of the body). For the preflight's models list; raises aiohttp's errors and
+        TimeoutError (the caller words them with ``client_error``)."""
+        async with (
+            asyncio.timeout(timeout_s),
+            self._session.get(
+                url,
+                headers={"Accept": "application/json"},
+                proxy=self._proxy,
+                proxy_auth=self._proxy_auth,
+                allow_redirects=False,
+            ) as resp,
+        ):
+            body = await resp.content.read(limit)
+            return resp.status, body
+
     def body(self, spec: RequestSpec) -> bytes:
         """The request body for ``spec``: JSON, the config's extra_body merged in."""
         body: dict[str, Any] = {

@@ -210,6 +210,7 @@ def hostile_config(server: HostileServer, seconds: float) -> dict[str, Any]:
                 "scrape": False,
                 # every answer is recorded as it comes: the pauses are test_faults_storms'
                 "rate_limit": {"honour_retry_after": False},
+                "expect_failure": MODES.get(m) is not None,  # or `run` exits 3 for it
             }
             for m in modes
         ],
@@ -236,7 +237,8 @@ def test_daemon_survives_every_misbehaviour_at_once(hostile: HostileServer, tmp_
     cfg = hostile_config(hostile, seconds)
     path = write_config(tmp_path / "hostile.yaml", cfg)
     port = free_port()
-    proc = start_soakd(path, tmp_path / "run", port)
+    # the preflight is test_preflight's: this one is about what the run survives
+    proc = start_soakd(path, tmp_path / "run", port, "--no-preflight")
     rss: list[tuple[float, int]] = []
     stop = threading.Event()
 
