@@ -151,7 +151,7 @@ class Stats:
     connections: int = 0
     open_connections: int = 0
     keys: set[str] = field(default_factory=set)
-    other: int = 0  # requests for a path that is not a completions one (404)
+    other: int = 0  # soakd's /tokenize and /apply-template requests (404 unless tokenize)
 
 
 class HostileServer:
@@ -205,11 +205,11 @@ class HostileServer:
             if req is None:
                 return
             path = req.path.split("?")[0]
-            if not path.endswith("/completions"):
-                # soakd's prompt calibration (/tokenize): not one of the mode's requests;
-                # answered by the mode with ``tokenize``, else 404 (a server without one)
+            if path.endswith(("/tokenize", "/apply-template")):
+                # soakd's prompt calibration: not one of the mode's requests; answered by
+                # the mode with ``tokenize``, else 404 (a server without a /tokenize)
                 self.stats.other += 1
-                if not (self.tokenize and path.endswith("/tokenize")):
+                if not self.tokenize:
                     await self._send(writer, "?", _response(404, b'{"error":"not found"}'))
                     return
             else:
