@@ -237,7 +237,10 @@ def stored(docs: Sequence[Mapping[str, Any]]) -> Stored:
         elif stage == "check":
             checks_left -= 1
             if doc.get("changed"):
-                cals.append(Calibration.from_doc(dict(doc)))
+                cal = Calibration.from_doc(dict(doc))
+                cals.append(cal)
+                if cal.source in ("tokenize", "usage"):  # whose answers the checks read
+                    reference = cal.reference or None
             else:
                 checks_left = 0
     return Stored(cals, reference, measured, max(0, checks_left))
