@@ -120,11 +120,16 @@ class JournalConfig(Strict):
 
 
 MAX_WORKERS = 256
+Label = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+"""A name soakd puts in a Prometheus label value: any text but control characters."""
 
 
 class RunConfig(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")] = "soak"
-    node: str = Field(default_factory=lambda: os.uname().nodename)
+    # Which box and which site: labels of soakd_build_info, in the report and summary.json;
+    # the edge Prometheus's external labels carry the same values (docs/deployment.md).
+    node: Label = Field(default_factory=lambda: os.uname().nodename)
+    site: Label | None = None
     duration: Duration | None = None  # a cap on the whole run
     loop: bool = False  # repeat the phases until duration
     drain_timeout: Duration = 30.0

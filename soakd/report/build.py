@@ -248,6 +248,8 @@ def build_report(
         comparison=comparison,
         passed=overall_verdict(verdicts.values(), comparison),
         slowest=slow,
+        node=config.get("run", {}).get("node"),
+        site=config.get("run", {}).get("site"),
     )
 
 

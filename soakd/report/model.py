@@ -134,6 +134,8 @@ class Report:
     passed: bool | None = None  # None: nothing judged (no slo, no compare)
     # target -> phase -> its slowest requests, with trace ids (soakd/slowest.py)
     slowest: dict[str, dict[str, list[SlowRequest]]] = field(default_factory=dict)
+    node: str | None = None  # run.node and run.site: which box, where (docs/deployment.md)
+    site: str | None = None
 
 
 Better = Literal["min", "max"]

@@ -117,6 +117,7 @@ def header_lines(rep: Report) -> list[str]:
     state = "completed" if rep.completed else "not completed (stopped or still running)"
     return [
         f"run {rep.run_id}, created {rep.created}, {state}",
+        f"node {rep.node or '-'}, site {rep.site or '-'}",
         f"active {fmt_duration(rep.active_s)} of a {fmt_duration(rep.plan_s)} plan in "
         f"{rep.sessions} session(s); downtime {fmt_duration(rep.downtime_s)}; "
         f"soakd {', '.join(rep.versions)}",
