@@ -36,10 +36,17 @@ RULE_FILES = sorted((PROM_DIR / "rules").glob("*.yml"))
 RULE_TESTS = sorted((PROM_DIR / "tests").glob("*.yml"))
 EXTERNAL_METRICS = PROM_DIR / "external-metrics.txt"
 AM_CONFIG = ROOT / "deploy" / "alertmanager.yml"
+CENTRAL_DIR = ROOT / "deploy" / "central"
+CENTRAL_AM_CONFIG = CENTRAL_DIR / "alertmanager.yml"
 DASHBOARD_DIR = ROOT / "grafana" / "dashboards"
 GRAFANA_BUILD = ROOT / "grafana" / "build.py"
-# The webhook URL in deploy/alertmanager.yml; tests replace it with their receiver's.
+# The webhook URL in deploy/alertmanager.yml (and the central one's); tests replace it
+# with their receiver's.
 SHIPPED_WEBHOOK_URL = "http://alert-webhook:5001/alerts"
+SHIPPED_WEBHOOK_URLS = {
+    AM_CONFIG: SHIPPED_WEBHOOK_URL,
+    CENTRAL_AM_CONFIG: "http://alert-webhook.example.internal:5001/alerts",
+}
 SETUP_HINT = "run scripts/setup-prometheus.sh (apt-get install prometheus prometheus-alertmanager)"
 HOST = "127.0.0.1"
 
@@ -305,7 +312,8 @@ def free_port(host: str = HOST) -> int:
 
 
 TEST_NODE = "edge-test"
-"""The node name the tests' Prometheus puts on every alert (external label)."""
+TEST_SITE = "lab-test"
+"""The node and site the tests' Prometheus puts on every alert (external labels)."""
 
 
 def local_prometheus_config(hosts: dict[str, str], alertmanager: str) -> dict[str, Any]:
@@ -314,8 +322,10 @@ def local_prometheus_config(hosts: dict[str, str], alertmanager: str) -> dict[st
     Intervals, job names, labels and the rules are kept (rule files by absolute path);
     a job whose hosts are not all in ``hosts`` is dropped (e.g. dcgm-exporter)."""
     cfg = load_yaml(PROM_CONFIG)
-    # the node name compose fills in from ${SOAKD_NODE}: here a fixed one the tests expect
-    cfg.setdefault("global", {})["external_labels"] = {"node": TEST_NODE}
+    # the names compose fills in from ${SOAKD_NODE} and ${SOAKD_SITE}: here fixed ones
+    labels = cfg.setdefault("global", {})["external_labels"]
+    assert labels == {"node": "${SOAKD_NODE}", "site": "${SOAKD_SITE}"}, labels
+    cfg["global"]["external_labels"] = {"node": TEST_NODE, "site": TEST_SITE}
     cfg["rule_files"] = [str(PROM_DIR / pattern) for pattern in cfg["rule_files"]]
     cfg["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager]}]}]
     jobs = []
@@ -331,10 +341,11 @@ def local_prometheus_config(hosts: dict[str, str], alertmanager: str) -> dict[st
     return cfg
 
 
-def local_alertmanager_config(webhook_url: str) -> str:
-    text = AM_CONFIG.read_text()
-    assert SHIPPED_WEBHOOK_URL in text, f"{AM_CONFIG} no longer uses {SHIPPED_WEBHOOK_URL}"
-    return text.replace(SHIPPED_WEBHOOK_URL, webhook_url)
+def local_alertmanager_config(webhook_url: str, path: Path = AM_CONFIG) -> str:
+    """A shipped Alertmanager config with its webhook pointed at ``webhook_url``."""
+    text, shipped = path.read_text(), SHIPPED_WEBHOOK_URLS[path]
+    assert shipped in text, f"{path} no longer uses {shipped}"
+    return text.replace(shipped, webhook_url)
 
 
 def _get(url: str, timeout: float = 1.0) -> int:
@@ -402,16 +413,33 @@ def prometheus_daemon(config: dict[str, Any], workdir: Path) -> Daemon:
     return Daemon("prometheus", argv, workdir / "prometheus.log", f"http://{HOST}:{port}")
 
 
-def alertmanager_daemon(webhook_url: str, workdir: Path) -> Daemon:
+def alertmanager_daemon(
+    webhook_url: str,
+    workdir: Path,
+    *,
+    config: Path = AM_CONFIG,
+    name: str = "alertmanager",
+    cluster: tuple[int, list[int]] | None = None,
+) -> Daemon:
+    """An Alertmanager with a shipped config; alone, or a cluster peer: ``cluster`` is
+    (its gossip port, the other peers' gossip ports), all on 127.0.0.1."""
     port = free_port()
-    config_path = workdir / "alertmanager.yml"
-    config_path.write_text(local_alertmanager_config(webhook_url))
+    config_path = workdir / f"{name}.yml"
+    config_path.write_text(local_alertmanager_config(webhook_url, config))
     argv = [
         alertmanager_bin(),
         f"--config.file={config_path}",
-        f"--storage.path={workdir / 'am-data'}",
+        f"--storage.path={workdir / (name + '-data')}",
         f"--web.listen-address={HOST}:{port}",
-        "--cluster.listen-address=",
         "--log.level=warn",
     ]
-    return Daemon("alertmanager", argv, workdir / "alertmanager.log", f"http://{HOST}:{port}")
+    if cluster is None:
+        argv.append("--cluster.listen-address=")
+    else:
+        gossip, peers = cluster
+        argv += [
+            f"--cluster.listen-address={HOST}:{gossip}",
+            f"--cluster.advertise-address={HOST}:{gossip}",
+            *(f"--cluster.peer={HOST}:{peer}" for peer in peers),
+        ]
+    return Daemon(name, argv, workdir / f"{name}.log", f"http://{HOST}:{port}")

@@ -421,7 +421,7 @@ async def test_alerts_reach_the_webhook_and_resolve(stack: Stack) -> None:
     await _wait_scraped(stack)  # at least one sample of the normal state
     hook, p, m = stack.webhook, stack.soakd.p, stack.soakd.m
     measured: dict[str, float] = {}
-    common = {"job": "soakd", "instance": stack.soakd_addr, "node": obs.TEST_NODE}
+    common = {"job": "soakd", "instance": stack.soakd_addr, "node": obs.TEST_NODE, "site": obs.TEST_SITE}
 
     async def vram() -> None:
         # a full 10 s window of normal readings first, as on a card that ran a while
@@ -757,7 +757,7 @@ async def test_real_soakd_against_the_simulator(tmp_path: Path) -> None:
         cleanup.push_async_callback(asyncio.to_thread, prom.stop)
         await asyncio.to_thread(prom.start)
         measured: dict[str, float] = {}
-        common = {"job": "soakd", "instance": soakd_addr, "node": obs.TEST_NODE}
+        common = {"job": "soakd", "instance": soakd_addr, "node": obs.TEST_NODE, "site": obs.TEST_SITE}
         crossings: dict[str, float] = {}  # when soakd's /metrics first showed it
 
         async def watch_soakd() -> None:

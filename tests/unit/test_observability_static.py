@@ -20,11 +20,17 @@ SEVERITIES = {"page", "warn"}
 
 
 def test_alertmanager_inhibition_and_grouping() -> None:
+    """Grouped per alert, box and target; a TargetDown silences its own target's symptoms
+    on its own box only. The fleet's file routes exactly as the edge's."""
     cfg = obs.load_yaml(obs.AM_CONFIG)
-    assert cfg["route"]["group_by"] == ["alertname", "target"]
+    central = obs.load_yaml(obs.CENTRAL_AM_CONFIG)
+    assert cfg["route"] == central["route"]
+    assert cfg["inhibit_rules"] == central["inhibit_rules"]
+    assert [r["name"] for r in cfg["receivers"]] == [r["name"] for r in central["receivers"]]
+    assert cfg["route"]["group_by"] == ["alertname", "node", "site", "target"]
     (rule,) = cfg["inhibit_rules"]
     assert rule["source_matchers"] == ['alertname="TargetDown"']
-    assert rule["equal"] == ["target"]
+    assert rule["equal"] == ["node", "target"]
     inhibited = re.fullmatch(r'alertname=~"(.*)"', rule["target_matchers"][0])
     assert inhibited
     names = set(inhibited.group(1).split("|"))
@@ -33,6 +39,28 @@ def test_alertmanager_inhibition_and_grouping() -> None:
     assert {"P99E2EAboveSLO", "P99TTFTAboveSLO", "ErrorRatioHigh"} <= names
     for name in names:  # every inhibited alert carries the target label to match on
         assert "target" in alerts[name]["annotations"]["summary"], name
+
+
+def test_every_summary_names_node_site_and_target() -> None:
+    """A page says which box, where, and which server: the edge's alerts from its
+    external labels, the central's from the series' own labels."""
+    targeted = set()
+    for path in obs.RULE_TESTS:
+        for case in obs.load_yaml(path)["tests"]:
+            for check in case.get("alert_rule_test", []):
+                if any("target" in a["exp_labels"] for a in check.get("exp_alerts") or []):
+                    targeted.add(check["alertname"])
+    for alert in obs.alert_rules():
+        summary = alert["annotations"]["summary"]
+        for label in ("node", "site"):
+            assert f"$externalLabels.{label} }}" in summary, alert["alert"]
+        if alert["alert"] in targeted:
+            assert "$labels.target }}" in summary, alert["alert"]
+    for group in obs.load_yaml(obs.CENTRAL_DIR / "rules" / "central.yml")["groups"]:
+        for rule in group["rules"]:
+            summary = rule["annotations"]["summary"]
+            assert "$labels.node }}" in summary, rule["alert"]
+            assert "$labels.site }}" in summary, rule["alert"]
 
 
 # --- rules ---------------------------------------------------------------------------------
