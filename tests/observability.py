@@ -175,12 +175,16 @@ def dashboard_variable_queries() -> list[tuple[str, str]]:
 
 
 GRAFANA_VARS = {
+    "site": ".*",
+    "node": ".*",
     "target": ".*",
     "gpu": ".*",
     "__rate_interval": "10s",
     "__range": "60s",
     "__interval": "1s",
 }
+BOX_VARIABLES = ("site", "node")
+"""Empty on an edge (its series carry no node or site label), a list of boxes centrally."""
 
 
 def expand_grafana(expr: str, values: dict[str, str] | None = None) -> str:
@@ -246,12 +250,17 @@ def metric_names(expr: str) -> set[str]:
 
 
 def label_values_metric(query: str) -> str:
-    """``label_values(metric, label)`` -> metric."""
+    """``label_values(metric{...}, label)`` -> metric."""
+    return label_values_query(query)[0].split("{")[0]
+
+
+def label_values_query(query: str) -> tuple[str, str]:
+    """``label_values(selector, label)`` -> (selector, label)."""
     match = re.fullmatch(
-        r"\s*label_values\(\s*([A-Za-z_:][\w:]*)\s*(?:\{[^}]*\})?\s*,\s*\w+\s*\)\s*", query
+        r"\s*label_values\(\s*([A-Za-z_:][\w:]*\s*(?:\{[^}]*\})?)\s*,\s*(\w+)\s*\)\s*", query
     )
     assert match, f"unexpected variable query {query!r}"
-    return match.group(1)
+    return match.group(1), match.group(2)
 
 
 def soakd_sample_names() -> set[str]:
@@ -366,7 +375,7 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> None:
-        with self.log_path.open("wb") as log:
+        with self.log_path.open("ab") as log:  # a restart appends
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
@@ -398,7 +407,8 @@ class Daemon:
         return ""
 
 
-def prometheus_daemon(config: dict[str, Any], workdir: Path) -> Daemon:
+def prometheus_daemon(config: dict[str, Any], workdir: Path, *flags: str) -> Daemon:
+    """A Prometheus with ``config`` and its own TSDB in ``workdir``; ``flags`` added."""
     port = free_port()
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -409,8 +419,29 @@ def prometheus_daemon(config: dict[str, Any], workdir: Path) -> Daemon:
         f"--web.listen-address={HOST}:{port}",
         "--storage.tsdb.retention.time=1d",
         "--log.level=warn",
+        *flags,
     ]
     return Daemon("prometheus", argv, workdir / "prometheus.log", f"http://{HOST}:{port}")
+
+
+def rules_with_for(sources: list[Path], dest: Path, waits: dict[str, str]) -> list[Path]:
+    """Copies of rule files in ``dest`` with the `for:` of the alerts named in ``waits``
+    shortened (a test's clock, not the rule's meaning: expressions stay as shipped)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    seen, out = set(), []
+    for source in sources:
+        doc = load_yaml(source)
+        for group in doc["groups"]:
+            for rule in group["rules"]:
+                if rule.get("alert") in waits:
+                    assert "for" in rule, rule["alert"]
+                    rule["for"] = waits[rule["alert"]]
+                    seen.add(rule["alert"])
+        path = dest / source.name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        out.append(path)
+    assert seen == set(waits), f"no such alerts: {set(waits) - seen}"
+    return out
 
 
 def alertmanager_daemon(

@@ -165,6 +165,7 @@ def test_dashboards_have_the_required_content() -> None:
 
     dashboards = {p.stem: json.loads(p.read_text()) for p in obs.DASHBOARD_DIR.glob("*.json")}
     assert set(dashboards) == {
+        "soakd-fleet",
         "soakd-overview",
         "soakd-latency",
         "soakd-gpu",
@@ -174,7 +175,7 @@ def test_dashboards_have_the_required_content() -> None:
     for uid, dash in dashboards.items():
         assert dash["uid"] == uid
         variables = {v["name"] for v in dash["templating"]["list"]}
-        assert {"datasource", "target", "gpu"} <= variables, uid
+        assert {"datasource", "site", "node", "target", "gpu"} <= variables, uid
         ids = [p["id"] for p in dash["panels"]]
         assert len(ids) == len(set(ids)), uid
         for panel in dash["panels"]:
@@ -195,6 +196,57 @@ def test_dashboards_have_the_required_content() -> None:
         if p["type"] == "heatmap"
     ]
     assert len(heatmaps) == 5
+    for panel in heatmaps:  # one distribution per box
+        assert panel["repeat"] == "node"
+    fleet = json.loads((obs.DASHBOARD_DIR / "soakd-fleet.json").read_text())
+    (table,) = [p for p in fleet["panels"] if p["type"] == "table"]
+    columns = list(table["transformations"][1]["options"]["renameByName"].values())
+    assert columns == [
+        "soakd up",
+        "pages firing",
+        "goodput (worst target, 1m)",
+        "TTFT P99 / SLO",
+        "E2E P99 / SLO",
+        "VRAM peak / limit",
+        "OOM events (run)",
+        "restarts (run)",
+        "VRAM leak slope",
+    ]
+    assert table["options"]["sortBy"] == [{"displayName": "pages firing", "desc": True}]
+
+
+def test_every_dashboard_expression_keeps_node_and_site() -> None:
+    """Against a central Prometheus, "All" must give one line per box: every selector
+    filters on the node and site variables, every aggregation and match keeps both
+    labels, nothing is aggregated or padded without them (a bare `max(...)` or
+    `vector(0)` merges the sites)."""
+    box = 'node=~"$node", site=~"$site"'
+    for q in obs.dashboard_queries():
+        expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', q.expr)  # no metric names in strings
+        for name in obs.metric_names(q.expr):
+            spots = [m.end() for m in re.finditer(rf"(?<![\w:]){re.escape(name)}(?![\w:])", q.expr)]
+            assert spots, (str(q), name)
+            for end in spots:
+                selector = re.match(r"\{[^}]*\}", q.expr[end:])
+                assert selector, f"{q}: {name} unfiltered"
+                assert box in selector.group(0), f"{q}: {name} unfiltered"
+        for clause in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr):
+            labels = {x.strip() for x in clause.split(",")}
+            assert {"node", "site"} <= labels, f"{q}: by/on ({clause})"
+        bare = re.search(r"\b(sum|max|min|count|avg|group|topk|bottomk|vector)\s*\(", expr)
+        assert not bare, f"{q}: {bare.group(0) if bare else ''} without by (node, site)"
+
+
+def test_the_node_and_site_variables_are_on_every_dashboard() -> None:
+    import json
+
+    for path in obs.DASHBOARD_DIR.glob("*.json"):
+        variables = {v["name"]: v for v in json.loads(path.read_text())["templating"]["list"]}
+        for name in ("site", "node"):
+            var = variables[name]
+            assert var["multi"], (path.name, name)
+            assert var["includeAll"], (path.name, name)
+            assert var["allValue"] == ".*", (path.name, name)  # matches an edge's no label
 
 
 def test_grafana_provisioning_points_at_the_dashboards() -> None:
