@@ -66,6 +66,7 @@ DECODE_S = {"edge-a": 0.002, "edge-b": 0.006, "edge-c": 0.012}
 EDGE_WAITS = {"SoakdDown": "10s", "ErrorRatioHigh": "5s"}  # shipped: 1m, 1m
 CENTRAL_WAITS = {"EdgeSoakdMissing": "10s"}  # shipped: 5m
 OUTAGE_S = 60.0
+FEDERATION_S = 5  # the federation's pull interval on the test's clock (shipped: 30 s)
 RATE = 4.0  # requests per second at each site
 
 # Bounds on a hang, not measurements (those are printed): a page's own wait, plus
@@ -142,6 +143,7 @@ class Site:
 class Fleet:
     sites: dict[str, Site]
     central: obs.Daemon
+    federation: obs.Daemon
     peers: list[obs.Daemon]
     webhook: Webhook
     http: aiohttp.ClientSession
@@ -156,9 +158,9 @@ class Fleet:
         return result
 
     async def query_range(
-        self, prom: obs.Daemon, expr: str, start: float, end: float
+        self, prom: obs.Daemon, expr: str, start: float, end: float, step: float = 1
     ) -> list[dict[str, Any]]:
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1"}
+        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
         async with self.http.get(prom.url + "/api/v1/query_range", params=params) as resp:
             body = await resp.json()
         assert body["status"] == "success", (expr, body)
@@ -225,6 +227,28 @@ def central_config(peers: list[str], rules: Path) -> dict[str, Any]:
     cfg["rule_files"] = [str(rules / "*.yml")]
     cfg["global"]["evaluation_interval"] = "1s"  # the test's clock
     cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = peers
+    return cfg
+
+
+def federation_config(edges: dict[str, Site], workdir: Path) -> dict[str, Any]:
+    """deploy/central/prometheus.federation.yml pulling the three edges, every
+    FEDERATION_S: the shipped 30 s on the test's clock. Dashboards only: its alerts go
+    nowhere (the remote-write central is the one under test for alerting)."""
+    cfg = obs.load_yaml(obs.CENTRAL_DIR / "prometheus.federation.yml")
+    assert cfg["global"]["scrape_interval"] == "30s"
+    cfg["global"] |= {"scrape_interval": f"{FEDERATION_S}s", "scrape_timeout": "4s"}
+    cfg.pop("alerting")
+    cfg["rule_files"] = []
+    (job,) = cfg["scrape_configs"]
+    entries = [
+        {
+            "targets": [s.prometheus.url.removeprefix("http://")],
+            "labels": {"node": n, "site": s.site},
+        }
+        for n, s in edges.items()
+    ]
+    (workdir / "edges.yml").write_text(yaml.safe_dump(entries))
+    job["file_sd_configs"] = [{"files": [str(workdir / "edges.yml")]}]
     return cfg
 
 
@@ -337,10 +361,17 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
             stack.push_async_callback(asyncio.to_thread, prom.stop)
             sites[node] = Site(node, site_name, sim, sim.port, soakd, soakd_addr, prom)
         await asyncio.gather(*(asyncio.to_thread(s.prometheus.start) for s in sites.values()))
+
+        # the other path, for the dashboards: a central Prometheus federating the edges
+        federation_dir = tmp_path / "federation"
+        federation_dir.mkdir()
+        federation = obs.prometheus_daemon(federation_config(sites, federation_dir), federation_dir)
+        stack.push_async_callback(asyncio.to_thread, federation.stop)
+        await asyncio.to_thread(federation.start)
         http = await stack.enter_async_context(
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
         )
-        yield Fleet(sites, central, peers, webhook, http)
+        yield Fleet(sites, central, federation, peers, webhook, http)
 
 
 async def _stop_process(proc: asyncio.subprocess.Process) -> None:
@@ -528,6 +559,55 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
+def may_be_empty(q: obs.PanelQuery) -> bool:
+    return (
+        JITTER_NEEDS in q.expr
+        or q.description.startswith(NVML_ONLY)
+        or GATEWAY_ROW in q.expr
+        or q.expr.startswith(ALERT_LIST)
+    )
+
+
+def rate_interval(time_interval_s: float, step_s: float) -> str:
+    """Grafana's $__rate_interval for a datasource's timeInterval and a query's step."""
+    return f"{max(4 * time_interval_s, step_s + time_interval_s):g}s"
+
+
+async def _boxes_with_data(
+    f: Fleet, prom: obs.Daemon, expr: str, since: float, step: float
+) -> set[str]:
+    result = await f.query_range(prom, expr, since, time.time(), step)
+    return {
+        r["metric"].get("node", "")
+        for r in result
+        if any(math.isfinite(float(v)) for _, v in r["values"])
+    }
+
+
+async def federated_dashboards(f: Fleet, since: float) -> None:
+    """The same expressions against the federating Prometheus, at the step and
+    $__rate_interval Grafana uses with timeInterval = its pull interval (what
+    deploy/central/grafana/ says for federation): data for every box. With the edge's
+    1 s instead, the rate() panels find at most one federated sample in their window."""
+    missing, empty_at_1s = [], []
+    for q in obs.dashboard_queries():
+        if may_be_empty(q):
+            continue
+        for interval, misses in ((FEDERATION_S, missing), (1, empty_at_1s)):
+            values = {
+                "__rate_interval": rate_interval(interval, interval),
+                "__interval": f"{interval}s",
+            }
+            expr = obs.expand_grafana(q.expr, values)
+            if await _boxes_with_data(f, f.federation, expr, since, interval) != set(f.sites):
+                misses.append(str(q))
+    assert not missing, "federated: expressions without data for every box:\n" + "\n".join(missing)
+    assert empty_at_1s, "timeInterval 1s on federated data should leave rate() panels empty"
+    f.figures["federation: expressions lacking a box with timeInterval = the edge's 1 s"] = len(
+        empty_at_1s
+    )
+
+
 async def dashboards(f: Fleet, since: float) -> None:
     """Every dashboard expression, "All" selected, against the central: data for every
     box, each series naming its node and site; and each box's share equal to what its
@@ -552,12 +632,7 @@ async def dashboards(f: Fleet, since: float) -> None:
         for node in nodes & set(f.sites):
             with_data[node] += 1
         if nodes != set(f.sites):
-            if (
-                JITTER_NEEDS in q.expr
-                or q.description.startswith(NVML_ONLY)
-                or GATEWAY_ROW in q.expr
-                or q.expr.startswith(ALERT_LIST)
-            ):
+            if may_be_empty(q):
                 allowed.append(q)
                 continue
             missing.append(f"{q}: data for {sorted(nodes)}")
@@ -675,6 +750,7 @@ async def test_a_fleet_of_three_sites(tmp_path: Path) -> None:
         _, (start, back) = await asyncio.gather(incidents(f), central_outage(f))
         await no_gap(f, start, back)
         await dashboards(f, since)
+        await federated_dashboards(f, since)
         await series_per_box(f)
         await soakd_killed(f)
         check_notifications(f)
