@@ -22,7 +22,9 @@ What a fleet's operator relies on, asserted:
   the central; no box is ever called unreachable;
 - every dashboard expression returns data centrally for each site, one series set per box
   ("All" never merges them), equal to what the box's own Prometheus answers; per box the
-  central holds every series the edge holds.
+  central holds every series the edge holds; and against a second central that federates
+  the edges, with Grafana's rate interval for its pull interval, data for every box;
+- `soakd report --fleet` on the three run directories puts the failing boxes first.
 
 Test clock, not shipped semantics: the `for:` of SoakdDown, ErrorRatioHigh and
 EdgeSoakdMissing is shortened (rules_with_for), the central evaluates every second; the
@@ -49,6 +51,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from soakd.report.fleet import build_fleet
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import SimServer, start_sim
 
@@ -754,7 +757,16 @@ async def test_a_fleet_of_three_sites(tmp_path: Path) -> None:
         await series_per_box(f)
         await soakd_killed(f)
         check_notifications(f)
-        f.figures["whole rehearsal (s)"] = round(time.monotonic() - started, 1)
-        print("\nfleet rehearsal:")
-        for what, value in f.figures.items():
-            print(f"  {what}: {value}")
+    # the three runs, side by side: the same plan on three boxes (soakd report --fleet)
+    fr = await asyncio.to_thread(build_fleet, [tmp_path / node / "run" for node, _ in SITES])
+    verdicts = {b.node: b.passed for b in fr.boxes}
+    assert verdicts["edge-a"] is False  # its server went away: transport errors
+    assert verdicts["edge-b"] is False  # 30 % 5xx
+    ranks = {False: 0, None: 1, True: 2}
+    assert [ranks[b.passed] for b in fr.boxes] == sorted(ranks[b.passed] for b in fr.boxes)
+    assert {b.node: b.site for b in fr.boxes} == dict(SITES)
+    f.figures["soakd report --fleet"] = [f"{b.node}: {b.passed}" for b in fr.boxes]
+    f.figures["whole rehearsal (s)"] = round(time.monotonic() - started, 1)
+    print("\nfleet rehearsal:")
+    for what, value in f.figures.items():
+        print(f"  {what}: {value}")
