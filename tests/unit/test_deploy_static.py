@@ -554,8 +554,9 @@ def test_alert_webhook_prints_one_line_per_alert() -> None:
                         "severity": "page",
                         "target": "vllm",
                         "node": "edge-1",
+                        "site": "lab-1",
                     },
-                    "annotations": {"summary": "vllm ran out of memory"},
+                    "annotations": {"summary": "vllm ran out of memory on edge-1 (lab-1)"},
                     "startsAt": "2026-01-01T00:00:00Z",
                 },
                 {
@@ -576,7 +577,7 @@ def test_alert_webhook_prints_one_line_per_alert() -> None:
             assert resp.status == 200
         first, second = json.loads(proc.stdout.readline()), json.loads(proc.stdout.readline())
         assert first["alertname"] == "TargetOOM"
-        assert first["node"] == "edge-1"
+        assert (first["node"], first["site"]) == ("edge-1", "lab-1")
         assert first["target"] == "vllm"
         assert first["receiver"] == "page"
         assert second["alertname"] == "VramLeak"
