@@ -46,6 +46,8 @@ REPORT_KEYS = [
     "comparison",
     "passed",
     "slowest",  # target -> phase -> slow requests (soakd/slowest.py)
+    "node",  # run.node and run.site
+    "site",
     "columns",
 ]
 ROW_KEYS = [
