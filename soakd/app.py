@@ -121,6 +121,10 @@ class Soak:
         self._cancelled = 0  # requests cut at the drain deadline
         self._completed = False
         self._summary: dict[str, SessionRow] = {}
+        # what the live view marks as breached: each target's limits (its overrides applied)
+        self._live_slo = {
+            name: cfg.slo_for(name).model_dump(exclude_none=True) for name in self.names
+        }
 
     # --- status ---------------------------------------------------------------------------
 
@@ -136,6 +140,7 @@ class Soak:
             "site": self.cfg.run.site,
             "phase": phase.name if phase else None,
             "phase_index": phase.index if phase else None,
+            "phases": len(self.plan.phases),
             "elapsed_s": round(elapsed, 3),
             "remaining_s": round(max(0.0, total - elapsed), 3),
             "plan_scale": self.plan.scale,
@@ -147,6 +152,8 @@ class Soak:
                 self.probes.gpu if self.probes is not None else None, self.cfg, self.names
             ),
             "lag_limit_s": self.cfg.alert_limits.dispatch_lag,
+            "drain_timeout_s": self.cfg.run.drain_timeout,
+            "slo": self._live_slo,
             "metrics_url": self.http.url if self.http else None,
             "targets": {
                 name: row | self.goodput.row(name) for name, row in self.stats.recent().items()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from soakd import __version__
-from soakd.config import Config, ConfigError, load_config, parse_duration
+from soakd.config import Config, ConfigError, load_config, load_decisions, parse_duration
 from soakd.journal import JournalError
 from soakd.net import parse_host_port
 
@@ -137,8 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         metavar="FILE",
-        help="judge by this config's slo, compare, costs and report sections "
-        "(targets matched by name) instead of the run's own",
+        help="judge by this file's slo, compare, report and targets[].slo/cost sections "
+        "(targets matched by name) instead of the run's own; just those sections, or a "
+        "whole config",
     )
     report.add_argument(
         "--slowest",
@@ -162,7 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: standard output)"
     )
     export.add_argument(
-        "--itl", action="store_true", help="add every inter-token gap (microseconds) to each row"
+        "--itl",
+        action="store_true",
+        help="add each row's inter-token gaps (microseconds): itl_us in arrival order "
+        "(journal.itl: exact), itl_sorted_us as sorted 2%% bucket middles (compact, the "
+        "default: the order is not stored)",
     )
 
     sim = sub.add_parser("sim", help="serve the embedded vLLM-like simulator")
@@ -268,7 +273,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from soakd.app import RunOptions, Soak, StartError
     from soakd.live import errors_table, target_table
-    from soakd.report import build_report, terminal_summary
+    from soakd.report import Report, build_report, final_verdict, terminal_summary
 
     cfg = load_config(args.config)
     for target in cfg.targets:
@@ -301,8 +306,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s{resumed}; "
         f"results in {result.run_dir}"
     )
+    rep: Report | None = None
     try:  # the report's summary: the whole run, every session, from the journal
-        for part in terminal_summary(build_report(result.run_dir, slowest_n=0)):
+        rep = build_report(result.run_dir, slowest_n=0)
+        for part in terminal_summary(rep):
             console.print(part)
     except Exception as exc:  # the run's own numbers are still worth printing
         console.print(f"(no report from the journal: {type(exc).__name__}: {exc})")
@@ -314,8 +321,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.cancelled:
         console.print(
             f"{result.cancelled} request(s) were still running at the drain "
-            "deadline and were cut (counted as 'cancelled')"
+            "deadline and were cut (counted as 'cancelled': not judged)"
         )
+    if rep is not None:  # last: what stays on screen once the live view is gone
+        console.print(final_verdict(rep))
     return 0
 
 
@@ -323,12 +332,10 @@ EXIT_FAILED = 1
 
 
 def _judge_by(args: argparse.Namespace) -> dict[str, object] | None:
-    """``report --config``: the config whose decisions replace the run's own."""
+    """``report --config``: the sections that decide (a whole config is fine too)."""
     if args.config is None:
         return None
-    from soakd.config.redact import config_doc
-
-    return config_doc(load_config(args.config))
+    return load_decisions(args.config).model_dump(mode="json")
 
 
 def _run_dirs(paths: Sequence[Path]) -> list[Path]:
@@ -436,7 +443,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from soakd.export import export
+    from soakd.export import export, itl_note
+    from soakd.journal import JournalReader
+
+    if args.itl:
+        with JournalReader(args.run_dir) as reader:
+            note = itl_note(reader)
+        if note:
+            print(f"soakd: note: {note}", file=sys.stderr)
 
     if args.output is None:
         try:

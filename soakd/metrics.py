@@ -26,6 +26,7 @@ from soakd import __version__
 from soakd import metric_names as mn
 from soakd.buckets import BucketChild, BucketHistogram, ExemplarClock
 from soakd.config import AlertLimits, Slo, TargetConfig
+from soakd.goodput import SERVER_ERRORS, classify
 
 # the probes' and the guard's families live beside this module; imported from here as before
 from soakd.guard_metrics import PAUSE_REASONS as PAUSE_REASONS
@@ -39,6 +40,7 @@ from soakd.metric_names import (
     LIMIT_JITTER,
     LIMIT_LAG,
     LIMIT_LEAK,
+    LIMIT_SERVER_ERROR_RATIO,
     LIMIT_TPOT,
     LIMIT_TTFT,
     LIMIT_VRAM,
@@ -307,17 +309,28 @@ class Metrics:
             registry=r,
         )
 
+        # the run's ratios on the report's basis (soakd/goodput.py): over the requests
+        # judged, i.e. less the guard's sheds and the requests soakd cut or lost itself
         self.run_5xx_ratio = Gauge(
             mn.RUN_5XX_RATIO,
-            "Share of this run's finished requests answered with HTTP 5xx (since the run "
-            "started, across resumes); 0 before the first request.",
+            "Share of this run's judged requests answered with HTTP 5xx by the server "
+            "(since the run started, across resumes); 0 before the first request.",
+            ["target"],
+            registry=r,
+        )
+        self.run_error_ratio = Gauge(
+            mn.RUN_ERROR_RATIO,
+            "Share of this run's judged requests that failed, whatever the cause (4xx, 5xx, "
+            "transport, timeouts, bad answers; since the run started, across resumes); 0 "
+            "before the first request.",
             ["target"],
             registry=r,
         )
 
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, int], Counter] = {}
-        self._run_counts: dict[str, list[int]] = {}  # target -> [requests, 5xx] of the run
+        # target -> [judged, failed, 5xx] of the run (soakd/goodput.py's classes)
+        self._run_counts: dict[str, list[int]] = {}
         self._traced: dict[str, str] = {}  # target -> run id: exemplars carry the trace id
 
     def trace_exemplars(self, run_id: str, targets: Iterable[TargetConfig | str]) -> None:
@@ -333,6 +346,7 @@ class Metrics:
             for name, value in (
                 (LIMIT_VRAM, slo.vram_peak),
                 (LIMIT_ERROR_RATIO, slo.error_ratio),
+                (LIMIT_SERVER_ERROR_RATIO, slo.server_error_ratio),
                 (LIMIT_E2E, slo.e2e_p99),
                 (LIMIT_TTFT, slo.ttft_p99),
                 (LIMIT_TPOT, slo.tpot_p99),
@@ -380,8 +394,9 @@ class Metrics:
             ttft_exemplar=ExemplarClock(TTFT_BUCKETS),
         )
         self.oom_errors.labels(target)
-        counts = self._run_counts.setdefault(target, [0, 0])
-        self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts))
+        counts = self._run_counts.setdefault(target, [0, 0, 0])
+        self.run_error_ratio.labels(target).set_function(partial(_ratio_of, counts, 1))
+        self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts, 2))
         self.offered_rate.labels(target)
         self.offered_concurrency.labels(target)
         for phase in phases:
@@ -412,9 +427,7 @@ class Metrics:
         counter.inc()
         counts = self._run_counts.get(o.target)
         if counts is not None:
-            counts[0] += 1
-            if o.status // 100 == 5 and not (o.error is not None and o.error.shed):
-                counts[1] += 1  # the guard's own 503s are load it shed, not failures
+            _count_run(counts, o.outcome, 1)
         if o.sent_ns:
             c.lag.observe(o.dispatch_lag_ns * S_PER_NS)
         if o.output_tokens:
@@ -457,10 +470,7 @@ class Metrics:
         for target, phase, outcome, sclass, n, out_tokens, in_tokens, oom in totals:
             if n:
                 self.requests.labels(target, phase, outcome, sclass).inc(n)
-                tally = self._run_counts.setdefault(target, [0, 0])
-                tally[0] += n
-                if sclass == "5xx" and not outcome.startswith("shed_"):
-                    tally[1] += n
+                _count_run(self._run_counts.setdefault(target, [0, 0, 0]), outcome, n)
             if out_tokens:
                 self.output_tokens.labels(target).inc(out_tokens)
             if in_tokens:
@@ -487,13 +497,25 @@ def _count_of(busy: dict[str, int], target: str) -> float:
     return busy.get(target, 0)
 
 
-def _ratio_of(counts: list[int]) -> float:
-    return counts[1] / counts[0] if counts[0] else 0.0
+def _count_run(counts: list[int], outcome: str, n: int) -> None:
+    """``n`` outcomes into a target's [judged, failed, 5xx] (soakd/goodput.py decides)."""
+    cls = classify(None if outcome == OK else outcome)
+    if cls in ("ok", "error"):
+        counts[0] += n
+    if cls == "error":
+        counts[1] += n
+        if outcome in SERVER_ERRORS:
+            counts[2] += n
+
+
+def _ratio_of(counts: list[int], which: int) -> float:
+    return counts[which] / counts[0] if counts[0] else 0.0
 
 
 LIMIT_HELP = {
     LIMIT_VRAM: "VRAM limit (slo.vram_peak).",
-    LIMIT_ERROR_RATIO: "Error ratio limit (slo.error_ratio).",
+    LIMIT_ERROR_RATIO: "Error ratio limit (slo.error_ratio): every failure / judged requests.",
+    LIMIT_SERVER_ERROR_RATIO: "5xx ratio limit (slo.server_error_ratio).",
     LIMIT_E2E: "P99 end-to-end latency SLO (slo.e2e_p99).",
     LIMIT_TTFT: "P99 TTFT SLO (slo.ttft_p99).",
     LIMIT_TPOT: "P99 TPOT SLO (slo.tpot_p99).",

@@ -29,7 +29,7 @@ from soakd.analysis import (
 )
 from soakd.config import Compare, Slo, TargetCost
 from soakd.cost import cost_line
-from soakd.goodput import Tally, journal_tallies
+from soakd.goodput import Tally, error_counts, journal_tallies
 from soakd.journal import JournalReader, Rollup
 from soakd.model import NS_PER_S
 from soakd.report import names
@@ -39,12 +39,14 @@ from soakd.report.model import (
     NOT_RANKED,
     Doc,
     Downtime,
+    GpuRow,
     Report,
     Row,
     value_of,
 )
-from soakd.report.plots import plots
+from soakd.report.plots import plots, slo_lines
 from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
+from soakd.report.tested import served_tokens, what_was_tested
 from soakd.slowest import DEFAULT_N, slowest
 from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
 from soakd.verdicts import overall as overall_verdict
@@ -59,8 +61,8 @@ def _rows_stopped_notes(events: list[dict[str, Any]]) -> list[str]:
         f"session {e['session']} stopped writing per-request rows at "
         f"{(e['offset_ns'] or 0) / NS_PER_S / HOUR_S:.2f} h (the journal reached 90 % of "
         f"journal.max_bytes, {e['data'].get('max_bytes', 0) / 1e9:.2f} GB): percentiles, "
-        "counts and plots come from the rollups and stay whole; goodput and the error-ratio "
-        "tally cover the rows kept; the export holds no rows after that point"
+        "counts, error ratios and plots come from the rollups and stay whole; goodput covers "
+        "the rows kept; the export holds no rows after that point"
         for e in events
         if e["kind"] == "rows_stopped"
     ]
@@ -97,6 +99,7 @@ def build_report(
         slos, spec, slo_note = _decision_config(config, targets)
         tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
         slow = slowest(reader, slowest_n, rollups)
+        tested = what_was_tested(meta, sessions, events, served_tokens(reader.conn))
     plan_phases = [
         (p["name"], p["start_ns"] / NS_PER_S, p["end_ns"] / NS_PER_S)
         for p in meta["plan"]["phases"]
@@ -185,6 +188,8 @@ def build_report(
         price = config.get("report", {}).get("energy_price_per_kwh")
     currency = str(config.get("report", {}).get("currency", "$"))
     _energy_and_cost(overall, by_phase, targets, config, gpu_energy, price, notes)
+    if tested.rehearsal:
+        _project_nothing(overall, by_phase, gpus)
     if slo_note:
         notes.append(slo_note)
     verdicts, phase_verdicts = _verdicts(overall, by_phase, targets, slos, tallies)
@@ -195,7 +200,7 @@ def build_report(
     short = {t: n for t in targets if (n := overall[t].requests - _counted(journaled[t])) > 0}
     if short:
         notes.append(
-            "goodput and the error ratio count the journaled request rows: "
+            "goodput counts the journaled request rows: "
             + ", ".join(
                 f"{t} has {n} fewer (retention, dropped records or journal.max_bytes)"
                 for t, n in short.items()
@@ -239,7 +244,7 @@ def build_report(
         gpus=gpus,
         guard=guard,
         best=best(overall, targets, eligible),
-        plots=plots(rollups, targets, window_s, probe, gpus),
+        plots=plots(rollups, targets, window_s, probe, gpus, active_s),
         notes=notes,
         currency=currency,
         slice_s=slice_s,
@@ -248,8 +253,9 @@ def build_report(
         comparison=comparison,
         passed=overall_verdict(verdicts.values(), comparison),
         slowest=slow,
-        node=config.get("run", {}).get("node"),
-        site=config.get("run", {}).get("site"),
+        tested=tested,
+        plot_phases=[(start / HOUR_S, name) for name, start, _ in plan_phases if start < active_s],
+        plot_limits=slo_lines(slos, targets),
     )
 
 
@@ -272,6 +278,22 @@ def decisions_from(stored: Doc, other: Doc) -> dict[str, Any]:
         for t in stored.get("targets", [])
     ]
     return out
+
+
+REHEARSAL_NOTE = "a rehearsal: not projected"
+
+
+def _project_nothing(
+    overall: dict[str, Row], by_phase: dict[str, dict[str, Row]], gpus: list[GpuRow]
+) -> None:
+    """A rehearsal compresses the plan: a month at its load or a slope per hour of its
+    compressed time would be made up, so neither is given."""
+    for row in (*overall.values(), *(r for p in by_phase.values() for r in p.values())):
+        row.cost_per_month = None
+        if row.leak_bytes_per_hour is not None or row.leak_note is not None:
+            row.leak_bytes_per_hour, row.leak_note = None, REHEARSAL_NOTE
+    for g in gpus:
+        g.leak_bytes_per_hour, g.leak_note = None, REHEARSAL_NOTE
 
 
 def _count(per_phase: dict[str, float] | None, phase: str | None) -> int | None:
@@ -316,7 +338,8 @@ def _verdicts(
     slos: dict[str, Slo],
     tallies: dict[str, tuple[Tally, dict[str, Tally]]],
 ) -> tuple[dict[str, Verdict], dict[str, dict[str, Verdict]]]:
-    """Goodput into the rows, and each target judged over the run and per phase."""
+    """Goodput into the rows (the error ratios are there already: ``_row``), and each
+    target judged over the run and per phase."""
     verdicts: dict[str, Verdict] = {}
     phase_verdicts: dict[str, dict[str, Verdict]] = {p: {} for p in by_phase}
     for t in targets:
@@ -324,7 +347,7 @@ def _verdicts(
         pairs = [(overall[t], whole)] + [(by_phase[p][t], phases.get(p, Tally())) for p in by_phase]
         for row, tally in pairs:
             v = judge(t, row.phase, slos[t], row, tally)
-            row.goodput, row.goodput_rps, row.error_ratio = v.goodput, v.goodput_rps, v.error_ratio
+            row.goodput, row.goodput_rps = v.goodput, v.goodput_rps
             if row.phase is None:
                 verdicts[t] = v
             else:
@@ -350,15 +373,19 @@ def _row(
             s = slices[r.window // per_slice] = TargetStats()
         s.merge(r.stats)
     row = Row(target, phase, active_s=active_s, requests=stats.requests, ok=stats.ok)
-    row.success_rate = stats.ok / stats.requests if stats.requests else None
-    row.errors = stats.requests - stats.ok
     row.errors_by_kind = dict(sorted(stats.errors.items()))
-    row.shed = sum(n for kind, n in row.errors_by_kind.items() if kind.startswith("shed_"))
+    counted = error_counts(stats.requests, stats.errors)  # the one basis (goodput.py)
+    row.errors, row.server_errors = counted.failed, counted.server
+    row.shed, row.not_judged = counted.shed, counted.excluded
+    row.error_ratio, row.server_error_ratio = counted.error_ratio, counted.server_error_ratio
+    attempted = stats.requests - counted.excluded
+    row.success_rate = stats.ok / attempted if attempted else None
     row.lag_p99_ms = ms(stats.lag.quantile(0.99))
     row.output_tokens = stats.output_tokens
     row.prompt_tokens = stats.prompt_tokens
     if active_s > 0:
-        row.rps = stats.requests / active_s
+        row.rps = stats.ok / active_s
+        row.attempt_rps = stats.requests / active_s
         row.output_tps = stats.output_tokens / active_s
     for kind in LATENCY_KINDS:
         digest = getattr(stats, kind)

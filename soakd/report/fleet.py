@@ -205,9 +205,10 @@ def _box(run_dir: Path, rep: Report) -> FleetBox:
                 leak_note=row.leak_note,
             )
         )
+    tested = rep.tested
     return FleetBox(
-        node=rep.node or "-",
-        site=rep.site,
+        node=(tested.node if tested is not None else "") or "-",
+        site=tested.site if tested is not None else None,
         run_dir=str(run_dir),
         run_id=rep.run_id,
         completed=rep.completed,

@@ -102,7 +102,14 @@ class FakeSoakd:
         self.rng = random.Random(4)
         m.build_info.info({"version": "test", "run_id": "e2e", "node": "ci"})
         m.set_limits(
-            Slo(vram_peak=LIMIT, error_ratio=0.003, ttft_p99=2, e2e_p99=30, jitter=0.15),
+            Slo(
+                vram_peak=LIMIT,
+                error_ratio=0.003,
+                server_error_ratio=0.003,
+                ttft_p99=2,
+                e2e_p99=30,
+                jitter=0.15,
+            ),
             AlertLimits(),
         )
         m.add_phases(["steady", "warmup"])
@@ -677,6 +684,7 @@ def _soak_config(vllm_url: str, spare_url: str) -> dict[str, Any]:
         "slo": {
             "vram_peak": LIMIT,
             "error_ratio": 0.003,
+            "server_error_ratio": 0.003,
             "ttft_p99": "2s",
             "e2e_p99": "30s",
             "jitter": 0.15,

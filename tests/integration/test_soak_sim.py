@@ -216,6 +216,8 @@ async def test_cli_run_sigterm_mid_run_drains_and_counts_what_the_server_served(
     # the promise of the README: stop within the drain timeout (+ exit and final flush)
     assert stop_s < DRAIN_S + 2, f"exited {stop_s:.1f} s after SIGTERM"
     assert "stopped early" in stdout
+    # the verdict comes last: what stays on a small terminal once the live view is gone
+    assert stdout.rstrip().splitlines()[-1].startswith("Verdict: none")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["completed"] is False
     assert summary["cancelled"] == 0  # everything in flight finished within the drain

@@ -61,7 +61,8 @@ def test_boxes_side_by_side_worst_first(fleet_dirs: list[Path]) -> None:
     assert fr.passed is False
     for box in fr.boxes:  # each box's figures are its own report's
         rep = build_report(Path(box.run_dir), slowest_n=0)
-        assert (rep.node, rep.site) == (box.node, box.site)
+        assert rep.tested is not None
+        assert (rep.tested.node, rep.tested.site) == (box.node, box.site)
         assert box.downtime_s == rep.downtime_s
         for row in box.targets:
             mine = rep.overall[row.target]
@@ -200,4 +201,4 @@ def test_usage_errors_are_one_line(
 
 def test_a_single_report_names_its_box(fleet_dirs: list[Path]) -> None:
     text = render_markdown(build_report(fleet_dirs[1], slowest_n=0))
-    assert "- node edge-b, site lab-b\n" in text
+    assert "(node edge-b, site lab-b)\n" in text
