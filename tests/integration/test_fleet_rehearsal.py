@@ -437,6 +437,17 @@ async def _peer_positions(f: Fleet) -> list[int]:
     return [order.index(n) for n in names]
 
 
+NFLOG_MERGED = "alertmanager_nflog_gossip_messages_propagated_total"
+"""A peer's count of notification-log entries it learnt from the others by gossip."""
+
+
+async def _nflog_merged(f: Fleet, am: obs.Daemon) -> float:
+    async with f.http.get(am.url + "/metrics") as resp:
+        text = await resp.text()
+    (line,) = [x for x in text.splitlines() if x.startswith(NFLOG_MERGED + " ")]
+    return float(line.split()[1])
+
+
 async def _wait_page(f: Fleet, name: str, node: str, within: float) -> float:
     async def arrived() -> bool:
         return bool(f.webhook.firing(name, node))
@@ -463,13 +474,27 @@ async def incidents(f: Fleet) -> None:
     notwithstanding."""
     a, b = f.sites["edge-a"], f.sites["edge-b"]
     positions = await _peer_positions(f)
+    sender = f.peers[positions.index(0)]
+    others = [am for am in f.peers if am is not sender]
+    before = [await _nflog_merged(f, am) for am in others]
     await a.sim.aclose()
     a.sim_open = False
     down = time.monotonic()
     t = await _wait_page(f, "TargetDown", "edge-a", TARGET_DOWN_WITHIN)
     f.figures["TargetDown edge-a, server stopped -> webhook (s)"] = round(t - down, 1)
 
-    sender = f.peers[positions.index(0)]
+    # The sender tells the other peers what it sent by gossip; killed before they heard,
+    # the next in line would send again after its peer timeout (Alertmanager delivers
+    # at least once). Kill it once they have heard: this is about the next page.
+    async def heard() -> bool:  # an entry for every notification sent so far
+        sent = len(f.webhook.received)
+        now = [await _nflog_merged(f, am) for am in others]
+        return all(n - b >= sent for n, b in zip(now, before, strict=True))
+
+    await poll(heard, 30, "the other peers learning of the page by gossip", every=0.05)
+    f.figures["the page known to every peer, after the webhook got it (s)"] = round(
+        time.monotonic() - t, 2
+    )
     assert sender.proc is not None
     sender.proc.kill()
     await asyncio.to_thread(sender.proc.wait)
