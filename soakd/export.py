@@ -7,7 +7,9 @@ as the journal kept them (docs/journal.md, "ITL gaps"): ``itl_us``, every gap in
 order (``journal.itl: exact``, and every row of a v1/v2 journal), or ``itl_sorted_us``, the
 2 % buckets' middles in ascending order (``journal.itl: compact``, the default: the order
 of the gaps is not stored). ``trace_id`` is the one the request's ``traceparent`` carried
-(soakd/tracing.py), empty for a target that sent none.
+(soakd/tracing.py), empty for a target that sent none. ``usage_delta`` and
+``usage_rejected`` say how the server's usage compared with the stream
+(soakd/targets/stream.py).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ COLUMNS = (
     "prompt_tokens",
     "output_tokens",
     "usage_reported",
+    "usage_delta",  # usage minus the content chunks streamed (NULL before schema v4)
+    "usage_rejected",  # why the server's usage was not taken (soakd/notes.py)
     "trace_id",
 )
 _SECONDS = {

@@ -200,6 +200,7 @@ def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
         parts.append(
             Text(f"CLIENT-LIMITED {', '.join(limited)}: soakd is behind the plan", style="bold red")
         )
+    parts += [_failing_line(name, f) for name, f in status.get("failing", {}).items()]
     slos: Slos = status.get("slo") or {}
     parts.append(
         target_table(rows, "last 60 s (not sent: this session; ! past the SLO)", width, slos)
@@ -253,6 +254,16 @@ def _links(status: dict[str, Any]) -> Text:
             f"  workers {up}/{len(workers)} up", "dim" if up == len(workers) else "bold red"
         )
     return line
+
+
+def _failing_line(name: str, f: dict[str, Any]) -> Text:
+    """PAUSED cloud: every request failed: http_auth (http 401); next request in 12 s."""
+    detail = f" ({f['detail']})" if f.get("detail") else ""
+    when = f.get("next_probe_s") or 0
+    then = f"next request in {when:.0f} s" if when else "one request out"
+    return Text(
+        f"PAUSED {name}: every request failed: {f['cause']}{detail}; {then}", style="bold red"
+    )
 
 
 def _vram_line(v: dict[str, Any]) -> Text:

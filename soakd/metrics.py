@@ -45,7 +45,23 @@ from soakd.metric_names import (
     LIMIT_TTFT,
     LIMIT_VRAM,
 )
-from soakd.model import OK, S_PER_NS, ErrorKind, Outcome, Phase, Plan, status_class
+from soakd.model import (
+    OK,
+    S_PER_NS,
+    USAGE_REJECTED_REASONS,
+    ErrorKind,
+    Outcome,
+    Phase,
+    Plan,
+    status_class,
+)
+from soakd.notes import (
+    MISMATCH_DIRECTIONS,
+    RETRY_AFTER_UNREADABLE,
+    USAGE_MISMATCH,
+    USAGE_REJECTED,
+    notes_of,
+)
 from soakd.probe_metrics import OOM_SOURCES as OOM_SOURCES
 from soakd.probe_metrics import THROTTLE_REASONS as THROTTLE_REASONS
 from soakd.probe_metrics import ProbeMetrics as ProbeMetrics
@@ -216,6 +232,28 @@ class Metrics:
         self.oom_errors = Counter(
             mn.OOM_ERRORS_TOTAL,
             "Requests whose error body said the device ran out of memory.",
+            ["target"],
+            registry=r,
+        )
+        # what the answers carried beyond their outcome (soakd/notes.py)
+        self.usage_rejected = Counter(
+            mn.USAGE_REJECTED_TOTAL,
+            "Answers whose usage was not taken, by reason: not_integer, negative, "
+            "implausible (their output tokens are the streamed count).",
+            ["target", "reason"],
+            registry=r,
+        )
+        self.usage_mismatch = Counter(
+            mn.USAGE_MISMATCH_TOTAL,
+            "Streamed answers whose usage, taken, is above or below the content chunks by "
+            "more than one (above: legitimate for a server sending several tokens a chunk).",
+            ["target", "direction"],
+            registry=r,
+        )
+        self.retry_after_unreadable = Counter(
+            mn.RETRY_AFTER_UNREADABLE_TOTAL,
+            "429/503 answers whose Retry-After soakd could not read (paused for "
+            "rate_limit.default_pause instead).",
             ["target"],
             registry=r,
         )
@@ -394,6 +432,11 @@ class Metrics:
             ttft_exemplar=ExemplarClock(TTFT_BUCKETS),
         )
         self.oom_errors.labels(target)
+        for reason in USAGE_REJECTED_REASONS:
+            self.usage_rejected.labels(target, reason)
+        for direction in MISMATCH_DIRECTIONS:
+            self.usage_mismatch.labels(target, direction)
+        self.retry_after_unreadable.labels(target)
         counts = self._run_counts.setdefault(target, [0, 0, 0])
         self.run_error_ratio.labels(target).set_function(partial(_ratio_of, counts, 1))
         self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts, 2))
@@ -436,6 +479,9 @@ class Metrics:
             c.prompt_tokens.inc(o.prompt_tokens)
         if o.oom:
             self.oom_errors.labels(o.target).inc()
+        if o.usage_rejected or o.usage_mismatch or o.retry_after_unreadable:
+            for note in notes_of(o):
+                self.note(o.target, note)
         if o.error is not None:
             return
         run = self._traced.get(o.target)
@@ -454,6 +500,21 @@ class Metrics:
             c.tpot.observe(tpot * S_PER_NS)
         if o.itl_ns:
             c.itl.observe_ns(o.itl_ns)
+
+    def note(self, target: str, note: str, n: int = 1) -> None:
+        """Count ``n`` answers of ``target`` that carried ``note`` (soakd/notes.py)."""
+        kind, _, value = note.partition(":")
+        if kind == USAGE_REJECTED:
+            self.usage_rejected.labels(target, value).inc(n)
+        elif kind == USAGE_MISMATCH:
+            self.usage_mismatch.labels(target, value).inc(n)
+        elif kind == RETRY_AFTER_UNREADABLE:
+            self.retry_after_unreadable.labels(target).inc(n)
+
+    def restore_notes(self, notes: Iterable[tuple[str, str, int]]) -> None:
+        """Continue the note counters of a resumed run from the journal's notes table."""
+        for target, note, n in notes:
+            self.note(target, note, n)
 
     def restore(
         self,

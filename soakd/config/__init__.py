@@ -73,7 +73,7 @@ from soakd.config.slo import (
     TargetCost,
     TokenPrice,
 )
-from soakd.config.targets import RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
+from soakd.config.targets import Failing, RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
 from soakd.config.workload import Load, PhaseConfig, Prompts, TokenLength, Workload
 
 __all__ = [
@@ -96,6 +96,7 @@ __all__ = [
     "Exporter",
     "ExporterBasicAuth",
     "ExporterTls",
+    "Failing",
     "GatewayConfig",
     "GatewayLimits",
     "GatewayModes",

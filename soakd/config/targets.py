@@ -69,6 +69,17 @@ class RateLimit(Strict):
     max_pause: Duration = 300.0  # the longest pause one answer can cause
 
 
+class Failing(Strict):
+    """What soakd does with a target that fails every request in a way no request can fix
+    (nothing listens, no connection, the key refused, the model or path unknown: see
+    soakd/workload/failing.py): after ``after`` of nothing else it pauses the target's
+    sends, then sends one request at a time after each pause (2 s, doubling up to
+    ``max_pause``) and resumes on the first answer that is not such a failure."""
+
+    after: Duration | None = 30.0  # a streak of such failures this long pauses; null: never
+    max_pause: PositiveDuration = 30.0  # the longest wait between two probing requests
+
+
 class TargetConfig(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]  # unique
     base_url: str = ""  # required unless `simulator` is set
@@ -84,6 +95,9 @@ class TargetConfig(Strict):
     proxy: str | None = None  # an http(s) proxy URL; None: honour HTTP(S)_PROXY / NO_PROXY
     tls: Tls = Tls()
     max_connections: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)] = 1024  # open at once
+    # the most an answer may stream, in multiples of max_tokens: past it the answer is cut
+    # (too_many_tokens), and a usage count above it is not taken (soakd/targets/stream.py)
+    max_output_factor: Annotated[float, Field(ge=1, le=1000)] = 10.0
     # False: a new connection per request, for servers that drop kept-alive connections
     # unannounced (llama-server, llama.cpp's cpp-httplib 0.58: after each streamed answer)
     keep_alive: bool = True
@@ -105,6 +119,10 @@ class TargetConfig(Strict):
     path: Annotated[str, Field(pattern=r"^/[^?#\s]*$")] | None = None  # request path, as is
     spend: SpendGuard = SpendGuard()
     rate_limit: RateLimit = RateLimit()
+    failing: Failing = Failing()
+    # A target meant to fail (a fault test): its preflight failure is logged, not fatal,
+    # and a run in which it never succeeded does not exit 3 (docs/architecture.md)
+    expect_failure: bool = False
     gateway: GatewaySettings | None = None
     # A W3C traceparent on every request, so the server's trace joins it (docs/tracing.md).
     # None: on for local targets (loopback/private host, simulator:, gateway:), else off.
@@ -177,6 +195,15 @@ class TargetConfig(Strict):
             return client_ssl(self.tls.verify, self.tls.ca_file)
         except TlsFileError as exc:
             raise ConfigError(f"targets[{self.name}].tls.ca_file: {exc}") from None
+
+    @property
+    def models_url(self) -> str | None:
+        """The OpenAI models list beside the endpoint; None where soakd cannot tell where
+        it is (kind azure: a deployment is not a model; a custom ``path``)."""
+        if self.kind == "azure" or self.path:
+            return None
+        base = self.base_url.rstrip("/")
+        return base + "/models" if base.endswith("/v1") else base + "/v1/models"
 
     @property
     def endpoint(self) -> str:

@@ -32,7 +32,9 @@ from soakd.cost import cost_line
 from soakd.goodput import Tally, error_counts, journal_tallies
 from soakd.journal import JournalReader, Rollup
 from soakd.model import NS_PER_S
+from soakd.notes import by_target, describe
 from soakd.report import names
+from soakd.report.failing import failing_notes
 from soakd.report.model import (
     LATENCY_KINDS,
     METRIC_COLUMNS,
@@ -86,6 +88,7 @@ def build_report(
         span_ns = reader.span_ns()  # long runs: 5-minute windows, merged as read (reader.py)
         rollups = reader.rollups(span_ns=span_ns)
         missed = reader.missed()
+        answer_notes = by_target(reader.notes())  # usage not taken, off the stream...
         series = reader.series()
         samples = reader.samples(names.SAMPLE_NAMES)
         window_s = span_ns / NS_PER_S
@@ -225,7 +228,9 @@ def build_report(
         )
 
     notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
+    notes[:0] = failing_notes(events, overall, targets, active_s)  # first: the biggest news
     notes += _client_limits(overall, targets, config)
+    notes += [f"{t}: {line}" for t in targets for line in describe(answer_notes.get(t, {}))]
     eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}
     return Report(
         run_id=meta["run_id"],
@@ -256,6 +261,7 @@ def build_report(
         tested=tested,
         plot_phases=[(start / HOUR_S, name) for name, start, _ in plan_phases if start < active_s],
         plot_limits=slo_lines(slos, targets),
+        answer_notes=answer_notes,
     )
 
 

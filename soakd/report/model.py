@@ -192,6 +192,9 @@ class Report:
     # (plot -> (label, value in the plot's unit)); soakd/report/plots.py
     plot_phases: list[tuple[float, str]] = field(default_factory=list)
     plot_limits: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    # target -> note -> answers that carried it (soakd/notes.py: usage not taken, usage off
+    # the stream, unreadable Retry-After); each also a line of ``notes``
+    answer_notes: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 Better = Literal["min", "max"]

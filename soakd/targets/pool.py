@@ -45,19 +45,26 @@ on idle HTTP channel"); so does ``_get`` here: one the server wrote to while idl
 the kernel (``POLLIN``, plain TCP only: on TLS a readable socket may be a session ticket).
 The race left: bytes that arrive after the connection was handed out and before its
 request was written are read as the answer, as in Go.
+
+Each connection's protocol is a ``FramingHandler`` (framing.py): an answer whose HTTP
+breaks mid-body fails when the bad bytes arrive, not at a deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import select
 from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 from aiohttp import TCPConnector
+from aiohttp.client_proto import ResponseHandler
+
+from soakd.targets.framing import FramingHandler
 
 if TYPE_CHECKING:
-    from aiohttp.client_proto import ResponseHandler
     from aiohttp.client_reqrep import ConnectionKey
     from aiohttp.connector import Connection
     from aiohttp.tracing import Trace
@@ -79,6 +86,9 @@ class NewestFirstConnector(TCPConnector):
             kwargs.setdefault("keepalive_timeout", IDLE_CLOSE_S)
         super().__init__(**kwargs)
         self.spoke_idle = 0  # idle connections closed because the server wrote on them
+        # each connection's protocol: parse errors mid-body reach the reader (framing.py)
+        if isinstance(getattr(self, "_factory", None), functools.partial):
+            self._factory = functools.partial(_framing_handler, loop=self._loop)
 
     async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
         conns = self._conns.get(key)
@@ -115,6 +125,10 @@ class NewestFirstConnector(TCPConnector):
         # aiohttp appended (protocol, last use) at the back, where popleft takes it last
         if isinstance(conns, deque) and conns and conns[-1][0] is protocol:
             conns.rotate(1)
+
+
+def _framing_handler(loop: asyncio.AbstractEventLoop) -> ResponseHandler:
+    return FramingHandler(loop)
 
 
 def _pending(proto: ResponseHandler) -> int:

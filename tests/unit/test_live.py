@@ -150,3 +150,15 @@ def test_sender_workers_are_counted_and_a_down_one_is_said() -> None:
     assert "workers 3/3 up" in screen(status(workers=[up | {"worker": i} for i in range(3)]), 80)
     down = [up | {"worker": 0}, up | {"worker": 1, "up": False}]
     assert "workers 1/2 up" in screen(status(workers=down), 80)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_a_paused_failing_target_is_named_with_its_cause(width: int) -> None:
+    assert "PAUSED" not in screen(status(), width)
+    failing = {"cloud-gpt": {"cause": "http_auth", "detail": "http 401", "next_probe_s": 12.4}}
+    text = " ".join(screen(status(failing=failing), width).split())  # rich may wrap it
+    assert (
+        "PAUSED cloud-gpt: every request failed: http_auth (http 401); next request in 12 s" in text
+    )
+    failing["cloud-gpt"]["next_probe_s"] = 0
+    assert "one request out" in screen(status(failing=failing), width)

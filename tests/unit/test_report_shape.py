@@ -49,6 +49,7 @@ REPORT_KEYS = [
     "tested",  # what was tested (soakd/report/tested.py)
     "plot_phases",
     "plot_limits",
+    "answer_notes",  # target -> note -> answers (soakd/notes.py)
     "columns",
 ]
 ROW_KEYS = [
