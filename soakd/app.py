@@ -161,6 +161,7 @@ class Soak:
             "run_id": self.run_id,
             "version": __version__,
             "node": self.cfg.run.node,
+            "site": self.cfg.run.site,
             "phase": phase.name if phase else None,
             "phase_index": phase.index if phase else None,
             "phases": len(self.plan.phases),
@@ -352,6 +353,8 @@ class Soak:
             {
                 "run_id": self.run_id,
                 "version": __version__,
+                "node": self.cfg.run.node,
+                "site": self.cfg.run.site,
                 "completed": completed,
                 "elapsed_s": round(elapsed, 3),
                 "active_s": round(active, 3),
@@ -558,7 +561,12 @@ class Soak:
     def _setup_metrics(self) -> None:
         m = self.metrics
         m.build_info.info(
-            {"version": __version__, "run_id": self.run_id, "node": self.cfg.run.node}
+            {
+                "version": __version__,
+                "run_id": self.run_id,
+                "node": self.cfg.run.node,
+                "site": self.cfg.run.site or "",
+            }
         )
         m.set_limits(self.cfg.slo, self.cfg.alert_limits)
         phases = sorted({p.name for p in self.plan.phases})

@@ -145,6 +145,7 @@ class Tested:
 
     run_name: str
     node: str  # run.node (the host's name unless configured)
+    site: str | None  # run.site: where the box is (docs/deployment.md)
     hosts: list[str]  # where soakd ran, one per host its sessions ran on
     started: str  # ISO, UTC
     ended: str  # ISO, UTC: the last heartbeat

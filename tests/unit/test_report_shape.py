@@ -164,6 +164,7 @@ SHAPES = {
     "tested": [
         "run_name",
         "node",
+        "site",
         "hosts",
         "started",
         "ended",
