@@ -370,7 +370,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         dead = {
             t: _kinds(row["errors_by_kind"])
             for t, row in result.summary.items()
-            if row["requests"] and not row["ok"]
+            if row["requests"] - row["not_judged"] > 0 and not row["ok"]
         }
     console.print(f"report: soakd report {result.run_dir} --format html -o report.html")
     if result.cancelled:
