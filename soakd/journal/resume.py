@@ -103,6 +103,7 @@ class ResumeState:
     next_seq: dict[str, int]
     finished: bool
     written_by: str
+    calibrations: list[dict[str, Any]] = field(default_factory=list)  # prompt_calibration events
     loss: Loss | None = None  # what a damaged write-ahead log took (integrity.py)
 
     def check(self, cfg: Config, plan: Plan, *, force: bool) -> list[str]:
@@ -194,6 +195,12 @@ def read_resume_state(path: Path) -> ResumeState | None:
             ).fetchone()
             is not None
         )
+        calibrations = [  # the prompts' sizing, reused as it was (soakd/workload/sizing.py)
+            json.loads(data)
+            for (data,) in conn.execute(
+                "SELECT data FROM events WHERE kind = 'prompt_calibration' ORDER BY id"
+            )
+        ]
     finally:
         conn.close()
     run_id = meta["run_id"]
@@ -221,5 +228,6 @@ def read_resume_state(path: Path) -> ResumeState | None:
         next_seq=seqs,
         finished=False,
         written_by=meta["soakd_version"],
+        calibrations=calibrations,
         loss=loss,
     )

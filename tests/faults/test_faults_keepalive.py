@@ -143,7 +143,8 @@ async def soak_modes(
                 }
                 for mode in modes
             ],
-            "workload": {"max_tokens": 4},
+            # these servers count every request they read: no /tokenize at start
+            "workload": {"max_tokens": 4, "calibrate": "off"},
             "gpu": {"source": "none"},
             "phases": [{"name": "p", "duration": f"{seconds}s", "load": load}],
         }
