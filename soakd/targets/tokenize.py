@@ -18,7 +18,7 @@ from yarl import URL
 
 from soakd import __version__
 from soakd.config import TargetConfig
-from soakd.net import env_proxy
+from soakd.net import env_proxy, header_problem
 from soakd.workload.calibration import Tokenized, TokenizeError
 
 __all__ = ["BODY_LIMIT", "ServerTokenizer", "open_tokenizer"]
@@ -143,6 +143,8 @@ class ServerTokenizer:
             raise TokenizeError(f"{path}: cannot connect") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise TokenizeError(f"{path}: {type(exc).__name__}") from None
+        except ValueError as exc:  # the request could not be built (a header aiohttp refuses)
+            raise TokenizeError(f"{path}: not sent ({type(exc).__name__})") from None
         if len(raw) > BODY_LIMIT:
             raise _Refused(f"answer over {BODY_LIMIT} bytes")
         try:
@@ -187,6 +189,8 @@ async def open_tokenizer(cfg: TargetConfig, base_url: str, timeout_s: float) -> 
     if cfg.project:
         headers["OpenAI-Project"] = cfg.project
     headers.update(cfg.headers)
+    if any(header_problem(k, v) for k, v in headers.items()):  # as the target's client
+        raise TokenizeError("a header cannot go on the wire: not asked")
     session = ClientSession(headers=headers, trust_env=False, cookie_jar=DummyCookieJar())
     return ServerTokenizer(
         cfg, session, root, timeout_s=timeout_s, proxy=proxy, proxy_auth=proxy_auth
