@@ -134,9 +134,19 @@ class MarkFile:
 
 
 def read_mark(run_dir: Path) -> Mark | None:
-    """The mark, or None (none yet, or unreadable)."""
+    """The mark, or None (none yet, or unreadable). Read until two reads agree: a read
+    that met the writer's ``pwrite`` halfway could mix the digits of two marks."""
+    path = run_dir / MARK_FILE
     try:
-        doc = json.loads((run_dir / MARK_FILE).read_text())
+        text = path.read_bytes()
+        for _ in range(3):
+            again = path.read_bytes()
+            if again == text:
+                break
+            text = again
+        else:
+            return None
+        doc = json.loads(text)
         return Mark(
             int(doc["session"]),
             int(doc["last_id"]),
