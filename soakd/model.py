@@ -46,6 +46,9 @@ class ErrorKind(enum.StrEnum):
     SHED_ERROR_BREAKER = "shed_error_breaker"  # 503 error_breaker_open
     SHED_QUEUE_FULL = "shed_queue_full"  # 429 queue_full
     SHED_QUEUE_TIMEOUT = "shed_queue_timeout"  # 503 queue_timeout
+    # Lost with no answer on a connection reused after an answer the server closes its
+    # connections after, unannounced (soakd/targets/pool.py): it most likely never read it.
+    CONNECTION_CLOSED_UNANNOUNCED = "connection_closed_unannounced"
 
     @property
     def shed(self) -> bool:

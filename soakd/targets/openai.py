@@ -41,7 +41,7 @@ from soakd.targets.errors import (
     retry_after,
     status_kind,
 )
-from soakd.targets.pool import NewestFirstConnector
+from soakd.targets.pool import NewestFirstConnector, OnLearn
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
 from soakd.targets.stream import Fault, StreamParser, apply_usage, idle_cut
 from soakd.tracing import HEADER as TRACEPARENT
@@ -395,11 +395,14 @@ class OpenAITarget:
         return text[:200]
 
 
-async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAITarget:
+async def open_target(
+    cfg: TargetConfig, *, run_id: str | None = None, on_learn: OnLearn | None = None
+) -> OpenAITarget:
     """Build the client for one target: read its key once, set up TLS, the proxy and
     the connection pool. Raises ConfigError (naming the setting, never the key).
     ``run_id``: the run's, from which each request's traceparent is derived (when the
-    target sends one: soakd/tracing.py)."""
+    target sends one: soakd/tracing.py). ``on_learn``: told when the pool learns that the
+    server closes (or keeps again) its connections after answers with a status."""
     key = cfg.api_key()
     ssl_arg = cfg.ssl_context()
     proxy, proxy_auth = (
@@ -425,7 +428,10 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
     session = ClientSession(
         # idle connections reused newest first: the pool shrinks after a burst (pool.py)
         connector=NewestFirstConnector(
-            limit=cfg.max_connections, ssl=ssl_arg, force_close=not cfg.keep_alive
+            limit=cfg.max_connections,
+            ssl=ssl_arg,
+            force_close=not cfg.keep_alive,
+            on_learn=on_learn,
         ),
         headers=headers,
         # Only the socket connect (with TLS and proxy setup) is aiohttp's to time:

@@ -45,57 +45,195 @@ on idle HTTP channel"); so does ``_get`` here: one the server wrote to while idl
 the kernel (``POLLIN``, plain TCP only: on TLS a readable socket may be a session ticket).
 The race left: bytes that arrive after the connection was handed out and before its
 request was written are read as the answer, as in Go.
+
+**A server that closes after its answers without saying so.** Some servers and proxies
+close every connection right after an answer (or after some statuses, an error's) without
+``Connection: close``. The close then races the next request: aiohttp releases the
+connection the moment the answer's last byte is read, and a closed loop writes its next
+request on it within microseconds, before the server's FIN or reset arrives; the kernel
+check above cannot see a close that has not happened yet. Measured: 63 phantom
+``stream_truncated`` in 4,300 outcomes (closed loop of 2, 12 s). Such a failure cannot be
+told from a server that read the request and dropped it: both are a reset with no byte of
+answer on a reused connection, the request unacknowledged (the server closes with the
+request unread in its buffer, so its kernel sends a reset, not a FIN). So the pool does
+not guess per failure; it learns, per answer status, whether the server keeps the
+connection after such an answer, before it reuses one:
+
+- The first connection released after an answer with a status not yet judged is held
+  out of the pool for ``CLOSE_WINDOW_S`` (a probe; the pool's limit does not count it),
+  and every other connection released after that status meanwhile is closed: the next
+  requests open new ones. Closed by the server in that window, with no byte written on
+  it (a 408 notice is the server saying so, see below): the server closes after answers
+  with that status (``closes_after``); still open: it keeps them, and connections are
+  reused after that status from then on, as always.
+- After a status the server closes on, a connection is never reused: it is closed when
+  its answer ends, so each request after such an answer opens a new connection (its
+  connect is in that request's time to first token), exactly as the server forces. That
+  status is probed again every ``RECHECK_S`` (free: those connections are not reused
+  anyway): a crash or a restart closes every connection at once and looks the same, and
+  must not end reuse for the rest of a run.
+- An idle connection found closed by the server, silently, within ``CLOSE_WINDOW_S`` of
+  its answer, later in the run: the server has started closing after that status; it is
+  learned at once, and idle connections whose last answer had it are not handed out. A
+  request already written on such a connection when this was learned, which then fails
+  with no answer, is ``connection_closed_unannounced`` (``ClosedAfterAnswer``): the
+  server closes after that answer, so it most likely never read the request. One that
+  failed before the pool learned is ``stream_truncated``, as any such failure.
+
+The verdicts are reported through ``on_learn(status, closes)`` when they change (the run
+logs them, exports ``soakd_target_no_reuse`` and journals them); a keep-alive server
+costs one probe per status: one connection held for ``CLOSE_WINDOW_S``, and a new
+connection for each request after that status during it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import select
 from collections import deque
+from collections.abc import Callable
+from functools import partial
+from time import monotonic
 from typing import TYPE_CHECKING, Any, Final
 
 import structlog
-from aiohttp import TCPConnector
+from aiohttp import ClientConnectionError, ServerDisconnectedError, TCPConnector
+from aiohttp.client_proto import ResponseHandler
 
 if TYPE_CHECKING:
-    from aiohttp.client_proto import ResponseHandler
     from aiohttp.client_reqrep import ConnectionKey
     from aiohttp.connector import Connection
+    from aiohttp.http import RawResponseMessage
+    from aiohttp.streams import StreamReader
     from aiohttp.tracing import Trace
 
 log = structlog.get_logger()
 
-__all__ = ["IDLE_CLOSE_S", "NewestFirstConnector"]
+__all__ = [
+    "CLOSE_WINDOW_S",
+    "IDLE_CLOSE_S",
+    "RECHECK_S",
+    "AnswerHandler",
+    "ClosedAfterAnswer",
+    "NewestFirstConnector",
+]
 
 IDLE_CLOSE_S: Final = 15.0
 """An idle pooled connection is closed after this long unused (aiohttp's default
 keep-alive timeout, named here so a test can shorten it)."""
+CLOSE_WINDOW_S: Final = 0.5
+"""A connection the server closes, silently, within this long of an answer: the server
+closes after answers with that status (module doc). Well below the keep-alive timeouts
+servers use (uvicorn, and so vLLM, 5 s; gunicorn 2 s), well above the trip a close takes
+behind its answer, even over a WAN."""
+RECHECK_S: Final = 60.0
+"""A status the server was seen to close after is probed again this long after."""
+
+_GONE: Final = select.POLLRDHUP | select.POLLHUP | select.POLLERR
+
+OnLearn = Callable[[int, bool], None]
+"""``(status, closes)``: the server closes (True) or keeps (False) its connections after
+answers with ``status``; called when that changes (a first "keeps" is not a change)."""
+
+
+class ClosedAfterAnswer(ServerDisconnectedError):
+    """A request written on a connection reused after an answer with ``status``, lost with
+    no answer, when the server is known to close after such answers: it most likely never
+    read it (``connection_closed_unannounced``, module doc)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"closed after a {status} answer, unannounced")
+        self.status = status
+
+
+class AnswerHandler(ResponseHandler):
+    """aiohttp's connection protocol, noting what the pool needs: the last answer's status,
+    how many answers the connection carried, and whether a request written on it after
+    reuse is still waiting for its answer. One call per answer (``feed_data`` is called per
+    response head, not per chunk)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, closes: dict[int, float]) -> None:
+        super().__init__(loop)
+        self.status = 0  # the last answer's status (0: none yet)
+        self.answers = 0  # response heads read on this connection
+        self.idle_from = 0  # ``answers`` when it last went back to the pool
+        self.awaiting = False  # handed out again; its request has no answer head yet
+        self._closes = closes  # the connector's: status -> when learned (monotonic)
+
+    def feed_data(self, data: tuple[RawResponseMessage, StreamReader], size: int = 0) -> None:
+        self.status = data[0].code
+        self.answers += 1
+        self.awaiting = False
+        super().feed_data(data, size)
+
+    def set_exception(self, exc: BaseException, *args: BaseException) -> None:
+        if (
+            self.awaiting
+            and self.status in self._closes
+            and isinstance(exc, ClientConnectionError)
+            and not isinstance(exc, asyncio.TimeoutError)
+        ):
+            exc = ClosedAfterAnswer(self.status)
+        super().set_exception(exc, *args)
+
+    def closed_silently(self, pending: int) -> bool:
+        """The server closed (or reset) it while it sat idle, without a byte: no answer
+        read since it went back to the pool, none waiting in the kernel (``pending``, from
+        ``_pending``)."""
+        closed = not self.is_connected() or bool(pending & _GONE)
+        return closed and self.answers == self.idle_from and not pending & select.POLLIN
 
 
 class NewestFirstConnector(TCPConnector):
-    """A TCPConnector whose idle connections are reused newest first (module doc)."""
+    """A TCPConnector whose idle connections are reused newest first, never one the server
+    closed or wrote to while idle, and never after an answer the server closes on (module
+    doc)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, on_learn: OnLearn | None = None, **kwargs: Any) -> None:
         if not kwargs.get("force_close"):
             kwargs.setdefault("keepalive_timeout", IDLE_CLOSE_S)
         super().__init__(**kwargs)
         self.spoke_idle = 0  # idle connections closed because the server wrote on them
+        self._closes: dict[int, float] = {}  # status -> when learned closing (monotonic)
+        self._keeps: set[int] = set()  # statuses after which the server keeps connections
+        self._probes: dict[int, tuple[ResponseHandler, asyncio.TimerHandle]] = {}
+        self._on_learn = on_learn
+        factory: Callable[..., ResponseHandler] = AnswerHandler  # every connection's protocol
+        self._factory = partial(factory, loop=self._loop, closes=self._closes)
+
+    @property
+    def closes_after(self) -> list[int]:
+        """The statuses after which the server closes its connections unannounced, now."""
+        return sorted(self._closes)
 
     async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
         conns = self._conns.get(key)
         if isinstance(conns, deque):
+            closes = self._closes
             while conns:
-                proto = conns[0][0]
+                proto, released = conns[0]
+                status = proto.status if isinstance(proto, AnswerHandler) else 0
                 unusable = _unusable(proto)
                 pending = 0 if unusable else _pending(proto)
-                if not (unusable or pending):
+                if not (unusable or pending or status in closes):
                     break
                 conns.popleft()
                 if proto.is_connected() and (proto.should_close or pending == select.POLLIN):
                     self._spoke(key)  # bytes, no close: an idle notice or junk
+                elif (
+                    status not in closes
+                    and isinstance(proto, AnswerHandler)
+                    and proto.closed_silently(pending)
+                    and monotonic() - released <= CLOSE_WINDOW_S
+                ):
+                    self._verdict(key, status, closes=True)  # it started closing after it
                 proto.close()
             if not conns:
                 del self._conns[key]
-        return await super()._get(key, traces)
+        conn = await super()._get(key, traces)
+        if conn is not None and isinstance(reused := conn.protocol, AnswerHandler):
+            reused.awaiting = True
+        return conn
 
     def _spoke(self, key: ConnectionKey) -> None:
         n = self.spoke_idle = self.spoke_idle + 1
@@ -110,11 +248,69 @@ class NewestFirstConnector(TCPConnector):
     def _release(
         self, key: ConnectionKey, protocol: ResponseHandler, *, should_close: bool = False
     ) -> None:
+        if isinstance(protocol, AnswerHandler):
+            protocol.idle_from = protocol.answers
+            if (
+                protocol.status not in self._keeps
+                and not (self._closed or self._force_close or should_close)
+                and not protocol.should_close
+            ):  # after a status not judged yet, or one the server closes on: no reuse
+                if self._probe(key, protocol):
+                    return
+                should_close = True
         super()._release(key, protocol, should_close=should_close)
         conns = self._conns.get(key)
         # aiohttp appended (protocol, last use) at the back, where popleft takes it last
         if isinstance(conns, deque) and conns and conns[-1][0] is protocol:
             conns.rotate(1)
+
+    def _probe(self, key: ConnectionKey, protocol: AnswerHandler) -> bool:
+        """Hold ``protocol`` out of the pool for ``CLOSE_WINDOW_S`` to see whether the
+        server closes it, if its status is due a look; whether it is held."""
+        status = protocol.status
+        learned = self._closes.get(status)
+        if status in self._probes or (learned is not None and monotonic() - learned < RECHECK_S):
+            return False
+        self._release_acquired(key, protocol)  # out of the pool's count: others may connect
+        handle = self._loop.call_later(CLOSE_WINDOW_S, self._judge, key, status)
+        self._probes[status] = (protocol, handle)
+        return True
+
+    def _judge(self, key: ConnectionKey, status: int) -> None:
+        proto, _ = self._probes.pop(status)
+        assert isinstance(proto, AnswerHandler)
+        closed = proto.closed_silently(_pending(proto))
+        proto.close()
+        self._verdict(key, status, closes=closed)
+
+    def _verdict(self, key: ConnectionKey, status: int, *, closes: bool) -> None:
+        before = status in self._closes
+        if closes:
+            self._closes[status] = monotonic()
+            self._keeps.discard(status)
+        else:
+            self._closes.pop(status, None)
+            self._keeps.add(status)
+        if closes == before:
+            return
+        if self._on_learn is not None:
+            self._on_learn(status, closes)
+        else:
+            log.warning(
+                "server_closes_after_answers" if closes else "server_keeps_connections_again",
+                host=f"{key.host}:{key.port}",
+                status=status,
+            )
+
+    def _close(self, *, abort_ssl: bool = False) -> list[Any]:
+        waiters = super()._close(abort_ssl=abort_ssl)
+        for proto, handle in self._probes.values():
+            handle.cancel()
+            proto.close()
+            if (closed := proto.closed) is not None:
+                waiters.append(closed)
+        self._probes.clear()
+        return waiters
 
 
 def _pending(proto: ResponseHandler) -> int:
