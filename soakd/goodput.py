@@ -34,9 +34,16 @@ from soakd.model import NS_PER_S, ErrorKind, Outcome
 
 Class = Literal["ok", "error", "refused", "guard", "excluded"]
 
-NOT_JUDGED = frozenset({ErrorKind.CANCELLED.value, ErrorKind.WORKER_LOST.value})
-"""Cut or lost by soakd itself (the drain deadline, a sender process that died): out of
-every denominator."""
+NOT_JUDGED = frozenset(
+    {
+        ErrorKind.CANCELLED.value,
+        ErrorKind.WORKER_LOST.value,
+        ErrorKind.CONNECTION_CLOSED_UNANNOUNCED.value,
+    }
+)
+"""Cut or lost by soakd itself (the drain deadline, a sender process that died), or lost
+on a connection the server had closed after its last answer without saying so (it most
+likely never read the request): out of every denominator."""
 
 REFUSALS = frozenset(
     {ErrorKind.HTTP_429.value, ErrorKind.HTTP_4XX.value, ErrorKind.HTTP_AUTH.value}
@@ -87,7 +94,7 @@ class Tally:
     errors: int = 0  # in the error ratio
     refused: int = 0  # 429 / 4xx answers of the server
     guard: int = 0  # the guard gateway's own refusals
-    excluded: int = 0  # cancelled by soakd at the drain deadline
+    excluded: int = 0  # not judged (NOT_JUDGED): cut or lost by soakd, or never read
     unsent: int = 0  # never left soakd
 
     def add(self, cls: Class, good: bool, n: int = 1, sent: bool = True) -> None:

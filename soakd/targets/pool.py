@@ -89,7 +89,10 @@ connection for each request after that status during it.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import select
+import sys
+import termios
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -178,10 +181,10 @@ class AnswerHandler(ResponseHandler):
 
     def closed_silently(self, pending: int) -> bool:
         """The server closed (or reset) it while it sat idle, without a byte: no answer
-        read since it went back to the pool, none waiting in the kernel (``pending``, from
-        ``_pending``)."""
+        read since it went back to the pool, and none waiting in the kernel behind the
+        close (``pending``, from ``_pending``)."""
         closed = not self.is_connected() or bool(pending & _GONE)
-        return closed and self.answers == self.idle_from and not pending & select.POLLIN
+        return closed and self.answers == self.idle_from and not _unread(self)
 
 
 class NewestFirstConnector(TCPConnector):
@@ -205,6 +208,11 @@ class NewestFirstConnector(TCPConnector):
     def closes_after(self) -> list[int]:
         """The statuses after which the server closes its connections unannounced, now."""
         return sorted(self._closes)
+
+    @property
+    def keeps_after(self) -> list[int]:
+        """The statuses after which the server keeps its connections (reused), now."""
+        return sorted(self._keeps)
 
     async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
         conns = self._conns.get(key)
@@ -329,6 +337,21 @@ def _pending(proto: ResponseHandler) -> int:
     poller.register(sock.fileno(), events)
     ready = poller.poll(0)
     return ready[0][1] if ready else 0
+
+
+def _unread(proto: ResponseHandler) -> int:
+    """Bytes the kernel holds for this connection that nobody has read (``FIONREAD``; a
+    FIN is not one). 0 on TLS, where they may be the protocol's own records (the
+    ``close_notify`` of a silent close), and once the loop has closed the socket."""
+    transport = proto.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if transport is None or sock is None or transport.get_extra_info("ssl_object") is not None:
+        return 0
+    try:
+        got = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int.from_bytes(got, sys.byteorder, signed=True)
 
 
 def _unusable(proto: ResponseHandler) -> bool:

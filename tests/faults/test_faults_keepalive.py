@@ -2,7 +2,8 @@
 
 A raw-socket server answers each request with ``Content-Length``, no ``Connection: close``
 (so the client keeps the connection), and then closes the socket, as proxies do after an
-error answer. soakd must never send a request on such a dead pooled connection (a phantom
+error answer and some servers after every answer. soakd must never send a request on such
+a dead pooled connection, nor on one the server is about to close (a phantom
 ``stream_truncated`` for a request the server never saw), and a server that read a request
 and then dropped the connection must have that failure counted, not hidden by a second
 send. The outcomes soakd counts must equal what the server received, exactly."""
@@ -22,13 +23,20 @@ from prometheus_client import generate_latest
 
 from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
+from soakd.report.build import build_report
 from tests.faults.conftest import figure, samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 ERROR = json.dumps({"error": {"message": "no", "type": "server_error", "code": "x"}}).encode()
 TIMEOUTS: Final = {"connect": "2s", "ttft": "3s", "total": "5s"}
+STREAM: Final = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
+    b"data: [DONE]\n\n"
+)
 MODES = {  # mode: (status, content type, body, the kind soakd must count)
+    "ok": (200, "text/event-stream", STREAM, "ok"),
     "s400": (400, "application/json", ERROR, "http_4xx"),
     "s401": (401, "application/json", ERROR, "http_auth"),
     "s503": (503, "application/json", ERROR, "http_5xx"),
@@ -52,11 +60,7 @@ class RawServer:
         self.port = 0
         self._server: asyncio.Server | None = None
 
-    STREAM = (
-        b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
-        b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n'
-        b"data: [DONE]\n\n"
-    )
+    STREAM = STREAM
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
@@ -130,9 +134,24 @@ async def soak_modes(
 ) -> str:
     """soakd against ``server``, one target per mode (the path's first segment), for
     ``seconds`` under ``load``; it must complete. Its final scrape."""
+    soak = await soak_run(server, modes, load, tmp_path, seconds=seconds, **target)
+    return generate_latest(soak.metrics.registry).decode()
+
+
+async def soak_run(
+    server: RawServer,
+    modes: Iterable[str],
+    load: dict[str, Any],
+    tmp_path: Path,
+    *,
+    seconds: int = 2,
+    workers: int = 1,
+    **target: Any,
+) -> Soak:
+    """``soak_modes``, with ``run.workers``; the finished run."""
     cfg = config_from_dict(
         {
-            "run": {"name": "keepalive", "drain_timeout": "5s"},
+            "run": {"name": "keepalive", "drain_timeout": "5s", "workers": workers},
             "targets": [
                 {
                     "name": mode,
@@ -153,7 +172,7 @@ async def soak_modes(
     )
     result = await soak.run()
     assert result.completed
-    return generate_latest(soak.metrics.registry).decode()
+    return soak
 
 
 @pytest.fixture
@@ -182,6 +201,87 @@ async def test_outcomes_equal_what_the_server_received(
         assert samples(text, "soakd_requests_total", target=mode, outcome=kind) == seen
         figure(f"keepalive.{mode}.server_saw", seen)
         figure(f"keepalive.{mode}.soakd_counted", counted)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("concurrency", [2, 64])
+async def test_a_server_closing_after_every_answer_is_learned_not_raced(
+    closing: ClosingServer, tmp_path: Path, concurrency: int, workers: int
+) -> None:
+    """A server that closes every connection right after a 200, unannounced: the next
+    request written on a reused connection would cross the close (63 phantom
+    ``stream_truncated`` in 4,300 outcomes at a closed loop of 2). soakd learns it before
+    it reuses one (a probe held after the first 200) and opens a new connection after each
+    answer: every request the server read is one ``ok``, nothing else is counted. Each
+    worker process learns it for its own pool and tells the parent."""
+    soak = await soak_run(
+        closing, ["ok"], {"mode": "closed", "concurrency": concurrency}, tmp_path, workers=workers
+    )
+    text = generate_latest(soak.metrics.registry).decode()
+    seen = closing.requests["ok"]
+    assert seen > 50, seen
+    assert samples(text, "soakd_requests_total", target="ok") == seen  # not one phantom
+    assert samples(text, "soakd_requests_total", target="ok", outcome="ok") == seen
+    # learned, shown and exported: the parent heard it from every sender that learned it
+    assert soak.status()["no_reuse"] == {"ok": [200]}
+    assert samples(text, "soakd_target_no_reuse", target="ok", status="200") == 1
+    note = [n for n in build_report(soak.run_dir).notes if "after 200 answers" in n]
+    assert len(note) == 1 and note[0].startswith("ok: the server closed its connections")
+    figure(f"keepalive.closing.c{concurrency}.w{workers}.server_saw", seen)
+
+
+class FlippingServer(RawServer):
+    """Answers with a short stream and keeps the connection for ``KEEP_S`` after it
+    started; from then on it closes every connection right after its answer, unannounced.
+    soakd has seen it keep its connections by then (the probe after its first 200)."""
+
+    KEEP_S = 1.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = 0.0
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await self._read_body(reader, await reader.readuntil(b"\r\n\r\n"))
+                await self._answer_stream(writer)
+                if loop.time() - self.started > self.KEEP_S:
+                    return  # closes after the answer, no Connection: close
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> Self:
+        self.started = asyncio.get_running_loop().time()
+        return await super().__aenter__()
+
+
+async def test_a_server_that_starts_closing_after_answers_is_learned_at_once(
+    tmp_path: Path,
+) -> None:
+    """Connections are reused after 200s at first (the server kept the probe); once the
+    server closes after every answer, the first connection found closed within half a
+    second of its answer teaches soakd, which stops reusing them. What is left is the race
+    of the few requests written before that: each is ``stream_truncated`` (lost before
+    soakd knew) or ``connection_closed_unannounced`` (lost after), never more than one per
+    stream, and every request the server read is an ``ok``."""
+    async with FlippingServer() as server:
+        soak = await soak_run(
+            server, ["ok"], {"mode": "closed", "concurrency": 8}, tmp_path, seconds=3
+        )
+    text = generate_latest(soak.metrics.registry).decode()
+    seen = server.requests["ok"]
+    assert samples(text, "soakd_requests_total", target="ok", outcome="ok") == seen
+    raced = samples(text, "soakd_requests_total", target="ok") - seen
+    assert raced <= 8, raced  # at most the requests already in flight when it flipped
+    assert soak.status()["no_reuse"] == {"ok": [200]}
+    figure("keepalive.flipping.server_saw", seen)
+    figure("keepalive.flipping.raced", raced)
+    for kind in ("stream_truncated", "connection_closed_unannounced"):
+        figure(f"keepalive.flipping.{kind}", samples(text, "soakd_requests_total", outcome=kind))
 
 
 class DroppingServer(RawServer):
