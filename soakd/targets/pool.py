@@ -130,7 +130,8 @@ closes after answers with that status (module doc). Well below the keep-alive ti
 servers use (uvicorn, and so vLLM, 5 s; gunicorn 2 s), well above the trip a close takes
 behind its answer, even over a WAN."""
 RECHECK_S: Final = 60.0
-"""A status the server was seen to close after is probed again this long after."""
+"""A status the server was seen to close after is probed again this long after; a loss
+on a connection reused after a status asks for a probe at most this often."""
 
 _GONE: Final = select.POLLRDHUP | select.POLLHUP | select.POLLERR
 
@@ -155,13 +156,15 @@ class AnswerHandler(ResponseHandler):
     reuse is still waiting for its answer. One call per answer (``feed_data`` is called per
     response head, not per chunk)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, closes: dict[int, float]) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: NewestFirstConnector) -> None:
         super().__init__(loop)
         self.status = 0  # the last answer's status (0: none yet)
         self.answers = 0  # response heads read on this connection
         self.idle_from = 0  # ``answers`` when it last went back to the pool
         self.awaiting = False  # handed out again; its request has no answer head yet
-        self._closes = closes  # the connector's: status -> when learned (monotonic)
+        self.probe: ConnectionKey | None = None  # held by the pool to see if the server closes it
+        self._pool = pool
+        self._unannounced: ClosedAfterAnswer | None = None
 
     def feed_data(self, data: tuple[RawResponseMessage, StreamReader], size: int = 0) -> None:
         self.status = data[0].code
@@ -170,14 +173,20 @@ class AnswerHandler(ResponseHandler):
         super().feed_data(data, size)
 
     def set_exception(self, exc: BaseException, *args: BaseException) -> None:
-        if (
-            self.awaiting
-            and self.status in self._closes
-            and isinstance(exc, ClientConnectionError)
-            and not isinstance(exc, asyncio.TimeoutError)
-        ):
-            exc = ClosedAfterAnswer(self.status)
+        if isinstance(exc, ClientConnectionError) and not isinstance(exc, asyncio.TimeoutError):
+            # the transport is still set: the server closed it, not soakd (a timeout, a cut)
+            if self.awaiting and self.transport is not None:
+                self.awaiting = False
+                if self._pool.lost_after(self.status):
+                    self._unannounced = ClosedAfterAnswer(self.status)
+            if self._unannounced is not None:
+                exc = self._unannounced
         super().set_exception(exc, *args)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        if self.probe is not None:  # the server closed a probe: judged now, not at the end
+            self._pool.judge(self.probe, self.status)
 
     def closed_silently(self, pending: int) -> bool:
         """The server closed (or reset) it while it sat idle, without a byte: no answer
@@ -200,9 +209,10 @@ class NewestFirstConnector(TCPConnector):
         self._closes: dict[int, float] = {}  # status -> when learned closing (monotonic)
         self._keeps: set[int] = set()  # statuses after which the server keeps connections
         self._probes: dict[int, tuple[ResponseHandler, asyncio.TimerHandle]] = {}
+        self._asked: dict[int, float] = {}  # status -> when a loss last asked for a probe
         self._on_learn = on_learn
         factory: Callable[..., ResponseHandler] = AnswerHandler  # every connection's protocol
-        self._factory = partial(factory, loop=self._loop, closes=self._closes)
+        self._factory = partial(factory, loop=self._loop, pool=self)
 
     @property
     def closes_after(self) -> list[int]:
@@ -217,24 +227,25 @@ class NewestFirstConnector(TCPConnector):
     async def _get(self, key: ConnectionKey, traces: list[Trace]) -> Connection | None:
         conns = self._conns.get(key)
         if isinstance(conns, deque):
-            closes = self._closes
+            keeps = self._keeps
             while conns:
                 proto, released = conns[0]
-                status = proto.status if isinstance(proto, AnswerHandler) else 0
+                # pooled while its status was trusted: it may no longer be (a loss, a close)
+                trusted = not isinstance(proto, AnswerHandler) or proto.status in keeps
                 unusable = _unusable(proto)
                 pending = 0 if unusable else _pending(proto)
-                if not (unusable or pending or status in closes):
+                if trusted and not (unusable or pending):
                     break
                 conns.popleft()
                 if proto.is_connected() and (proto.should_close or pending == select.POLLIN):
                     self._spoke(key)  # bytes, no close: an idle notice or junk
                 elif (
-                    status not in closes
-                    and isinstance(proto, AnswerHandler)
+                    isinstance(proto, AnswerHandler)
+                    and proto.status not in self._closes
                     and proto.closed_silently(pending)
                     and monotonic() - released <= CLOSE_WINDOW_S
-                ):
-                    self._verdict(key, status, closes=True)  # it started closing after it
+                ):  # the server has started closing after that status
+                    self._verdict(key, proto.status, closes=True)
                 proto.close()
             if not conns:
                 del self._conns[key]
@@ -280,16 +291,40 @@ class NewestFirstConnector(TCPConnector):
         if status in self._probes or (learned is not None and monotonic() - learned < RECHECK_S):
             return False
         self._release_acquired(key, protocol)  # out of the pool's count: others may connect
-        handle = self._loop.call_later(CLOSE_WINDOW_S, self._judge, key, status)
+        handle = self._loop.call_later(CLOSE_WINDOW_S, self.judge, key, status)
         self._probes[status] = (protocol, handle)
+        protocol.probe = key
         return True
 
-    def _judge(self, key: ConnectionKey, status: int) -> None:
-        proto, _ = self._probes.pop(status)
+    def judge(self, key: ConnectionKey, status: int) -> None:
+        """The probe after ``status``: closed by the server (its ``connection_lost``, at
+        once) or at the end of ``CLOSE_WINDOW_S`` (the timer), whichever comes first."""
+        got = self._probes.pop(status, None)
+        if got is None:
+            return
+        proto, handle = got
+        handle.cancel()
         assert isinstance(proto, AnswerHandler)
+        proto.probe = None
         closed = proto.closed_silently(_pending(proto))
         proto.close()
         self._verdict(key, status, closes=closed)
+
+    def lost_after(self, status: int) -> bool:
+        """A connection reused after a ``status`` answer was closed by the server under its
+        request, before any answer (``AnswerHandler``): whether the server is known to
+        close after such answers (then it never read the request). If not, that status is
+        probed again at its next answer (no reuse after it meanwhile), at most once a
+        ``RECHECK_S``: this loss cannot be told from a server that read the request and
+        dropped it, and stays the server's, but a server that has started closing after
+        that status is learned, and one that drops requests is not probed on every drop."""
+        if status in self._closes:
+            return True
+        asked = self._asked.get(status)
+        if asked is None or monotonic() - asked >= RECHECK_S:
+            self._asked[status] = monotonic()
+            self._keeps.discard(status)  # judged again at its next answer
+        return False
 
     def _verdict(self, key: ConnectionKey, status: int, *, closes: bool) -> None:
         before = status in self._closes
@@ -314,6 +349,8 @@ class NewestFirstConnector(TCPConnector):
         waiters = super()._close(abort_ssl=abort_ssl)
         for proto, handle in self._probes.values():
             handle.cancel()
+            if isinstance(proto, AnswerHandler):
+                proto.probe = None
             proto.close()
             if (closed := proto.closed) is not None:
                 waiters.append(closed)
