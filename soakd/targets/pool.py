@@ -31,8 +31,9 @@ on it, so there is nothing to resend and nothing to count. That is Go's net/http
 like Go soakd never sends a POST twice: a request that fails after it was written on a
 live connection was read by a server that then failed it (a crash, a drop), and it is an
 outcome. Sending it again hid exactly that failure: a server that dropped a third of its
-requests after reading them looked healthy. The race left is a FIN crossing the request
-on the wire (the server's close within one trip of the request's write), as in Go.
+requests after reading them looked healthy. The race left is a close crossing the
+request on the wire; a server that closes right after its answers meets it on nearly
+every reuse, and is learned instead (below).
 
 **Bytes on an idle connection.** Some servers and proxies write to a keep-alive
 connection nobody asked on: a ``408 Request Timeout`` as an idle notice (with or without
@@ -52,38 +53,41 @@ close every connection right after an answer (or after some statuses, an error's
 connection the moment the answer's last byte is read, and a closed loop writes its next
 request on it within microseconds, before the server's FIN or reset arrives; the kernel
 check above cannot see a close that has not happened yet. Measured: 63 phantom
-``stream_truncated`` in 4,300 outcomes (closed loop of 2, 12 s). Such a failure cannot be
-told from a server that read the request and dropped it: both are a reset with no byte of
-answer on a reused connection, the request unacknowledged (the server closes with the
-request unread in its buffer, so its kernel sends a reset, not a FIN). So the pool does
-not guess per failure; it learns, per answer status, whether the server keeps the
-connection after such an answer, before it reuses one:
+``stream_truncated`` in 4,300 outcomes (closed loop of 2, 12 s); closed 10 ms after the
+answer, half the outcomes. Such a loss cannot be told from a server that read the request
+and then aborted the connection: the server closes with the request unread in its
+buffer, so its kernel sends a reset, not a FIN (so did all 13 of a 6 s run), and both
+are a reset with no byte of answer on a reused connection, the request unacknowledged. So
+the pool does not guess per loss: it learns, per answer status, whether the server keeps
+its connections after such an answer, and reuses one only once it has seen it do so.
 
-- The first connection released after an answer with a status not yet judged is held
-  out of the pool for ``CLOSE_WINDOW_S`` (a probe; the pool's limit does not count it),
-  and every other connection released after that status meanwhile is closed: the next
-  requests open new ones. Closed by the server in that window, with no byte written on
-  it (a 408 notice is the server saying so, see below): the server closes after answers
-  with that status (``closes_after``); still open: it keeps them, and connections are
-  reused after that status from then on, as always.
-- After a status the server closes on, a connection is never reused: it is closed when
-  its answer ends, so each request after such an answer opens a new connection (its
-  connect is in that request's time to first token), exactly as the server forces. That
-  status is probed again every ``RECHECK_S`` (free: those connections are not reused
-  anyway): a crash or a restart closes every connection at once and looks the same, and
-  must not end reuse for the rest of a run.
-- An idle connection found closed by the server, silently, within ``CLOSE_WINDOW_S`` of
-  its answer, later in the run: the server has started closing after that status; it is
-  learned at once, and idle connections whose last answer had it are not handed out. A
-  request already written on such a connection when this was learned, which then fails
-  with no answer, is ``connection_closed_unannounced`` (``ClosedAfterAnswer``): the
-  server closes after that answer, so it most likely never read the request. One that
-  failed before the pool learned is ``stream_truncated``, as any such failure.
+- **The probe.** The first connection released after an answer with a status not judged
+  yet is held out of the pool (its limit does not count it) for ``CLOSE_WINDOW_S``, and
+  every other connection released after that status meanwhile is closed: the next
+  requests open new ones. Closed by the server in that window with no byte (judged at
+  once; a 408 notice before the close is the server saying so, see above): it closes
+  after that status (``closes_after``). Still open at the end: it keeps them
+  (``keeps_after``), and connections are reused after that status from then on.
+- **No reuse after a status the server closes on**: the connection is closed when its
+  answer ends, and the next request opens a new one (its connect is in that request's
+  time to first token), as the server forces anyway. That status is probed again every
+  ``RECHECK_S``, for free (those connections are not reused anyway): a crash closes every
+  connection at once and looks the same, and must not end reuse for the rest of a run.
+- **A server that starts closing later.** An idle connection found closed, silently,
+  within ``CLOSE_WINDOW_S`` of its answer, teaches the pool at once. A loss on a
+  connection reused after a status (the server closed it under the request, before any
+  answer) has that status probed again (no reuse after it meanwhile; once a
+  ``RECHECK_S`` at most, so that a server that reads requests and drops some is not
+  probed on every drop). That loss, and any other before the pool knew, cannot be told
+  from a drop and stays ``stream_truncated``: at most one per request in flight when the
+  server changed. A loss after it knew (its request was written before) is
+  ``connection_closed_unannounced`` (``ClosedAfterAnswer``): the server closes after
+  that answer, so it never read the request.
 
 The verdicts are reported through ``on_learn(status, closes)`` when they change (the run
-logs them, exports ``soakd_target_no_reuse`` and journals them); a keep-alive server
-costs one probe per status: one connection held for ``CLOSE_WINDOW_S``, and a new
-connection for each request after that status during it.
+logs them, exports ``soakd_target_no_reuse`` and journals them). A keep-alive server pays
+one probe per status: one connection held for ``CLOSE_WINDOW_S``, and a new connection
+for each request after that status meanwhile; nothing per request after it.
 """
 
 from __future__ import annotations
