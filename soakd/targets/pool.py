@@ -106,6 +106,7 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 from aiohttp import ClientConnectionError, ServerDisconnectedError, TCPConnector
 from aiohttp.client_proto import ResponseHandler
+from aiohttp.http_exceptions import HttpProcessingError
 
 if TYPE_CHECKING:
     from aiohttp.client_reqrep import ConnectionKey
@@ -194,10 +195,15 @@ class AnswerHandler(ResponseHandler):
 
     def closed_silently(self, pending: int) -> bool:
         """The server closed (or reset) it while it sat idle, without a byte: no answer
-        read since it went back to the pool, and none waiting in the kernel behind the
-        close (``pending``, from ``_pending``)."""
+        read since it went back to the pool, nor bytes that were none (unparsed, or not
+        HTTP), and none waiting in the kernel behind the close (``pending``, from
+        ``_pending``)."""
         closed = not self.is_connected() or bool(pending & _GONE)
-        return closed and self.answers == self.idle_from and not _unread(self)
+        said = self.answers != self.idle_from or self._tail or self._said_junk()
+        return closed and not said and not _unread(self)
+
+    def _said_junk(self) -> bool:
+        return isinstance(self.exception(), HttpProcessingError)
 
 
 class NewestFirstConnector(TCPConnector):
