@@ -83,6 +83,9 @@ class OpenAITarget:
         # the run id the traceparent is derived from; None: no traceparent (soakd/tracing.py)
         self._trace_run = run_id if run_id is not None and wants_traceparent(cfg) else None
         self._session = session
+        # its connection pool, kept past the session's close: what it learned (pool.py)
+        connector = session.connector
+        self.pool = connector if isinstance(connector, NewestFirstConnector) else None
         self._url = URL(cfg.endpoint)
         self._endpoint = cfg.endpoint
         self._chat = cfg.api == "chat"

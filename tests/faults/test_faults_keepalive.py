@@ -27,7 +27,6 @@ from soakd.goodput import classify
 from soakd.model import ErrorKind, RequestSpec
 from soakd.report.build import build_report
 from soakd.targets import open_target
-from soakd.targets.pool import NewestFirstConnector
 from tests.faults.conftest import figure, samples
 from tests.waiting import until
 
@@ -367,8 +366,8 @@ async def test_a_request_written_before_soakd_learned_is_closed_unannounced() ->
             TargetConfig(name="ok", base_url=f"http://127.0.0.1:{server.port}/ok", model="m"),
             on_learn=lambda status, closes: learned.append((status, closes)),
         )
-        connector = target._session.connector
-        assert isinstance(connector, NewestFirstConnector)
+        connector = target.pool
+        assert connector is not None
         try:
             outs = [await target.send(one(0))]
             await until(lambda: connector.keeps_after == [200], what="the probe kept")
@@ -433,6 +432,8 @@ async def test_a_request_the_server_read_and_dropped_is_its_failure(tmp_path: Pa
         truncated = samples(text, "soakd_requests_total", target=mode, outcome="stream_truncated")
         assert truncated == dropped, (mode, truncated, dropped)
         assert samples(text, "soakd_requests_total", target=mode, outcome="ok") == seen - dropped
+        # it keeps its connections after answers: a drop is not a close after an answer
+        assert samples(text, "soakd_target_no_reuse", target=mode) == 0, mode
         figure(f"keepalive.dropped.{mode}.server_saw", seen)
         figure(f"keepalive.dropped.{mode}.dropped", dropped)
 
@@ -487,5 +488,7 @@ async def test_a_408_on_an_idle_connection_is_no_answer(tmp_path: Path) -> None:
         assert samples(text, "soakd_requests_total", target=mode, outcome="ok") == seen, mode
         assert seen >= 15, (mode, seen)
         assert server.notices[mode] >= 10, (mode, server.notices)  # the case was met
+        # a notice before the close is the server saying so: not a close to learn from
+        assert samples(text, "soakd_target_no_reuse", target=mode) == 0, mode
         figure(f"keepalive.idle408.{mode}.server_saw", seen)
         figure(f"keepalive.idle408.{mode}.notices", server.notices[mode])

@@ -83,8 +83,8 @@ def spec(seq: int) -> RequestSpec:
 async def test_pool_shrinks_after_a_burst(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pool, "IDLE_CLOSE_S", 0.3)
     target = await open_target(TargetConfig(name="local", base_url=server.url, model="tiny"))
-    connector = target._session.connector
-    assert isinstance(connector, pool.NewestFirstConnector)
+    connector = target.pool
+    assert connector is not None
     server.hold.set()
     outcomes: list[Outcome] = [await target.send(spec(-1))]
     # the pool reuses connections after a 200 once it saw the server keep one (pool.py)
