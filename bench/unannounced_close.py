@@ -2,14 +2,16 @@
 against what soakd counted, and the cost of soakd's learning on a keep-alive server.
 
 The server runs in its own process (raw asyncio): it answers each request with a short
-SSE stream (``Content-Length``, no ``Connection: close``) and then closes the socket.
+SSE stream (``Content-Length``, no ``Connection: close``) and then closes the socket, at
+once or ``--linger-ms`` later (a server that tidies up first: the next request on a
+reused connection then crosses the close nearly every time, not only now and then).
 soakd runs in this process against it, closed loop, ``--workers`` sender processes, and
 the script prints the requests the server read beside soakd's outcomes by kind.
 ``--simulator`` runs the same loop against the embedded simulator instead (keep-alive)
 and prints requests/s.
 
     .venv/bin/python bench/unannounced_close.py --concurrency 2 --seconds 12
-    .venv/bin/python bench/unannounced_close.py --concurrency 64 --workers 2
+    .venv/bin/python bench/unannounced_close.py --concurrency 64 --workers 2 --linger-ms 10
     .venv/bin/python bench/unannounced_close.py --simulator --concurrency 16 --seconds 10
 """
 
@@ -36,7 +38,7 @@ STREAM = (
 )
 
 
-def serve() -> None:
+def serve(linger_s: float) -> None:
     """The closing server: prints ``{"port": N}``, then the count it read on SIGTERM."""
     read = 0
 
@@ -56,6 +58,8 @@ def serve() -> None:
                 b"Content-Length: %d\r\n\r\n" % len(STREAM) + STREAM
             )
             await writer.drain()
+            if linger_s:
+                await asyncio.sleep(linger_s)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -123,10 +127,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--seconds", type=int, default=12)
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--linger-ms", type=float, default=0.0, help="close this long after")
     ap.add_argument("--simulator", action="store_true", help="against the simulator")
     args = ap.parse_args()
     if args.serve:
-        serve()
+        serve(args.linger_ms / 1e3)
         return
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,7 +140,10 @@ def main() -> None:
             print(json.dumps({"rps": round(got.get("ok", 0) / args.seconds, 1), "by_kind": got}))
             return
         proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, env=env, text=True
+            [sys.executable, __file__, "--serve", "--linger-ms", str(args.linger_ms)],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
         )
         assert proc.stdout is not None
         port = json.loads(proc.stdout.readline())["port"]
@@ -149,6 +157,7 @@ def main() -> None:
     row: dict[str, Any] = {
         "concurrency": args.concurrency,
         "workers": args.workers,
+        "linger_ms": args.linger_ms,
         "soakd_outcomes": int(counted),
         "by_kind": {k: int(v) for k, v in got.items() if k != "elapsed_s"},
         "server_read": json.loads(tail.strip().splitlines()[-1])["read"],
