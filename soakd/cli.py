@@ -8,17 +8,19 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
 from soakd import __version__
-from soakd.config import Config, ConfigError, load_config, parse_duration
+from soakd.config import Config, ConfigError, load_config, load_decisions, parse_duration
 from soakd.journal import JournalError
 from soakd.net import parse_host_port
 
 EXIT_USAGE = 2
+EXIT_NO_SUCCESS = 3
+"""``soakd run``: a target was sent requests and answered none of them successfully."""
 
 
 def _duration(text: str) -> float:
@@ -77,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="resume even though the config differs from the run's (recorded)",
     )
+    run.add_argument(
+        "--no-preflight",
+        dest="preflight",
+        action="store_false",
+        help="do not ask each target once before the run (one that comes up later: the "
+        "run pauses it until it answers)",
+    )
     view = run.add_mutually_exclusive_group()
     view.add_argument(
         "--live",
@@ -102,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--duration", type=_duration, metavar="D")
     check.add_argument("--rehearse", type=_duration, metavar="D")
+    check.add_argument(
+        "--probe",
+        action="store_true",
+        help="ask each target once, as `run` does first: its models list and one "
+        "request of one token (not for simulators soakd starts)",
+    )
 
     report = sub.add_parser("report", help="the side-by-side report of a run, from its journal")
     report.add_argument("run_dir", type=Path, metavar="DIR")
@@ -124,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         metavar="FILE",
-        help="judge by this config's slo, compare, costs and report sections "
-        "(targets matched by name) instead of the run's own",
+        help="judge by this file's slo, compare, report and targets[].slo/cost sections "
+        "(targets matched by name) instead of the run's own; just those sections, or a "
+        "whole config",
     )
     report.add_argument(
         "--slowest",
@@ -149,7 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: standard output)"
     )
     export.add_argument(
-        "--itl", action="store_true", help="add every inter-token gap (microseconds) to each row"
+        "--itl",
+        action="store_true",
+        help="add each row's inter-token gaps (microseconds): itl_us in arrival order "
+        "(journal.itl: exact), itl_sorted_us as sorted 2%% bucket middles (compact, the "
+        "default: the order is not stored)",
     )
 
     sim = sub.add_parser("sim", help="serve the embedded vLLM-like simulator")
@@ -240,6 +260,29 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
     if cfg.compare is not None:
         c = cfg.compare
         print(f"compare: {c.candidate} against baseline {c.baseline}")
+    if args.probe:
+        _probe(cfg)
+
+
+def _probe(cfg: Config) -> None:
+    """``check --probe``: the preflight of ``run`` (a gateway's target: the server behind
+    it); a problem is a ConfigError (exit 2), a warning is printed."""
+    from soakd.logs import setup_logging
+    from soakd.targets.preflight import preflight
+
+    setup_logging(console=False)  # the lines below say it all: no client log on the screen
+    servers = [t for t in cfg.targets if not t.simulator]
+    for t in cfg.targets:
+        if t.simulator:
+            print(f"targets[{t.name}]: the simulator soakd starts: asked when `run` starts it")
+    problems = []
+    for r, t in zip(asyncio.run(preflight(servers)), servers, strict=True):
+        if r.ok or t.expect_failure:
+            print(("warning: " if not r.ok or r.warning else "") + r.line)
+        else:
+            problems.append(r.line)
+    if problems:
+        raise ConfigError.of(problems)
 
 
 GIL_SWITCH_S = 0.0005
@@ -253,13 +296,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     _malloc.start_trimming()  # freed heap pages back to the OS every minute (ditto, "Endurance")
     from rich.console import Console
 
-    from soakd.app import RunOptions, Soak, StartError
+    from soakd.app import RunOptions, Soak, StartError, StoppedBeforeStart
     from soakd.live import errors_table, target_table
-    from soakd.report import build_report, terminal_summary
+    from soakd.report import Report, build_report, final_verdict, terminal_summary
+    from soakd.report.failing import never_succeeded as dead_row
 
     cfg = load_config(args.config)
     for target in cfg.targets:
         target.api_key()
+        if target.tls.ca_file is not None:  # one that cannot be loaded: before anything starts
+            target.ssl_context()
     _check_exporter(cfg)
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(
@@ -270,6 +316,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         live=live,
         console_logs=not live,
         force=args.force,
+        preflight=args.preflight,
     )
     soak = Soak(cfg, opts)
     # The journal's writer thread runs Python between its commits; with the default 5 ms
@@ -280,6 +327,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = asyncio.run(soak.run())
     except StartError as exc:  # a simulator or gateway soakd starts did not come up
         _fail(str(exc))
+    except StoppedBeforeStart:
+        print("soakd: stopped before the run began: nothing was recorded", file=sys.stderr)
+        return 0
     # off a terminal (CI logs, files) rich would squeeze the table into 80 columns
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     state = "completed" if result.completed else "stopped early"
@@ -288,22 +338,45 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s{resumed}; "
         f"results in {result.run_dir}"
     )
+    dead: dict[str, str] = {}  # targets that never succeeded, in the whole run
+    rep: Report | None = None
     try:  # the report's summary: the whole run, every session, from the journal
-        for part in terminal_summary(build_report(result.run_dir, slowest_n=0)):
+        rep = build_report(result.run_dir, slowest_n=0)
+        for part in terminal_summary(rep):
             console.print(part)
+        dead = {t: _kinds(row.errors_by_kind) for t, row in rep.overall.items() if dead_row(row)}
     except Exception as exc:  # the run's own numbers are still worth printing
         console.print(f"(no report from the journal: {type(exc).__name__}: {exc})")
         console.print(target_table(result.summary, "this session"))
         errors = errors_table(result.summary)
         if errors is not None:
             console.print(errors)
+        dead = {
+            t: _kinds(row["errors_by_kind"])
+            for t, row in result.summary.items()
+            if row["requests"] and not row["ok"]
+        }
     console.print(f"report: soakd report {result.run_dir} --format html -o report.html")
     if result.cancelled:
         console.print(
             f"{result.cancelled} request(s) were still running at the drain "
-            "deadline and were cut (counted as 'cancelled')"
+            "deadline and were cut (counted as 'cancelled': not judged)"
         )
-    return 0
+    if rep is not None:  # last: what stays on screen once the live view is gone
+        console.print(final_verdict(rep))
+    expected = {t.name for t in cfg.targets if t.expect_failure}
+    failed = {t: kinds for t, kinds in dead.items() if t not in expected}
+    for t, kinds in failed.items():
+        print(
+            f"soakd: targets[{t}] never answered a request successfully ({kinds}); "
+            "targets[].expect_failure: true if that is the point",
+            file=sys.stderr,
+        )
+    return EXIT_NO_SUCCESS if failed else 0
+
+
+def _kinds(by_kind: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {n:,}" for k, n in sorted(by_kind.items(), key=lambda kv: -kv[1]))
 
 
 EXIT_FAILED = 1
@@ -313,10 +386,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from soakd.report import build_report, check_lines, terminal_summary, write_built
 
     judge_by = None
-    if args.config is not None:
-        from soakd.config.redact import config_doc
-
-        judge_by = config_doc(load_config(args.config))
+    if args.config is not None:  # the sections that decide; a whole config is fine too
+        judge_by = load_decisions(args.config).model_dump(mode="json")
     rep = build_report(
         args.run_dir,
         energy_price_per_kwh=args.energy_price,
@@ -351,7 +422,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from soakd.export import export
+    from soakd.export import export, itl_note
+    from soakd.journal import JournalReader
+
+    if args.itl:
+        with JournalReader(args.run_dir) as reader:
+            note = itl_note(reader)
+        if note:
+            print(f"soakd: note: {note}", file=sys.stderr)
 
     if args.output is None:
         try:

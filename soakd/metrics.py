@@ -26,6 +26,7 @@ from soakd import __version__
 from soakd import metric_names as mn
 from soakd.buckets import BucketChild, BucketHistogram, ExemplarClock
 from soakd.config import AlertLimits, Slo, TargetConfig
+from soakd.goodput import SERVER_ERRORS, classify
 
 # the probes' and the guard's families live beside this module; imported from here as before
 from soakd.guard_metrics import PAUSE_REASONS as PAUSE_REASONS
@@ -39,11 +40,28 @@ from soakd.metric_names import (
     LIMIT_JITTER,
     LIMIT_LAG,
     LIMIT_LEAK,
+    LIMIT_SERVER_ERROR_RATIO,
     LIMIT_TPOT,
     LIMIT_TTFT,
     LIMIT_VRAM,
 )
-from soakd.model import OK, S_PER_NS, ErrorKind, Outcome, Phase, Plan, status_class
+from soakd.model import (
+    OK,
+    S_PER_NS,
+    USAGE_REJECTED_REASONS,
+    ErrorKind,
+    Outcome,
+    Phase,
+    Plan,
+    status_class,
+)
+from soakd.notes import (
+    MISMATCH_DIRECTIONS,
+    RETRY_AFTER_UNREADABLE,
+    USAGE_MISMATCH,
+    USAGE_REJECTED,
+    notes_of,
+)
 from soakd.probe_metrics import OOM_SOURCES as OOM_SOURCES
 from soakd.probe_metrics import THROTTLE_REASONS as THROTTLE_REASONS
 from soakd.probe_metrics import ProbeMetrics as ProbeMetrics
@@ -217,6 +235,28 @@ class Metrics:
             ["target"],
             registry=r,
         )
+        # what the answers carried beyond their outcome (soakd/notes.py)
+        self.usage_rejected = Counter(
+            mn.USAGE_REJECTED_TOTAL,
+            "Answers whose usage was not taken, by reason: not_integer, negative, "
+            "implausible (their output tokens are the streamed count).",
+            ["target", "reason"],
+            registry=r,
+        )
+        self.usage_mismatch = Counter(
+            mn.USAGE_MISMATCH_TOTAL,
+            "Streamed answers whose usage, taken, is above or below the content chunks by "
+            "more than one (above: legitimate for a server sending several tokens a chunk).",
+            ["target", "direction"],
+            registry=r,
+        )
+        self.retry_after_unreadable = Counter(
+            mn.RETRY_AFTER_UNREADABLE_TOTAL,
+            "429/503 answers whose Retry-After soakd could not read (paused for "
+            "rate_limit.default_pause instead).",
+            ["target"],
+            registry=r,
+        )
 
         self.e2e = Histogram(
             mn.REQUEST_DURATION_SECONDS,
@@ -307,10 +347,20 @@ class Metrics:
             registry=r,
         )
 
+        # the run's ratios on the report's basis (soakd/goodput.py): over the requests
+        # judged, i.e. less the guard's sheds and the requests soakd cut or lost itself
         self.run_5xx_ratio = Gauge(
             mn.RUN_5XX_RATIO,
-            "Share of this run's finished requests answered with HTTP 5xx (since the run "
-            "started, across resumes); 0 before the first request.",
+            "Share of this run's judged requests answered with HTTP 5xx by the server "
+            "(since the run started, across resumes); 0 before the first request.",
+            ["target"],
+            registry=r,
+        )
+        self.run_error_ratio = Gauge(
+            mn.RUN_ERROR_RATIO,
+            "Share of this run's judged requests that failed, whatever the cause (4xx, 5xx, "
+            "transport, timeouts, bad answers; since the run started, across resumes); 0 "
+            "before the first request.",
             ["target"],
             registry=r,
         )
@@ -326,7 +376,8 @@ class Metrics:
 
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, int], Counter] = {}
-        self._run_counts: dict[str, list[int]] = {}  # target -> [requests, 5xx] of the run
+        # target -> [judged, failed, 5xx] of the run (soakd/goodput.py's classes)
+        self._run_counts: dict[str, list[int]] = {}
         self._traced: dict[str, str] = {}  # target -> run id: exemplars carry the trace id
 
     def trace_exemplars(self, run_id: str, targets: Iterable[TargetConfig | str]) -> None:
@@ -342,6 +393,7 @@ class Metrics:
             for name, value in (
                 (LIMIT_VRAM, slo.vram_peak),
                 (LIMIT_ERROR_RATIO, slo.error_ratio),
+                (LIMIT_SERVER_ERROR_RATIO, slo.server_error_ratio),
                 (LIMIT_E2E, slo.e2e_p99),
                 (LIMIT_TTFT, slo.ttft_p99),
                 (LIMIT_TPOT, slo.tpot_p99),
@@ -389,8 +441,14 @@ class Metrics:
             ttft_exemplar=ExemplarClock(TTFT_BUCKETS),
         )
         self.oom_errors.labels(target)
-        counts = self._run_counts.setdefault(target, [0, 0])
-        self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts))
+        for reason in USAGE_REJECTED_REASONS:
+            self.usage_rejected.labels(target, reason)
+        for direction in MISMATCH_DIRECTIONS:
+            self.usage_mismatch.labels(target, direction)
+        self.retry_after_unreadable.labels(target)
+        counts = self._run_counts.setdefault(target, [0, 0, 0])
+        self.run_error_ratio.labels(target).set_function(partial(_ratio_of, counts, 1))
+        self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts, 2))
         self.offered_rate.labels(target)
         self.offered_concurrency.labels(target)
         for phase in phases:
@@ -421,9 +479,7 @@ class Metrics:
         counter.inc()
         counts = self._run_counts.get(o.target)
         if counts is not None:
-            counts[0] += 1
-            if o.status // 100 == 5 and not (o.error is not None and o.error.shed):
-                counts[1] += 1  # the guard's own 503s are load it shed, not failures
+            _count_run(counts, o.outcome, 1)
         if o.sent_ns:
             c.lag.observe(o.dispatch_lag_ns * S_PER_NS)
         if o.output_tokens:
@@ -432,6 +488,9 @@ class Metrics:
             c.prompt_tokens.inc(o.prompt_tokens)
         if o.oom:
             self.oom_errors.labels(o.target).inc()
+        if o.usage_rejected or o.usage_mismatch or o.retry_after_unreadable:
+            for note in notes_of(o):
+                self.note(o.target, note)
         if o.error is not None:
             return
         run = self._traced.get(o.target)
@@ -451,6 +510,21 @@ class Metrics:
         if o.itl_ns:
             c.itl.observe_ns(o.itl_ns)
 
+    def note(self, target: str, note: str, n: int = 1) -> None:
+        """Count ``n`` answers of ``target`` that carried ``note`` (soakd/notes.py)."""
+        kind, _, value = note.partition(":")
+        if kind == USAGE_REJECTED:
+            self.usage_rejected.labels(target, value).inc(n)
+        elif kind == USAGE_MISMATCH:
+            self.usage_mismatch.labels(target, value).inc(n)
+        elif kind == RETRY_AFTER_UNREADABLE:
+            self.retry_after_unreadable.labels(target).inc(n)
+
+    def restore_notes(self, notes: Iterable[tuple[str, str, int]]) -> None:
+        """Continue the note counters of a resumed run from the journal's notes table."""
+        for target, note, n in notes:
+            self.note(target, note, n)
+
     def restore(
         self,
         totals: Iterable[tuple[str, str, str, str, int, int, int, int]],
@@ -466,10 +540,7 @@ class Metrics:
         for target, phase, outcome, sclass, n, out_tokens, in_tokens, oom in totals:
             if n:
                 self.requests.labels(target, phase, outcome, sclass).inc(n)
-                tally = self._run_counts.setdefault(target, [0, 0])
-                tally[0] += n
-                if sclass == "5xx" and not outcome.startswith("shed_"):
-                    tally[1] += n
+                _count_run(self._run_counts.setdefault(target, [0, 0, 0]), outcome, n)
             if out_tokens:
                 self.output_tokens.labels(target).inc(out_tokens)
             if in_tokens:
@@ -496,13 +567,25 @@ def _count_of(busy: dict[str, int], target: str) -> float:
     return busy.get(target, 0)
 
 
-def _ratio_of(counts: list[int]) -> float:
-    return counts[1] / counts[0] if counts[0] else 0.0
+def _count_run(counts: list[int], outcome: str, n: int) -> None:
+    """``n`` outcomes into a target's [judged, failed, 5xx] (soakd/goodput.py decides)."""
+    cls = classify(None if outcome == OK else outcome)
+    if cls in ("ok", "error"):
+        counts[0] += n
+    if cls == "error":
+        counts[1] += n
+        if outcome in SERVER_ERRORS:
+            counts[2] += n
+
+
+def _ratio_of(counts: list[int], which: int) -> float:
+    return counts[which] / counts[0] if counts[0] else 0.0
 
 
 LIMIT_HELP = {
     LIMIT_VRAM: "VRAM limit (slo.vram_peak).",
-    LIMIT_ERROR_RATIO: "Error ratio limit (slo.error_ratio).",
+    LIMIT_ERROR_RATIO: "Error ratio limit (slo.error_ratio): every failure / judged requests.",
+    LIMIT_SERVER_ERROR_RATIO: "5xx ratio limit (slo.server_error_ratio).",
     LIMIT_E2E: "P99 end-to-end latency SLO (slo.e2e_p99).",
     LIMIT_TTFT: "P99 TTFT SLO (slo.ttft_p99).",
     LIMIT_TPOT: "P99 TPOT SLO (slo.tpot_p99).",

@@ -48,6 +48,7 @@ from soakd.config.loader import (
     config_from_dict,
     gateway_config_from_dict,
     load_config,
+    load_decisions,
     load_gateway_config,
 )
 from soakd.config.run import (
@@ -63,14 +64,16 @@ from soakd.config.slo import (
     THRESHOLDS_MOVED,
     AlertLimits,
     Compare,
+    Decisions,
     Hardware,
+    JudgedTarget,
     Regression,
     ReportConfig,
     Slo,
     TargetCost,
     TokenPrice,
 )
-from soakd.config.targets import RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
+from soakd.config.targets import Failing, RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
 from soakd.config.workload import Load, PhaseConfig, Prompts, TokenLength, Workload
 
 __all__ = [
@@ -87,11 +90,13 @@ __all__ = [
     "Config",
     "ConfigError",
     "Count",
+    "Decisions",
     "Duration",
     "ErrorBreaker",
     "Exporter",
     "ExporterBasicAuth",
     "ExporterTls",
+    "Failing",
     "GatewayConfig",
     "GatewayLimits",
     "GatewayModes",
@@ -99,6 +104,7 @@ __all__ = [
     "GpuConfig",
     "Hardware",
     "JournalConfig",
+    "JudgedTarget",
     "Limit",
     "Load",
     "Logging",
@@ -126,6 +132,7 @@ __all__ = [
     "format_duration",
     "gateway_config_from_dict",
     "load_config",
+    "load_decisions",
     "load_gateway_config",
     "parse_bytes",
     "parse_duration",

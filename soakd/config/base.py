@@ -154,7 +154,7 @@ Bytes = Annotated[float, BeforeValidator(parse_bytes), Field(gt=0)]
 
 class Logging(Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["auto", "json", "console"] = "auto"
+    format: Literal["auto", "json", "console"] = "auto"  # auto: console on a terminal
 
 
 def http_url(value: str | None) -> str | None:

@@ -25,15 +25,15 @@ from soakd.net import TlsFileError, client_ssl
 
 
 class Timeouts(Strict):
-    connect: PositiveDuration = 10.0
-    ttft: PositiveDuration = 60.0
+    connect: PositiveDuration = 10.0  # to open a connection (TCP and TLS)
+    ttft: PositiveDuration = 60.0  # from the send to the first token (streams)
     idle: PositiveDuration | None = 60.0  # longest silence between content chunks; None: none
-    total: PositiveDuration = 600.0
+    total: PositiveDuration = 600.0  # the whole request, from the send
 
 
 class Tls(Strict):
-    verify: bool = True
-    ca_file: Path | None = None
+    verify: bool = True  # check the server's certificate (false: a self-signed test server)
+    ca_file: Path | None = None  # a PEM bundle to trust instead of the system's
 
 
 class SpendGuard(Strict):
@@ -42,10 +42,10 @@ class SpendGuard(Strict):
     server's usage) when they finish; per-hour caps are over the last hour, sliding.
     When a cap is reached the target pauses (logged, journaled, exported), never silently."""
 
-    max_requests_per_hour: Count | None = None
-    max_tokens_per_hour: Count | None = None
+    max_requests_per_hour: Count | None = None  # over the last hour, sliding
+    max_tokens_per_hour: Count | None = None  # prompt + output tokens, the last hour
     max_requests: Count | None = None  # in the whole run
-    max_tokens: Count | None = None
+    max_tokens: Count | None = None  # in the whole run
 
     @property
     def enabled(self) -> bool:
@@ -64,26 +64,40 @@ class RateLimit(Strict):
     """What a 429 (or a 503 with Retry-After) does to the target's sends. The 429s are
     counted either way; honouring pauses the target's sends for the time asked."""
 
-    honour_retry_after: bool = True
+    honour_retry_after: bool = True  # pause the target's sends for the time a 429 asks
     default_pause: Duration = 1.0  # a 429 without Retry-After pauses this long (0: none)
     max_pause: Duration = 300.0  # the longest pause one answer can cause
 
 
+class Failing(Strict):
+    """What soakd does with a target that fails every request in a way no request can fix
+    (nothing listens, no connection, the key refused, the model or path unknown: see
+    soakd/workload/failing.py): after ``after`` of nothing else it pauses the target's
+    sends, then sends one request at a time after each pause (2 s, doubling up to
+    ``max_pause``) and resumes on the first answer that is not such a failure."""
+
+    after: Duration | None = 30.0  # a streak of such failures this long pauses; null: never
+    max_pause: PositiveDuration = 30.0  # the longest wait between two probing requests
+
+
 class TargetConfig(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]  # unique
     base_url: str = ""  # required unless `simulator` is set
     simulator: str | None = None  # start the embedded simulator with this profile
-    api: Literal["chat", "completions"] = "chat"
-    model: str = "soakd-sim"
-    stream: bool = True
-    api_key_env: str | None = None
-    api_key_file: Path | None = None
-    headers: dict[str, str] = Field(default_factory=dict)
-    extra_body: dict[str, Any] = Field(default_factory=dict)
+    api: Literal["chat", "completions"] = "chat"  # /v1/chat/completions or /v1/completions
+    model: str = "soakd-sim"  # the request's model field
+    stream: bool = True  # stream the answer (SSE): TTFT and ITL need it
+    api_key_env: str | None = None  # the environment variable holding the API key
+    api_key_file: Path | None = None  # or a file holding it (never the key in the config)
+    headers: dict[str, str] = Field(default_factory=dict)  # sent on every request
+    extra_body: dict[str, Any] = Field(default_factory=dict)  # merged into every request body
     timeouts: Timeouts = Timeouts()
     proxy: str | None = None  # an http(s) proxy URL; None: honour HTTP(S)_PROXY / NO_PROXY
     tls: Tls = Tls()
-    max_connections: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)] = 1024
+    max_connections: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)] = 1024  # open at once
+    # the most an answer may stream, in multiples of max_tokens: past it the answer is cut
+    # (too_many_tokens), and a usage count above it is not taken (soakd/targets/stream.py)
+    max_output_factor: Annotated[float, Field(ge=1, le=1000)] = 10.0
     # False: a new connection per request, for servers that drop kept-alive connections
     # unannounced (llama-server, llama.cpp's cpp-httplib 0.58: after each streamed answer)
     keep_alive: bool = True
@@ -98,13 +112,17 @@ class TargetConfig(Strict):
     # Cloud endpoints (docs/gateway.md): the API's dialect, a spend cap, 429 handling, and
     # a `soakd gateway` that soakd starts in front of the target.
     kind: Literal["openai", "azure"] = "openai"
-    api_version: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,40}$")] | None = None
+    api_version: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,40}$")] | None = None  # azure
     deployment: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")] | None = None
     organization: str | None = None  # OpenAI-Organization header
     project: str | None = None  # OpenAI-Project header
     path: Annotated[str, Field(pattern=r"^/[^?#\s]*$")] | None = None  # request path, as is
     spend: SpendGuard = SpendGuard()
     rate_limit: RateLimit = RateLimit()
+    failing: Failing = Failing()
+    # A target meant to fail (a fault test): its preflight failure is logged, not fatal,
+    # and a run in which it never succeeded does not exit 3 (docs/architecture.md)
+    expect_failure: bool = False
     gateway: GatewaySettings | None = None
     # A W3C traceparent on every request, so the server's trace joins it (docs/tracing.md).
     # None: on for local targets (loopback/private host, simulator:, gateway:), else off.
@@ -177,6 +195,15 @@ class TargetConfig(Strict):
             return client_ssl(self.tls.verify, self.tls.ca_file)
         except TlsFileError as exc:
             raise ConfigError(f"targets[{self.name}].tls.ca_file: {exc}") from None
+
+    @property
+    def models_url(self) -> str | None:
+        """The OpenAI models list beside the endpoint; None where soakd cannot tell where
+        it is (kind azure: a deployment is not a model; a custom ``path``)."""
+        if self.kind == "azure" or self.path:
+            return None
+        base = self.base_url.rstrip("/")
+        return base + "/models" if base.endswith("/v1") else base + "/v1/models"
 
     @property
     def endpoint(self) -> str:

@@ -20,10 +20,10 @@ from soakd.config.gateway import GatewayModes
 class TokenLength(Strict):
     """A distribution of prompt lengths in tokens."""
 
-    dist: Literal["fixed", "uniform", "normal"] = "fixed"
-    mean: Annotated[int, Field(ge=1)] = 256
+    dist: Literal["fixed", "uniform", "normal"] = "fixed"  # uniform: from min to max
+    mean: Annotated[int, Field(ge=1)] = 256  # fixed and normal
     stddev: Annotated[float, Field(ge=0)] = 0.0  # normal
-    min: Annotated[int, Field(ge=1)] = 1
+    min: Annotated[int, Field(ge=1)] = 1  # every length is clamped to min..max
     max: Annotated[int, Field(ge=1)] = 4096
 
     @model_validator(mode="after")
@@ -34,7 +34,7 @@ class TokenLength(Strict):
 
 
 class Prompts(Strict):
-    source: Literal["synthetic", "file"] = "synthetic"
+    source: Literal["synthetic", "file"] = "synthetic"  # synthetic: seeded words, same for all
     input_tokens: TokenLength = TokenLength()
     file: Path | None = None  # JSONL: {"prompt": "..."} or {"messages": [...]} per line
 
@@ -49,9 +49,9 @@ class Load(Strict):
     """The load shape of one target in one phase."""
 
     mode: Literal["closed", "constant", "poisson", "ramp", "idle"] = "closed"
-    concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 1
-    rate: PositiveRate = 0.0
-    rate_end: PositiveRate | None = None
+    concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 1  # closed loop
+    rate: PositiveRate = 0.0  # req/s: constant, poisson, and where a ramp starts
+    rate_end: PositiveRate | None = None  # req/s where a ramp ends
     # open loop: sends out at once (0: the target's max_connections); a send that finds
     # them all out is not made and is counted (soakd_sends_missed_total, in_flight_cap)
     max_in_flight: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 0
@@ -74,10 +74,10 @@ class Load(Strict):
 
 
 class PhaseConfig(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
-    duration: Duration | None = None
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]  # a label
+    duration: Duration | None = None  # or until (one of them)
     until: str | None = None  # an ISO datetime, or a cron expression: run until it next fires
-    load: Load = Load()
+    load: Load = Load()  # every target's, unless targets overrides it
     targets: dict[str, Load] = Field(default_factory=dict)  # per-target overrides
     gateway: dict[str, GatewayModes] = Field(default_factory=dict)  # target -> its gateway
 
@@ -92,6 +92,6 @@ class PhaseConfig(Strict):
 
 class Workload(Strict):
     prompts: Prompts = Prompts()
-    max_tokens: Annotated[int, Field(ge=1)] = 512
+    max_tokens: Annotated[int, Field(ge=1)] = 512  # each request's max_tokens
     temperature: Annotated[float, Field(ge=0, le=2)] = 0.7
-    seed: int = 0
+    seed: int = 0  # the prompts' and the arrivals' seed: the same run twice sends the same

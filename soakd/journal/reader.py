@@ -100,6 +100,14 @@ class JournalReader:
         except sqlite3.OperationalError:  # v1: no such table
             return {}
 
+    def notes(self) -> list[tuple[str, str, int]]:
+        """(target, note, count) rows: what the targets' answers carried (soakd/notes.py);
+        empty before v4."""
+        try:
+            return list(self.conn.execute("SELECT target, note, count FROM notes"))
+        except sqlite3.OperationalError:  # before v4: no such table
+            return []
+
     def totals(self) -> list[Total]:
         return [
             Total(a, b, c, d, int(e), int(f), int(g), int(h))

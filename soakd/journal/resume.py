@@ -76,6 +76,16 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [path or "config"]
 
 
+def _as_read_now(doc: dict[str, Any]) -> dict[str, Any]:
+    """The stored config as this soakd reads it: a key a newer soakd added takes its
+    default, so an upgrade alone is no config change (a key set away from its default
+    still is). A document this soakd cannot read is compared as it is."""
+    try:
+        return config_doc(Config.model_validate(doc))
+    except ValueError:  # pydantic's ValidationError: a key this soakd dropped or renamed
+        return doc
+
+
 @dataclass(frozen=True)
 class ResumeState:
     """What a new session needs to continue a run (read before anything else starts)."""
@@ -95,7 +105,7 @@ class ResumeState:
 
     def check(self, cfg: Config, plan: Plan, *, force: bool) -> list[str]:
         """Same config and plan as stored, or JournalError (``force``: the differences)."""
-        diffs = _diff(self.config, config_doc(cfg))
+        diffs = _diff(_as_read_now(self.config), config_doc(cfg))
         if not diffs and plan_doc(plan) != self.plan:
             diffs = ["plan"]
         if diffs and not force:
@@ -122,6 +132,7 @@ class Restored:
     downtime_s: float
     resumes: int
     missed: dict[tuple[str, str, str], int] = field(default_factory=dict)  # sends not made
+    notes: list[tuple[str, str, int]] = field(default_factory=list)  # (target, note, count)
 
 
 def take_lock(run_dir: Path) -> int:

@@ -1,10 +1,11 @@
 """Journal rollups room: what the writer aggregates beside the rows, and how.
 
-Per batch, ``Deltas`` collects the totals Prometheus' counters restart from, the latency
-histograms' bucket counts, and the ``TargetStats`` of each (target, phase, window) the
-batch's requests completed in. ``Aggregates`` holds the running values on the writer
-thread; it writes a batch's share inside the batch's transaction and moves on only after
-the commit (``committed``), so a failed transaction is retried from the same state.
+Per batch, ``Deltas`` collects the totals Prometheus' counters restart from (and each
+target's notes, soakd/notes.py), the latency histograms' bucket counts, and the
+``TargetStats`` of each (target, phase, window) the batch's requests completed in.
+``Aggregates`` holds the running values on the writer thread; it writes a batch's share
+inside the batch's transaction and moves on only after the commit (``committed``), so a
+failed transaction is retried from the same state.
 Windows are stored once they are over (two windows back: late requests still land);
 ``unfolded_rollups`` rebuilds what a killed writer committed as rows but never rolled up.
 """
@@ -22,6 +23,7 @@ from soakd.journal.codec import copy_stats, outcome_from_row, stats_from_blob, s
 from soakd.journal.schema import request_columns
 from soakd.metrics import HISTOGRAM_BUCKETS
 from soakd.model import S_PER_NS, Outcome, Plan, status_class
+from soakd.notes import notes_of
 
 TotalsKey = tuple[str, str, str, str]
 """(target, phase, outcome, status class): one row of ``totals``."""
@@ -29,6 +31,8 @@ HistKey = tuple[str, str]
 """(kind, target): one row of ``histograms``; kind is a key of ``HISTOGRAM_BUCKETS``."""
 WindowKey = tuple[str, str, int]
 """(target, phase, window index): one row of ``rollups``."""
+NoteKey = tuple[str, str]
+"""(target, note): one row of ``notes``."""
 
 
 def rollup_window_ns(plan: Plan) -> int:
@@ -56,6 +60,7 @@ class Deltas:
     totals: dict[TotalsKey, list[int]] = field(default_factory=dict)
     hists: dict[HistKey, Hist] = field(default_factory=dict)
     windows: dict[WindowKey, Window] = field(default_factory=dict)
+    notes: dict[NoteKey, int] = field(default_factory=dict)
 
     def add(self, o: Outcome, row: tuple[Any, ...], ordered: list[int], window_ns: int) -> None:
         """Count one outcome, stored as ``row`` (``codec.outcome_row``, with its sorted gaps)."""
@@ -69,6 +74,8 @@ class Deltas:
         t[1] += o.output_tokens
         t[2] += o.prompt_tokens or 0
         t[3] += o.oom
+        if o.usage_rejected or o.usage_mismatch or o.retry_after_unreadable:
+            add_notes(self.notes, o)
         # histogram buckets, as Metrics observes them
         hists = self.hists
         if o.sent_ns:
@@ -93,12 +100,20 @@ class Deltas:
         win.wall_max = max(win.wall_max, o.wall_start)
 
 
+def add_notes(notes: dict[NoteKey, int], o: Outcome) -> None:
+    """Count the notes of ``o`` into ``notes``."""
+    for note in notes_of(o):
+        key = (o.target, note)
+        notes[key] = notes.get(key, 0) + 1
+
+
 @dataclass(slots=True)
 class Staged:
     """A batch's aggregates, written in its transaction and applied after the commit."""
 
     deltas: Deltas
     totals: dict[TotalsKey, list[int]]
+    notes: dict[NoteKey, int]
     windows: dict[WindowKey, Window]
     stored: set[WindowKey]
     last_id: int
@@ -119,15 +134,18 @@ class Aggregates:
         self.totals: dict[TotalsKey, list[int]] = {}
         self.hists: dict[HistKey, Hist] = {}
         self.windows: dict[WindowKey, Window] = {}
+        self.notes: dict[NoteKey, int] = {}
 
     def load(self, conn: sqlite3.Connection) -> list[tuple[str, str, str, str, int, int, int, int]]:
-        """Read the stored totals and histograms; returns the totals as rows."""
+        """Read the stored totals, notes and histograms; returns the totals as rows."""
         totals = []
         for row in conn.execute("SELECT * FROM totals"):
             self.totals[(row[0], row[1], row[2], row[3])] = [row[4], row[5], row[6], row[7]]
             totals.append((row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7]))
         for kind, target, counts, total in conn.execute("SELECT * FROM histograms"):
             self.hists[(kind, target)] = (json.loads(counts), total)
+        for target, note, n in conn.execute("SELECT target, note, count FROM notes"):
+            self.notes[(target, note)] = n
         return totals
 
     def write(
@@ -138,9 +156,11 @@ class Aggregates:
         last_id: int,
         now_window: int,
         final: bool,
+        dropped_notes: dict[NoteKey, int] | None = None,
     ) -> Staged:
-        """Inside the batch's transaction: totals (dropped outcomes too: Metrics counted
-        them), histogram buckets, and the windows that are over (all of them when final)."""
+        """Inside the batch's transaction: totals and notes (dropped outcomes too: Metrics
+        counted them), histogram buckets, and the windows that are over (all of them when
+        final)."""
         new_totals: dict[TotalsKey, list[int]] = {}
         for key, d in deltas.totals.items():
             base = self.totals.get(key, [0, 0, 0, 0])
@@ -152,6 +172,11 @@ class Aggregates:
                 "INSERT OR REPLACE INTO totals VALUES (?,?,?,?,?,?,?,?)",
                 (*key, *(a + b for a, b in zip(total, extra, strict=True))),
             )
+        new_notes = {k: self.notes.get(k, 0) + n for k, n in deltas.notes.items()}
+        dropped_notes = dropped_notes or {}
+        for nkey in set(new_notes) | set(dropped_notes):
+            n = new_notes.get(nkey, self.notes.get(nkey, 0)) + dropped_notes.get(nkey, 0)
+            conn.execute("INSERT OR REPLACE INTO notes VALUES (?,?,?)", (*nkey, n))
         for hkey, (counts, total_s) in deltas.hists.items():
             merged = add_hist(self.hists.get(hkey), counts, total_s)
             conn.execute(
@@ -183,11 +208,12 @@ class Aggregates:
             if win.first_id and (final or wkey[2] <= now_window - 2):
                 store_window(conn, wkey, win.stats, win.wall_min, win.wall_max, last_id)
                 stored.add(wkey)
-        return Staged(deltas, new_totals, staged, stored, last_id)
+        return Staged(deltas, new_totals, new_notes, staged, stored, last_id)
 
     def committed(self, staged: Staged, now_window: int) -> None:
         """The transaction committed: the running values move on."""
         self.totals.update(staged.totals)
+        self.notes.update(staged.notes)
         for hkey, (counts, total) in staged.deltas.hists.items():
             self.hists[hkey] = add_hist(self.hists.get(hkey), counts, total)
         for wkey, win in staged.windows.items():

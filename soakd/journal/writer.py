@@ -50,7 +50,14 @@ from soakd.journal.handoff import HandOff
 from soakd.journal.progress import PlanClock, Progress
 from soakd.journal.resume import Restored, ResumeState, take_lock
 from soakd.journal.retention import apply_retention
-from soakd.journal.rollups import Aggregates, Deltas, store_window, unfolded_rollups
+from soakd.journal.rollups import (
+    Aggregates,
+    Deltas,
+    NoteKey,
+    add_notes,
+    store_window,
+    unfolded_rollups,
+)
 from soakd.journal.schema import JOURNAL_FILE, PAGE_SIZE, JournalError
 from soakd.metrics import JournalMetrics
 from soakd.model import Outcome, Sample, status_class
@@ -127,6 +134,7 @@ class Journal:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._dropped: dict[tuple[str, str, str, str], tuple[int, int, int, int]] = {}
+        self._dropped_notes: dict[NoteKey, int] = {}
         self._drop_logged = False
         self.restored: Restored | None = None
         self.downtime_s = 0.0
@@ -223,6 +231,10 @@ class Journal:
             d[2] + (o.prompt_tokens or 0),
             d[3] + o.oom,
         )
+        if o.usage_rejected or o.usage_mismatch or o.retry_after_unreadable:
+            notes = dict(self._dropped_notes)  # replaced, never mutated (as _dropped)
+            add_notes(notes, o)
+            self._dropped_notes = notes
         if self._forward is not None:
             self._forward.record(outcome)
 
@@ -349,7 +361,12 @@ class Journal:
         )
         resumes = conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'run_resumed'").fetchone()
         self.restored = Restored(
-            totals, dict(self._agg.hists), downtime, resumes[0], dict(progress.missed)
+            totals,
+            dict(self._agg.hists),
+            downtime,
+            resumes[0],
+            dict(progress.missed),
+            [(t, n, c) for (t, n), c in self._agg.notes.items()],
         )
 
     def _repair(self, conn: sqlite3.Connection) -> None:
@@ -504,7 +521,13 @@ class Journal:
         # the values of _dropped, never mutates them
         # without rows, every window is stored at each commit (nothing to rebuild them from)
         staged = agg.write(
-            conn, deltas, dict(self._dropped), last_id, now_window, final or not keep_rows
+            conn,
+            deltas,
+            dict(self._dropped),
+            last_id,
+            now_window,
+            final or not keep_rows,
+            self._dropped_notes,
         )
         beat = progress.heartbeat(conn, staged.rollup_from_id(next_id), final)
         conn.execute("COMMIT")

@@ -29,22 +29,26 @@ from soakd.analysis import (
 )
 from soakd.config import Compare, Slo, TargetCost
 from soakd.cost import cost_line
-from soakd.goodput import Tally, journal_tallies
+from soakd.goodput import Tally, error_counts, journal_tallies
 from soakd.journal import JournalReader, Rollup
 from soakd.model import NS_PER_S
+from soakd.notes import by_target, describe
 from soakd.report import names
+from soakd.report.failing import failing_notes
 from soakd.report.model import (
     LATENCY_KINDS,
     METRIC_COLUMNS,
     NOT_RANKED,
     Doc,
     Downtime,
+    GpuRow,
     Report,
     Row,
     value_of,
 )
-from soakd.report.plots import plots
+from soakd.report.plots import plots, slo_lines
 from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
+from soakd.report.tested import served_tokens, what_was_tested
 from soakd.slowest import DEFAULT_N, slowest
 from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
 from soakd.verdicts import overall as overall_verdict
@@ -59,8 +63,8 @@ def _rows_stopped_notes(events: list[dict[str, Any]]) -> list[str]:
         f"session {e['session']} stopped writing per-request rows at "
         f"{(e['offset_ns'] or 0) / NS_PER_S / HOUR_S:.2f} h (the journal reached 90 % of "
         f"journal.max_bytes, {e['data'].get('max_bytes', 0) / 1e9:.2f} GB): percentiles, "
-        "counts and plots come from the rollups and stay whole; goodput and the error-ratio "
-        "tally cover the rows kept; the export holds no rows after that point"
+        "counts, error ratios and plots come from the rollups and stay whole; goodput covers "
+        "the rows kept; the export holds no rows after that point"
         for e in events
         if e["kind"] == "rows_stopped"
     ]
@@ -110,6 +114,7 @@ def build_report(
         span_ns = reader.span_ns()  # long runs: 5-minute windows, merged as read (reader.py)
         rollups = reader.rollups(span_ns=span_ns)
         missed = reader.missed()
+        answer_notes = by_target(reader.notes())  # usage not taken, off the stream...
         series = reader.series()
         samples = reader.samples(names.SAMPLE_NAMES)
         window_s = span_ns / NS_PER_S
@@ -123,6 +128,7 @@ def build_report(
         slos, spec, slo_note = _decision_config(config, targets)
         tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
         slow = slowest(reader, slowest_n, rollups)
+        tested = what_was_tested(meta, sessions, events, served_tokens(reader.conn))
     plan_phases = [
         (p["name"], p["start_ns"] / NS_PER_S, p["end_ns"] / NS_PER_S)
         for p in meta["plan"]["phases"]
@@ -211,6 +217,8 @@ def build_report(
         price = config.get("report", {}).get("energy_price_per_kwh")
     currency = str(config.get("report", {}).get("currency", "$"))
     _energy_and_cost(overall, by_phase, targets, config, gpu_energy, price, notes)
+    if tested.rehearsal:
+        _project_nothing(overall, by_phase, gpus)
     if slo_note:
         notes.append(slo_note)
     verdicts, phase_verdicts = _verdicts(overall, by_phase, targets, slos, tallies)
@@ -221,7 +229,7 @@ def build_report(
     short = {t: n for t in targets if (n := overall[t].requests - _counted(journaled[t])) > 0}
     if short:
         notes.append(
-            "goodput and the error ratio count the journaled request rows: "
+            "goodput counts the journaled request rows: "
             + ", ".join(
                 f"{t} has {n} fewer (retention, dropped records or journal.max_bytes)"
                 for t, n in short.items()
@@ -247,7 +255,9 @@ def build_report(
 
     notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
     notes += _no_reuse_notes(events)  # closes after answers, unannounced (targets/pool.py)
+    notes[:0] = failing_notes(events, overall, targets, active_s)  # first: the biggest news
     notes += _client_limits(overall, targets, config)
+    notes += [f"{t}: {line}" for t in targets for line in describe(answer_notes.get(t, {}))]
     eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}
     return Report(
         run_id=meta["run_id"],
@@ -266,7 +276,7 @@ def build_report(
         gpus=gpus,
         guard=guard,
         best=best(overall, targets, eligible),
-        plots=plots(rollups, targets, window_s, probe, gpus),
+        plots=plots(rollups, targets, window_s, probe, gpus, active_s),
         notes=notes,
         currency=currency,
         slice_s=slice_s,
@@ -275,6 +285,10 @@ def build_report(
         comparison=comparison,
         passed=overall_verdict(verdicts.values(), comparison),
         slowest=slow,
+        tested=tested,
+        plot_phases=[(start / HOUR_S, name) for name, start, _ in plan_phases if start < active_s],
+        plot_limits=slo_lines(slos, targets),
+        answer_notes=answer_notes,
     )
 
 
@@ -297,6 +311,22 @@ def decisions_from(stored: Doc, other: Doc) -> dict[str, Any]:
         for t in stored.get("targets", [])
     ]
     return out
+
+
+REHEARSAL_NOTE = "a rehearsal: not projected"
+
+
+def _project_nothing(
+    overall: dict[str, Row], by_phase: dict[str, dict[str, Row]], gpus: list[GpuRow]
+) -> None:
+    """A rehearsal compresses the plan: a month at its load or a slope per hour of its
+    compressed time would be made up, so neither is given."""
+    for row in (*overall.values(), *(r for p in by_phase.values() for r in p.values())):
+        row.cost_per_month = None
+        if row.leak_bytes_per_hour is not None or row.leak_note is not None:
+            row.leak_bytes_per_hour, row.leak_note = None, REHEARSAL_NOTE
+    for g in gpus:
+        g.leak_bytes_per_hour, g.leak_note = None, REHEARSAL_NOTE
 
 
 def _count(per_phase: dict[str, float] | None, phase: str | None) -> int | None:
@@ -341,7 +371,8 @@ def _verdicts(
     slos: dict[str, Slo],
     tallies: dict[str, tuple[Tally, dict[str, Tally]]],
 ) -> tuple[dict[str, Verdict], dict[str, dict[str, Verdict]]]:
-    """Goodput into the rows, and each target judged over the run and per phase."""
+    """Goodput into the rows (the error ratios are there already: ``_row``), and each
+    target judged over the run and per phase."""
     verdicts: dict[str, Verdict] = {}
     phase_verdicts: dict[str, dict[str, Verdict]] = {p: {} for p in by_phase}
     for t in targets:
@@ -349,7 +380,7 @@ def _verdicts(
         pairs = [(overall[t], whole)] + [(by_phase[p][t], phases.get(p, Tally())) for p in by_phase]
         for row, tally in pairs:
             v = judge(t, row.phase, slos[t], row, tally)
-            row.goodput, row.goodput_rps, row.error_ratio = v.goodput, v.goodput_rps, v.error_ratio
+            row.goodput, row.goodput_rps = v.goodput, v.goodput_rps
             if row.phase is None:
                 verdicts[t] = v
             else:
@@ -375,15 +406,19 @@ def _row(
             s = slices[r.window // per_slice] = TargetStats()
         s.merge(r.stats)
     row = Row(target, phase, active_s=active_s, requests=stats.requests, ok=stats.ok)
-    row.success_rate = stats.ok / stats.requests if stats.requests else None
-    row.errors = stats.requests - stats.ok
     row.errors_by_kind = dict(sorted(stats.errors.items()))
-    row.shed = sum(n for kind, n in row.errors_by_kind.items() if kind.startswith("shed_"))
+    counted = error_counts(stats.requests, stats.errors)  # the one basis (goodput.py)
+    row.errors, row.server_errors = counted.failed, counted.server
+    row.shed, row.not_judged = counted.shed, counted.excluded
+    row.error_ratio, row.server_error_ratio = counted.error_ratio, counted.server_error_ratio
+    attempted = stats.requests - counted.excluded
+    row.success_rate = stats.ok / attempted if attempted else None
     row.lag_p99_ms = ms(stats.lag.quantile(0.99))
     row.output_tokens = stats.output_tokens
     row.prompt_tokens = stats.prompt_tokens
     if active_s > 0:
-        row.rps = stats.requests / active_s
+        row.rps = stats.ok / active_s
+        row.attempt_rps = stats.requests / active_s
         row.output_tps = stats.output_tokens / active_s
     for kind in LATENCY_KINDS:
         digest = getattr(stats, kind)

@@ -11,13 +11,13 @@ from soakd.report.table import (
     fmt_duration,
     gpu_table,
     guard_table,
-    header_lines,
     metric_table,
     phase_title,
     phase_verdict_table,
     slowest_tables,
     verdict_tables,
 )
+from soakd.report.tested import header_lines, tested_tables
 
 
 def md_table(table: Table, level: str = "##") -> list[str]:
@@ -38,8 +38,11 @@ def md_table(table: Table, level: str = "##") -> list[str]:
 
 
 def render_markdown(rep: Report) -> str:
-    out = [f"# soakd report: {rep.run_id}", ""]
+    rehearsal = " (rehearsal)" if rep.tested is not None and rep.tested.rehearsal else ""
+    out = [f"# soakd report: {rep.run_id}{rehearsal}", ""]
     out += [f"- {line}" for line in header_lines(rep)]
+    for table in tested_tables(rep):
+        out += md_table(table)
     for table in verdict_tables(rep):
         out += md_table(table)
     out += md_table(metric_table(rep, "Targets side by side", rep.overall))

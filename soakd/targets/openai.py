@@ -37,13 +37,25 @@ from soakd.targets.errors import (
     client_error,
     error_fields,
     exc_name,
+    parse_error_name,
     redact,
     retry_after,
     status_kind,
 )
+from soakd.targets.framing import HttpProcessingError, overrun
 from soakd.targets.pool import NewestFirstConnector, OnLearn
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
-from soakd.targets.stream import Fault, StreamParser, apply_usage, idle_cut
+from soakd.targets.stream import (
+    NO_BOUNDS,
+    Bounds,
+    Fault,
+    StreamParser,
+    answer_text,
+    apply_usage,
+    choice_text,
+    idle_cut,
+    settle_usage,
+)
 from soakd.tracing import HEADER as TRACEPARENT
 from soakd.tracing import traceparent, wants_traceparent
 from soakd.types import NotSent
@@ -97,7 +109,11 @@ class OpenAITarget:
         self._proxy = proxy
         self._proxy_auth = proxy_auth
         self._secret = secret  # only to scrub details; the header is in the session
+        self._factor = cfg.max_output_factor
         extra = {k: v for k, v in cfg.extra_body.items() if k not in _RESERVED}
+        # extra_body's own output cap, which wins over the workload's on the wire
+        caps = [extra.get(k) for k in ("max_tokens", "max_completion_tokens")]
+        self._max_tokens = max((c for c in caps if type(c) is int and c > 0), default=None)
         for key in sorted(set(cfg.extra_body) - set(extra)):
             log.warning("extra_body_key_ignored", target=cfg.name, key=key)
         fixed: dict[str, Any] = {"stream": cfg.stream}
@@ -116,6 +132,25 @@ class OpenAITarget:
 
     async def aclose(self) -> None:
         await self._session.close()
+
+    async def get(
+        self, url: str, timeout_s: float, limit: int = ERROR_BODY_LIMIT
+    ) -> tuple[int, bytes]:
+        """GET ``url`` with this target's key, TLS and proxy: (status, at most ``limit``
+        bytes of the body). For the preflight's models list; raises aiohttp's errors and
+        TimeoutError (the caller words them with ``client_error``)."""
+        async with (
+            asyncio.timeout(timeout_s),
+            self._session.get(
+                url,
+                headers={"Accept": "application/json"},
+                proxy=self._proxy,
+                proxy_auth=self._proxy_auth,
+                allow_redirects=False,
+            ) as resp,
+        ):
+            body = await resp.content.read(limit)
+            return resp.status, body
 
     def body(self, spec: RequestSpec) -> bytes:
         """The request body for ``spec``: JSON, the config's extra_body merged in."""
@@ -153,7 +188,8 @@ class OpenAITarget:
             return out
         run = self._trace_run
         hdrs = None if run is None else {TRACEPARENT: traceparent(run, spec.target, spec.seq)}
-        await self._attempt(out, payload, self._session, hdrs)
+        bounds = Bounds.of(self._factor, self._max_tokens or spec.max_tokens, len(payload))
+        await self._attempt(out, payload, self._session, hdrs, bounds)
         self._finish(out)
         return out
 
@@ -163,6 +199,7 @@ class OpenAITarget:
         payload: bytes,
         session: ClientSession,
         headers: dict[str, str] | None = None,
+        bounds: Bounds = NO_BOUNDS,
     ) -> None:
         """The request on ``session``; fills ``out``."""
         loop = asyncio.get_running_loop()
@@ -201,10 +238,12 @@ class OpenAITarget:
                     await self._read_stream(
                         resp,
                         out,
-                        StreamParser(out, self._chat, cm, resched_at, self._idle_s, total_at),
+                        StreamParser(
+                            out, self._chat, cm, resched_at, self._idle_s, total_at, bounds
+                        ),
                     )
                 else:
-                    await self._read_json(resp, out)
+                    await self._read_json(resp, out, bounds)
         except asyncio.CancelledError:
             self._fail(out, ErrorKind.CANCELLED, "cancelled")
             self._finish(out)
@@ -227,6 +266,8 @@ class OpenAITarget:
         except aiohttp.ClientError as exc:
             kind, detail = client_error(exc, out.status != 0)
             self._fail(out, kind, detail)
+        except HttpProcessingError as exc:  # the parser, through a reader (framing.py)
+            self._fail(out, ErrorKind.PROTOCOL_ERROR, parse_error_name(exc))
         except Exception as exc:  # a bug or an unforeseen library error: still data
             self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
 
@@ -264,6 +305,11 @@ class OpenAITarget:
             if not p.finished:  # after a finish_reason the answer is whole
                 self._fail(out, ErrorKind.STREAM_TRUNCATED, f"{exc_name(exc)} mid-stream")
             return
+        except HttpProcessingError as exc:  # the HTTP framing broke (framing.py)
+            out.end_ns = _perf_ns()
+            if not p.finished:
+                self._fail(out, ErrorKind.PROTOCOL_ERROR, f"{parse_error_name(exc)} mid-stream")
+            return
         except (SSEError, Fault) as exc:
             self._fail_parse(out, exc)
             return
@@ -276,10 +322,10 @@ class OpenAITarget:
                     event(data, now)
             except (SSEError, Fault):
                 if not p.finished:
-                    self._fail(out, ErrorKind.STREAM_TRUNCATED, "cut inside an event")
+                    self._cut(resp, out, "cut inside an event")
                     return
             if not p.done and not p.finished:
-                self._fail(out, ErrorKind.STREAM_TRUNCATED, "ended before [DONE]")
+                self._cut(resp, out, "ended before [DONE]")
                 return
         if not p.choices_seen:
             self._fail(out, ErrorKind.BAD_RESPONSE, "stream had no choices")
@@ -296,7 +342,9 @@ class OpenAITarget:
             except aiohttp.ClientError:
                 pass  # the answer was whole; only the connection is lost
 
-    async def _read_json(self, resp: aiohttp.ClientResponse, out: Outcome) -> None:
+    async def _read_json(
+        self, resp: aiohttp.ClientResponse, out: Outcome, bounds: Bounds = NO_BOUNDS
+    ) -> None:
         """A non-streamed answer. It has no first token before its end, so
         first_token_ns = last_token_ns = end_ns (TTFT equals E2E) when it has content."""
         if (resp.content_length or 0) > JSON_BODY_LIMIT:
@@ -309,8 +357,11 @@ class OpenAITarget:
             return
         try:
             obj = loads(body)
-        except ValueError:
-            self._fail(out, ErrorKind.BAD_RESPONSE, "body is not JSON")
+        except (ValueError, RecursionError):
+            if overrun(getattr(resp, "_protocol", None)):
+                self._fail(out, ErrorKind.PROTOCOL_ERROR, "body longer than its Content-Length")
+            else:
+                self._fail(out, ErrorKind.BAD_RESPONSE, "body is not JSON")
             return
         if type(obj) is not dict:
             self._fail(out, ErrorKind.BAD_RESPONSE, "body is not a JSON object")
@@ -326,13 +377,15 @@ class OpenAITarget:
                 return
             c0 = choices[0]
             if self._chat:
-                msg = c0.get("message") or {}
-                text = msg.get("content") or msg.get("reasoning_content") or msg.get("reasoning")
+                text = answer_text(c0.get("message") or {}, "message")
             else:
-                text = c0.get("text")
+                text = choice_text(c0)
             usage = obj.get("usage")
             if usage:
-                apply_usage(out, usage)
+                apply_usage(out, usage, bounds)
+        except Fault as exc:
+            self._fail_parse(out, exc)
+            return
         except (AttributeError, LookupError, TypeError):
             self._fail(out, ErrorKind.BAD_RESPONSE, "body has an unexpected shape")
             return
@@ -350,7 +403,7 @@ class OpenAITarget:
         out.end_ns = _perf_ns()
         out.oom, fields = error_fields(body)
         if status in (429, 503):
-            out.retry_after_s = retry_after(resp.headers)
+            out.retry_after_s, out.retry_after_unreadable = retry_after(resp.headers)
         from_guard = resp.headers.get(GATEWAY_ORIGIN_HEADER) == "gateway"
         self._fail(out, status_kind(status, fields, from_guard), f"http {status} {fields}".rstrip())
 
@@ -375,6 +428,14 @@ class OpenAITarget:
             out.error = kind
             out.error_detail = self._scrub(detail)
 
+    def _cut(self, resp: aiohttp.ClientResponse, out: Outcome, detail: str) -> None:
+        """The body ended before the stream did: cut short, or framed wrong by the server
+        (``_protocol``: the connection's, kept by the response after its release)."""
+        if overrun(getattr(resp, "_protocol", None)):
+            self._fail(out, ErrorKind.PROTOCOL_ERROR, "body longer than its Content-Length")
+        else:
+            self._fail(out, ErrorKind.STREAM_TRUNCATED, detail)
+
     def _fail_parse(self, out: Outcome, exc: SSEError | Fault) -> None:
         if isinstance(exc, Fault):
             out.oom = out.oom or exc.oom
@@ -387,8 +448,7 @@ class OpenAITarget:
     def _finish(self, out: Outcome) -> None:
         if out.end_ns == 0:
             out.end_ns = _perf_ns()
-        if not out.usage_reported:
-            out.output_tokens = out.content_chunks
+        settle_usage(out, self._stream)
 
     def _scrub(self, text: str) -> str:
         if self._secret is not None:

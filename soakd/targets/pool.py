@@ -88,6 +88,9 @@ The verdicts are reported through ``on_learn(status, closes)`` when they change 
 logs them, exports ``soakd_target_no_reuse`` and journals them). A keep-alive server pays
 one probe per status: one connection held for ``CLOSE_WINDOW_S``, and a new connection
 for each request after that status meanwhile; nothing per request after it.
+
+Each connection's protocol is an ``AnswerHandler``, a ``FramingHandler`` (framing.py): an
+answer whose HTTP breaks mid-body fails when the bad bytes arrive, not at a deadline.
 """
 
 from __future__ import annotations
@@ -107,6 +110,8 @@ import structlog
 from aiohttp import ClientConnectionError, ServerDisconnectedError, TCPConnector
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.http_exceptions import HttpProcessingError
+
+from soakd.targets.framing import FramingHandler
 
 if TYPE_CHECKING:
     from aiohttp.client_reqrep import ConnectionKey
@@ -155,11 +160,11 @@ class ClosedAfterAnswer(ServerDisconnectedError):
         self.status = status
 
 
-class AnswerHandler(ResponseHandler):
-    """aiohttp's connection protocol, noting what the pool needs: the last answer's status,
-    how many answers the connection carried, and whether a request written on it after
-    reuse is still waiting for its answer. One call per answer (``feed_data`` is called per
-    response head, not per chunk)."""
+class AnswerHandler(FramingHandler):
+    """aiohttp's connection protocol (framing.py's), noting what the pool needs: the last
+    answer's status, how many answers the connection carried, and whether a request written
+    on it after reuse is still waiting for its answer. One call per answer (``feed_data`` is
+    called per response head, not per chunk)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, pool: NewestFirstConnector) -> None:
         super().__init__(loop)
@@ -177,7 +182,7 @@ class AnswerHandler(ResponseHandler):
         self.awaiting = False
         super().feed_data(data, size)
 
-    def set_exception(self, exc: BaseException, *args: BaseException) -> None:
+    def set_exception(self, exc: BaseException, exc_cause: BaseException | None = None) -> None:
         if isinstance(exc, ClientConnectionError) and not isinstance(exc, asyncio.TimeoutError):
             # the transport is still set: the server closed it, not soakd (a timeout, a cut)
             if self.awaiting and self.transport is not None:
@@ -186,7 +191,7 @@ class AnswerHandler(ResponseHandler):
                     self._unannounced = ClosedAfterAnswer(self.status)
             if self._unannounced is not None:
                 exc = self._unannounced
-        super().set_exception(exc, *args)
+        super().set_exception(exc, exc_cause)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)

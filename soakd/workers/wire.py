@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from soakd.analysis import itl_keys
-from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.model import USAGE_REJECTED_REASONS, ErrorKind, Outcome, RequestSpec
 
 HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES = range(1, 10)
 
@@ -44,20 +44,25 @@ MAX_FRAME: Final = 64 << 20
 
 _SPEC = struct.Struct("<IHqIdqqI")
 # id, target, seq, max_tokens, temperature, scheduled, deadline (0: none), len(prompt)
-_OUT = struct.Struct("<IqdqqqqHBBiIBIdHIH")
+_OUT = struct.Struct("<IqdqqqqHBBqqBqdBBqHIH")
 # id, sent, wall_start, first_byte, first_token, last_token, end, status, error, oom,
 # prompt_tokens, output_tokens, usage_reported, content_chunks, retry_after,
-# len(error_detail), len(itl), len(itl_keys): then the detail, the gaps (int64) and the
-# gaps' Digest buckets (uint32 key, count pairs: counted here, not by the parent)
+# retry_after_unreadable, usage_rejected, usage_delta, len(error_detail), len(itl),
+# len(itl_keys): then the detail, the gaps (int64) and the gaps' Digest buckets (uint32
+# key, count pairs: counted here, not by the parent). Token counts are int64: the parser
+# bounds what a server says to that (soakd/targets/stream.py).
 _CLOCK = struct.Struct("<qq")
 _CLOSES = struct.Struct("<HHB")  # target, status, closes
 _IDS = struct.Struct("<I")
 _NONE = -1
+_NO_DELTA = -(2**63)  # usage_delta None (-1 is a delta)
 _NO_KIND = 255
 NOT_SENT: Final = 254
 """The error byte of a record that never went out (``NotSent``): its detail is the reason."""
 KINDS: Final = tuple(ErrorKind)
 _KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
+_REJECTED = ("", *USAGE_REJECTED_REASONS)  # usage_rejected by its byte
+_REJECTED_INDEX = {reason: i for i, reason in enumerate(_REJECTED)}
 _ITL_SIZE = array("q").itemsize
 _KEY_SIZE = array("I").itemsize
 
@@ -163,6 +168,9 @@ def pack_outcome(buf: bytearray, rid: int, o: Outcome) -> None:
         o.usage_reported,
         o.content_chunks,
         math.nan if o.retry_after_s is None else o.retry_after_s,
+        o.retry_after_unreadable,
+        _REJECTED_INDEX[o.usage_rejected],
+        _NO_DELTA if o.usage_delta is None else o.usage_delta,
         len(detail),
         len(o.itl_ns),
         len(keys),
@@ -196,6 +204,9 @@ def pack_not_sent(buf: bytearray, rid: int, reason: str) -> None:
         0,
         0,
         math.nan,
+        0,
+        0,
+        _NO_DELTA,
         len(text),
         0,
         0,
@@ -215,7 +226,7 @@ def unpack_outcomes(payload: bytes) -> Iterator[Record]:
             raise WireError("OUTCOMES batch ends inside a request")
         fields = _OUT.unpack_from(payload, at)
         at += size
-        n_detail, n_itl, n_keys = fields[15], fields[16], fields[17]
+        n_detail, n_itl, n_keys = fields[18], fields[19], fields[20]
         if at + n_detail + n_itl * _ITL_SIZE + n_keys * 2 * _KEY_SIZE > end:
             raise WireError("OUTCOMES batch ends inside a request")
         detail = payload[at : at + n_detail].decode(errors="replace")
@@ -257,6 +268,9 @@ def apply(
         usage,
         o.content_chunks,
         retry,
+        unreadable,
+        rejected,
+        delta,
         _,
         _,
         _,
@@ -272,6 +286,9 @@ def apply(
     o.prompt_tokens = None if prompt_tokens == _NONE else prompt_tokens
     o.usage_reported = bool(usage)
     o.retry_after_s = None if math.isnan(retry) else retry
+    o.retry_after_unreadable = bool(unreadable)
+    o.usage_rejected = _REJECTED[rejected]
+    o.usage_delta = None if delta == _NO_DELTA else delta
     o.itl_ns = itl
     o.itl_keys = keys or None
 

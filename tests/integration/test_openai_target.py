@@ -424,7 +424,8 @@ async def test_body_left_open_after_done(monkeypatch: pytest.MonkeyPatch, hold: 
 async def test_garbage_instead_of_http() -> None:
     async with raw_server(b"SSH-2.0-OpenSSH_9.6\r\n\r\n") as base:
         out = await run(config(base))
-    assert out.error is ErrorKind.BAD_RESPONSE
+    assert out.error is ErrorKind.PROTOCOL_ERROR
+    assert out.error_detail == "invalid http response: BadStatusLine"
     assert out.status == 0
 
 

@@ -160,6 +160,10 @@ async def test_llama_server_beside_vllm(
         assert ok == summary["requests"]
         assert count(text, "soakd_target_up", target=name) == 1
         assert count(text, "soakd_target_restarts_total", target=name) == 0
+        # a true usage: every one taken, never below the stream (above it: tokens merged
+        # in a chunk, as vLLM does under load: notes usage_mismatch:above)
+        assert count(text, "soakd_usage_rejected_total", target=name) == 0
+        assert count(text, "soakd_usage_mismatch_total", target=name, direction="below") == 0
 
     # soakd's token counts are the servers' own, exactly
     llama_predicted = llama_after["tokens_predicted_total"] - llama_before["tokens_predicted_total"]

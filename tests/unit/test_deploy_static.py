@@ -386,7 +386,7 @@ def test_systemd_unit_settings() -> None:
     assert s["KillSignal"] == ["SIGTERM"]
     assert s["KillMode"] == ["mixed"]
     assert s["Restart"] == ["on-failure"]
-    assert s["RestartPreventExitStatus"] == ["2"]
+    assert s["RestartPreventExitStatus"] == ["2 3"]
     assert s["ProtectSystem"] == ["strict"]
     assert s["NoNewPrivileges"] == ["yes"]
     assert s["ReadWritePaths"] == ["/var/lib/soakd"]

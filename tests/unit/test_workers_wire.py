@@ -22,6 +22,9 @@ def filled(error: ErrorKind | None) -> Outcome:
     o.last_token_ns, o.end_ns, o.status, o.error = 9_000, 9_500, 503 if error else 200, error
     o.error_detail, o.oom, o.prompt_tokens, o.output_tokens = "überlastet", True, 12, 3
     o.usage_reported, o.content_chunks, o.retry_after_s = True, 3, 2.5
+    o.usage_delta = -1  # -1 is a delta, not "none"
+    o.retry_after_unreadable = error is not None
+    o.usage_rejected = "implausible" if error is not None else ""
     o.itl_ns = array("q", [1, 2, 5_000_000_000])  # a gap over 4.29 s survives
     return o
 
@@ -41,6 +44,19 @@ def test_outcome_round_trip_every_field(error: ErrorKind | None) -> None:
     wire.apply(empty, *got2, 0)
     assert rid2 == 42
     assert asdict(empty) == asdict(Outcome("t", "p", 8, 0))
+
+
+def test_token_counts_past_32_bits_travel() -> None:
+    """The parser bounds a server's counts to 64 bits (a factor of max_tokens), not 32."""
+    sent = filled(None)
+    sent.output_tokens, sent.prompt_tokens, sent.content_chunks = 2**40, 2**33, 2**35
+    sent.usage_delta = 2**40 - 2**35
+    buf = bytearray()
+    wire.pack_outcome(buf, 1, sent)
+    ((_, *record),) = wire.unpack_outcomes(bytes(buf))
+    got = Outcome("t", "p", 7, 1_000)
+    wire.apply(got, *record, 0)
+    assert asdict(got) == asdict(sent)
 
 
 def test_clock_shift_moves_every_instant_and_nothing_else() -> None:
