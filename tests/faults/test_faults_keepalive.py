@@ -207,7 +207,8 @@ async def test_outcomes_equal_what_the_server_received(
     for mode, (_, _, _, kind) in MODES.items():
         seen = closing.requests[mode]
         counted = samples(text, "soakd_requests_total", target=mode)
-        assert seen > 20, (mode, seen)
+        # a closed loop backs off after a 401 (soakd/workload/runner.py): fewer of those
+        assert seen > (5 if mode == "s401" else 20), (mode, seen)
         assert counted == seen, (mode, counted, seen)  # not one phantom, not one lost
         assert samples(text, "soakd_requests_total", target=mode, outcome=kind) == seen
         figure(f"keepalive.{mode}.server_saw", seen)
