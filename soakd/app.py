@@ -53,13 +53,24 @@ from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.stats import RunStats
 from soakd.status import progress_fields, vram_status
 from soakd.targets.preflight import Preflight, preflight
+from soakd.targets.tokenize import open_tokenizer
 from soakd.types import Target
 from soakd.workers.senders import NoReuse, Senders, WorkerStartError, open_senders
+from soakd.workload.calibration import LocalTokenizer, TokenCounter, TokenizeError
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.ledger import SendLedger
 from soakd.workload.plan import build_plan
-from soakd.workload.prompts import make_prompt_source
+from soakd.workload.prompts import PromptSource, make_prompt_source
 from soakd.workload.runner import Runner
+from soakd.workload.sizing import (
+    CALIBRATION_EVENT,
+    TOKENIZE_TIMEOUT_S,
+    PromptLengths,
+    StartMeasure,
+    log_start,
+    measure_at_start,
+    stored,
+)
 
 __all__ = ["RunOptions", "RunResult", "Soak", "StartError", "StoppedBeforeStart"]
 
@@ -136,6 +147,10 @@ class Soak:
         self._live_slo = {
             name: cfg.slo_for(name).model_dump(exclude_none=True) for name in self.names
         }
+        # prompts in the target's tokens (soakd/workload/sizing.py): a bad file fails here
+        tok = cfg.workload.tokenizer
+        self._tokenizer = LocalTokenizer(tok) if tok and cfg.workload.calibrate == "auto" else None
+        self.prompt_lengths: PromptLengths | None = None
 
     # --- status ---------------------------------------------------------------------------
 
@@ -148,6 +163,7 @@ class Soak:
             "run_id": self.run_id,
             "version": __version__,
             "node": self.cfg.run.node,
+            "site": self.cfg.run.site,
             "phase": phase.name if phase else None,
             "phase_index": phase.index if phase else None,
             "phases": len(self.plan.phases),
@@ -173,6 +189,7 @@ class Soak:
                 name: row | self.goodput.row(name) | {"notes": self.notes.row(name)}
                 for name, row in self.stats.recent().items()
             },
+            "prompt_tokens": self.prompt_lengths.status() if self.prompt_lengths else None,
         }
 
     def _status_snapshot(self) -> dict[str, Any]:
@@ -339,6 +356,8 @@ class Soak:
             {
                 "run_id": self.run_id,
                 "version": __version__,
+                "node": self.cfg.run.node,
+                "site": self.cfg.run.site,
                 "completed": completed,
                 "elapsed_s": round(elapsed, 3),
                 "active_s": round(active, 3),
@@ -435,10 +454,11 @@ class Soak:
             self.metrics.registry,
             self.journal.sample,
         )
-        self.runner = Runner(
+        lengths = self.prompt_lengths = await self._size_prompts(self._urls)
+        self.runner = runner = Runner(
             self.plan,
             self.targets,
-            make_prompt_source(self.cfg.workload),
+            lengths.prompts,
             # the journal hands outcomes on to Metrics once committed: Prometheus
             # never counts a request the journal could lose (docs/journal.md)
             [
@@ -448,6 +468,7 @@ class Soak:
                 self.probes.outcome_sink,
                 self.guards,
                 self.notes,
+                lengths,
             ],
             max_tokens=self.cfg.workload.max_tokens,
             temperature=self.cfg.workload.temperature,
@@ -458,8 +479,70 @@ class Soak:
             ledger=self.ledger,
             lead_ns=self.senders.lead_ns,
         )
+        lengths.next_seq = lambda: max(runner.next_seq.values(), default=0)
         self.journal.attach(self.runner)
         self.metrics.watch_in_flight(self.runner.in_flight)
+
+    async def _size_prompts(self, urls: dict[str, str]) -> PromptLengths:
+        """The prompts, sized in the reference's tokens: measured now (``urls``: each
+        target's server), or as the run measured them before a resume; and the sink that
+        checks them against the first answers and tallies planned against served."""
+        assert self.journal is not None
+        journal = self.journal
+        wl = self.cfg.workload
+        # a run an older soakd started (no workload.calibrate stored) goes on as it ran
+        first = self.resume.config.get("workload", {}) if self.resume else {"calibrate": "auto"}
+        auto = wl.calibrate == "auto" and first.get("calibrate") == "auto"
+        try:
+            done = stored(self.resume.calibrations if self.resume else [])
+        except ValueError as exc:
+            raise StartError("workload.calibrate", exc) from None
+        prompts: PromptSource = make_prompt_source(wl, done.calibrations)
+        reference = done.reference
+        measure: StartMeasure | None = None
+        if done.measured:
+            log.info(
+                "prompt_calibration_reused",
+                calibrations=[c.describe() for c in done.calibrations] or None,
+            )
+        elif auto:
+            measure = await self._measure_prompts(urls, prompts)
+            log_start(measure, self.names)
+            journal.event(CALIBRATION_EVENT, **measure.doc())
+            cal = measure.calibration
+            reference = cal.reference if cal is not None and cal.source == "tokenize" else None
+        lengths = PromptLengths(
+            prompts,
+            self.names,
+            checks=done.checks_left if auto else 0,
+            reference=reference,
+            on_calibration=lambda doc: journal.event(CALIBRATION_EVENT, **doc),
+        )
+        if measure is not None:
+            lengths.started(measure)
+        return lengths
+
+    async def _measure_prompts(self, urls: dict[str, str], prompts: PromptSource) -> StartMeasure:
+        """Ask each target's /tokenize (its server's, not a gateway's) and the local
+        tokenizer: sizing.measure_at_start."""
+        t0 = time.monotonic()
+        servers: dict[str, TokenCounter] = {}
+        failed: dict[str, str] = {}
+        closes = []
+        try:
+            for tcfg in self.cfg.targets:
+                try:
+                    server = await open_tokenizer(tcfg, urls[tcfg.name], TOKENIZE_TIMEOUT_S)
+                except (TokenizeError, ValueError) as exc:
+                    failed[tcfg.name] = str(exc)
+                else:
+                    servers[tcfg.name] = server
+                    closes.append(server.aclose)
+            measure = await measure_at_start(prompts, servers, local=self._tokenizer, failed=failed)
+            measure.seconds = time.monotonic() - t0  # the clients' set-up included
+            return measure
+        finally:
+            await _close_all("tokenizer", [close() for close in closes])
 
     async def _drain(self) -> int:
         assert self.runner is not None
@@ -482,7 +565,12 @@ class Soak:
     def _setup_metrics(self) -> None:
         m = self.metrics
         m.build_info.info(
-            {"version": __version__, "run_id": self.run_id, "node": self.cfg.run.node}
+            {
+                "version": __version__,
+                "run_id": self.run_id,
+                "node": self.cfg.run.node,
+                "site": self.cfg.run.site or "",
+            }
         )
         m.set_limits(self.cfg.slo, self.cfg.alert_limits)
         phases = sorted({p.name for p in self.plan.phases})

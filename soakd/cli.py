@@ -121,6 +121,19 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="the side-by-side report of a run, from its journal")
     report.add_argument("run_dir", type=Path, metavar="DIR")
     report.add_argument(
+        "more",
+        type=Path,
+        nargs="*",
+        metavar="DIR",
+        help="with --fleet: more run directories (or a quoted glob, 'runs/*/soak-1')",
+    )
+    report.add_argument(
+        "--fleet",
+        action="store_true",
+        help="one report of several boxes' runs of the same plan, side by side, the worst "
+        "box first (--check: exit 1 when any box fails)",
+    )
+    report.add_argument(
         "--format",
         choices=("md", "html", "json", "text"),
         default=None,
@@ -225,6 +238,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _check_one(path: Path, args: argparse.Namespace) -> None:
     from soakd.workload.plan import build_plan, describe_plan
+    from soakd.workload.sizing import plan_lines
 
     cfg = load_config(path)
     problems = []
@@ -242,8 +256,10 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
     plan = build_plan(
         cfg, datetime.now(UTC), rehearse_s=args.rehearse, duration_cap_s=args.duration
     )
+    prompt_lines = asyncio.run(plan_lines(cfg))  # a bad tokenizer file: a ConfigError
     print(f"{path}: ok")
     print(describe_plan(plan, cfg))
+    print("\n".join(prompt_lines))
     if cfg.run.workers != 1:
         from soakd.workers.pool import worker_count
 
@@ -354,7 +370,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         dead = {
             t: _kinds(row["errors_by_kind"])
             for t, row in result.summary.items()
-            if row["requests"] and not row["ok"]
+            if row["requests"] - row["not_judged"] > 0 and not row["ok"]
         }
     console.print(f"report: soakd report {result.run_dir} --format html -o report.html")
     if result.cancelled:
@@ -382,12 +398,84 @@ def _kinds(by_kind: Mapping[str, int]) -> str:
 EXIT_FAILED = 1
 
 
+def _judge_by(args: argparse.Namespace) -> dict[str, object] | None:
+    """``report --config``: the sections that decide (a whole config is fine too)."""
+    if args.config is None:
+        return None
+    return load_decisions(args.config).model_dump(mode="json")
+
+
+def _run_dirs(paths: Sequence[Path]) -> list[Path]:
+    """The run directories named, a glob expanded (quoted, or from a shell that left it
+    unmatched), each once, in the order given."""
+    import glob
+
+    out: list[Path] = []
+    for path in paths:
+        if path.exists() or not glob.has_magic(str(path)):
+            found = [path]
+        else:
+            found = [Path(p) for p in sorted(glob.glob(str(path))) if Path(p).is_dir()]
+            if not found:
+                _fail(f"{path}: no run directory matches")
+        out += [p for p in found if p.resolve() not in {q.resolve() for q in out}]
+    return out
+
+
+def cmd_report_fleet(args: argparse.Namespace) -> int:
+    """``soakd report DIR DIR... --fleet``: the boxes side by side (soakd/report/fleet.py)."""
+    from soakd.report.fleet import (
+        FLEET_RENDERERS,
+        PlanMismatch,
+        build_fleet,
+        fleet_check_lines,
+        fleet_terminal,
+    )
+
+    if not args.fleet:
+        _fail(
+            "report: several run directories: add --fleet for one report of several boxes' "
+            "runs of the same plan"
+        )
+    dirs = _run_dirs([args.run_dir, *args.more])
+    if len(dirs) < 2:
+        _fail("report --fleet: give two or more run directories (or a glob matching them)")
+    try:
+        fr = build_fleet(dirs, energy_price_per_kwh=args.energy_price, judge_by=_judge_by(args))
+    except PlanMismatch as exc:
+        _fail(str(exc))
+    fmt = args.format or "md"
+    show = not args.check or args.format is not None or args.output is not None
+    if show and fmt == "text":
+        from rich.console import Console
+
+        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
+        for part in fleet_terminal(fr):
+            console.print(part)
+    elif show:
+        text = FLEET_RENDERERS[fmt](fr)
+        if args.output is None:
+            sys.stdout.write(text)
+        else:
+            tmp = args.output.with_name(args.output.name + ".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(args.output)
+            print(f"{args.output}: {fmt} fleet report of {len(dirs)} runs", file=sys.stderr)
+    if not args.check:
+        return 0
+    verdict = "\n".join(fleet_check_lines(fr))
+    print(verdict, file=sys.stdout if not show or args.output is not None else sys.stderr)
+    if fr.passed is None:
+        _fail("report --fleet: nothing to check: no run's config has an slo or compare block")
+    return 0 if fr.passed else EXIT_FAILED
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from soakd.report import build_report, check_lines, terminal_summary, write_built
 
-    judge_by = None
-    if args.config is not None:  # the sections that decide; a whole config is fine too
-        judge_by = load_decisions(args.config).model_dump(mode="json")
+    if args.fleet or args.more:
+        return cmd_report_fleet(args)
+    judge_by = _judge_by(args)
     rep = build_report(
         args.run_dir,
         energy_price_per_kwh=args.energy_price,

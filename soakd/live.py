@@ -206,6 +206,9 @@ def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
         target_table(rows, "last 60 s (not sent: this session; ! past the SLO)", width, slos)
     )
     parts += _error_lines(rows)
+    prompts = prompt_line(status)
+    if prompts is not None:
+        parts.append(prompts)
     parts += [_vram_line(v) for v in status.get("vram", [])]
     return Group(*parts)
 
@@ -240,6 +243,34 @@ def _error_lines(rows: Mapping[str, Row]) -> list[Text]:
             )
         )
     return out
+
+
+def prompt_line(status: Mapping[str, Any]) -> Text | None:
+    """prompt tokens, planned -> served: vllm 300 -> 299, sim 300 -> 146 (-51.3 %); a
+    target off by more than 10 % in red. Served: the answers' usage this session, else the
+    target's own count at start (marked)."""
+    from soakd.workload.sizing import WARN_SHARE
+
+    info = status.get("prompt_tokens")
+    if not isinstance(info, Mapping):
+        return None
+    line = Text("prompt tokens, planned -> served:", style="dim")
+    shown = 0
+    for name, r in info.get("targets", {}).items():
+        planned, served, start = r.get("planned"), r.get("served"), r.get("at_start")
+        if served is None and start is not None:
+            planned, served = info.get("planned"), start
+        if planned is None or served is None or planned <= 0:
+            continue
+        off = served / planned - 1.0
+        mark = " at start" if r.get("served") is None else ""
+        text = f" {name} {planned:,.0f} -> {served:,.0f}{mark}"
+        if abs(off) > WARN_SHARE:
+            line.append(text + f" ({off * 100:+.1f} %)", "bold red")
+        else:
+            line.append(text)
+        shown += 1
+    return line if shown else None
 
 
 def _links(status: dict[str, Any]) -> Text:

@@ -151,14 +151,18 @@ class Stats:
     connections: int = 0
     open_connections: int = 0
     keys: set[str] = field(default_factory=set)
+    other: int = 0  # soakd's /tokenize and /apply-template requests (404 unless tokenize)
 
 
 class HostileServer:
     """The server. ``start()`` on a running loop, ``aclose()`` to stop."""
 
-    def __init__(self, port: int = 0, seed: int = 0, tokens: int = 5) -> None:
+    def __init__(
+        self, port: int = 0, seed: int = 0, tokens: int = 5, *, tokenize: bool = False
+    ) -> None:
         self.port = port
         self.tokens = tokens
+        self.tokenize = tokenize  # answer /<mode>/tokenize by the mode too (else 404)
         self.stats = Stats()
         self.random = random.Random(seed)
         self._server: asyncio.Server | None = None
@@ -200,8 +204,17 @@ class HostileServer:
             req = await self._read_request(reader)
             if req is None:
                 return
+            path = req.path.split("?")[0]
+            if path.endswith(("/tokenize", "/apply-template")):
+                # soakd's prompt calibration: not one of the mode's requests; answered by
+                # the mode with ``tokenize``, else 404 (a server without a /tokenize)
+                self.stats.other += 1
+                if not self.tokenize:
+                    await self._send(writer, "?", _response(404, b'{"error":"not found"}'))
+                    return
+            else:
+                self.stats.requests[req.mode] += 1
             mode = req.mode
-            self.stats.requests[mode] += 1
             if req.key:
                 self.stats.keys.add(req.key)
             if mode == "random":

@@ -121,13 +121,20 @@ class JournalConfig(Strict):
 
 
 MAX_WORKERS = 256
+Label = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+"""A name soakd puts in a Prometheus label value: any text but control characters."""
 
 
 class RunConfig(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")] = (
         "soak"  # starts the run id
     )
-    node: str = Field(default_factory=lambda: os.uname().nodename)  # this host's name unless set
+    # This box's name (the host's unless set): soakd_build_info{node}, the report,
+    # summary.json; the edge Prometheus's external label `node` carries the same value.
+    node: Label = Field(default_factory=lambda: os.uname().nodename)
+    # Where the box is (a lab, a customer, a city; boxes may share one): the label `site`,
+    # as `node` (docs/deployment.md, "Beyond one server").
+    site: Label | None = None
     duration: Duration | None = None  # a cap on the whole run
     loop: bool = False  # repeat the phases until duration
     drain_timeout: Duration = 30.0  # on stop: how long requests in flight may finish

@@ -95,3 +95,8 @@ class Workload(Strict):
     max_tokens: Annotated[int, Field(ge=1)] = 512  # each request's max_tokens
     temperature: Annotated[float, Field(ge=0, le=2)] = 0.7
     seed: int = 0  # the prompts' and the arrivals' seed: the same run twice sends the same
+    # auto: synthetic prompts sized in a reference's tokens at start (workload.tokenizer, else
+    # the first target whose /tokenize answers, else the first answers' usage); off: a word
+    # a token, as planned (docs/metrics.md, "Prompt tokens")
+    calibrate: Literal["auto", "off"] = "auto"
+    tokenizer: Path | None = None  # a tokenizer.json to count with (pip install 'soakd[tokenizer]')

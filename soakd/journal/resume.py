@@ -102,6 +102,7 @@ class ResumeState:
     next_seq: dict[str, int]
     finished: bool
     written_by: str
+    calibrations: list[dict[str, Any]] = field(default_factory=list)  # prompt_calibration events
 
     def check(self, cfg: Config, plan: Plan, *, force: bool) -> list[str]:
         """Same config and plan as stored, or JournalError (``force``: the differences)."""
@@ -184,6 +185,12 @@ def read_resume_state(path: Path) -> ResumeState | None:
             ).fetchone()
             is not None
         )
+        calibrations = [  # the prompts' sizing, reused as it was (soakd/workload/sizing.py)
+            json.loads(data)
+            for (data,) in conn.execute(
+                "SELECT data FROM events WHERE kind = 'prompt_calibration' ORDER BY id"
+            )
+        ]
     finally:
         conn.close()
     run_id = meta["run_id"]
@@ -206,4 +213,5 @@ def read_resume_state(path: Path) -> ResumeState | None:
         next_seq=seqs,
         finished=False,
         written_by=meta["soakd_version"],
+        calibrations=calibrations,
     )

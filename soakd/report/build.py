@@ -47,6 +47,7 @@ from soakd.report.model import (
     value_of,
 )
 from soakd.report.plots import plots, slo_lines
+from soakd.report.prompt_tokens import prompt_notes, prompt_tokens
 from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
 from soakd.report.tested import served_tokens, what_was_tested
 from soakd.slowest import DEFAULT_N, slowest
@@ -129,6 +130,7 @@ def build_report(
         tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
         slow = slowest(reader, slowest_n, rollups)
         tested = what_was_tested(meta, sessions, events, served_tokens(reader.conn))
+        prompt_rows, prompt_sizing = prompt_tokens(reader.conn, config, events, targets)
     plan_phases = [
         (p["name"], p["start_ns"] / NS_PER_S, p["end_ns"] / NS_PER_S)
         for p in meta["plan"]["phases"]
@@ -258,6 +260,7 @@ def build_report(
     notes[:0] = failing_notes(events, overall, targets, active_s)  # first: the biggest news
     notes += _client_limits(overall, targets, config)
     notes += [f"{t}: {line}" for t in targets for line in describe(answer_notes.get(t, {}))]
+    notes += prompt_notes(prompt_rows, prompt_sizing)
     eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}
     return Report(
         run_id=meta["run_id"],
@@ -289,6 +292,8 @@ def build_report(
         plot_phases=[(start / HOUR_S, name) for name, start, _ in plan_phases if start < active_s],
         plot_limits=slo_lines(slos, targets),
         answer_notes=answer_notes,
+        prompt_tokens=prompt_rows,
+        prompt_sizing=prompt_sizing,
     )
 
 

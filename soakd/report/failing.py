@@ -15,8 +15,10 @@ from soakd.workload.failing import FAILING
 
 
 def never_succeeded(row: Row) -> bool:
-    """Sent requests, and not one was answered successfully."""
-    return row.requests > 0 and row.ok == 0
+    """Judged requests (some failed, or were shed), and not one succeeded. Requests soakd
+    itself cut at the stop (or lost with a sender process) judge nothing: a run stopped
+    before its first answer came back did not show the target failing."""
+    return row.requests - row.not_judged > 0 and row.ok == 0
 
 
 def failing_notes(

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from soakd.report.model import PHASE_COLUMNS, Report, Series
+from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Cell,
     Table,
@@ -105,6 +106,9 @@ def render_html(rep: Report) -> str:
     errors = errors_table(rep, "Errors by kind")
     if errors is not None:
         parts.append(html_table(errors, row_sep="\n"))
+    prompts = prompt_table(rep)
+    if prompts is not None:
+        parts.append(html_table(prompts))
     if rep.plots:
         parts.append('<h2>Over time</h2><div class="plots">')
         markers = [(d["offset_h"], f"down {fmt_duration(d['seconds'])}") for d in rep.downtimes]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from soakd.report.model import PHASE_COLUMNS, Report
+from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Table,
     cost_table,
@@ -46,7 +47,12 @@ def render_markdown(rep: Report) -> str:
     for table in verdict_tables(rep):
         out += md_table(table)
     out += md_table(metric_table(rep, "Targets side by side", rep.overall))
-    for extra in (cost_table(rep), guard_table(rep), errors_table(rep, "Errors by kind")):
+    for extra in (
+        cost_table(rep),
+        guard_table(rep),
+        errors_table(rep, "Errors by kind"),
+        prompt_table(rep),
+    ):
         if extra is not None:
             out += md_table(extra)
     for phase in rep.phases:

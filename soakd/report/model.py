@@ -145,6 +145,7 @@ class Tested:
 
     run_name: str
     node: str  # run.node (the host's name unless configured)
+    site: str | None  # run.site: where the box is (docs/deployment.md)
     hosts: list[str]  # where soakd ran, one per host its sessions ran on
     started: str  # ISO, UTC
     ended: str  # ISO, UTC: the last heartbeat
@@ -156,6 +157,24 @@ class Tested:
     temperature: float | None
     targets: list[TargetTested]
     phases: list[PhaseTested]
+
+
+@dataclass
+class PromptTokens:
+    """One target's prompt lengths over the run (None: not measured; report/prompt_tokens.py)."""
+
+    target: str
+    requests: int  # successful requests with usage, journaled: the pairs compared
+    planned: float | None  # mean planned tokens
+    served: float | None  # mean usage.prompt_tokens
+    at_start: float | None  # the target's own count of the first prompts, at start
+
+    @property
+    def off(self) -> float | None:
+        """Served off planned, as a share of planned."""
+        if self.planned is None or self.served is None or self.planned <= 0:
+            return None
+        return self.served / self.planned - 1.0
 
 
 @dataclass
@@ -194,6 +213,8 @@ class Report:
     # target -> note -> answers that carried it (soakd/notes.py: usage not taken, usage off
     # the stream, unreadable Retry-After); each also a line of ``notes``
     answer_notes: dict[str, dict[str, int]] = field(default_factory=dict)
+    prompt_tokens: list[PromptTokens] = field(default_factory=list)  # planned against served
+    prompt_sizing: str | None = None  # how the synthetic prompts were sized (calibration)
 
 
 Better = Literal["min", "max"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from soakd.report.model import TERMINAL_COLUMNS, Report
+from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Table,
     check_lines,
@@ -72,6 +73,9 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     errors = errors_table(rep, "errors by kind")
     if errors is not None:
         out.append(rich_table(errors))
+    prompts = prompt_table(rep)
+    if prompts is not None:
+        out.append(rich_table(prompts))
     out += [Text(f"note: {note}", style="dim") for note in rep.notes]
     return out
 

@@ -125,6 +125,7 @@ def what_was_tested(
     return Tested(
         run_name=str((config.get("run") or {}).get("name", "")),
         node=str((config.get("run") or {}).get("node", "")),
+        site=(config.get("run") or {}).get("site"),
         hosts=list(dict.fromkeys(hosts)),
         started=_iso(meta.get("created_wall")),
         ended=_iso(max((s["wall"] for s in sessions), default=None)),
@@ -164,7 +165,8 @@ def header_lines(rep: Report) -> list[str]:
     )
     where = f"soakd {', '.join(rep.versions)}"
     if t is not None:
-        where += f" on {', '.join(t.hosts) or 'an unrecorded host'} (node {t.node or '-'})"
+        where += f" on {', '.join(t.hosts) or 'an unrecorded host'} (node {t.node or '-'}"
+        where += f", site {t.site or '-'})"
     lines.append(where)
     return lines
 

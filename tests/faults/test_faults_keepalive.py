@@ -173,7 +173,8 @@ async def soak_run(
                 }
                 for mode in modes
             ],
-            "workload": {"max_tokens": 4},
+            # these servers count every request they read: no /tokenize at start
+            "workload": {"max_tokens": 4, "calibrate": "off"},
             "gpu": {"source": "none"},
             "phases": [{"name": "p", "duration": f"{seconds}s", "load": load}],
         }

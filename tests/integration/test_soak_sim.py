@@ -22,6 +22,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from soakd import __version__
 from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
 from soakd.journal import JournalReader
@@ -68,7 +69,7 @@ def total(metrics: dict, name: str, **labels: str) -> float:
 
 
 async def test_two_targets_side_by_side(tmp_path: Path) -> None:
-    cfg = config_from_dict(sim_config())
+    cfg = config_from_dict(sim_config(node="edge-7", site="lab-3"))
     port = free_port()
     soak = Soak(
         cfg,
@@ -100,9 +101,14 @@ async def test_two_targets_side_by_side(tmp_path: Path) -> None:
     status = json.loads(scraped["status"])
     assert status["run_id"] == result.run_id
     assert set(status["targets"]) == {"fast-a", "fast-b"}
+    assert (status["node"], status["site"]) == ("edge-7", "lab-3")
     assert status["no_reuse"] == {}  # a keep-alive server: never taken for one that closes
 
     metrics = samples(generate_latest(soak.metrics.registry).decode())
+    info = {lbl: v for (n, lbl), v in metrics.items() if n == "soakd_build_info"}
+    assert [dict(lbl) for lbl in info] == [
+        {"version": __version__, "run_id": result.run_id, "node": "edge-7", "site": "lab-3"}
+    ]
     for name in ("fast-a", "fast-b"):
         summary = result.summary[name]
         assert summary["requests"] > 20
@@ -129,7 +135,9 @@ async def test_two_targets_side_by_side(tmp_path: Path) -> None:
 
     run_dir = tmp_path / "run"
     assert (run_dir / "config.yaml").exists()
-    assert json.loads((run_dir / "summary.json").read_text())["completed"] is True
+    summary_doc = json.loads((run_dir / "summary.json").read_text())
+    assert summary_doc["completed"] is True
+    assert (summary_doc["node"], summary_doc["site"]) == ("edge-7", "lab-3")
     assert (run_dir / "soakd.log").read_text().count("phase_started") == 2
 
 

@@ -80,3 +80,34 @@ def test_a_missing_key_reference_uses_the_same_path_style(
     assert "targets[cloud].api_key_env: environment variable SOAKD_TEST_NO_SUCH_KEY" in (
         capsys.readouterr().err
     )
+
+
+def test_prompt_sizing_is_shown_and_a_bad_tokenizer_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("tokenizers")
+    from tests.tiny_tokenizer import train
+
+    tok = train(tmp_path)
+    sized = write(
+        tmp_path / "sized.yaml",
+        GOOD | {"workload": {"tokenizer": str(tok), "prompts": {"input_tokens": {"mean": 300}}}},
+    )
+    assert main(["check", str(sized)]) == 0
+    out = capsys.readouterr().out
+    assert "prompts: synthetic, fixed 300 tokens, seed 0" in out
+    assert f"sizing: tokenizer {tok}: " in out
+    assert "planned 300 -> " in out
+    off = write(tmp_path / "off.yaml", GOOD | {"workload": {"calibrate": "off"}})
+    assert main(["check", str(off)]) == 0
+    assert "sizing: off (workload.calibrate): a word a token" in capsys.readouterr().out
+    broken = tmp_path / "broken.json"
+    broken.write_text("{}")
+    bad = write(tmp_path / "bad.yaml", GOOD | {"workload": {"tokenizer": str(broken)}})
+    assert main(["check", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith(f"soakd: error: workload.tokenizer: {broken} is not a tokenizer.json")
+    wrong = write(tmp_path / "wrong.yaml", GOOD | {"workload": {"calibrate": "sometimes"}})
+    assert main(["check", str(wrong)]) == 2
+    assert "workload.calibrate" in capsys.readouterr().err

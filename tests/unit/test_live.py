@@ -162,3 +162,21 @@ def test_a_paused_failing_target_is_named_with_its_cause(width: int) -> None:
     )
     failing["cloud-gpt"]["next_probe_s"] = 0
     assert "one request out" in screen(status(failing=failing), width)
+
+
+def test_prompt_tokens_planned_against_served() -> None:
+    """One line: each target's planned and served prompt tokens (its answers' usage, else
+    its own count at start), the one more than 10 % off marked."""
+    prompts = {
+        "calibration": "edge-vllm-4gb's /tokenize: 1.945 tokens a word, word by word",
+        "planned": 300.0,
+        "targets": {
+            "edge-vllm-4gb": {"requests": 40, "planned": 300.0, "served": 299.1, "at_start": 298.3},
+            "cloud-gpt": {"requests": 0, "planned": None, "served": None, "at_start": 146.0},
+        },
+    }
+    text = screen(status(prompt_tokens=prompts), 100)
+    line = next(x for x in text.splitlines() if x.startswith("prompt tokens"))
+    assert "edge-vllm-4gb 300 -> 299 cloud-gpt" in line  # within 10 %: not marked
+    assert "cloud-gpt 300 -> 146 at start (-51.3 %)" in line
+    assert "prompt tokens" not in screen(status(), 100)  # nothing measured: no line

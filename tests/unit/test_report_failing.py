@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from soakd.report.failing import failing_notes
+from soakd.report.failing import failing_notes, never_succeeded
 from soakd.report.model import Row
 
 
@@ -39,3 +39,13 @@ def test_nothing_to_say_of_a_target_that_answered_or_was_never_sent_to() -> None
     some = Row("a", None, requests=10, ok=1)
     none_sent = Row("b", None)
     assert failing_notes([], {"a": some, "b": none_sent}, ["a", "b"], 10.0) == []
+
+
+def test_a_target_whose_every_request_soakd_cut_at_the_stop_did_not_fail() -> None:
+    """Stopped before the first answer came back: the cut requests judge nothing."""
+    cut = Row("slow", None, requests=6, ok=0, not_judged=6)
+    cut.errors_by_kind = {"cancelled": 6}
+    assert not never_succeeded(cut)
+    assert failing_notes([], {"slow": cut}, ["slow"], 10.0) == []
+    one_failed = Row("slow", None, requests=7, ok=0, not_judged=6, errors=1)
+    assert never_succeeded(one_failed)

@@ -50,6 +50,8 @@ REPORT_KEYS = [
     "plot_phases",
     "plot_limits",
     "answer_notes",  # target -> note -> answers (soakd/notes.py)
+    "prompt_tokens",  # planned against served, per target (soakd/report/prompt_tokens.py)
+    "prompt_sizing",
     "columns",
 ]
 ROW_KEYS = [
@@ -132,6 +134,7 @@ SHAPES = {
         "limit_max",
     ],
     "series": ["label", "points", "group", "dashed"],
+    "prompt_tokens": ["target", "requests", "planned", "served", "at_start"],
     "verdict": [
         "target",
         "phase",
@@ -161,6 +164,7 @@ SHAPES = {
     "tested": [
         "run_name",
         "node",
+        "site",
         "hosts",
         "started",
         "ended",
@@ -300,6 +304,7 @@ def test_the_json_report_keeps_its_keys(run_dir: Path) -> None:
         ("downtime", doc["downtimes"]),
         ("column", doc["columns"]),
         ("slow", [s for by in doc["slowest"].values() for v in by.values() for s in v]),
+        ("prompt_tokens", doc["prompt_tokens"]),
     ):
         assert items, name  # the fixture has one of each
         for item in items:

@@ -35,7 +35,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two targets, one behind a URL with a key in its query, two phases."""
     d = tmp_path_factory.mktemp("tested")
     cfg = config(
-        run={"name": "syn", "node": "edge-box-7"},
+        run={"name": "syn", "node": "edge-box-7", "site": "lab-7"},
         targets=[
             {
                 "name": "alpha",
@@ -114,7 +114,7 @@ def test_every_format_says_it_at_the_top(run_dir: Path) -> None:
     mean_in, _ = served(run_dir, "alpha")
     md = render_markdown(rep)
     top = md.split("## Verdict")[0].split("## Targets side by side")[0]
-    assert f"soakd {__version__} on {socket.gethostname()} (node edge-box-7)" in top
+    assert f"soakd {__version__} on {socket.gethostname()} (node edge-box-7, site lab-7)" in top
     assert (
         "| alpha | tiny-1b | http://127.0.0.1:1/v1?api-key=<redacted> | "
         f"openai chat | yes | normal 200 ± 50 (1-400) / {mean_in:,.0f} |"
@@ -128,7 +128,7 @@ def test_every_format_says_it_at_the_top(run_dir: Path) -> None:
     assert "tiny-1b" in head
     assert "poisson 5 req/s" in head
     doc = json.loads(render_json(rep))
-    assert doc["tested"]["node"] == "edge-box-7"
+    assert (doc["tested"]["node"], doc["tested"]["site"]) == ("edge-box-7", "lab-7")
     assert doc["tested"]["targets"][0]["model"] == "tiny-1b"
     assert doc["tested"]["phases"][1]["loads"]["beta"] == "poisson 5 req/s"
     console = Console(width=200, record=True, color_system=None)
