@@ -55,7 +55,7 @@ from soakd.status import progress_fields, vram_status
 from soakd.targets.preflight import Preflight, preflight
 from soakd.targets.tokenize import open_tokenizer
 from soakd.types import Target
-from soakd.workers.senders import Senders, WorkerStartError, open_senders
+from soakd.workers.senders import NoReuse, Senders, WorkerStartError, open_senders
 from soakd.workload.calibration import LocalTokenizer, TokenCounter, TokenizeError
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.ledger import SendLedger
@@ -120,6 +120,8 @@ class Soak:
         self.notes = Notes()  # usage not taken or off the stream, unreadable Retry-After
         self.targets: dict[str, Target] = {}
         self.senders = Senders()  # the targets' clients, here or in worker processes
+        # statuses after which a target's server closes its connections unannounced
+        self.no_reuse = NoReuse(self._no_reuse_changed)
         self.runner: Runner | None = None
         self.http: HttpServer | None = None
         self._signals = 0
@@ -175,6 +177,7 @@ class Soak:
             "failing": {
                 name: f for name, g in self.guards.by_target.items() if (f := g.failing_now())
             },
+            "no_reuse": self.no_reuse.status(),
             "vram": vram_status(
                 self.probes.gpu if self.probes is not None else None, self.cfg, self.names
             ),
@@ -439,6 +442,7 @@ class Soak:
                 run_id=self.run_id,
                 run_dir=self.run_dir,
                 registry=self.metrics.registry,
+                no_reuse=self.no_reuse,
             )
         except WorkerStartError as exc:
             raise StartError("run.workers", exc) from None
@@ -638,6 +642,23 @@ class Soak:
             if self.journal is not None:
                 self.journal.event("phase", name=phase.name, index=phase.index)
             self.fronts.enter(phase.name, self.journal.event if self.journal else None)
+
+    def _no_reuse_changed(self, target: str, status: int, closes: bool) -> None:
+        """A target's server closes (or keeps again) its connections after answers with
+        ``status``, unannounced (soakd/targets/pool.py): logged, exported, journaled."""
+        if closes:
+            log.warning(
+                "server_closes_after_answers",
+                target=target,
+                status=status,
+                note="no Connection: close was said; soakd opens a new connection for each "
+                "request after such an answer",
+            )
+        else:
+            log.info("server_keeps_connections_again", target=target, status=status)
+        self.metrics.no_reuse.labels(target, str(status)).set(int(closes))
+        if self.journal is not None:
+            self.journal.event("no_reuse", target=target, status=status, closes=closes)
 
     # --- cloud targets (docs/gateway.md) ---------------------------------------------------
 

@@ -35,9 +35,16 @@ from soakd.model import NS_PER_S, ErrorKind, Outcome
 
 Class = Literal["ok", "error", "guard", "excluded"]
 
-NOT_JUDGED = frozenset({ErrorKind.CANCELLED.value, ErrorKind.WORKER_LOST.value})
-"""Cut or lost by soakd itself (the drain deadline, a sender process that died): out of
-every denominator."""
+NOT_JUDGED = frozenset(
+    {
+        ErrorKind.CANCELLED.value,
+        ErrorKind.WORKER_LOST.value,
+        ErrorKind.CONNECTION_CLOSED_UNANNOUNCED.value,
+    }
+)
+"""Cut or lost by soakd itself (the drain deadline, a sender process that died), or lost
+on a connection the server had closed after its last answer without saying so (it most
+likely never read the request): out of every denominator."""
 
 SERVER_ERRORS = frozenset({ErrorKind.HTTP_5XX.value})
 """The server's 5xx answers (the guard's own 503s are ``shed_*``): ``server_error_ratio``."""
@@ -127,7 +134,7 @@ class Tally:
     good: int = 0  # ok and within every latency SLO
     errors: int = 0  # failed (in the error ratio)
     guard: int = 0  # the guard gateway's own refusals
-    excluded: int = 0  # cancelled by soakd at the drain deadline, lost with a sender
+    excluded: int = 0  # not judged (NOT_JUDGED): cut or lost by soakd, or never read
     unsent: int = 0  # never left soakd
 
     def add(self, cls: Class, good: bool, n: int = 1, sent: bool = True) -> None:

@@ -51,6 +51,7 @@ GOODPUT_RATIO: Final = "soakd_goodput_ratio"
 GOODPUT_RPS: Final = "soakd_goodput_rps"
 RUN_5XX_RATIO: Final = "soakd_run_5xx_ratio"
 RUN_ERROR_RATIO: Final = "soakd_run_error_ratio"
+TARGET_NO_REUSE: Final = "soakd_target_no_reuse"
 # --- GPU (ProbeMetrics, soakd/probes/gpu) ---------------------------------------------
 GPU_PROBE_UP: Final = "soakd_gpu_probe_up"
 GPU_INFO: Final = "soakd_gpu_info"

@@ -365,6 +365,15 @@ class Metrics:
             registry=r,
         )
 
+        self.no_reuse = Gauge(
+            mn.TARGET_NO_REUSE,
+            "1 for each answer status after which the target's server closes its connections "
+            "without saying so (no Connection: close): soakd reuses no connection after such "
+            "an answer; 0 once it keeps them again.",
+            ["target", "status"],
+            registry=r,
+        )
+
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, int], Counter] = {}
         # target -> [judged, failed, 5xx] of the run (soakd/goodput.py's classes)

@@ -51,6 +51,9 @@ class ErrorKind(enum.StrEnum):
     PROTOCOL_ERROR = "protocol_error"
     # more content chunks than targets[].max_output_factor x max_tokens: cut there
     TOO_MANY_TOKENS = "too_many_tokens"
+    # Lost with no answer on a connection reused after an answer the server closes its
+    # connections after, unannounced (soakd/targets/pool.py): it most likely never read it.
+    CONNECTION_CLOSED_UNANNOUNCED = "connection_closed_unannounced"
 
     @property
     def shed(self) -> bool:

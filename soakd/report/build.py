@@ -122,6 +122,32 @@ def _journal_warnings(
     return out
 
 
+def _no_reuse_notes(events: list[dict[str, Any]]) -> list[str]:
+    """A note per target and answer status after which its server closed its connections
+    without saying so (soakd/targets/pool.py, journaled as ``no_reuse`` events)."""
+    seen: dict[tuple[str, int], list[tuple[float, bool]]] = {}
+    for e in events:
+        if e["kind"] == "no_reuse":
+            key = (str(e["data"].get("target")), int(e["data"].get("status", 0)))
+            seen.setdefault(key, []).append(
+                ((e["offset_ns"] or 0) / NS_PER_S / HOUR_S, bool(e["data"].get("closes")))
+            )
+    notes = []
+    for (target, status), changes in seen.items():
+        first = next((h for h, closes in changes if closes), None)
+        if first is None:
+            continue
+        again = sum(1 for _, closes in changes if not closes)
+        notes.append(
+            f"{target}: the server closed its connections after {status} answers without "
+            f"saying so (no Connection: close), first seen at {first:.2f} h"
+            + (f", then kept them again {again} time(s)" if again else "")
+            + ": soakd reused no connection after such an answer while that held, so each "
+            "request after one opened a new connection (its connect is in its TTFT)"
+        )
+    return notes
+
+
 def build_report(
     run_dir: Path,
     *,
@@ -281,6 +307,7 @@ def build_report(
         )
 
     notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
+    notes += _no_reuse_notes(events)  # closes after answers, unannounced (targets/pool.py)
     notes[:0] = failing_notes(events, overall, targets, active_s)  # first: the biggest news
     notes += _client_limits(overall, targets, config)
     notes += [f"{t}: {line}" for t in targets for line in describe(answer_notes.get(t, {}))]

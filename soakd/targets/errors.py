@@ -20,6 +20,7 @@ from typing import Final
 import aiohttp
 
 from soakd.model import SHED_BY_CODE, ErrorKind
+from soakd.targets.pool import ClosedAfterAnswer
 
 __all__ = [
     "AUTH_ERROR_WORDS",
@@ -166,6 +167,8 @@ def client_error(exc: aiohttp.ClientError, responded: bool) -> tuple[ErrorKind, 
         return ErrorKind.CONNECT_ERROR, _os_detail(exc.os_error)
     if isinstance(exc, aiohttp.ClientResponseError):  # the HTTP parser rejected the response
         return ErrorKind.PROTOCOL_ERROR, f"invalid http response: {parse_error_name(exc)}"
+    if isinstance(exc, ClosedAfterAnswer):  # the server closes after such answers
+        return ErrorKind.CONNECTION_CLOSED_UNANNOUNCED, f"closed after a {exc.status} answer"
     if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientConnectionError):
         when = "after" if responded else "before"
         return ErrorKind.STREAM_TRUNCATED, f"{exc_name(exc)} {when} response headers"

@@ -47,7 +47,7 @@ from soakd.targets.errors import (
     status_kind,
 )
 from soakd.targets.framing import HttpProcessingError, overrun
-from soakd.targets.pool import NewestFirstConnector
+from soakd.targets.pool import NewestFirstConnector, OnLearn
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
 from soakd.targets.stream import (
     NO_BOUNDS,
@@ -104,6 +104,9 @@ class OpenAITarget:
         # the run id the traceparent is derived from; None: no traceparent (soakd/tracing.py)
         self._trace_run = run_id if run_id is not None and wants_traceparent(cfg) else None
         self._session = session
+        # its connection pool, kept past the session's close: what it learned (pool.py)
+        connector = session.connector
+        self.pool = connector if isinstance(connector, NewestFirstConnector) else None
         self._url = URL(cfg.endpoint)
         self._endpoint = cfg.endpoint
         self._chat = cfg.api == "chat"
@@ -483,11 +486,14 @@ class OpenAITarget:
         return text[:200]
 
 
-async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAITarget:
+async def open_target(
+    cfg: TargetConfig, *, run_id: str | None = None, on_learn: OnLearn | None = None
+) -> OpenAITarget:
     """Build the client for one target: read its key once, set up TLS, the proxy and
     the connection pool. Raises ConfigError (naming the setting, never the key).
     ``run_id``: the run's, from which each request's traceparent is derived (when the
-    target sends one: soakd/tracing.py)."""
+    target sends one: soakd/tracing.py). ``on_learn``: told when the pool learns that the
+    server closes (or keeps again) its connections after answers with a status."""
     key = cfg.api_key()
     ssl_arg = cfg.ssl_context()
     proxy, proxy_auth = (
@@ -519,7 +525,10 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
     session = ClientSession(
         # idle connections reused newest first: the pool shrinks after a burst (pool.py)
         connector=NewestFirstConnector(
-            limit=cfg.max_connections, ssl=ssl_arg, force_close=not cfg.keep_alive
+            limit=cfg.max_connections,
+            ssl=ssl_arg,
+            force_close=not cfg.keep_alive,
+            on_learn=on_learn,
         ),
         headers=headers,
         # Only the socket connect (with TLS and proxy setup) is aiohttp's to time:

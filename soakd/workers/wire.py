@@ -17,6 +17,9 @@ could misread, since both ends are the same installed code.
   Outcome the worker filled (instants on the worker's clock, ITL gaps as raw int64), or
   the id and why it was not sent (``NOT_SENT``: past its deadline when the worker got to
   it).
+- ``CLOSES`` (worker -> parent): a target's server closes (or keeps again) its
+  connections after answers with a status, as the worker's pool learned it
+  (soakd/targets/pool.py): the target's index, the status, 1 or 0.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any, Final
 from soakd.analysis import itl_keys
 from soakd.model import USAGE_REJECTED_REASONS, ErrorKind, Outcome, RequestSpec
 
-HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK = range(1, 9)
+HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES = range(1, 10)
 
 HEAD: Final = struct.Struct("<IB")
 """A frame's header: the payload's length (kind byte included) and the kind."""
@@ -49,6 +52,7 @@ _OUT = struct.Struct("<IqdqqqqHBBqqBqdBBqHIH")
 # key, count pairs: counted here, not by the parent). Token counts are int64: the parser
 # bounds what a server says to that (soakd/targets/stream.py).
 _CLOCK = struct.Struct("<qq")
+_CLOSES = struct.Struct("<HHB")  # target, status, closes
 _IDS = struct.Struct("<I")
 _NONE = -1
 _NO_DELTA = -(2**63)  # usage_delta None (-1 is a delta)
@@ -126,6 +130,18 @@ def pack_clock(t0: int, t1: int) -> bytes:
 def unpack_clock(payload: bytes) -> tuple[int, int]:
     t0, t1 = _CLOCK.unpack(payload)
     return int(t0), int(t1)
+
+
+def pack_closes(target: int, status: int, closes: bool) -> bytes:
+    return _CLOSES.pack(target, status, closes)
+
+
+def unpack_closes(payload: bytes) -> tuple[int, int, bool]:
+    try:
+        target, status, closes = _CLOSES.unpack(payload)
+    except struct.error:
+        raise WireError("CLOSES of the wrong size") from None
+    return int(target), int(status), bool(closes)
 
 
 def _opt(value: int | None) -> int:

@@ -102,6 +102,7 @@ async def test_two_targets_side_by_side(tmp_path: Path) -> None:
     assert status["run_id"] == result.run_id
     assert set(status["targets"]) == {"fast-a", "fast-b"}
     assert (status["node"], status["site"]) == ("edge-7", "lab-3")
+    assert status["no_reuse"] == {}  # a keep-alive server: never taken for one that closes
 
     metrics = samples(generate_latest(soak.metrics.registry).decode())
     info = {lbl: v for (n, lbl), v in metrics.items() if n == "soakd_build_info"}
@@ -124,6 +125,11 @@ async def test_two_targets_side_by_side(tmp_path: Path) -> None:
         assert total(metrics, "soakd_time_to_first_token_seconds_count", target=name) == ok
         assert total(metrics, "soakd_output_tokens_total", target=name) == ok * 12
         assert summary["ttft_p50_ms"] <= summary["e2e_p50_ms"]
+        # the pool probed it after its first 200 and saw it keep the connection
+        pool = soak.targets[name].pool  # type: ignore[attr-defined]
+        assert pool.keeps_after == [200]
+        assert pool.closes_after == []
+    assert total(metrics, "soakd_target_no_reuse") == 0
     by_phase = {(t, p) for (t, p), s in soak.stats.by_phase.items() if s.requests}
     assert by_phase == {(t, p) for t in ("fast-a", "fast-b") for p in ("closed", "open")}
 

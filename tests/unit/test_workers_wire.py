@@ -12,6 +12,7 @@ from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.types import NotSent
 from soakd.workers import wire
 from soakd.workers.pool import WAKE_SLICE, Wakeups, WorkerGate, worker_count
+from soakd.workers.senders import NoReuse
 from tests.waiting import until
 
 
@@ -244,3 +245,26 @@ async def test_finished_requests_wake_a_slice_per_loop_turn_so_timers_run_betwee
     closed = loop.create_future()
     wake.add(closed, paced=False)  # a closed-loop stream's next send waits on it: now
     assert closed.done()
+
+
+def test_a_target_closing_after_answers_round_trips() -> None:
+    assert wire.unpack_closes(wire.pack_closes(3, 503, True)) == (3, 503, True)
+    assert wire.unpack_closes(wire.pack_closes(0, 200, False)) == (0, 200, False)
+    with pytest.raises(wire.WireError):
+        wire.unpack_closes(b"\x00")
+
+
+def test_no_reuse_holds_a_status_while_any_sender_learned_it() -> None:
+    """Each worker learns for its own pool: a status is shown from the first that learned
+    it until the last keeps its connections again or is gone; each change is heard once."""
+    heard: list[tuple[str, int, bool]] = []
+    no_reuse = NoReuse(lambda *change: heard.append(change))
+    no_reuse.learned("a", 0, 200, True)
+    no_reuse.learned("a", 1, 200, True)  # a second worker: no change
+    no_reuse.learned("b", 1, 503, True)
+    assert no_reuse.status() == {"a": [200], "b": [503]}
+    no_reuse.learned("a", 0, 200, False)  # worker 1 still holds it
+    assert no_reuse.status() == {"a": [200], "b": [503]}
+    no_reuse.forget(1)  # worker 1 died: its pools are gone
+    assert no_reuse.status() == {}
+    assert heard == [("a", 200, True), ("b", 503, True), ("a", 200, False), ("b", 503, False)]
