@@ -20,6 +20,12 @@ setup: $(STAMP)
 
 ## demo: a one-minute soak of the embedded simulator, live view, then the summary
 demo: $(STAMP)
+	@echo "soakd demo (examples/demo.yaml): two simulated servers side by side for one minute, a"
+	@echo "4 GB edge card (edge-4gb) and a datacenter GPU (datacenter): warm-up, steady Poisson"
+	@echo "load, then a spike of 24 concurrent requests, past the edge card's batch of 16. The edge"
+	@echo "card is MEANT to miss its SLO (TTFT p99 2 s) in the spike: expect 'Verdict: FAIL' for"
+	@echo "edge-4gb and PASS for datacenter, with the reason, at the end. Ctrl-C stops early."
+	@echo
 	$(BIN)/soakd run examples/demo.yaml
 	@echo "soakd is installed in $(VENV): run 'source $(VENV)/bin/activate' to use the soakd commands above"
 

@@ -33,6 +33,7 @@ def alert_lines(payload: dict) -> list[str]:  # type: ignore[type-arg]
                     "alertname": labels.get("alertname"),
                     "severity": labels.get("severity"),
                     "node": labels.get("node"),
+                    "site": labels.get("site"),
                     "target": labels.get("target"),
                     "summary": annotations.get("summary"),
                     "starts_at": alert.get("startsAt"),

@@ -6,8 +6,10 @@ not in the JSON.
 
 Every query uses the metric names of docs/metrics.md (soakd_*), the recording rules of
 prometheus/rules/soakd-recording.yml (target:*, gpu:*, instance:*), or the few target-side
-vLLM names listed in prometheus/external-metrics.txt. Panels filter on the ``$target`` and
-``$gpu`` template variables. Only the Python standard library is used.
+vLLM names listed in prometheus/external-metrics.txt. Panels filter on the ``$site``,
+``$node``, ``$target`` and ``$gpu`` template variables and keep node and site apart, so the
+same dashboards serve one edge box and a central Prometheus of many (docs/alerting.md).
+Only the Python standard library is used.
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ from typing import Any
 
 OUT = Path(__file__).resolve().parent / "dashboards"
 DS = {"type": "prometheus", "uid": "${datasource}"}
-T = 'target=~"$target"'
-G = 'gpu=~"$gpu"'
+# Every selector keeps to the boxes picked in the node and site variables, and every
+# aggregation keeps them apart (`by (node, site, ...)`): with "All" centrally there is one
+# line per box, never a quantile or a sum merged across sites. On an edge the series carry
+# no node or site label (its Prometheus adds them only to what leaves the box), the lists
+# are empty and "All" (.*) matches the box itself.
+BOX = "node, site"
+F = 'node=~"$node", site=~"$site"'
+T = F + ', target=~"$target"'
+G = F + ', gpu=~"$gpu"'
 
 Json = dict[str, Any]
 
@@ -56,12 +65,24 @@ def q(
     return query
 
 
+def per_box(metric: str) -> str:
+    """A gauge each soakd exports once (a limit, an SLO): one line per selected box."""
+    return f"max by ({BOX}) ({metric}{{{F}}})"
+
+
+def boxes_seen() -> str:
+    """0 for every box whose soakd Prometheus scraped (or tried to) in the dashboard's range:
+    the fallback that gives a box with nothing to count a 0 instead of no row."""
+    return f'max by ({BOX}) (0 * max_over_time(up{{job="soakd", {F}}}[$__range]))'
+
+
 def p99_with_exemplars(histogram: str) -> Json:
     """The 5m P99 of a soakd latency histogram, read from its buckets (not the recording
     rule, which keeps no exemplars), with the buckets' exemplars: the trace ids."""
     return q(
-        f"histogram_quantile(0.99, sum by (target, le) (rate({histogram}_bucket{{{T}}}[5m])))",
-        "{{target}} P99",
+        "histogram_quantile(0.99, "
+        f"sum by ({BOX}, target, le) (rate({histogram}_bucket{{{T}}}[5m])))",
+        "{{node}} {{target}} P99",
         exemplar=True,
     )
 
@@ -98,21 +119,22 @@ def timeseries(
     min_: float | None = 0,
     max_: float | None = None,
     stack: bool = False,
-    limit_series: str | None = None,
+    limit_series: str | list[str] | None = None,
 ) -> Json:
-    """A time series panel; ``limit_series`` names a legend drawn as a red dashed line."""
-    overrides = []
-    if limit_series:
-        overrides.append(
-            {
-                "matcher": {"id": "byName", "options": limit_series},
-                "properties": [
-                    {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}},
-                    {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
-                    {"id": "custom.fillOpacity", "value": 0},
-                ],
-            }
-        )
+    """A time series panel; ``limit_series``: the legends ending in it (one per box) are
+    drawn as red dashed lines."""
+    limits = [limit_series] if isinstance(limit_series, str) else limit_series or []
+    overrides = [
+        {
+            "matcher": {"id": "byRegexp", "options": f".*{limit}"},
+            "properties": [
+                {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}},
+                {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                {"id": "custom.fillOpacity", "value": 0},
+            ],
+        }
+        for limit in limits
+    ]
     defaults = _defaults(unit, min_=min_, max_=max_)
     defaults["custom"] = {
         "fillOpacity": 10,
@@ -183,11 +205,15 @@ def state_timeline(
 
 
 def heatmap(title: str, metric: str, unit: str = "s", *, desc: str = "") -> Json:
-    """Heatmap of a soakd histogram: requests per bucket per interval, for $target."""
-    expr = f"sum by (le) (increase({metric}_bucket{{{T}}}[$__rate_interval]))"
+    """Heatmap of a soakd histogram: requests per bucket per interval, for $target; one
+    panel per box (repeated over $node), since one heatmap holds one distribution."""
+    expr = f"sum by ({BOX}, le) (increase({metric}_bucket{{{T}}}[$__rate_interval]))"
     return {
         "type": "heatmap",
-        "title": title,
+        "title": f"{title} $node",
+        "repeat": "node",
+        "repeatDirection": "h",
+        "maxPerRow": 3,
         "description": desc,
         "datasource": DS,
         "targets": [q(expr, "{{le}}", fmt="heatmap")],
@@ -229,6 +255,56 @@ def table(
         "transformations": [
             {"id": "merge", "options": {}},
             {"id": "organize", "options": {"excludeByName": hide, "renameByName": rename or {}}},
+        ],
+    }
+
+
+def fleet_table(
+    title: str,
+    columns: list[tuple[str, str, str, list[tuple[float | None, str]]]],
+    *,
+    sort_by: str,
+    desc: str = "",
+) -> Json:
+    """One row per box: each (column, expression, unit, thresholds) an instant query
+    aggregated ``by (node, site)``, merged on those two labels, sorted worst first."""
+    targets = [q(expr, instant=True, fmt="table") for _, expr, _, _ in columns]
+    rename = {f"Value #{chr(ord('A') + i)}": name for i, (name, *_) in enumerate(columns)}
+    overrides = [
+        {
+            "matcher": {"id": "byName", "options": name},
+            "properties": [
+                {"id": "unit", "value": unit},
+                {
+                    "id": "thresholds",
+                    "value": {
+                        "mode": "absolute",
+                        "steps": [{"value": v, "color": c} for v, c in steps],
+                    },
+                },
+                {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+            ],
+        }
+        for name, _, unit, steps in columns
+    ]
+    return {
+        "type": "table",
+        "title": title,
+        "description": desc,
+        "datasource": DS,
+        "targets": targets,
+        "fieldConfig": {"defaults": {}, "overrides": overrides},
+        "options": {"showHeader": True, "sortBy": [{"displayName": sort_by, "desc": True}]},
+        "transformations": [
+            {"id": "merge", "options": {}},
+            {
+                "id": "organize",
+                "options": {
+                    "excludeByName": {"Time": True},
+                    "indexByName": {"node": 0, "site": 1},
+                    "renameByName": rename,
+                },
+            },
         ],
     }
 
@@ -327,9 +403,176 @@ TEMPLATING: list[Json] = [
         "query": "prometheus",
         "current": {"text": "Prometheus", "value": "prometheus"},
     },
-    _query_var("target", "Target", "label_values(soakd_requests_total, target)"),
-    _query_var("gpu", "GPU", "label_values(soakd_gpu_memory_used_bytes, gpu)"),
+    # site, then the nodes of the sites picked; empty on an edge (see F above)
+    _query_var("site", "Site", "label_values(soakd_phase_index, site)"),
+    _query_var("node", "Node", 'label_values(soakd_phase_index{site=~"$site"}, node)'),
+    _query_var("target", "Target", f"label_values(soakd_requests_total{{{F}}}, target)"),
+    _query_var("gpu", "GPU", f"label_values(soakd_gpu_memory_used_bytes{{{F}}}, gpu)"),
 ]
+
+
+def fleet() -> Dashboard:
+    d = Dashboard(
+        "soakd-fleet",
+        "soakd / Fleet",
+        "Every box at a glance, one row each, worst first: up, pages, goodput, latency "
+        "against the SLO, VRAM against the limit, OOMs, restarts, leak slope.",
+    )
+    d.row("Boxes (one row per node; click a column to sort)")
+    columns: list[tuple[str, str, str, list[tuple[float | None, str]]]] = [
+        # (column, expression, unit, thresholds)
+        (
+            "soakd up",
+            f'max by ({BOX}) (last_over_time(up{{job="soakd", {F}}}[1m])) or {boxes_seen()}',
+            "short",
+            [(None, "red"), (1, "green")],
+        ),
+        (
+            "pages firing",
+            f'count by ({BOX}) (ALERTS{{alertstate="firing", severity="page", {F}}})'
+            f" or {boxes_seen()}",
+            "short",
+            [(None, "green"), (1, "red")],
+        ),
+        (
+            "goodput (worst target, 1m)",
+            f"min by ({BOX}) (soakd_goodput_ratio{{{T}}} >= 0)",
+            "percentunit",
+            [(None, "red"), (0.9, "orange"), (0.99, "green")],
+        ),
+        (
+            "TTFT P99 / SLO",
+            f"max by ({BOX}) (target:soakd_time_to_first_token_seconds:p99_5m{{{T}}}"
+            f" / on ({BOX}, job, instance) group_left soakd_slo_ttft_p99_seconds{{{F}}})",
+            "percentunit",
+            [(None, "green"), (0.8, "orange"), (1, "red")],
+        ),
+        (
+            "E2E P99 / SLO",
+            f"max by ({BOX}) (target:soakd_request_duration_seconds:p99_5m{{{T}}}"
+            f" / on ({BOX}, job, instance) group_left soakd_slo_e2e_p99_seconds{{{F}}})",
+            "percentunit",
+            [(None, "green"), (0.8, "orange"), (1, "red")],
+        ),
+        (
+            "VRAM peak / limit",
+            f"max by ({BOX}) (soakd_gpu_memory_used_peak_bytes{{{F}}}"
+            f" / on ({BOX}, job, instance) group_left soakd_vram_limit_bytes{{{F}}})",
+            "percentunit",
+            [(None, "green"), (0.95, "orange"), (1, "red")],
+        ),
+        (
+            "OOM events (run)",
+            f"sum by ({BOX}) (max by ({BOX}, target) (soakd_target_oom_events_total{{{T}}}))",
+            "short",
+            [(None, "green"), (1, "red")],
+        ),
+        (
+            "restarts (run)",
+            f"sum by ({BOX}) (soakd_target_restarts_total{{{T}}})",
+            "short",
+            [(None, "green"), (1, "orange")],
+        ),
+        (
+            "VRAM leak slope",
+            f"max by ({BOX}) (soakd_gpu_memory_leak_slope_bytes_per_hour{{{F}}})",
+            "decbytes",
+            [(None, "green"), (50e6, "orange")],
+        ),
+    ]
+    d.add(
+        fleet_table(
+            "Boxes, worst first",
+            [(name, expr, unit, steps) for name, expr, unit, steps in columns],
+            sort_by="pages firing",
+            desc="One row per box (node) and its site. soakd up: 1 when the box's "
+            "Prometheus scraped soakd within the last minute, 0 when not (or when its data "
+            "stopped arriving centrally: a silent box keeps its row for the time range). "
+            "Pages firing: the box's own page alerts and the central's about it. Goodput: "
+            "the worst target's share of requests within every SLO over the last minute. "
+            "P99 / SLO and VRAM peak / limit: above 100 % is a breach (worst target or GPU). "
+            "OOMs and restarts: this run so far. Sorted by pages firing; click any column.",
+        ),
+        24,
+        9,
+    )
+    d.row("Over time, one line per box")
+    d.add(
+        timeseries(
+            "Pages firing",
+            [
+                q(
+                    f'count by ({BOX}) (ALERTS{{alertstate="firing", severity="page", {F}}})'
+                    f" or {boxes_seen()}",
+                    "{{node}} ({{site}})",
+                )
+            ],
+        ),
+        12,
+    )
+    d.add(
+        timeseries(
+            "Goodput (worst target, 1m)",
+            [q(f"min by ({BOX}) (soakd_goodput_ratio{{{T}}} >= 0)", "{{node}} ({{site}})")],
+            "percentunit",
+            max_=1,
+        ),
+        12,
+    )
+    d.add(
+        timeseries(
+            "TTFT P99 (5m, worst target) and SLO",
+            [
+                q(
+                    f"max by ({BOX}) (target:soakd_time_to_first_token_seconds:p99_5m{{{T}}})",
+                    "{{node}} ({{site}})",
+                ),
+                q(per_box("soakd_slo_ttft_p99_seconds"), "{{node}} SLO"),
+            ],
+            "s",
+            limit_series="SLO",
+        ),
+        12,
+    )
+    d.add(
+        timeseries(
+            "E2E P99 (5m, worst target) and SLO",
+            [
+                q(
+                    f"max by ({BOX}) (target:soakd_request_duration_seconds:p99_5m{{{T}}})",
+                    "{{node}} ({{site}})",
+                ),
+                q(per_box("soakd_slo_e2e_p99_seconds"), "{{node}} SLO"),
+            ],
+            "s",
+            limit_series="SLO",
+        ),
+        12,
+    )
+    d.add(
+        timeseries(
+            "VRAM used (highest GPU) and limit",
+            [
+                q(
+                    f"max by ({BOX}) (soakd_gpu_memory_used_bytes{{{F}}})",
+                    "{{node}} ({{site}})",
+                ),
+                q(per_box("soakd_vram_limit_bytes"), "{{node}} limit"),
+            ],
+            "decbytes",
+            limit_series="limit",
+        ),
+        12,
+    )
+    d.add(
+        timeseries(
+            "Requests per second",
+            [q(f"sum by ({BOX}) (target:soakd_requests:rate1m{{{T}}})", "{{node}} ({{site}})")],
+            "reqps",
+        ),
+        12,
+    )
+    return d
 
 
 def overview() -> Dashboard:
@@ -342,7 +585,7 @@ def overview() -> Dashboard:
     d.add(
         stat(
             "Phase",
-            [q("soakd_phase_active == 1", "{{phase}}")],
+            [q(f"soakd_phase_active{{{F}}} == 1", "{{node}} {{phase}}")],
             text_mode="name",
             desc="The phase running now (soakd_phase_active).",
         ),
@@ -352,18 +595,29 @@ def overview() -> Dashboard:
     d.add(
         stat(
             "Phase index",
-            [q("soakd_phase_index")],
+            [q(f"soakd_phase_index{{{F}}}", "{{node}}")],
             desc="-1 before the first phase, the number of phases after the last.",
         ),
         3,
         4,
     )
-    d.add(stat("Elapsed", [q("soakd_run_elapsed_seconds")], "dtdurations"), 4, 4)
-    d.add(stat("Remaining", [q("soakd_run_remaining_seconds")], "dtdurations"), 4, 4)
+    d.add(
+        stat("Elapsed", [q(f"soakd_run_elapsed_seconds{{{F}}}", "{{node}}")], "dtdurations"), 4, 4
+    )
+    d.add(
+        stat("Remaining", [q(f"soakd_run_remaining_seconds{{{F}}}", "{{node}}")], "dtdurations"),
+        4,
+        4,
+    )
     d.add(
         stat(
             "Alerts firing",
-            [q('count(ALERTS{alertstate="firing"}) or vector(0)')],
+            [
+                q(
+                    f'count by ({BOX}) (ALERTS{{alertstate="firing", {F}}}) or {boxes_seen()}',
+                    "{{node}}",
+                )
+            ],
             thresholds=[(None, "green"), (1, "red")],
             desc="Alerts firing now in this Prometheus (all of soakd's rules).",
         ),
@@ -373,8 +627,8 @@ def overview() -> Dashboard:
     d.add(
         table(
             "soakd",
-            [q("soakd_build_info", instant=True, fmt="table")],
-            rename={"version": "version", "run_id": "run", "node": "node"},
+            [q(f"soakd_build_info{{{F}}}", instant=True, fmt="table")],
+            rename={"version": "version", "run_id": "run", "node": "node", "site": "site"},
         ),
         6,
         4,
@@ -384,8 +638,8 @@ def overview() -> Dashboard:
         timeseries(
             "Requests per second",
             [
-                q(f"target:soakd_requests:rate1m{{{T}}}", "{{target}} done"),
-                q(f"soakd_offered_rate_rps{{{T}}}", "{{target}} offered"),
+                q(f"target:soakd_requests:rate1m{{{T}}}", "{{node}} {{target}} done"),
+                q(f"soakd_offered_rate_rps{{{T}}}", "{{node}} {{target}} offered"),
             ],
             "reqps",
             desc="Finished requests (any outcome) per second over 1m; the offered "
@@ -397,16 +651,24 @@ def overview() -> Dashboard:
         timeseries(
             "Error ratio",
             [
-                q(f"target:soakd_requests_errors:ratio_rate1m{{{T}}}", "{{target}} any error (1m)"),
-                q(f"target:soakd_requests_5xx:ratio_rate5m{{{T}}}", "{{target}} 5xx (5m)"),
-                q(f"soakd_run_5xx_ratio{{{T}}}", "{{target}} 5xx (whole run)"),
-                q("max(soakd_error_ratio_limit)", "5xx limit"),
+                q(
+                    f"target:soakd_requests_errors:ratio_rate1m{{{T}}}",
+                    "{{node}} {{target}} failed (1m)",
+                ),
+                q(f"soakd_run_error_ratio{{{T}}}", "{{node}} {{target}} failed (whole run)"),
+                q(f"target:soakd_requests_5xx:ratio_rate5m{{{T}}}", "{{node}} {{target}} 5xx (5m)"),
+                q(f"soakd_run_5xx_ratio{{{T}}}", "{{node}} {{target}} 5xx (whole run)"),
+                q(per_box("soakd_error_ratio_limit"), "{{node}} error limit"),
+                q(per_box("soakd_server_error_ratio_limit"), "{{node}} 5xx limit"),
             ],
             "percentunit",
-            limit_series="5xx limit",
-            desc="Share of finished requests that failed; ErrorRatioHigh compares the 5xx "
-            "share of 5m (100 requests or more) and ErrorBudgetExceeded the whole run's "
-            "with soakd_error_ratio_limit.",
+            limit_series=["error limit", "5xx limit"],
+            desc="Share of the judged requests (less the guard's sheds and the requests "
+            "soakd cut at the stop) that failed, any cause, and that got a 5xx, as the "
+            "report counts them (docs/slo.md). ErrorRatioHigh and ServerErrorRatioHigh "
+            "compare 5m (100 requests or more), ErrorBudgetExceeded and "
+            "ServerErrorBudgetExceeded the whole run, with slo.error_ratio and "
+            "slo.server_error_ratio.",
         ),
         8,
     )
@@ -415,9 +677,9 @@ def overview() -> Dashboard:
             "Outcomes per second",
             [
                 q(
-                    "sum by (target, outcome) "
+                    f"sum by ({BOX}, target, outcome) "
                     f"(rate(soakd_requests_total{{{T}}}[$__rate_interval]))",
-                    "{{target}} {{outcome}}",
+                    "{{node}} {{target}} {{outcome}}",
                 ),
             ],
             "reqps",
@@ -429,8 +691,8 @@ def overview() -> Dashboard:
         timeseries(
             "In flight",
             [
-                q(f"soakd_in_flight_requests{{{T}}}", "{{target}} in flight"),
-                q(f"soakd_offered_concurrency{{{T}}}", "{{target}} offered concurrency"),
+                q(f"soakd_in_flight_requests{{{T}}}", "{{node}} {{target}} in flight"),
+                q(f"soakd_offered_concurrency{{{T}}}", "{{node}} {{target}} offered concurrency"),
             ],
             desc="Requests sent and not yet finished; the closed-loop concurrency asked for "
             "(0 for an open-loop target).",
@@ -441,7 +703,7 @@ def overview() -> Dashboard:
         timeseries(
             "Output tokens per second",
             [
-                q(f"target:soakd_output_tokens:rate1m{{{T}}}", "{{target}}"),
+                q(f"target:soakd_output_tokens:rate1m{{{T}}}", "{{node}} {{target}}"),
             ],
             "short",
         ),
@@ -451,8 +713,8 @@ def overview() -> Dashboard:
         timeseries(
             "Dispatch lag P99",
             [
-                q(f"target:soakd_dispatch_lag_seconds:p99_1m{{{T}}}", "{{target}}"),
-                q("max(soakd_dispatch_lag_limit_seconds)", "limit"),
+                q(f"target:soakd_dispatch_lag_seconds:p99_1m{{{T}}}", "{{node}} {{target}}"),
+                q(per_box("soakd_dispatch_lag_limit_seconds"), "{{node}} limit"),
             ],
             "s",
             limit_series="limit",
@@ -465,11 +727,17 @@ def overview() -> Dashboard:
         timeseries(
             "Sender workers (run.workers > 1)",
             [
-                q("sum by (instance) (soakd_workers_up)", "{{instance}} up"),
-                q("sum by (instance) (soakd_workers)", "{{instance}} configured"),
                 q(
-                    "sum by (instance) (increase(soakd_worker_restarts_total[5m]))",
-                    "{{instance}} restarts (5m)",
+                    f"sum by ({BOX}, instance) (soakd_workers_up{{{F}}})",
+                    "{{node}} {{instance}} up",
+                ),
+                q(
+                    f"sum by ({BOX}, instance) (soakd_workers{{{F}}})",
+                    "{{node}} {{instance}} configured",
+                ),
+                q(
+                    f"sum by ({BOX}, instance) (increase(soakd_worker_restarts_total{{{F}}}[5m]))",
+                    "{{node}} {{instance}} restarts (5m)",
                 ),
             ],
             "short",
@@ -485,9 +753,12 @@ def overview() -> Dashboard:
         timeseries(
             "Time to first token, P50 and P99 (5m)",
             [
-                q(f"target:soakd_time_to_first_token_seconds:p50_5m{{{T}}}", "{{target}} P50"),
+                q(
+                    f"target:soakd_time_to_first_token_seconds:p50_5m{{{T}}}",
+                    "{{node}} {{target}} P50",
+                ),
                 p99_with_exemplars("soakd_time_to_first_token_seconds"),
-                q("max(soakd_slo_ttft_p99_seconds)", "P99 SLO"),
+                q(per_box("soakd_slo_ttft_p99_seconds"), "{{node}} P99 SLO"),
             ],
             "s",
             limit_series="P99 SLO",
@@ -499,9 +770,12 @@ def overview() -> Dashboard:
         timeseries(
             "End-to-end latency, P50 and P99 (5m)",
             [
-                q(f"target:soakd_request_duration_seconds:p50_5m{{{T}}}", "{{target}} P50"),
+                q(
+                    f"target:soakd_request_duration_seconds:p50_5m{{{T}}}",
+                    "{{node}} {{target}} P50",
+                ),
                 p99_with_exemplars("soakd_request_duration_seconds"),
-                q("max(soakd_slo_e2e_p99_seconds)", "P99 SLO"),
+                q(per_box("soakd_slo_e2e_p99_seconds"), "{{node}} P99 SLO"),
             ],
             "s",
             limit_series="P99 SLO",
@@ -515,7 +789,7 @@ def overview() -> Dashboard:
     d.add(
         state_timeline(
             "Breaker state",
-            [q(f"soakd_gateway_breaker_state{{{T}}}", "{{target}} {{breaker}}")],
+            [q(f"soakd_gateway_breaker_state{{{T}}}", "{{node}} {{target}} {{breaker}}")],
             desc=gw + "closed: requests pass; open: the gateway answers 429 (vram) or 503 "
             "(error_rate) itself; half-open: one probe request passes. GatewayBreakerOpen "
             "warns after 1m open.",
@@ -532,9 +806,9 @@ def overview() -> Dashboard:
             "Gateway rejections by reason",
             [
                 q(
-                    "sum by (target, reason) "
+                    f"sum by ({BOX}, target, reason) "
                     f"(rate(soakd_gateway_rejections_total{{{T}}}[$__rate_interval]))",
-                    "{{target}} {{reason}}",
+                    "{{node}} {{target}} {{reason}}",
                 ),
             ],
             "reqps",
@@ -548,8 +822,8 @@ def overview() -> Dashboard:
         timeseries(
             "Gateway concurrency limit",
             [
-                q(f"soakd_gateway_concurrency_limit{{{T}}}", "{{target}} limit"),
-                q(f"soakd_gateway_in_flight_requests{{{T}}}", "{{target}} in flight"),
+                q(f"soakd_gateway_concurrency_limit{{{T}}}", "{{node}} {{target}} limit"),
+                q(f"soakd_gateway_in_flight_requests{{{T}}}", "{{node}} {{target}} in flight"),
             ],
             desc=gw + "Requests allowed in flight to the server now (the adaptive limit "
             "steps down when the upstream's P95 time to first byte passes its target).",
@@ -560,8 +834,8 @@ def overview() -> Dashboard:
         timeseries(
             "Gateway queue",
             [
-                q(f"soakd_gateway_queue_depth{{{T}}}", "{{target}} waiting"),
-                q(f"soakd_gateway_up{{{T}}}", "{{target}} gateway read by soakd"),
+                q(f"soakd_gateway_queue_depth{{{T}}}", "{{node}} {{target}} waiting"),
+                q(f"soakd_gateway_up{{{T}}}", "{{node}} {{target}} gateway read by soakd"),
             ],
             desc=gw + "Requests waiting for a concurrency slot; 'read by soakd' is 0 when "
             "soakd could not read the gateway's /metrics.",
@@ -572,7 +846,7 @@ def overview() -> Dashboard:
     d.add(
         table(
             "Alerts firing",
-            [q('ALERTS{alertstate="firing"}', instant=True, fmt="table")],
+            [q(f'ALERTS{{alertstate="firing", {F}}}', instant=True, fmt="table")],
             desc="From Prometheus' ALERTS series; Alertmanager decides who is told.",
         ),
         24,
@@ -618,8 +892,14 @@ def latency() -> Dashboard:
         timeseries(
             "Inter-token latency, P50 and P99 (5m)",
             [
-                q(f"target:soakd_inter_token_latency_seconds:p50_5m{{{T}}}", "{{target}} P50"),
-                q(f"target:soakd_inter_token_latency_seconds:p99_5m{{{T}}}", "{{target}} P99"),
+                q(
+                    f"target:soakd_inter_token_latency_seconds:p50_5m{{{T}}}",
+                    "{{node}} {{target}} P50",
+                ),
+                q(
+                    f"target:soakd_inter_token_latency_seconds:p99_5m{{{T}}}",
+                    "{{node}} {{target}} P99",
+                ),
             ],
             "s",
         ),
@@ -629,8 +909,14 @@ def latency() -> Dashboard:
         timeseries(
             "Time per output token, P50 and P99 (5m)",
             [
-                q(f"target:soakd_time_per_output_token_seconds:p50_5m{{{T}}}", "{{target}} P50"),
-                q(f"target:soakd_time_per_output_token_seconds:p99_5m{{{T}}}", "{{target}} P99"),
+                q(
+                    f"target:soakd_time_per_output_token_seconds:p50_5m{{{T}}}",
+                    "{{node}} {{target}} P50",
+                ),
+                q(
+                    f"target:soakd_time_per_output_token_seconds:p99_5m{{{T}}}",
+                    "{{node}} {{target}} P99",
+                ),
             ],
             "s",
         ),
@@ -640,8 +926,8 @@ def latency() -> Dashboard:
         timeseries(
             "Dispatch lag P99 (1m)",
             [
-                q(f"target:soakd_dispatch_lag_seconds:p99_1m{{{T}}}", "{{target}}"),
-                q("max(soakd_dispatch_lag_limit_seconds)", "limit"),
+                q(f"target:soakd_dispatch_lag_seconds:p99_1m{{{T}}}", "{{node}} {{target}}"),
+                q(per_box("soakd_dispatch_lag_limit_seconds"), "{{node}} limit"),
             ],
             "s",
             limit_series="limit",
@@ -654,13 +940,13 @@ def latency() -> Dashboard:
             [
                 q(
                     f"target:soakd_request_duration_seconds:p99_5m_jitter1h{{{T}}}",
-                    "{{target}} E2E",
+                    "{{node}} {{target}} E2E",
                 ),
                 q(
                     f"target:soakd_time_to_first_token_seconds:p99_5m_jitter1h{{{T}}}",
-                    "{{target}} TTFT",
+                    "{{node}} {{target}} TTFT",
                 ),
-                q("max(soakd_jitter_ratio_limit)", "limit"),
+                q(per_box("soakd_jitter_ratio_limit"), "{{node}} limit"),
             ],
             "percentunit",
             limit_series="limit",
@@ -676,11 +962,14 @@ def latency() -> Dashboard:
         timeseries(
             "P99 time to first token: client vs server (5m)",
             [
-                q(f"target:soakd_time_to_first_token_seconds:p99_5m{{{T}}}", "{{target}} soakd"),
                 q(
-                    "histogram_quantile(0.99, sum by (target, le) (rate("
+                    f"target:soakd_time_to_first_token_seconds:p99_5m{{{T}}}",
+                    "{{node}} {{target}} soakd",
+                ),
+                q(
+                    f"histogram_quantile(0.99, sum by ({BOX}, target, le) (rate("
                     f"vllm:time_to_first_token_seconds_bucket{{{T}}}[5m])))",
-                    "{{target}} server",
+                    "{{node}} {{target}} server",
                 ),
             ],
             "s",
@@ -693,11 +982,14 @@ def latency() -> Dashboard:
         timeseries(
             "P99 end-to-end latency: client vs server (5m)",
             [
-                q(f"target:soakd_request_duration_seconds:p99_5m{{{T}}}", "{{target}} soakd"),
                 q(
-                    "histogram_quantile(0.99, sum by (target, le) (rate("
+                    f"target:soakd_request_duration_seconds:p99_5m{{{T}}}",
+                    "{{node}} {{target}} soakd",
+                ),
+                q(
+                    f"histogram_quantile(0.99, sum by ({BOX}, target, le) (rate("
                     f"vllm:e2e_request_latency_seconds_bucket{{{T}}}[5m])))",
-                    "{{target}} server",
+                    "{{node}} {{target}} server",
                 ),
             ],
             "s",
@@ -709,9 +1001,9 @@ def latency() -> Dashboard:
             "P99 server queue time (5m)",
             [
                 q(
-                    "histogram_quantile(0.99, sum by (target, le) (rate("
+                    f"histogram_quantile(0.99, sum by ({BOX}, target, le) (rate("
                     f"vllm:request_queue_time_seconds_bucket{{{T}}}[5m])))",
-                    "{{target}}",
+                    "{{node}} {{target}}",
                 ),
             ],
             "s",
@@ -723,11 +1015,11 @@ def latency() -> Dashboard:
         timeseries(
             "Generated tokens per second: client vs server",
             [
-                q(f"target:soakd_output_tokens:rate1m{{{T}}}", "{{target}} soakd"),
+                q(f"target:soakd_output_tokens:rate1m{{{T}}}", "{{node}} {{target}} soakd"),
                 q(
-                    "sum by (target) (rate("
+                    f"sum by ({BOX}, target) (rate("
                     f"vllm:generation_tokens_total{{{T}}}[$__rate_interval]))",
-                    "{{target}} server",
+                    "{{node}} {{target}} server",
                 ),
             ],
             "short",
@@ -748,9 +1040,9 @@ def gpu() -> Dashboard:
         timeseries(
             "VRAM used vs limit",
             [
-                q(f"soakd_gpu_memory_used_bytes{{{G}}}", "GPU {{gpu}} used"),
-                q(f"soakd_gpu_memory_total_bytes{{{G}}}", "GPU {{gpu}} total"),
-                q("max(soakd_vram_limit_bytes)", "limit"),
+                q(f"soakd_gpu_memory_used_bytes{{{G}}}", "{{node}} GPU {{gpu}} used"),
+                q(f"soakd_gpu_memory_total_bytes{{{G}}}", "{{node}} GPU {{gpu}} total"),
+                q(per_box("soakd_vram_limit_bytes"), "{{node}} limit"),
             ],
             "decbytes",
             limit_series="limit",
@@ -764,7 +1056,7 @@ def gpu() -> Dashboard:
         timeseries(
             "VRAM per process",
             [
-                q(f"soakd_gpu_process_memory_bytes{{{G}}}", "GPU {{gpu}} {{target}}"),
+                q(f"soakd_gpu_process_memory_bytes{{{G}}}", "{{node}} GPU {{gpu}} {{target}}"),
             ],
             "decbytes",
             stack=True,
@@ -778,9 +1070,9 @@ def gpu() -> Dashboard:
             "Headroom to the limit",
             [
                 q(
-                    f"soakd_vram_limit_bytes - on (job, instance) group_right "
+                    f"soakd_vram_limit_bytes{{{F}}} - on ({BOX}, job, instance) group_right "
                     f"soakd_gpu_memory_used_bytes{{{G}}}",
-                    "GPU {{gpu}}",
+                    "{{node}} GPU {{gpu}}",
                 ),
             ],
             "decbytes",
@@ -793,7 +1085,7 @@ def gpu() -> Dashboard:
         stat(
             "Peak VRAM this run",
             [
-                q(f"soakd_gpu_memory_used_peak_bytes{{{G}}}", "GPU {{gpu}}"),
+                q(f"soakd_gpu_memory_used_peak_bytes{{{G}}}", "{{node}} GPU {{gpu}}"),
             ],
             "decbytes",
         ),
@@ -804,7 +1096,7 @@ def gpu() -> Dashboard:
         stat(
             "Reserved by the driver",
             [
-                q(f"soakd_gpu_memory_reserved_bytes{{{G}}}", "GPU {{gpu}}"),
+                q(f"soakd_gpu_memory_reserved_bytes{{{G}}}", "{{node}} GPU {{gpu}}"),
             ],
             "decbytes",
             desc=NVML + "Memory the driver keeps for itself (NVML's memory info v2).",
@@ -815,7 +1107,7 @@ def gpu() -> Dashboard:
     d.add(
         stat(
             "GPU source up",
-            [q("soakd_gpu_probe_up", "{{source}}")],
+            [q(f"soakd_gpu_probe_up{{{F}}}", "{{node}} {{source}}")],
             thresholds=[(None, "red"), (1, "green")],
             desc="0: soakd reads no GPU (no driver, or the DCGM source fails).",
         ),
@@ -826,8 +1118,8 @@ def gpu() -> Dashboard:
         timeseries(
             "VRAM leak slope (bytes per hour)",
             [
-                q(f"soakd_gpu_memory_leak_slope_bytes_per_hour{{{G}}}", "GPU {{gpu}}"),
-                q("max(soakd_vram_leak_limit_bytes_per_hour)", "limit"),
+                q(f"soakd_gpu_memory_leak_slope_bytes_per_hour{{{G}}}", "{{node}} GPU {{gpu}}"),
+                q(per_box("soakd_vram_leak_limit_bytes_per_hour"), "{{node}} limit"),
             ],
             "decbytes",
             min_=None,
@@ -843,7 +1135,7 @@ def gpu() -> Dashboard:
             [
                 q(
                     f"soakd_gpu_process_memory_leak_slope_bytes_per_hour{{{G}}}",
-                    "GPU {{gpu}} {{target}}",
+                    "{{node}} GPU {{gpu}} {{target}}",
                 ),
             ],
             "decbytes",
@@ -857,7 +1149,7 @@ def gpu() -> Dashboard:
         timeseries(
             "Temperature",
             [
-                q(f"soakd_gpu_temperature_celsius{{{G}}}", "GPU {{gpu}}"),
+                q(f"soakd_gpu_temperature_celsius{{{G}}}", "{{node}} GPU {{gpu}}"),
             ],
             "celsius",
             min_=None,
@@ -868,10 +1160,10 @@ def gpu() -> Dashboard:
         timeseries(
             "Power",
             [
-                q(f"soakd_gpu_power_watts{{{G}}}", "GPU {{gpu}} draw"),
+                q(f"soakd_gpu_power_watts{{{G}}}", "{{node}} GPU {{gpu}} draw"),
                 q(
                     f"rate(soakd_gpu_energy_joules_total{{{G}}}[$__rate_interval])",
-                    "GPU {{gpu}} from energy",
+                    "{{node}} GPU {{gpu}} from energy",
                 ),
             ],
             "watt",
@@ -882,7 +1174,7 @@ def gpu() -> Dashboard:
         timeseries(
             "Utilization",
             [
-                q(f"soakd_gpu_utilization_ratio{{{G}}}", "GPU {{gpu}}"),
+                q(f"soakd_gpu_utilization_ratio{{{G}}}", "{{node}} GPU {{gpu}}"),
             ],
             "percentunit",
             max_=1,
@@ -893,8 +1185,8 @@ def gpu() -> Dashboard:
         timeseries(
             "Clocks",
             [
-                q(f"soakd_gpu_sm_clock_hertz{{{G}}}", "GPU {{gpu}} SM"),
-                q(f"soakd_gpu_memory_clock_hertz{{{G}}}", "GPU {{gpu}} memory"),
+                q(f"soakd_gpu_sm_clock_hertz{{{G}}}", "{{node}} GPU {{gpu}} SM"),
+                q(f"soakd_gpu_memory_clock_hertz{{{G}}}", "{{node}} GPU {{gpu}} memory"),
             ],
             "hertz",
         ),
@@ -905,8 +1197,8 @@ def gpu() -> Dashboard:
             "Throttle reasons",
             [
                 q(
-                    f"max by (gpu, reason) (soakd_gpu_throttle_active{{{G}}})",
-                    "GPU {{gpu}} {{reason}}",
+                    f"max by ({BOX}, gpu, reason) (soakd_gpu_throttle_active{{{G}}})",
+                    "{{node}} GPU {{gpu}} {{reason}}",
                 ),
             ],
             desc=NVML + "Why the clocks are held back; GpuThrottling warns on the thermal "
@@ -919,7 +1211,11 @@ def gpu() -> Dashboard:
         stat(
             "XID errors in range",
             [
-                q(f"sum(increase(soakd_gpu_xid_errors_total{{{G}}}[$__range])) or vector(0)"),
+                q(
+                    f"sum by ({BOX}) (increase(soakd_gpu_xid_errors_total{{{G}}}[$__range]))"
+                    f" or {boxes_seen()}",
+                    "{{node}}",
+                ),
             ],
             thresholds=[(None, "green"), (1, "red")],
         ),
@@ -931,7 +1227,7 @@ def gpu() -> Dashboard:
             "XID errors by code (this run)",
             [
                 q(
-                    f"sum by (gpu, xid) (soakd_gpu_xid_errors_total{{{G}}})",
+                    f"sum by ({BOX}, gpu, xid) (soakd_gpu_xid_errors_total{{{G}}})",
                     instant=True,
                     fmt="table",
                 ),
@@ -965,9 +1261,9 @@ def server() -> Dashboard:
         timeseries(
             "Requests running and waiting in the server",
             [
-                q(f"soakd_server_requests_running{{{T}}}", "{{target}} running"),
-                q(f"soakd_server_requests_waiting{{{T}}}", "{{target}} waiting"),
-                q(f"soakd_in_flight_requests{{{T}}}", "{{target}} in flight (soakd)"),
+                q(f"soakd_server_requests_running{{{T}}}", "{{node}} {{target}} running"),
+                q(f"soakd_server_requests_waiting{{{T}}}", "{{node}} {{target}} waiting"),
+                q(f"soakd_in_flight_requests{{{T}}}", "{{node}} {{target}} in flight (soakd)"),
             ],
             desc="Waiting > 0 means the server queues: TTFT grows with it.",
         ),
@@ -977,7 +1273,7 @@ def server() -> Dashboard:
         timeseries(
             "KV cache usage",
             [
-                q(f"soakd_server_kv_cache_usage_ratio{{{T}}}", "{{target}}"),
+                q(f"soakd_server_kv_cache_usage_ratio{{{T}}}", "{{node}} {{target}}"),
             ],
             "percentunit",
             max_=1,
@@ -988,7 +1284,10 @@ def server() -> Dashboard:
         timeseries(
             "Preemptions per second",
             [
-                q(f"rate(soakd_server_preemptions_total{{{T}}}[$__rate_interval])", "{{target}}"),
+                q(
+                    f"rate(soakd_server_preemptions_total{{{T}}}[$__rate_interval])",
+                    "{{node}} {{target}}",
+                ),
             ],
             "short",
             desc="Requests evicted from the KV cache and recomputed later.",
@@ -999,7 +1298,7 @@ def server() -> Dashboard:
         timeseries(
             "Server resident memory",
             [
-                q(f"soakd_server_resident_memory_bytes{{{T}}}", "{{target}}"),
+                q(f"soakd_server_resident_memory_bytes{{{T}}}", "{{node}} {{target}}"),
             ],
             "bytes",
             desc="The server process's RSS (host memory), from its own /metrics.",
@@ -1012,7 +1311,7 @@ def server() -> Dashboard:
             [
                 q(
                     f"soakd_server_resident_memory_leak_slope_bytes_per_hour{{{T}}}",
-                    "{{target}}",
+                    "{{node}} {{target}}",
                 ),
             ],
             "bytes",
@@ -1025,7 +1324,7 @@ def server() -> Dashboard:
     d.add(
         state_timeline(
             "Target up",
-            [q(f"soakd_target_up{{{T}}}", "{{target}}")],
+            [q(f"soakd_target_up{{{T}}}", "{{node}} {{target}}")],
             mapping={"0": ("down", "red"), "1": ("up", "green")},
         ),
         12,
@@ -1034,7 +1333,7 @@ def server() -> Dashboard:
         timeseries(
             "Server uptime",
             [
-                q(f"time() - soakd_server_start_time_seconds{{{T}}}", "{{target}}"),
+                q(f"time() - soakd_server_start_time_seconds{{{T}}}", "{{node}} {{target}}"),
             ],
             "dtdurations",
             desc="Drops to zero when the server restarts.",
@@ -1045,7 +1344,10 @@ def server() -> Dashboard:
         stat(
             "Restarts this run",
             [
-                q(f"sum by (target) (soakd_target_restarts_total{{{T}}})", "{{target}}"),
+                q(
+                    f"sum by ({BOX}, target) (soakd_target_restarts_total{{{T}}})",
+                    "{{node}} {{target}}",
+                ),
             ],
             thresholds=[(None, "green"), (1, "orange")],
         ),
@@ -1056,7 +1358,10 @@ def server() -> Dashboard:
         stat(
             "OOM events this run (most seen by one source)",
             [
-                q(f"max by (target) (soakd_target_oom_events_total{{{T}}})", "{{target}}"),
+                q(
+                    f"max by ({BOX}, target) (soakd_target_oom_events_total{{{T}}})",
+                    "{{node}} {{target}}",
+                ),
             ],
             thresholds=[(None, "green"), (1, "red")],
         ),
@@ -1068,10 +1373,10 @@ def server() -> Dashboard:
             "OOM events by source",
             [
                 q(
-                    f"sum by (target, source) (soakd_target_oom_events_total{{{T}}})",
-                    "{{target}} {{source}}",
+                    f"sum by ({BOX}, target, source) (soakd_target_oom_events_total{{{T}}})",
+                    "{{node}} {{target}} {{source}}",
                 ),
-                q(f"soakd_oom_errors_total{{{T}}}", "{{target}} error bodies"),
+                q(f"soakd_oom_errors_total{{{T}}}", "{{node}} {{target}} error bodies"),
             ],
             desc="Cumulative; TargetOOM fires on any increase.",
         ),
@@ -1082,7 +1387,10 @@ def server() -> Dashboard:
         timeseries(
             "Failed scrapes of the server's /metrics",
             [
-                q(f"rate(soakd_target_scrape_errors_total{{{T}}}[$__rate_interval])", "{{target}}"),
+                q(
+                    f"rate(soakd_target_scrape_errors_total{{{T}}}[$__rate_interval])",
+                    "{{node}} {{target}}",
+                ),
             ],
             "short",
         ),
@@ -1101,7 +1409,7 @@ def targets() -> Dashboard:
     d.row("Now")
     columns = [
         ("req/s", "target:soakd_requests:rate1m", "reqps"),
-        ("errors", "target:soakd_requests_errors:ratio_rate1m", "percentunit"),
+        ("failed", "target:soakd_requests_errors:ratio_rate1m", "percentunit"),
         ("5xx (5m)", "target:soakd_requests_5xx:ratio_rate5m", "percentunit"),
         ("TTFT P50", "target:soakd_time_to_first_token_seconds:p50_5m", "s"),
         ("TTFT P99", "target:soakd_time_to_first_token_seconds:p99_5m", "s"),
@@ -1135,11 +1443,11 @@ def targets() -> Dashboard:
             "s",
         ),
     ]:
-        d.add(timeseries(title, [q(f"{metric}{{{T}}}", "{{target}}")], unit), 12)
+        d.add(timeseries(title, [q(f"{metric}{{{T}}}", "{{node}} {{target}}")], unit), 12)
     return d
 
 
-DASHBOARDS = (overview, latency, gpu, server, targets)
+DASHBOARDS = (fleet, overview, latency, gpu, server, targets)
 
 
 def build() -> dict[str, str]:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NotRequired, TypedDict, cast
 
+from soakd.goodput import classify, error_counts
 from soakd.model import OK, Outcome
 
 _GAMMA = 1.02  # bucket width ratio: values are reported within +-1 % of the truth
@@ -183,10 +184,6 @@ class TargetStats:
         for name in DIGESTS:
             getattr(self, name).merge(getattr(other, name))
 
-    @property
-    def error_ratio(self) -> float:
-        return (self.requests - self.ok) / self.requests if self.requests else 0.0
-
     def to_state(self) -> dict[str, object]:
         """Plain JSON (the journal's rollups, the writer process's folds)."""
         return {
@@ -328,12 +325,14 @@ def quantile_of(q: Quantiles, name: str) -> float | None:
 
 class SummaryRow(TypedDict):
     """One target's headline numbers (``summary_row``): the live view, ``/status``'s
-    ``targets`` and ``summary.json``'s ``targets``; latencies in ms, None: no success."""
+    ``targets`` and ``summary.json``'s ``targets``; latencies in ms, None: no success.
+    ``errors`` and the ratios count as the report does (soakd/goodput.py): requests =
+    ok + errors + shed + not_judged; ``rps`` counts successes, ``attempt_rps`` every send."""
 
     requests: int
     ok: int
     errors: int
-    error_ratio: float
+    error_ratio: float | None
     rps: float
     output_tps: float
     output_tokens: int
@@ -345,6 +344,10 @@ class SummaryRow(TypedDict):
     itl_p99_ms: float | None
     tpot_p50_ms: float | None
     lag_p99_ms: float | None
+    server_error_ratio: float | None
+    not_judged: int
+    attempt_rps: float
+    top_error: str | None  # the most frequent error kind (None: no error)
 
 
 class RecentRow(SummaryRow):
@@ -369,12 +372,14 @@ class SessionRow(SummaryRow):
 
 def summary_row(stats: TargetStats, seconds: float) -> SummaryRow:
     """One target's headline numbers, as the live view, /status and the summary show them."""
+    counted = error_counts(stats.requests, stats.errors)
+    failures = {k: n for k, n in stats.errors.items() if classify(k) == "error" and n}
     return {
         "requests": stats.requests,
         "ok": stats.ok,
-        "errors": stats.requests - stats.ok,
-        "error_ratio": stats.error_ratio,
-        "rps": stats.requests / seconds if seconds > 0 else 0.0,
+        "errors": counted.failed,
+        "error_ratio": counted.error_ratio,
+        "rps": stats.ok / seconds if seconds > 0 else 0.0,
         "output_tps": stats.output_tokens / seconds if seconds > 0 else 0.0,
         "output_tokens": stats.output_tokens,
         "ttft_p50_ms": ms(stats.ttft.quantile(0.5)),
@@ -385,6 +390,10 @@ def summary_row(stats: TargetStats, seconds: float) -> SummaryRow:
         "itl_p99_ms": ms(stats.itl.quantile(0.99)),
         "tpot_p50_ms": ms(stats.tpot.quantile(0.5)),
         "lag_p99_ms": ms(stats.lag.quantile(0.99)),
+        "server_error_ratio": counted.server_error_ratio,
+        "not_judged": counted.excluded,
+        "attempt_rps": stats.requests / seconds if seconds > 0 else 0.0,
+        "top_error": max(failures, key=lambda k: (failures[k], k)) if failures else None,
     }
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import shutil
 import signal
 import sys
 import time
+from collections.abc import Coroutine
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ import structlog
 
 from soakd import __version__
 from soakd.analysis import SessionRow
-from soakd.config import Config, TargetConfig
+from soakd.config import Config, ConfigError, TargetConfig
 from soakd.gateway.fronts import Fronts
 from soakd.goodput import GoodputWindow
 from soakd.http import HttpServer, start_exporter
@@ -41,22 +44,35 @@ from soakd.journal import (
 from soakd.logs import close_logging, flush_repeats, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan
+from soakd.notes import Notes
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
 from soakd.rundir import new_run_id, prepare_dir, raise_fd_limit, write_summary
-from soakd.session import RunOptions, RunResult, StartError, _close_all
+from soakd.session import RunOptions, RunResult, StartError, StoppedBeforeStart, _close_all
 from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.stats import RunStats
 from soakd.status import progress_fields, vram_status
+from soakd.targets.preflight import Preflight, preflight
+from soakd.targets.tokenize import open_tokenizer
 from soakd.types import Target
-from soakd.workers.senders import Senders, WorkerStartError, open_senders, senders_for
+from soakd.workers.senders import NoReuse, Senders, WorkerStartError, open_senders, senders_for
+from soakd.workload.calibration import LocalTokenizer, TokenCounter, TokenizeError
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.ledger import SendLedger
 from soakd.workload.plan import build_plan
-from soakd.workload.prompts import make_prompt_source
+from soakd.workload.prompts import PromptSource, make_prompt_source
 from soakd.workload.runner import Runner
+from soakd.workload.sizing import (
+    CALIBRATION_EVENT,
+    TOKENIZE_TIMEOUT_S,
+    PromptLengths,
+    StartMeasure,
+    log_start,
+    measure_at_start,
+    stored,
+)
 
-__all__ = ["RunOptions", "RunResult", "Soak", "StartError"]
+__all__ = ["RunOptions", "RunResult", "Soak", "StartError", "StoppedBeforeStart"]
 
 log = structlog.get_logger()
 
@@ -101,8 +117,11 @@ class Soak:
         self.names = [t.name for t in cfg.targets]
         self.stats = RunStats(self.names)
         self.goodput = GoodputWindow({name: cfg.slo_for(name) for name in self.names})
+        self.notes = Notes()  # usage not taken or off the stream, unreadable Retry-After
         self.targets: dict[str, Target] = {}
         self.senders = Senders()  # the targets' clients, here or in worker processes
+        # statuses after which a target's server closes its connections unannounced
+        self.no_reuse = NoReuse(self._no_reuse_changed)
         self.runner: Runner | None = None
         self.http: HttpServer | None = None
         self._signals = 0
@@ -121,6 +140,17 @@ class Soak:
         self._cancelled = 0  # requests cut at the drain deadline
         self._completed = False
         self._summary: dict[str, SessionRow] = {}
+        self._cfgs: list[TargetConfig] = []  # the targets as the clients see them
+        self._urls: dict[str, str] = {}  # the servers the probes watch (not a gateway)
+        self._preflight: list[Preflight] = []
+        # what the live view marks as breached: each target's limits (its overrides applied)
+        self._live_slo = {
+            name: cfg.slo_for(name).model_dump(exclude_none=True) for name in self.names
+        }
+        # prompts in the target's tokens (soakd/workload/sizing.py): a bad file fails here
+        tok = cfg.workload.tokenizer
+        self._tokenizer = LocalTokenizer(tok) if tok and cfg.workload.calibrate == "auto" else None
+        self.prompt_lengths: PromptLengths | None = None
 
     # --- status ---------------------------------------------------------------------------
 
@@ -133,8 +163,10 @@ class Soak:
             "run_id": self.run_id,
             "version": __version__,
             "node": self.cfg.run.node,
+            "site": self.cfg.run.site,
             "phase": phase.name if phase else None,
             "phase_index": phase.index if phase else None,
+            "phases": len(self.plan.phases),
             "elapsed_s": round(elapsed, 3),
             "remaining_s": round(max(0.0, total - elapsed), 3),
             "plan_scale": self.plan.scale,
@@ -142,14 +174,22 @@ class Soak:
             "in_flight": dict(runner.in_flight) if runner else {},
             "workers": self.senders.status(),
             "missed": self.ledger.by_target(session=True),
+            "failing": {
+                name: f for name, g in self.guards.by_target.items() if (f := g.failing_now())
+            },
+            "no_reuse": self.no_reuse.status(),
             "vram": vram_status(
                 self.probes.gpu if self.probes is not None else None, self.cfg, self.names
             ),
             "lag_limit_s": self.cfg.alert_limits.dispatch_lag,
+            "drain_timeout_s": self.cfg.run.drain_timeout,
+            "slo": self._live_slo,
             "metrics_url": self.http.url if self.http else None,
             "targets": {
-                name: row | self.goodput.row(name) for name, row in self.stats.recent().items()
+                name: row | self.goodput.row(name) | {"notes": self.notes.row(name)}
+                for name, row in self.stats.recent().items()
             },
+            "prompt_tokens": self.prompt_lengths.status() if self.prompt_lengths else None,
         }
 
     def _status_snapshot(self) -> dict[str, Any]:
@@ -175,9 +215,21 @@ class Soak:
         ones opened later, and each even when another failed: the clients, then the
         journal's final flush and the summary, then the child servers (once the run is
         recorded: a simulator with thousands of connections can take seconds to go), then
-        the exporter (a final scrape still sees the totals), then the log."""
+        the exporter (a final scrape still sees the totals), then the log.
+
+        A start that ends before the journal opens (a preflight problem, a child that did
+        not start, a signal) recorded nothing: a run directory it made is removed again."""
         raise_fd_limit(self.plan)
+        made = not self.run_dir.exists()
         prepare_dir(self.run_dir, self.cfg, self.plan)
+        try:
+            return await self._run()
+        except BaseException:
+            if made and self.journal is None:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+
+    async def _run(self) -> RunResult:
         setup_logging(
             self.cfg.logging.level,
             self.cfg.logging.format,
@@ -199,15 +251,21 @@ class Soak:
             # the exporter binds first: a busy address must fail before a journal exists
             # (or the next try in this directory would "resume" a run that never ran)
             self._status = self.status()  # /status answers in full from the first moment
-            # signals from here on: one during the start-up (the journal, a simulator, a
-            # gateway, a slow target) stops the run before it sends, journal closed as usual
+            # signals from here on: one during the start-up (a simulator, a gateway, the
+            # preflight, the journal, a slow target) stops the run before it sends
             self._install_signals()
             stack.callback(self._stop_listening)
             self.http = await self._start_http()
             stack.push_async_callback(self.http.aclose)
             log.info("exporter_listening", url=self.http.url)
             stack.push_async_callback(self._close_children)
+            # the servers soakd starts, then the preflight, before the journal: a start
+            # that ends here leaves no run behind to "resume"
+            if not await self._start(self._start_children()):
+                raise StoppedBeforeStart
             self.journal = journal = await self._open_journal()
+            for result in self._preflight:
+                journal.event("preflight", **asdict(result))
             self._started = time.monotonic()
             stack.push_async_callback(self._finish)
             self.ledger = SendLedger(
@@ -217,18 +275,10 @@ class Soak:
             for key, n in self.ledger.counts.items():
                 self.metrics.missed(*key, n)  # continue the counter
             stack.push_async_callback(self._close_clients)
-            self._starting = asyncio.ensure_future(self._start_parts())
-            if self._signals:  # stopped while the exporter or the journal opened
-                self._starting.cancel()
-            try:
-                await self._starting
+            if await self._start(self._start_parts()):
                 self._status = self.status()
                 gc.freeze()  # what start-up made lives all run: full collections skip it
                 stack.callback(gc.unfreeze)  # back in sight for a caller's later runs
-            except asyncio.CancelledError:
-                if not self._signals:
-                    raise
-                log.warning("stopped_before_start")
             if self.runner is not None and self.probes is not None:
                 await self._run_parts()
         return RunResult(
@@ -239,7 +289,23 @@ class Soak:
             self._cancelled,
             self._summary,
             session=journal.session,
+            journal_unwritten=journal.unwritten,
         )
+
+    async def _start(self, step: Coroutine[Any, Any, None]) -> bool:
+        """A start-up step a signal may cut short (``_on_signal`` cancels it): False when
+        one did."""
+        self._starting = asyncio.ensure_future(step)
+        if self._signals:  # stopped while the exporter or the journal opened
+            self._starting.cancel()
+        try:
+            await self._starting
+        except asyncio.CancelledError:
+            if not self._signals:
+                raise
+            log.warning("stopped_before_start")
+            return False
+        return True
 
     async def _run_parts(self) -> None:
         assert self.runner is not None
@@ -291,6 +357,8 @@ class Soak:
             {
                 "run_id": self.run_id,
                 "version": __version__,
+                "node": self.cfg.run.node,
+                "site": self.cfg.run.site,
                 "completed": completed,
                 "elapsed_s": round(elapsed, 3),
                 "active_s": round(active, 3),
@@ -318,11 +386,10 @@ class Soak:
         except (TimeoutError, OSError, aiohttp.ClientError) as exc:
             log.warning("gateway_final_read_failed", error=type(exc).__name__)
 
-    async def _start_parts(self) -> None:
-        """Simulators, gateways, target clients, guards, probes, then the runner."""
-        assert self.journal is not None
-        urls: dict[str, str] = {}
-        cfgs: list[TargetConfig] = []  # as the clients see them (a simulator's, a gateway's URL)
+    async def _start_children(self) -> None:
+        """The simulators and gateways soakd starts, then the preflight of every target's
+        server (the simulator's, the one behind a gateway: docs/architecture.md)."""
+        servers: list[TargetConfig] = []
         for tcfg in self.cfg.targets:
             if tcfg.simulator:
                 try:
@@ -333,13 +400,40 @@ class Soak:
                     raise StartError(f"targets[{tcfg.name}].simulator", exc) from None
                 self._sims.append(sim)
                 tcfg = tcfg.model_copy(update={"base_url": sim.base_url})
-            urls[tcfg.name] = tcfg.base_url  # probes watch the server, not a gateway
+            servers.append(tcfg)  # probes and the preflight ask the server, not a gateway
             if tcfg.gateway is not None:
                 try:
                     tcfg = await self.fronts.front(tcfg)
                 except RuntimeError as exc:
                     raise StartError(f"targets[{tcfg.name}].gateway", exc) from None
-            cfgs.append(tcfg)
+            self._cfgs.append(tcfg)
+        self._urls = {t.name: t.base_url for t in servers}
+        if self.opts.preflight:
+            await self._run_preflight(servers)
+
+    async def _run_preflight(self, servers: list[TargetConfig]) -> None:
+        """Ask each server once; a problem ends the start (ConfigError: one line a target,
+        exit 2). Warnings go on: the server's own trouble, a target meant to fail, and on a
+        resume one that does not answer yet (a reboot: the run pauses it until it does)."""
+        self._preflight = await preflight(servers)
+        problems = []
+        for r, tcfg in zip(self._preflight, servers, strict=True):
+            if r.ok and not r.warning:
+                log.info("preflight_ok", target=r.target, seconds=round(r.seconds, 3))
+            elif r.ok or tcfg.expect_failure or (r.unreached and self.resume is not None):
+                log.warning("preflight_warning", target=r.target, problem=r.line)
+                if not self.opts.console_logs:  # the live view: the log is in soakd.log
+                    print(f"soakd: warning: {r.line}", file=sys.stderr)
+            else:
+                problems.append(r.line)
+        if problems:
+            raise ConfigError.of(problems)
+
+    async def _start_parts(self) -> None:
+        """Guards, target clients, probes, then the runner."""
+        assert self.journal is not None
+        cfgs = self._cfgs  # as the clients see them (a simulator's, a gateway's URL)
+        for tcfg in cfgs:
             self._add_guard(tcfg)
         n, why = senders_for(self.cfg.run.workers, self.plan, self.cfg.workload.max_tokens)
         log.info("senders", processes=n, why=why)  # how many send, and why (auto: the plan)
@@ -350,11 +444,12 @@ class Soak:
                 run_id=self.run_id,
                 run_dir=self.run_dir,
                 registry=self.metrics.registry,
+                no_reuse=self.no_reuse,
             )
         except WorkerStartError as exc:
             raise StartError("run.workers", exc) from None
         self.targets = self.senders.targets
-        self.probes = make_probes(self.cfg, self.probe_metrics, urls, self.journal.sample)
+        self.probes = make_probes(self.cfg, self.probe_metrics, self._urls, self.journal.sample)
         # the gateways soakd started, on soakd's own /metrics (their ports are random)
         self.gateway_export = export_gateways(
             {t: g.url for t, g in self.fronts.gateways.items()},
@@ -362,14 +457,22 @@ class Soak:
             self.metrics.registry,
             self.journal.sample,
         )
-        self.runner = Runner(
+        lengths = self.prompt_lengths = await self._size_prompts(self._urls)
+        self.runner = runner = Runner(
             self.plan,
             self.targets,
-            make_prompt_source(self.cfg.workload),
+            lengths.prompts,
             # the journal folds each outcome once and hands the folds on to Metrics and
             # RunStats once committed: Prometheus never counts a request the journal
             # could lose (docs/journal.md)
-            [self.journal, self.goodput, self.probes.outcome_sink, self.guards],
+            [
+                self.journal,
+                self.goodput,
+                self.probes.outcome_sink,
+                self.guards,
+                self.notes,
+                lengths,
+            ],
             max_tokens=self.cfg.workload.max_tokens,
             temperature=self.cfg.workload.temperature,
             seed=self.cfg.workload.seed,
@@ -379,8 +482,70 @@ class Soak:
             ledger=self.ledger,
             lead_ns=self.senders.lead_ns,
         )
+        lengths.next_seq = lambda: max(runner.next_seq.values(), default=0)
         self.journal.attach(self.runner)
         self.metrics.watch_in_flight(self.runner.in_flight)
+
+    async def _size_prompts(self, urls: dict[str, str]) -> PromptLengths:
+        """The prompts, sized in the reference's tokens: measured now (``urls``: each
+        target's server), or as the run measured them before a resume; and the sink that
+        checks them against the first answers and tallies planned against served."""
+        assert self.journal is not None
+        journal = self.journal
+        wl = self.cfg.workload
+        # a run an older soakd started (no workload.calibrate stored) goes on as it ran
+        first = self.resume.config.get("workload", {}) if self.resume else {"calibrate": "auto"}
+        auto = wl.calibrate == "auto" and first.get("calibrate") == "auto"
+        try:
+            done = stored(self.resume.calibrations if self.resume else [])
+        except ValueError as exc:
+            raise StartError("workload.calibrate", exc) from None
+        prompts: PromptSource = make_prompt_source(wl, done.calibrations)
+        reference = done.reference
+        measure: StartMeasure | None = None
+        if done.measured:
+            log.info(
+                "prompt_calibration_reused",
+                calibrations=[c.describe() for c in done.calibrations] or None,
+            )
+        elif auto:
+            measure = await self._measure_prompts(urls, prompts)
+            log_start(measure, self.names)
+            journal.event(CALIBRATION_EVENT, **measure.doc())
+            cal = measure.calibration
+            reference = cal.reference if cal is not None and cal.source == "tokenize" else None
+        lengths = PromptLengths(
+            prompts,
+            self.names,
+            checks=done.checks_left if auto else 0,
+            reference=reference,
+            on_calibration=lambda doc: journal.event(CALIBRATION_EVENT, **doc),
+        )
+        if measure is not None:
+            lengths.started(measure)
+        return lengths
+
+    async def _measure_prompts(self, urls: dict[str, str], prompts: PromptSource) -> StartMeasure:
+        """Ask each target's /tokenize (its server's, not a gateway's) and the local
+        tokenizer: sizing.measure_at_start."""
+        t0 = time.monotonic()
+        servers: dict[str, TokenCounter] = {}
+        failed: dict[str, str] = {}
+        closes = []
+        try:
+            for tcfg in self.cfg.targets:
+                try:
+                    server = await open_tokenizer(tcfg, urls[tcfg.name], TOKENIZE_TIMEOUT_S)
+                except (TokenizeError, ValueError) as exc:
+                    failed[tcfg.name] = str(exc)
+                else:
+                    servers[tcfg.name] = server
+                    closes.append(server.aclose)
+            measure = await measure_at_start(prompts, servers, local=self._tokenizer, failed=failed)
+            measure.seconds = time.monotonic() - t0  # the clients' set-up included
+            return measure
+        finally:
+            await _close_all("tokenizer", [close() for close in closes])
 
     async def _drain(self) -> int:
         assert self.runner is not None
@@ -403,7 +568,12 @@ class Soak:
     def _setup_metrics(self) -> None:
         m = self.metrics
         m.build_info.info(
-            {"version": __version__, "run_id": self.run_id, "node": self.cfg.run.node}
+            {
+                "version": __version__,
+                "run_id": self.run_id,
+                "node": self.cfg.run.node,
+                "site": self.cfg.run.site or "",
+            }
         )
         m.set_limits(self.cfg.slo, self.cfg.alert_limits)
         phases = sorted({p.name for p in self.plan.phases})
@@ -437,8 +607,14 @@ class Soak:
         restored = journal.restored
         if self.resume is not None and restored is not None:
             missing = self.metrics.restore(restored.totals, restored.histograms)
+            self.metrics.restore_notes(restored.notes)
+            self.notes.restore(restored.notes)
             if self.config_changes:
                 journal.event("config_changed", paths=self.config_changes)
+            loss = self.resume.loss
+            if loss is not None:  # said, and kept: the next session's mark will not know
+                journal.event("journal_loss", **asdict(loss))
+                log.error("journal_loss", **asdict(loss), note=loss.describe())
             log.warning(
                 "run_resumed",
                 session=journal.session,
@@ -469,6 +645,23 @@ class Soak:
                 self.journal.event("phase", name=phase.name, index=phase.index)
             self.fronts.enter(phase.name, self.journal.event if self.journal else None)
 
+    def _no_reuse_changed(self, target: str, status: int, closes: bool) -> None:
+        """A target's server closes (or keeps again) its connections after answers with
+        ``status``, unannounced (soakd/targets/pool.py): logged, exported, journaled."""
+        if closes:
+            log.warning(
+                "server_closes_after_answers",
+                target=target,
+                status=status,
+                note="no Connection: close was said; soakd opens a new connection for each "
+                "request after such an answer",
+            )
+        else:
+            log.info("server_keeps_connections_again", target=target, status=status)
+        self.metrics.no_reuse.labels(target, str(status)).set(int(closes))
+        if self.journal is not None:
+            self.journal.event("no_reuse", target=target, status=status, closes=closes)
+
     # --- cloud targets (docs/gateway.md) ---------------------------------------------------
 
     def _add_guard(self, tcfg: TargetConfig) -> None:
@@ -488,6 +681,7 @@ class Soak:
             spend,
             tcfg.rate_limit,
             key_ref=key_ref,
+            failing=tcfg.failing,
             on_event=self.journal.event if self.journal is not None else None,
         )
         guard.report_to(self.guard_metrics.add_target(tcfg.name, limits, guard.used))

@@ -7,18 +7,21 @@ import argparse
 import asyncio
 import contextlib
 import os
+import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
 from soakd import __version__
-from soakd.config import Config, ConfigError, load_config, parse_duration
+from soakd.config import Config, ConfigError, load_config, load_decisions, parse_duration
 from soakd.journal import JournalError
 from soakd.net import parse_host_port
 
 EXIT_USAGE = 2
+EXIT_NO_SUCCESS = 3
+"""``soakd run``: a target was sent requests and answered none of them successfully."""
 
 
 def _duration(text: str) -> float:
@@ -77,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="resume even though the config differs from the run's (recorded)",
     )
+    run.add_argument(
+        "--no-preflight",
+        dest="preflight",
+        action="store_false",
+        help="do not ask each target once before the run (one that comes up later: the "
+        "run pauses it until it answers)",
+    )
     view = run.add_mutually_exclusive_group()
     view.add_argument(
         "--live",
@@ -102,9 +112,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--duration", type=_duration, metavar="D")
     check.add_argument("--rehearse", type=_duration, metavar="D")
+    check.add_argument(
+        "--probe",
+        action="store_true",
+        help="ask each target once, as `run` does first: its models list and one "
+        "request of one token (not for simulators soakd starts)",
+    )
 
     report = sub.add_parser("report", help="the side-by-side report of a run, from its journal")
     report.add_argument("run_dir", type=Path, metavar="DIR")
+    report.add_argument(
+        "more",
+        type=Path,
+        nargs="*",
+        metavar="DIR",
+        help="with --fleet: more run directories (or a quoted glob, 'runs/*/soak-1')",
+    )
+    report.add_argument(
+        "--fleet",
+        action="store_true",
+        help="one report of several boxes' runs of the same plan, side by side, the worst "
+        "box first (--check: exit 1 when any box fails)",
+    )
     report.add_argument(
         "--format",
         choices=("md", "html", "json", "text"),
@@ -124,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--config",
         type=Path,
         metavar="FILE",
-        help="judge by this config's slo, compare, costs and report sections "
-        "(targets matched by name) instead of the run's own",
+        help="judge by this file's slo, compare, report and targets[].slo/cost sections "
+        "(targets matched by name) instead of the run's own; just those sections, or a "
+        "whole config",
     )
     report.add_argument(
         "--slowest",
@@ -134,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="list the N slowest requests of each target and phase, with "
         "their trace ids (default: 10; 0: none)",
+    )
+    report.add_argument(
+        "--salvage",
+        action="store_true",
+        help="a damaged journal: report what is readable (a copy beside it), saying what "
+        "was lost in the report's first lines",
     )
     report.add_argument(
         "--check",
@@ -149,7 +185,16 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: standard output)"
     )
     export.add_argument(
-        "--itl", action="store_true", help="add every inter-token gap (microseconds) to each row"
+        "--itl",
+        action="store_true",
+        help="add each row's inter-token gaps (microseconds): itl_us in arrival order "
+        "(journal.itl: exact), itl_sorted_us as sorted 2%% bucket middles (compact, the "
+        "default: the order is not stored)",
+    )
+    export.add_argument(
+        "--salvage",
+        action="store_true",
+        help="a damaged journal: export the rows that are readable (what was lost: on stderr)",
     )
 
     sim = sub.add_parser("sim", help="serve the embedded vLLM-like simulator")
@@ -180,14 +225,6 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
-def _check_exporter(cfg: Config) -> None:
-    """exporter.basic_auth's password and exporter.tls's files load (ConfigError if not)."""
-    if cfg.exporter.basic_auth is not None:
-        cfg.exporter.basic_auth.password()
-    if cfg.exporter.tls is not None:
-        cfg.exporter.tls.context()
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     """Check each file; every problem of every file is listed (exit 2 if any)."""
     failed = 0
@@ -204,26 +241,19 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_one(path: Path, args: argparse.Namespace) -> None:
+    from soakd.startcheck import check_start
     from soakd.workload.plan import build_plan, describe_plan
+    from soakd.workload.sizing import plan_lines
 
     cfg = load_config(path)
-    problems = []
-    for target in cfg.targets:
-        try:
-            target.api_key()  # a missing key reference is a config error too
-        except ConfigError as exc:
-            problems += exc.problems
-    try:
-        _check_exporter(cfg)
-    except ConfigError as exc:
-        problems += exc.problems
-    if problems:
-        raise ConfigError.of(problems)
+    check_start(cfg)  # what `soakd run` reads before it starts: the same lines
     plan = build_plan(
         cfg, datetime.now(UTC), rehearse_s=args.rehearse, duration_cap_s=args.duration
     )
+    prompt_lines = asyncio.run(plan_lines(cfg))  # a bad tokenizer file: a ConfigError
     print(f"{path}: ok")
     print(describe_plan(plan, cfg))
+    print("\n".join(prompt_lines))
     from soakd.workers.senders import senders_for
 
     n, why = senders_for(cfg.run.workers, plan, cfg.workload.max_tokens)
@@ -236,6 +266,29 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
     if cfg.compare is not None:
         c = cfg.compare
         print(f"compare: {c.candidate} against baseline {c.baseline}")
+    if args.probe:
+        _probe(cfg)
+
+
+def _probe(cfg: Config) -> None:
+    """``check --probe``: the preflight of ``run`` (a gateway's target: the server behind
+    it); a problem is a ConfigError (exit 2), a warning is printed."""
+    from soakd.logs import setup_logging
+    from soakd.targets.preflight import preflight
+
+    setup_logging(console=False)  # the lines below say it all: no client log on the screen
+    servers = [t for t in cfg.targets if not t.simulator]
+    for t in cfg.targets:
+        if t.simulator:
+            print(f"targets[{t.name}]: the simulator soakd starts: asked when `run` starts it")
+    problems = []
+    for r, t in zip(asyncio.run(preflight(servers)), servers, strict=True):
+        if r.ok or t.expect_failure:
+            print(("warning: " if not r.ok or r.warning else "") + r.line)
+        else:
+            problems.append(r.line)
+    if problems:
+        raise ConfigError.of(problems)
 
 
 GIL_SWITCH_S = 0.0005
@@ -249,14 +302,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     _malloc.start_trimming()  # freed heap pages back to the OS every minute (ditto, "Endurance")
     from rich.console import Console
 
-    from soakd.app import RunOptions, Soak, StartError
+    from soakd.app import RunOptions, Soak, StartError, StoppedBeforeStart
     from soakd.live import errors_table, target_table
-    from soakd.report import build_report, terminal_summary
+    from soakd.report import Report, build_report, final_verdict, terminal_summary
+    from soakd.report.failing import never_succeeded as dead_row
+    from soakd.startcheck import check_start
 
     cfg = load_config(args.config)
-    for target in cfg.targets:
-        target.api_key()
-    _check_exporter(cfg)
+    check_start(cfg)  # before the run dir is touched (`soakd check` says the same)
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(
         run_dir=args.run_dir,
@@ -266,8 +319,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         live=live,
         console_logs=not live,
         force=args.force,
+        preflight=args.preflight,
     )
     soak = Soak(cfg, opts)
+    loss = soak.resume.loss if soak.resume is not None else None
+    if loss is not None:  # said before the live view hides the log; journaled too
+        _warn(f"{loss.describe()}; the run goes on from where it had got to")
     # The journal's writer thread runs Python between its commits; with the default 5 ms
     # GIL switch interval a token read meanwhile is stamped up to 5 ms late. 0.5 ms cut
     # the TTFT p99 error by ~30 % at 64 streams, same CPU (docs/benchmarks.md).
@@ -276,6 +333,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = asyncio.run(soak.run())
     except StartError as exc:  # a simulator or gateway soakd starts did not come up
         _fail(str(exc))
+    except StoppedBeforeStart:
+        print("soakd: stopped before the run began: nothing was recorded", file=sys.stderr)
+        return 0
     # off a terminal (CI logs, files) rich would squeeze the table into 80 columns
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
     state = "completed" if result.completed else "stopped early"
@@ -284,42 +344,147 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"soakd run {result.run_id} {state} after {result.elapsed_s:.1f} s{resumed}; "
         f"results in {result.run_dir}"
     )
+    if result.journal_unwritten:  # the disk never came back, even for the reserve
+        console.print(
+            f"WARNING: the journal could not write its final state: {result.journal_unwritten:,}"
+            " record(s) are in no file; this session measured "
+            + ", ".join(f"{t} {row['requests']:,}" for t, row in result.summary.items())
+            + " request(s); the figures below are what the journal holds",
+            style="bold red",
+        )
+    dead: dict[str, str] = {}  # targets that never succeeded, in the whole run
+    rep: Report | None = None
     try:  # the report's summary: the whole run, every session, from the journal
-        for part in terminal_summary(build_report(result.run_dir, slowest_n=0)):
+        rep = build_report(result.run_dir, slowest_n=0)
+        for part in terminal_summary(rep):
             console.print(part)
+        dead = {t: _kinds(row.errors_by_kind) for t, row in rep.overall.items() if dead_row(row)}
     except Exception as exc:  # the run's own numbers are still worth printing
         console.print(f"(no report from the journal: {type(exc).__name__}: {exc})")
         console.print(target_table(result.summary, "this session"))
         errors = errors_table(result.summary)
         if errors is not None:
             console.print(errors)
+        dead = {
+            t: _kinds(row["errors_by_kind"])
+            for t, row in result.summary.items()
+            if row["requests"] - row["not_judged"] > 0 and not row["ok"]
+        }
     console.print(f"report: soakd report {result.run_dir} --format html -o report.html")
     if result.cancelled:
         console.print(
             f"{result.cancelled} request(s) were still running at the drain "
-            "deadline and were cut (counted as 'cancelled')"
+            "deadline and were cut (counted as 'cancelled': not judged)"
         )
-    return 0
+    if rep is not None:  # last: what stays on screen once the live view is gone
+        console.print(final_verdict(rep))
+    expected = {t.name for t in cfg.targets if t.expect_failure}
+    failed = {t: kinds for t, kinds in dead.items() if t not in expected}
+    for t, kinds in failed.items():
+        print(
+            f"soakd: targets[{t}] never answered a request successfully ({kinds}); "
+            "targets[].expect_failure: true if that is the point",
+            file=sys.stderr,
+        )
+    return EXIT_NO_SUCCESS if failed else 0
+
+
+def _kinds(by_kind: Mapping[str, int]) -> str:
+    return ", ".join(f"{k} {n:,}" for k, n in sorted(by_kind.items(), key=lambda kv: -kv[1]))
 
 
 EXIT_FAILED = 1
 
 
+def _judge_by(args: argparse.Namespace) -> dict[str, object] | None:
+    """``report --config``: the sections that decide (a whole config is fine too)."""
+    if args.config is None:
+        return None
+    return load_decisions(args.config).model_dump(mode="json")
+
+
+def _run_dirs(paths: Sequence[Path]) -> list[Path]:
+    """The run directories named, a glob expanded (quoted, or from a shell that left it
+    unmatched), each once, in the order given."""
+    import glob
+
+    out: list[Path] = []
+    for path in paths:
+        if path.exists() or not glob.has_magic(str(path)):
+            found = [path]
+        else:
+            found = [Path(p) for p in sorted(glob.glob(str(path))) if Path(p).is_dir()]
+            if not found:
+                _fail(f"{path}: no run directory matches")
+        out += [p for p in found if p.resolve() not in {q.resolve() for q in out}]
+    return out
+
+
+def cmd_report_fleet(args: argparse.Namespace) -> int:
+    """``soakd report DIR DIR... --fleet``: the boxes side by side (soakd/report/fleet.py)."""
+    from soakd.report.fleet import (
+        FLEET_RENDERERS,
+        PlanMismatch,
+        build_fleet,
+        fleet_check_lines,
+        fleet_terminal,
+    )
+
+    if not args.fleet:
+        _fail(
+            "report: several run directories: add --fleet for one report of several boxes' "
+            "runs of the same plan"
+        )
+    dirs = _run_dirs([args.run_dir, *args.more])
+    if len(dirs) < 2:
+        _fail("report --fleet: give two or more run directories (or a glob matching them)")
+    try:
+        fr = build_fleet(dirs, energy_price_per_kwh=args.energy_price, judge_by=_judge_by(args))
+    except PlanMismatch as exc:
+        _fail(str(exc))
+    fmt = args.format or "md"
+    show = not args.check or args.format is not None or args.output is not None
+    if show and fmt == "text":
+        from rich.console import Console
+
+        console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else 160)
+        for part in fleet_terminal(fr):
+            console.print(part)
+    elif show:
+        text = FLEET_RENDERERS[fmt](fr)
+        if args.output is None:
+            sys.stdout.write(text)
+        else:
+            tmp = args.output.with_name(args.output.name + ".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(args.output)
+            print(f"{args.output}: {fmt} fleet report of {len(dirs)} runs", file=sys.stderr)
+    if not args.check:
+        return 0
+    verdict = "\n".join(fleet_check_lines(fr))
+    print(verdict, file=sys.stdout if not show or args.output is not None else sys.stderr)
+    if fr.passed is None:
+        _fail("report --fleet: nothing to check: no run's config has an slo or compare block")
+    return 0 if fr.passed else EXIT_FAILED
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from soakd.report import build_report, check_lines, terminal_summary, write_built
 
-    judge_by = None
-    if args.config is not None:
-        from soakd.config.redact import config_doc
-
-        judge_by = config_doc(load_config(args.config))
+    if args.fleet or args.more:
+        return cmd_report_fleet(args)
+    judge_by = _judge_by(args)
     rep = build_report(
         args.run_dir,
         energy_price_per_kwh=args.energy_price,
         judge_by=judge_by,
         slowest_n=args.slowest,
+        salvage=args.salvage,
     )
     fmt = args.format or "md"
+    if fmt != "text":  # (the text form opens with them itself)
+        for warning in rep.warnings:  # the file may not be read soon: said here too
+            _warn(warning)
     # --check alone prints the verdict; with --format or -o the report goes there too
     show = not args.check or args.format is not None or args.output is not None
     if show and fmt == "text":
@@ -346,19 +511,32 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0 if rep.passed else EXIT_FAILED
 
 
+def _warn(text: str) -> None:
+    print(f"soakd: warning: {text}", file=sys.stderr)
+
+
+def _note(text: str) -> None:
+    print(f"soakd: note: {text}", file=sys.stderr)
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from soakd.export import export
 
+    how = {"itl": args.itl, "salvage": args.salvage, "warn": _warn, "note": _note}
     if args.output is None:
         try:
-            export(args.run_dir, args.format, sys.stdout, itl=args.itl)
+            export(args.run_dir, args.format, sys.stdout, **how)
             sys.stdout.flush()
         except BrokenPipeError:  # `soakd export DIR | head`: the reader had enough
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     tmp = args.output.with_name(args.output.name + ".tmp")
-    with tmp.open("w", encoding="utf-8", newline="") as out:
-        n = export(args.run_dir, args.format, out, itl=args.itl)
+    try:
+        with tmp.open("w", encoding="utf-8", newline="") as out:
+            n = export(args.run_dir, args.format, out, **how)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # no half-written file left behind
+        raise
     tmp.replace(args.output)
     print(f"{args.output}: {n} request rows", file=sys.stderr)
     return 0
@@ -420,6 +598,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, where a closed pipe is still ours to handle
     except (ConfigError, JournalError) as exc:
         _fail(str(exc))
+    except sqlite3.DatabaseError as exc:  # damage the integrity check did not see
+        where = getattr(args, "run_dir", None)
+        _fail(
+            f"{where or 'the journal'}: unreadable ({exc}); "
+            f"`soakd report {where or 'DIR'} --salvage` reads what is readable"
+        )
     except BrokenPipeError:  # `soakd check ... | head`: the reader had enough, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -1,10 +1,15 @@
 """Export room: the journal's per-request rows as CSV or JSON lines, for pandas and friends.
 
 Streamed row by row from a read-only cursor: constant memory whatever the run's size.
-Times are plan offsets and durations in seconds (floats), ``wall`` is Unix seconds;
-``itl_us`` (with ``--itl``) lists every inter-token gap in microseconds. ``trace_id`` is the
-one the request's ``traceparent`` carried (soakd/tracing.py), empty for a target that sent
-none.
+Times are plan offsets and durations in seconds (floats), ``wall`` is Unix seconds.
+With ``--itl`` each row has its inter-token gaps in microseconds, in one of two columns
+as the journal kept them (docs/journal.md, "ITL gaps"): ``itl_us``, every gap in arrival
+order (``journal.itl: exact``, and every row of a v1/v2 journal), or ``itl_sorted_us``, the
+2 % buckets' middles in ascending order (``journal.itl: compact``, the default: the order
+of the gaps is not stored). ``trace_id`` is the one the request's ``traceparent`` carried
+(soakd/tracing.py), empty for a target that sent none. ``usage_delta`` and
+``usage_rejected`` say how the server's usage compared with the stream
+(soakd/targets/stream.py).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +48,8 @@ COLUMNS = (
     "prompt_tokens",
     "output_tokens",
     "usage_reported",
+    "usage_delta",  # usage minus the content chunks streamed (NULL before schema v4)
+    "usage_rejected",  # why the server's usage was not taken (soakd/notes.py)
     "trace_id",
 )
 _SECONDS = {
@@ -83,25 +90,59 @@ def _record(row: sqlite3.Row, itl: bool) -> dict[str, Any]:
             out[col] = row[col]
     if itl:
         exact = row["itl"]  # else compact: bucket middles, ascending (docs/journal.md)
-        out["itl_us"] = list(unpack_itl(exact)) if exact else [g // 1000 for g in row_itl_ns(row)]
+        gaps = list(unpack_itl(exact)) if exact else [g // 1000 for g in row_itl_ns(row)]
+        out["itl_us"] = gaps if exact else None
+        out["itl_sorted_us"] = None if exact else gaps
     return out
 
 
-def export(run_dir: Path, fmt: str, out: IO[str], *, itl: bool = False) -> int:
-    """Write every request row to ``out``; returns how many."""
+ITL_COLUMNS = ("itl_us", "itl_sorted_us")
+
+
+def itl_note(reader: JournalReader) -> str | None:
+    """What ``--itl`` gives for a run whose rows keep compact gaps (their order is lost)."""
+    journal = (reader.meta.get("config") or {}).get("journal") or {}
+    if journal.get("itl", "compact") != "compact" or not journal.get("itl_gaps", True):
+        return None
+    return (
+        "itl_sorted_us: this run kept each request's ITL gaps as 2 % buckets "
+        "(journal.itl: compact, the default): their middles, in ascending order, not the "
+        "gaps in the order they came; journal.itl: exact keeps that order (itl_us)"
+    )
+
+
+def export(
+    run_dir: Path,
+    fmt: str,
+    out: IO[str],
+    *,
+    itl: bool = False,
+    salvage: bool = False,
+    warn: Callable[[str], None] | None = None,
+    note: Callable[[str], None] | None = None,
+) -> int:
+    """Write every request row to ``out``; returns how many. ``salvage``: a damaged
+    journal's readable rows (integrity.py); ``warn`` hears what the journal lost, first,
+    ``note`` what ``--itl`` gives for this run (``itl_note``)."""
     n = 0
-    with JournalReader(run_dir) as reader:
+    with JournalReader(run_dir, salvage=salvage) as reader:
+        for lost in (reader.salvaged, reader.loss):
+            if lost is not None and warn is not None:
+                warn(lost.describe())
+        said = itl_note(reader) if itl and note is not None else None
+        if said is not None and note is not None:
+            note(said)
         if fmt == "jsonl":
             for rec in records(reader, itl=itl):
                 out.write(json.dumps(rec, separators=(",", ":")) + "\n")
                 n += 1
             return n
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([*COLUMNS, "itl_us"] if itl else COLUMNS)
+        writer.writerow([*COLUMNS, *ITL_COLUMNS] if itl else COLUMNS)
         for rec in records(reader, itl=itl):
             values = ["" if rec[c] is None else _csv(rec[c]) for c in COLUMNS]
             if itl:
-                values.append(" ".join(map(str, rec["itl_us"])))
+                values += [" ".join(map(str, rec[c] or ())) for c in ITL_COLUMNS]
             writer.writerow(values)
             n += 1
     return n

@@ -24,6 +24,7 @@ from typing import Any
 
 from soakd.analysis import TargetStats
 from soakd.model import OK, S_PER_NS, Outcome, status_class
+from soakd.notes import notes_of
 
 # Buckets in seconds, chosen for LLM serving: a TTFT from 5 ms (a warm GPU, short prompt)
 # to a minute (a queue on a 4 GB card); an E2E of up to 10 minutes (long generations).
@@ -136,6 +137,8 @@ HistKey = tuple[str, str]
 """(kind, target): one row of ``histograms``; kind is a key of ``HISTOGRAM_BUCKETS``."""
 WindowKey = tuple[str, str, int]
 """(target, phase, window index): one row of ``rollups``."""
+NoteKey = tuple[str, str]
+"""(target, note): one row of ``notes``."""
 Hist = tuple[list[int], float]
 """Count per bucket (not cumulative; +Inf last) and the sum of the observed values."""
 Candidate = tuple[int, float, int]
@@ -220,11 +223,13 @@ class Fold:
     windows: dict[WindowKey, Window] = field(default_factory=dict)
     tallied: dict[tuple[str, str], TargetStats] = field(default_factory=dict)
     """(target, phase) -> the counts (no digests) of the requests only tallied."""
+    notes: dict[NoteKey, int] = field(default_factory=dict)
+    """(target, note) -> answers that carried it (soakd/notes.py)."""
     phases: dict[tuple[str, str], TargetStats] | None = None
     """``by_phase`` as the writer process sent it (``from_doc``: no windows travel)."""
 
     def __bool__(self) -> bool:
-        return bool(self.totals)
+        return bool(self.totals or self.notes)
 
     @property
     def requests(self) -> int:
@@ -313,6 +318,8 @@ class Fold:
                 have_w.merge(win)
         for pkey, stats in other.tallied.items():
             self.tallied.setdefault(pkey, TargetStats()).merge(stats)
+        for nkey, n in other.notes.items():
+            self.notes[nkey] = self.notes.get(nkey, 0) + n
 
     def by_phase(self) -> dict[tuple[str, str], TargetStats]:
         """Per (target, phase): the batch's stats (windows and tallies merged; new objects)."""
@@ -340,6 +347,7 @@ class Fold:
                 for bucket, cand in cands.items()
             ],
             "phases": [[*k, stats.to_state()] for k, stats in self.by_phase().items()],
+            "notes": [[*k, n] for k, n in self.notes.items()],
         }
 
     @classmethod
@@ -355,6 +363,8 @@ class Fold:
         assert f.phases is not None
         for target, phase, state in doc["phases"]:
             f.phases[(target, phase)] = TargetStats.from_state(state)
+        for target, note, n in doc.get("notes", ()):
+            f.notes[(target, note)] = int(n)
         return f
 
     def _count(self, o: Outcome) -> None:
@@ -367,6 +377,11 @@ class Fold:
         t[1] += o.output_tokens
         t[2] += o.prompt_tokens or 0
         t[3] += o.oom
+        if o.usage_rejected or o.usage_mismatch or o.retry_after_unreadable:
+            notes = self.notes
+            for note in notes_of(o):
+                nkey = (o.target, note)
+                notes[nkey] = notes.get(nkey, 0) + 1
 
     def _buckets(self, kind: str, target: str) -> Buckets:
         key = (kind, target)

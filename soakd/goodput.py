@@ -1,19 +1,20 @@
 """Goodput: which requests count, against which SLO, and the tallies behind each verdict.
 
 The definitions (docs/slo.md has them in full), in one place so that the report, the live
-view and ``/metrics`` agree:
+view, ``/status``, the summary and ``/metrics`` agree:
 
-- *sent*: a request that left soakd (``sent_ns`` set), less the ones soakd itself cut
-  at the drain deadline (``cancelled``): those are no one's failure.
-- *good*: sent, succeeded, and within every latency SLO set for its target (TTFT, TPOT and
-  E2E, each judged on the request's own value; a value the request does not have, such as
-  the TPOT of a one-token answer, is not held against it).
-- *goodput*: good / sent. Every failure counts against it: errors, timeouts, refusals
-  (429, other 4xx) and the guard gateway's own refusals.
-- *error ratio* (``slo.error_ratio``): failures of the server or the path to it (5xx,
-  transport errors, timeouts, broken streams) / sent requests that reached the server.
-  Not in it: refusals of the request (429, 4xx, 401/403) and the guard's own refusals,
-  which are load shedding, not failures; they still count against goodput.
+- *judged*: a request that ended as an outcome, less the ones soakd itself cut at the
+  stop (``cancelled``) or lost with a sender process (``worker_lost``): those are no one's
+  failure, and out of every denominator.
+- *error ratio* (``slo.error_ratio``): every failed request (4xx and 429 refusals, 5xx,
+  transport errors, timeouts, broken streams, invalid answers) over the judged requests,
+  less the guard gateway's own refusals (``shed_*``: load it shed on purpose, reported
+  apart). *server error ratio* (``slo.server_error_ratio``): the 5xx answers alone, over
+  the same requests.
+- *good*: judged, succeeded, and within every latency SLO set for its target (TTFT, TPOT
+  and E2E, each judged on the request's own value; a value the request does not have, such
+  as the TPOT of a one-token answer, is not held against it).
+- *goodput*: good / judged (the guard's refusals included: they were not served either).
 
 Whether a failure is the guard's own refusal is decided by ``guard_refusal`` alone: the
 client classifies the gateway's refusals by their error ``code`` into the ``shed_*``
@@ -25,23 +26,29 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from soakd.config import Slo
+if TYPE_CHECKING:  # the journal's writer process imports this module, not the config
+    from soakd.config import Slo
 from soakd.model import NS_PER_S, ErrorKind, Outcome
 
-Class = Literal["ok", "error", "refused", "guard", "excluded"]
+Class = Literal["ok", "error", "guard", "excluded"]
 
-NOT_JUDGED = frozenset({ErrorKind.CANCELLED.value, ErrorKind.WORKER_LOST.value})
-"""Cut or lost by soakd itself (the drain deadline, a sender process that died): out of
-every denominator."""
-
-REFUSALS = frozenset(
-    {ErrorKind.HTTP_429.value, ErrorKind.HTTP_4XX.value, ErrorKind.HTTP_AUTH.value}
+NOT_JUDGED = frozenset(
+    {
+        ErrorKind.CANCELLED.value,
+        ErrorKind.WORKER_LOST.value,
+        ErrorKind.CONNECTION_CLOSED_UNANNOUNCED.value,
+    }
 )
-"""The server (or a cloud's front door) refused the request: against goodput, not an error."""
+"""Cut or lost by soakd itself (the drain deadline, a sender process that died), or lost
+on a connection the server had closed after its last answer without saying so (it most
+likely never read the request): out of every denominator."""
+
+SERVER_ERRORS = frozenset({ErrorKind.HTTP_5XX.value})
+"""The server's 5xx answers (the guard's own 503s are ``shed_*``): ``server_error_ratio``."""
 
 
 def guard_refusal(error: str | None, origin: str | None = None) -> bool:
@@ -52,17 +59,57 @@ def guard_refusal(error: str | None, origin: str | None = None) -> bool:
 
 
 def classify(error: str | None, origin: str | None = None) -> Class:
-    """``ok``; ``error`` (in the error ratio); ``refused`` or ``guard`` (against goodput
-    only); ``excluded`` (not judged at all)."""
+    """``ok``; ``error`` (in the error ratio); ``guard`` (the guard's refusal: against
+    goodput, out of the error ratio); ``excluded`` (not judged at all)."""
     if error is None:
         return "ok"
     if error in NOT_JUDGED:
         return "excluded"
     if guard_refusal(error, origin):
         return "guard"
-    if error in REFUSALS:
-        return "refused"
     return "error"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorCounts:
+    """One target's outcomes (over a run, a phase or a window) as the error ratios count
+    them: ``judged`` = ok + ``failed``; ``shed`` and ``excluded`` are apart."""
+
+    judged: int = 0  # the ratios' basis: requests less sheds and soakd's own cuts
+    failed: int = 0  # every failure in it (4xx, 5xx, transport, timeouts, bad answers)
+    server: int = 0  # of which 5xx answers
+    shed: int = 0  # the guard gateway's own refusals
+    excluded: int = 0  # cancelled at the stop, lost with a sender process
+
+    @property
+    def ok(self) -> int:
+        return self.judged - self.failed
+
+    @property
+    def error_ratio(self) -> float | None:
+        """Failed / judged (None: nothing judged)."""
+        return self.failed / self.judged if self.judged else None
+
+    @property
+    def server_error_ratio(self) -> float | None:
+        """5xx / judged (None: nothing judged)."""
+        return self.server / self.judged if self.judged else None
+
+
+def error_counts(requests: int, by_kind: Mapping[str, int]) -> ErrorCounts:
+    """``requests`` outcomes, of which ``by_kind`` failed by error kind (the rest ok)."""
+    failed = server = shed = excluded = 0
+    for kind, n in by_kind.items():
+        cls = classify(kind)
+        if cls == "excluded":
+            excluded += n
+        elif cls == "guard":
+            shed += n
+        elif cls == "error":
+            failed += n
+            if kind in SERVER_ERRORS:
+                server += n
+    return ErrorCounts(requests - shed - excluded, failed, server, shed, excluded)
 
 
 def _bound_ns(limit_s: float | None) -> int | None:
@@ -79,15 +126,16 @@ def within(slo: Slo, ttft_ns: int | None, tpot_ns: int | None, e2e_ns: int | Non
 
 @dataclass(slots=True)
 class Tally:
-    """Counts of one target (over a run, a phase or a window) as goodput sees them."""
+    """Counts of one target (over a run, a phase or a window) as goodput sees them: the
+    journal's request rows, or the live window's outcomes (the error ratios are counted
+    from the complete per-kind counts instead: ``error_counts``)."""
 
     sent: int = 0  # judged: sent and not cut by soakd
     ok: int = 0
     good: int = 0  # ok and within every latency SLO
-    errors: int = 0  # in the error ratio
-    refused: int = 0  # 429 / 4xx answers of the server
+    errors: int = 0  # failed (in the error ratio)
     guard: int = 0  # the guard gateway's own refusals
-    excluded: int = 0  # cancelled by soakd at the drain deadline
+    excluded: int = 0  # not judged (NOT_JUDGED): cut or lost by soakd, or never read
     unsent: int = 0  # never left soakd
 
     def add(self, cls: Class, good: bool, n: int = 1, sent: bool = True) -> None:
@@ -104,8 +152,6 @@ class Tally:
                 self.good += n
         elif cls == "error":
             self.errors += n
-        elif cls == "refused":
-            self.refused += n
         else:
             self.guard += n
 
@@ -117,12 +163,6 @@ class Tally:
     def goodput(self) -> float | None:
         """Good / sent (None: nothing sent)."""
         return self.good / self.sent if self.sent else None
-
-    @property
-    def error_ratio(self) -> float | None:
-        """Errors / sent requests that reached the server (the guard's refusals left out)."""
-        reached = self.sent - self.guard
-        return self.errors / reached if reached > 0 else None
 
 
 def tally_outcome(tally: Tally, o: Outcome, slo: Slo) -> None:
@@ -233,4 +273,13 @@ def merged(tallies: Iterable[Tally]) -> Tally:
     return out
 
 
-__all__ = ["GoodputWindow", "Tally", "classify", "guard_refusal", "journal_tallies", "within"]
+__all__ = [
+    "ErrorCounts",
+    "GoodputWindow",
+    "Tally",
+    "classify",
+    "error_counts",
+    "guard_refusal",
+    "journal_tallies",
+    "within",
+]

@@ -11,9 +11,10 @@ from functools import partial
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from soakd import metric_names as mn
+from soakd.workload.failing import CAUSES, FAILING
 
 SPEND_CAPS = ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
-PAUSE_REASONS = ("spend_cap", "rate_limited")
+PAUSE_REASONS = ("spend_cap", "rate_limited", FAILING)
 
 
 class GuardMetrics:
@@ -33,6 +34,13 @@ class GuardMetrics:
             mn.TARGET_PAUSES_TOTAL,
             "Times the target's sends were paused, by reason.",
             target_reason,
+            registry=r,
+        )
+        self.failing = Gauge(
+            mn.TARGET_FAILING,
+            "1 while the target is paused because every request failed in a way the next "
+            "one cannot fix, by cause (the last failure's kind).",
+            ["target", "cause"],
             registry=r,
         )
         self.cap_hits = Counter(
@@ -62,6 +70,8 @@ class GuardMetrics:
         for reason in PAUSE_REASONS:
             self.paused.labels(target, reason).set(0)
             self.pauses.labels(target, reason)
+        for cause in CAUSES:
+            self.failing.labels(target, cause).set(0)
         for cap in SPEND_CAPS:
             limit = limits.get(cap)
             if limit is None:
@@ -90,3 +100,8 @@ class TargetGuardGauges:
 
     def cap_hit(self, cap: str) -> None:
         self.m.cap_hits.labels(self.target, cap).inc()
+
+    def failing(self, cause: str, on: bool) -> None:
+        """``cause`` at 1 while on, every other cause at 0 (one cause at a time)."""
+        for c in CAUSES:
+            self.m.failing.labels(self.target, c).set(1 if on and c == cause else 0)

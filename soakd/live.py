@@ -1,8 +1,12 @@
 """Live view: what a terminal shows while soakd runs, and the summary table at the end.
 
 It fits the terminal: columns are dropped by priority until the table fits (80 columns
-keep the target, its rate, errors, sends not made and the P99s). Latencies use the one
-unit rule of every soakd surface (``fmt_ms``: ms below a second, s above).
+keep the target, its successes per second, errors and error ratio, goodput and the P99s;
+120 add tokens/s, sends not made and attempts). The head says the phase (n of N), the
+time done and left; a value past the target's SLO is marked "!" (and red); the most
+frequent error of each failing target is named under the table; once stopping, it says a
+second Ctrl-C stops at once. Latencies use the one unit rule of every soakd surface
+(``fmt_ms``: ms below a second, s above); counts and ratios as soakd/goodput.py counts.
 """
 
 from __future__ import annotations
@@ -35,6 +39,19 @@ def _pct(key: str) -> Callable[[Row], str]:
     return lambda r: "-" if (v := _float(r, key)) is None else f"{v * 100:.1f} %"
 
 
+def _ratio(key: str) -> Callable[[Row], str]:
+    """An error ratio: never "0.0 %" above zero (0.035 %), whole percent from 10 %."""
+
+    def text(r: Row) -> str:
+        v = _float(r, key)
+        if v is None:
+            return "-"
+        pct = v * 100
+        return "0 %" if pct == 0 else f"{pct:.2g} %" if pct < 10 else f"{pct:.0f} %"
+
+    return text
+
+
 def _lat(key: str) -> Callable[[Row], str]:
     return lambda r: fmt_ms(_float(r, key))
 
@@ -46,25 +63,29 @@ def _kinds(r: Row) -> Mapping[str, int]:
 
 COLUMNS: list[tuple[str, Callable[[Row], str]]] = [
     # in priority order: the first ones stay on the narrowest terminal
-    ("req/s", _num("{:.2f}", "rps")),
+    ("ok/s", _num("{:.2f}", "rps")),  # successes per second
     ("errors", _num("{}", "errors")),
+    ("err %", _ratio("error_ratio")),
+    ("goodput", _pct("goodput")),  # share sent within every SLO (goodput.py)
     ("TTFT p99", _lat("ttft_p99_ms")),
     ("E2E p99", _lat("e2e_p99_ms")),
+    ("tok/s", _num("{:.1f}", "output_tps")),
     ("not sent", _num("{}", "missed")),
+    ("sent/s", _num("{:.2f}", "attempt_rps")),  # every request sent, whatever became of it
     ("lag p99", _lat("lag_p99_ms")),
-    ("ok", _num("{}", "ok")),
+    ("shed", _num("{}", "shed")),
     ("TTFT p50", _lat("ttft_p50_ms")),
     ("E2E p50", _lat("e2e_p50_ms")),
     ("ITL p50", _lat("itl_p50_ms")),
-    ("tok/s", _num("{:.1f}", "output_tps")),
-    ("shed", _num("{}", "shed")),
+    ("ok", _num("{}", "ok")),
 ]
-COLUMNS.insert(2, ("goodput", _pct("goodput")))  # share sent within every SLO (goodput.py)
 SHOWN_ORDER = (
-    "req/s",
+    "ok/s",
+    "sent/s",
     "tok/s",
     "ok",
     "errors",
+    "err %",
     "goodput",
     "shed",
     "not sent",
@@ -75,11 +96,35 @@ SHOWN_ORDER = (
     "ITL p50",
     "lag p99",
 )
+SLO_COLUMNS = {
+    "TTFT p99": ("ttft_p99_ms", "ttft_p99", 1000.0),
+    "E2E p99": ("e2e_p99_ms", "e2e_p99", 1000.0),
+    "err %": ("error_ratio", "error_ratio", 1.0),
+}
+"""Columns with an SLO: (row key, slo key, slo -> row unit); a value past it is breached."""
+BREACH = "!"
+
+Slos = Mapping[str, Mapping[str, float]]
+"""Per target, its SLO (``Slo.model_dump(exclude_none=True)``, overrides applied)."""
 
 
-def target_table(rows: Mapping[str, Row], title: str, width: int | None = None) -> Table:
-    """One line per target; with ``width``, only the columns (by priority) that fit."""
+def breached(r: Row, col: str, slo: Mapping[str, float]) -> bool:
+    key, limit_key, factor = SLO_COLUMNS[col]
+    value, limit = _float(r, key), slo.get(limit_key)
+    return value is not None and limit is not None and value > limit * factor
+
+
+def target_table(
+    rows: Mapping[str, Row], title: str, width: int | None = None, slos: Slos | None = None
+) -> Table:
+    """One line per target; with ``width``, only the columns (by priority) that fit; a value
+    past the target's SLO marked ``!`` and red."""
+    slos = slos or {}
     cells = {name: {title_: fn(r) for title_, fn in COLUMNS} for name, r in rows.items()}
+    for name, r in rows.items():
+        for col in SLO_COLUMNS:
+            if breached(r, col, slos.get(name, {})):
+                cells[name][col] += BREACH
     name_w = max([len("target"), *(len(n) for n in rows)])
     keep: list[str] = []
     used = name_w + 4  # the borders and the target column's padding
@@ -98,8 +143,12 @@ def target_table(rows: Mapping[str, Row], title: str, width: int | None = None) 
         out = []
         for col in shown:
             text = cells[name][col]
-            alarm = col in ("errors", "not sent") and text not in ("0", "-")
-            out.append(Text(text, style="red" if alarm else ""))
+            alarm = text.endswith(BREACH) or (
+                col in ("errors", "not sent") and text not in ("0", "-")
+            )
+            out.append(
+                Text(text, style="bold red" if text.endswith(BREACH) else "red" if alarm else "")
+            )
         table.add_row(name, *out)
     return table
 
@@ -118,38 +167,117 @@ def client_limited(status: dict[str, Any]) -> list[str]:
 
 
 def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
+    elapsed, left = status["elapsed_s"], status["remaining_s"]
+    phase, style = status.get("phase") or "-", "bold yellow"
+    if status.get("phase_index") is not None and status.get("phases"):
+        phase += f" {status['phase_index'] + 1}/{status['phases']}"
     if status.get("stopping"):
         phase, style = "draining", "bold magenta"
-    else:
-        phase, style = status.get("phase") or "-", "bold yellow"
     head = Text.assemble(
         ("soakd ", "bold"),
         (status["run_id"], "cyan"),
         "  ",
         (phase, style),
-        f"  {format_duration(round(status['elapsed_s']))}",
-        f" / {format_duration(round(status['elapsed_s'] + status['remaining_s']))}",
-        f"  in flight {sum(status['in_flight'].values())}",
+        f"  {format_duration(round(elapsed))} / {format_duration(round(elapsed + left))}",
+        "" if status.get("stopping") else f", {format_duration(round(left))} left",
     )
     rows = {
         name: r | {"missed": sum(status.get("missed", {}).get(name, {}).values())}
         for name, r in status["targets"].items()
     }
     parts: list[Any] = [head, _links(status)]
+    if status.get("stopping"):
+        parts.append(
+            Text(
+                "stopping: finishing what is in flight (up to "
+                f"{format_duration(status.get('drain_timeout_s') or 0)}); "
+                "Ctrl-C again stops at once",
+                style="bold magenta",
+            )
+        )
     limited = client_limited(status)
     if limited:
         parts.append(
             Text(f"CLIENT-LIMITED {', '.join(limited)}: soakd is behind the plan", style="bold red")
         )
-    parts.append(target_table(rows, "last 60 s (not sent: this session)", width))
+    parts += [_failing_line(name, f) for name, f in status.get("failing", {}).items()]
+    slos: Slos = status.get("slo") or {}
+    parts.append(
+        target_table(rows, "last 60 s (not sent: this session; ! past the SLO)", width, slos)
+    )
+    parts += _error_lines(rows)
+    prompts = prompt_line(status)
+    if prompts is not None:
+        parts.append(prompts)
     parts += [_vram_line(v) for v in status.get("vram", [])]
     return Group(*parts)
+
+
+ERROR_HINTS = {
+    "http_auth": "401/403: the API key",
+    "http_4xx": "4xx: the model name or the request",
+    "http_429": "429: rate limited",
+    "http_5xx": "5xx: the server",
+    "connect_refused": "nothing listening at base_url",
+    "connect_error": "DNS, TLS or network",
+    "timeout_connect": "no connection in timeouts.connect",
+    "timeout_ttft": "no first token in timeouts.ttft",
+    "timeout_idle": "the stream went silent",
+    "timeout_total": "over timeouts.total",
+    "bad_response": "not an answer soakd can read",
+}
+"""What the most frequent error of a target most likely means (docs/metrics.md)."""
+
+
+def _error_lines(rows: Mapping[str, Row]) -> list[Text]:
+    """Under the table, per target with errors in the window: its most frequent kind."""
+    out = []
+    for name, r in rows.items():
+        top = r.get("top_error")
+        if not isinstance(top, str) or not r.get("errors"):
+            continue
+        hint = ERROR_HINTS.get(top)
+        out.append(
+            Text.assemble(
+                (f"{name}: ", "bold"), (top, "red"), f" ({hint})" if hint else "", " most often"
+            )
+        )
+    return out
+
+
+def prompt_line(status: Mapping[str, Any]) -> Text | None:
+    """prompt tokens, planned -> served: vllm 300 -> 299, sim 300 -> 146 (-51.3 %); a
+    target off by more than 10 % in red. Served: the answers' usage this session, else the
+    target's own count at start (marked)."""
+    from soakd.workload.sizing import WARN_SHARE
+
+    info = status.get("prompt_tokens")
+    if not isinstance(info, Mapping):
+        return None
+    line = Text("prompt tokens, planned -> served:", style="dim")
+    shown = 0
+    for name, r in info.get("targets", {}).items():
+        planned, served, start = r.get("planned"), r.get("served"), r.get("at_start")
+        if served is None and start is not None:
+            planned, served = info.get("planned"), start
+        if planned is None or served is None or planned <= 0:
+            continue
+        off = served / planned - 1.0
+        mark = " at start" if r.get("served") is None else ""
+        text = f" {name} {planned:,.0f} -> {served:,.0f}{mark}"
+        if abs(off) > WARN_SHARE:
+            line.append(text + f" ({off * 100:+.1f} %)", "bold red")
+        else:
+            line.append(text)
+        shown += 1
+    return line if shown else None
 
 
 def _links(status: dict[str, Any]) -> Text:
     """Where the metrics are, and (with sender processes) how many are up: in red when
     one is down (it is being restarted; what it held is counted as worker_lost)."""
-    line = Text(f"metrics {status['metrics_url']}/metrics", style="dim")
+    line = Text(f"in flight {sum(status['in_flight'].values())}  ", style="dim")
+    line.append(f"metrics {status['metrics_url']}/metrics", "dim")
     workers = status.get("workers")
     if workers:
         up = sum(1 for w in workers if w["up"])
@@ -157,6 +285,16 @@ def _links(status: dict[str, Any]) -> Text:
             f"  workers {up}/{len(workers)} up", "dim" if up == len(workers) else "bold red"
         )
     return line
+
+
+def _failing_line(name: str, f: dict[str, Any]) -> Text:
+    """PAUSED cloud: every request failed: http_auth (http 401); next request in 12 s."""
+    detail = f" ({f['detail']})" if f.get("detail") else ""
+    when = f.get("next_probe_s") or 0
+    then = f"next request in {when:.0f} s" if when else "one request out"
+    return Text(
+        f"PAUSED {name}: every request failed: {f['cause']}{detail}; {then}", style="bold red"
+    )
 
 
 def _vram_line(v: dict[str, Any]) -> Text:

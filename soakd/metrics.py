@@ -36,6 +36,7 @@ from soakd.fold import ITL_BUCKETS as ITL_BUCKETS
 from soakd.fold import LAG_BUCKETS as LAG_BUCKETS
 from soakd.fold import TTFT_BUCKETS as TTFT_BUCKETS
 from soakd.fold import Fold, Hist
+from soakd.goodput import SERVER_ERRORS, classify
 
 # the probes' and the guard's families live beside this module; imported from here as before
 from soakd.guard_metrics import PAUSE_REASONS as PAUSE_REASONS
@@ -49,11 +50,18 @@ from soakd.metric_names import (
     LIMIT_JITTER,
     LIMIT_LAG,
     LIMIT_LEAK,
+    LIMIT_SERVER_ERROR_RATIO,
     LIMIT_TPOT,
     LIMIT_TTFT,
     LIMIT_VRAM,
 )
-from soakd.model import OK, ErrorKind, Phase, Plan
+from soakd.model import OK, USAGE_REJECTED_REASONS, ErrorKind, Phase, Plan
+from soakd.notes import (
+    MISMATCH_DIRECTIONS,
+    RETRY_AFTER_UNREADABLE,
+    USAGE_MISMATCH,
+    USAGE_REJECTED,
+)
 from soakd.probe_metrics import OOM_SOURCES as OOM_SOURCES
 from soakd.probe_metrics import THROTTLE_REASONS as THROTTLE_REASONS
 from soakd.probe_metrics import ProbeMetrics as ProbeMetrics
@@ -112,14 +120,36 @@ class Metrics:
         self.sends_missed = Counter(
             mn.SENDS_MISSED_TOTAL,
             "Planned open-loop sends not made, by reason: late (the "
-            "instant was past max_lateness), in_flight_cap, spend_cap, rate_limited, "
-            "no_worker.",
+            "instant was past max_lateness), in_flight_cap, spend_cap, rate_limited, failing, "
+            "no_worker, invalid_request (the client refused to build it).",
             ["target", "phase", "reason"],
             registry=r,
         )
         self.oom_errors = Counter(
             mn.OOM_ERRORS_TOTAL,
             "Requests whose error body said the device ran out of memory.",
+            ["target"],
+            registry=r,
+        )
+        # what the answers carried beyond their outcome (soakd/notes.py)
+        self.usage_rejected = Counter(
+            mn.USAGE_REJECTED_TOTAL,
+            "Answers whose usage was not taken, by reason: not_integer, negative, "
+            "implausible (their output tokens are the streamed count).",
+            ["target", "reason"],
+            registry=r,
+        )
+        self.usage_mismatch = Counter(
+            mn.USAGE_MISMATCH_TOTAL,
+            "Streamed answers whose usage, taken, is above or below the content chunks by "
+            "more than one (above: legitimate for a server sending several tokens a chunk).",
+            ["target", "direction"],
+            registry=r,
+        )
+        self.retry_after_unreadable = Counter(
+            mn.RETRY_AFTER_UNREADABLE_TOTAL,
+            "429/503 answers whose Retry-After soakd could not read (paused for "
+            "rate_limit.default_pause instead).",
             ["target"],
             registry=r,
         )
@@ -213,17 +243,37 @@ class Metrics:
             registry=r,
         )
 
+        # the run's ratios on the report's basis (soakd/goodput.py): over the requests
+        # judged, i.e. less the guard's sheds and the requests soakd cut or lost itself
         self.run_5xx_ratio = Gauge(
             mn.RUN_5XX_RATIO,
-            "Share of this run's finished requests answered with HTTP 5xx (since the run "
-            "started, across resumes); 0 before the first request.",
+            "Share of this run's judged requests answered with HTTP 5xx by the server "
+            "(since the run started, across resumes); 0 before the first request.",
             ["target"],
+            registry=r,
+        )
+        self.run_error_ratio = Gauge(
+            mn.RUN_ERROR_RATIO,
+            "Share of this run's judged requests that failed, whatever the cause (4xx, 5xx, "
+            "transport, timeouts, bad answers; since the run started, across resumes); 0 "
+            "before the first request.",
+            ["target"],
+            registry=r,
+        )
+
+        self.no_reuse = Gauge(
+            mn.TARGET_NO_REUSE,
+            "1 for each answer status after which the target's server closes its connections "
+            "without saying so (no Connection: close): soakd reuses no connection after such "
+            "an answer; 0 once it keeps them again.",
+            ["target", "status"],
             registry=r,
         )
 
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, str], Counter] = {}
-        self._run_counts: dict[str, list[int]] = {}  # target -> [requests, 5xx] of the run
+        # target -> [judged, failed, 5xx] of the run (soakd/goodput.py's classes)
+        self._run_counts: dict[str, list[int]] = {}
         self._traced: dict[str, str] = {}  # target -> run id: exemplars carry the trace id
 
     def trace_exemplars(self, run_id: str, targets: Iterable[TargetConfig | str]) -> None:
@@ -239,6 +289,7 @@ class Metrics:
             for name, value in (
                 (LIMIT_VRAM, slo.vram_peak),
                 (LIMIT_ERROR_RATIO, slo.error_ratio),
+                (LIMIT_SERVER_ERROR_RATIO, slo.server_error_ratio),
                 (LIMIT_E2E, slo.e2e_p99),
                 (LIMIT_TTFT, slo.ttft_p99),
                 (LIMIT_TPOT, slo.tpot_p99),
@@ -286,8 +337,14 @@ class Metrics:
             ttft_exemplar=ExemplarClock(len(TTFT_BUCKETS) + 1),
         )
         self.oom_errors.labels(target)
-        counts = self._run_counts.setdefault(target, [0, 0])
-        self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts))
+        for reason in USAGE_REJECTED_REASONS:
+            self.usage_rejected.labels(target, reason)
+        for direction in MISMATCH_DIRECTIONS:
+            self.usage_mismatch.labels(target, direction)
+        self.retry_after_unreadable.labels(target)
+        counts = self._run_counts.setdefault(target, [0, 0, 0])
+        self.run_error_ratio.labels(target).set_function(partial(_ratio_of, counts, 1))
+        self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts, 2))
         self.offered_rate.labels(target)
         self.offered_concurrency.labels(target)
         for phase in phases:
@@ -310,7 +367,7 @@ class Metrics:
 
     def apply(self, f: Fold) -> None:
         """A committed batch of outcomes, folded once by the journal's writer
-        (soakd/fold.py): counters by key, histogram buckets in bulk, and the exemplar
+        (soakd/fold.py): counters by key, notes, histogram buckets in bulk, and the exemplar
         candidates of the targets sending a traceparent (a bucket's at most once a second)."""
         counters, children, run_counts = self._counters, self._children, self._run_counts
         for key, (n, out_tokens, in_tokens, oom) in f.totals.items():
@@ -318,7 +375,7 @@ class Metrics:
             if counter is None:
                 counter = counters[key] = self.requests.labels(*key)
             counter.inc(n)
-            target, _, outcome, sclass = key
+            target, _, outcome, _ = key
             c = children[target]
             if out_tokens:
                 c.output_tokens.inc(out_tokens)
@@ -328,9 +385,9 @@ class Metrics:
                 self.oom_errors.labels(target).inc(oom)
             counts = run_counts.get(target)
             if counts is not None:
-                counts[0] += n
-                if sclass == "5xx" and not outcome.startswith("shed_"):
-                    counts[1] += n  # the guard's own 503s are load it shed, not failures
+                _count_run(counts, outcome, n)
+        for (target, note), n in f.notes.items():
+            self.note(target, note, n)
         for (kind, target), b in f.hists.items():
             child: BucketChild = getattr(children[target], kind)
             child.add(b.counts, b.total)
@@ -344,6 +401,21 @@ class Metrics:
             for bucket, (seq, value, end_ns) in candidates.items():
                 if clock.due(bucket, end_ns):
                     child.set_exemplar(bucket, {"trace_id": trace_id(run, target, seq)}, value)
+
+    def note(self, target: str, note: str, n: int = 1) -> None:
+        """Count ``n`` answers of ``target`` that carried ``note`` (soakd/notes.py)."""
+        kind, _, value = note.partition(":")
+        if kind == USAGE_REJECTED:
+            self.usage_rejected.labels(target, value).inc(n)
+        elif kind == USAGE_MISMATCH:
+            self.usage_mismatch.labels(target, value).inc(n)
+        elif kind == RETRY_AFTER_UNREADABLE:
+            self.retry_after_unreadable.labels(target).inc(n)
+
+    def restore_notes(self, notes: Iterable[tuple[str, str, int]]) -> None:
+        """Continue the note counters of a resumed run from the journal's notes table."""
+        for target, note, n in notes:
+            self.note(target, note, n)
 
     def restore(
         self,
@@ -360,10 +432,7 @@ class Metrics:
         for target, phase, outcome, sclass, n, out_tokens, in_tokens, oom in totals:
             if n:
                 self.requests.labels(target, phase, outcome, sclass).inc(n)
-                tally = self._run_counts.setdefault(target, [0, 0])
-                tally[0] += n
-                if sclass == "5xx" and not outcome.startswith("shed_"):
-                    tally[1] += n
+                _count_run(self._run_counts.setdefault(target, [0, 0, 0]), outcome, n)
             if out_tokens:
                 self.output_tokens.labels(target).inc(out_tokens)
             if in_tokens:
@@ -385,13 +454,25 @@ def _count_of(busy: dict[str, int], target: str) -> float:
     return busy.get(target, 0)
 
 
-def _ratio_of(counts: list[int]) -> float:
-    return counts[1] / counts[0] if counts[0] else 0.0
+def _count_run(counts: list[int], outcome: str, n: int) -> None:
+    """``n`` outcomes into a target's [judged, failed, 5xx] (soakd/goodput.py decides)."""
+    cls = classify(None if outcome == OK else outcome)
+    if cls in ("ok", "error"):
+        counts[0] += n
+    if cls == "error":
+        counts[1] += n
+        if outcome in SERVER_ERRORS:
+            counts[2] += n
+
+
+def _ratio_of(counts: list[int], which: int) -> float:
+    return counts[which] / counts[0] if counts[0] else 0.0
 
 
 LIMIT_HELP = {
     LIMIT_VRAM: "VRAM limit (slo.vram_peak).",
-    LIMIT_ERROR_RATIO: "Error ratio limit (slo.error_ratio).",
+    LIMIT_ERROR_RATIO: "Error ratio limit (slo.error_ratio): every failure / judged requests.",
+    LIMIT_SERVER_ERROR_RATIO: "5xx ratio limit (slo.server_error_ratio).",
     LIMIT_E2E: "P99 end-to-end latency SLO (slo.e2e_p99).",
     LIMIT_TTFT: "P99 TTFT SLO (slo.ttft_p99).",
     LIMIT_TPOT: "P99 TPOT SLO (slo.tpot_p99).",

@@ -46,6 +46,14 @@ class ErrorKind(enum.StrEnum):
     SHED_ERROR_BREAKER = "shed_error_breaker"  # 503 error_breaker_open
     SHED_QUEUE_FULL = "shed_queue_full"  # 429 queue_full
     SHED_QUEUE_TIMEOUT = "shed_queue_timeout"  # 503 queue_timeout
+    # HTTP itself broken: a status line, a header or the body's framing (a chunk size) that
+    # the HTTP parser rejects, or a body longer than its Content-Length
+    PROTOCOL_ERROR = "protocol_error"
+    # more content chunks than targets[].max_output_factor x max_tokens: cut there
+    TOO_MANY_TOKENS = "too_many_tokens"
+    # Lost with no answer on a connection reused after an answer the server closes its
+    # connections after, unannounced (soakd/targets/pool.py): it most likely never read it.
+    CONNECTION_CLOSED_UNANNOUNCED = "connection_closed_unannounced"
 
     @property
     def shed(self) -> bool:
@@ -60,6 +68,11 @@ SHED_BY_CODE = {
     "queue_timeout": ErrorKind.SHED_QUEUE_TIMEOUT,
 }
 """The guard gateway's OpenAI-shaped error ``code`` -> the kind it is counted under."""
+
+USAGE_REJECTED_REASONS: Final = ("not_integer", "negative", "implausible")
+"""Why a server's ``usage`` was not taken (``Outcome.usage_rejected``), a bounded label:
+a count that is not a JSON integer (a float, a string, a bool; or usage not an object), a
+negative one, or one above what the answer could hold (``soakd.targets.stream``)."""
 GATEWAY_ORIGIN_HEADER = "X-Soakd-Origin"
 """Set to ``gateway`` on every answer ``soakd gateway`` writes itself: only those answers are
 the guard's own refusals (a cloud's 503 with a look-alike code is the cloud's)."""
@@ -116,9 +129,16 @@ class Outcome:
     prompt_tokens: int | None = None
     output_tokens: int = 0
     usage_reported: bool = False  # output_tokens came from the server's usage
-    content_chunks: int = 0
+    content_chunks: int = 0  # content chunks received: the streamed count
+    # the server's usage was there and not taken (a USAGE_REJECTED_REASONS entry; "": none):
+    # output_tokens is then the streamed count
+    usage_rejected: str = ""
+    # a streamed answer whose usage was taken: usage's completion tokens minus the content
+    # chunks streamed (None: not a stream, or no usage taken)
+    usage_delta: int | None = None
     itl_ns: array[int] = field(default_factory=lambda: array("q"))
     retry_after_s: float | None = None  # a 429/503's Retry-After (or retry-after-ms), seconds
+    retry_after_unreadable: bool = False  # it had one soakd could not read: the default pause
     # the ITL gaps' Digest buckets (key -> count): computed once, by the worker process that
     # timed the request or by the first reader (soakd.analysis.itl_keys), read by every other
     itl_keys: dict[int, int] | None = None
@@ -136,6 +156,13 @@ class Outcome:
     def outcome(self) -> str:
         """``"ok"`` or the error kind: the value of the ``outcome`` label."""
         return OK if self.error is None else self.error.value
+
+    @property
+    def usage_mismatch(self) -> bool:
+        """The server's usage, taken, differs from the content chunks streamed by more than
+        one (a server that sends several tokens a chunk differs legitimately)."""
+        delta = self.usage_delta
+        return delta is not None and not -1 <= delta <= 1
 
     @property
     def dispatch_lag_ns(self) -> int:

@@ -25,6 +25,10 @@ class RunOptions:
     live: bool = False  # draw the live view on the terminal
     console_logs: bool = True
     force: bool = False  # resume even though the config differs from the journal's
+    # ask each target once before the journal opens (soakd/targets/preflight.py); on in
+    # `soakd run` unless --no-preflight, off here: a test counting what a server saw
+    # asks for it
+    preflight: bool = False
 
 
 @dataclass
@@ -36,6 +40,7 @@ class RunResult:
     cancelled: int  # requests cut at the drain deadline
     summary: dict[str, SessionRow] = field(default_factory=dict)  # this session only
     session: int = 1  # 2 and up: a resumed run
+    journal_unwritten: int = 0  # records the journal's final write could not keep at all
 
 
 async def _close_all(what: str, closes: list[Coroutine[Any, Any, None]]) -> None:
@@ -52,3 +57,7 @@ class StartError(Exception):
     def __init__(self, where: str, cause: Exception) -> None:
         why = " ".join(str(cause).split())  # the child's log tail, on one line
         super().__init__(f"{where}: {why[:400]}")
+
+
+class StoppedBeforeStart(Exception):
+    """A signal came before the journal opened: nothing was recorded, no run to resume."""

@@ -1,9 +1,10 @@
 """Verdicts: a run's numbers against its SLO and its baseline, pass or fail. Pure: no IO.
 
 Per target and per criterion (the ``slo`` keys): what was measured, the limit, pass or
-fail; a target passes when no criterion fails and at least one was measured. The same per
-phase. ``compare`` judges a candidate target against a baseline by the regressions it
-allows. ``soakd report --check`` exits on ``overall`` (docs/slo.md).
+fail; a target passes when no criterion fails and at least one was measured. A target
+that was sent requests and answered none of them fails (``successes``), SLO or not. The
+same per phase. ``compare`` judges a candidate target against a baseline by the
+regressions it allows. ``soakd report --check`` exits on ``overall`` (docs/slo.md).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ failed most of its requests: its few successes say little about its latency)."""
 class RowLike(Protocol):
     """What verdicts read of a report row (soakd.report.Row)."""
 
+    requests: int
+    ok: int
+    not_judged: int  # cut by soakd at the stop or lost with a sender process
     success_rate: float | None
+    error_ratio: float | None  # every failure / judged requests (soakd/goodput.py)
+    server_error_ratio: float | None  # 5xx / judged requests
     latency_ms: dict[str, Quantiles]  # "ttft", "itl", "tpot", "e2e"
     jitter: float | None
     oom_events: int | None
@@ -44,7 +50,7 @@ class Criterion:
     name: str
     limit: float
     measured: float | None
-    unit: str  # "s", "ratio", "count", "bytes"
+    unit: str  # "s", "ratio", "count", "bytes"; "min_count": a floor, not a ceiling
     passed: bool | None
     note: str = ""
 
@@ -59,6 +65,7 @@ class Verdict:
     goodput_rps: float | None = None
     error_ratio: float | None = None
     sent: int = 0
+    server_error_ratio: float | None = None
 
     @property
     def failed(self) -> list[Criterion]:
@@ -87,6 +94,10 @@ _LATENCY = (("ttft_p99", "ttft"), ("tpot_p99", "tpot"), ("e2e_p99", "e2e"))
 def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) -> Verdict:
     """One target (over the run or one phase) against its SLO."""
     out: list[Criterion] = []
+    attempted = row.requests - row.not_judged
+    dead = attempted > 0 and row.ok == 0
+    if dead:  # fails whatever its SLO says (or when it has none)
+        out.append(Criterion("successes", 1, 0.0, "min_count", False, "no request succeeded"))
     for key, kind in _LATENCY:
         limit = getattr(slo, key)
         if limit is None:
@@ -95,21 +106,16 @@ def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) 
         if ms is not None:
             value = ms / MS_PER_S
             out.append(Criterion(key, limit, value, "s", value <= limit))
-        elif tally.sent and not tally.ok:
+        elif dead:
             out.append(Criterion(key, limit, None, "s", False, "no successful request"))
         else:
-            why = "no request" if not tally.sent else "no value (e.g. one-token answers)"
+            why = "no request" if not attempted else "no value (e.g. one-token answers)"
             out.append(Criterion(key, limit, None, "s", None, why))
-    if slo.error_ratio is not None:
-        out.append(
-            _at_most(
-                "error_ratio",
-                slo.error_ratio,
-                tally.error_ratio,
-                "ratio",
-                "no request reached the server",
-            )
-        )
+    for key in ("error_ratio", "server_error_ratio"):
+        limit = getattr(slo, key)
+        if limit is not None:
+            value = getattr(row, key)
+            out.append(_at_most(key, limit, value, "ratio", "no request judged"))
     if slo.jitter is not None:
         out.append(
             _at_most(
@@ -117,7 +123,7 @@ def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) 
             )
         )
     if slo.oom_events is not None:
-        if row.oom_events is None and not tally.sent:  # no probe, no request: no evidence
+        if row.oom_events is None and not attempted:  # no probe, no request: no evidence
             out.append(
                 Criterion(
                     "oom_events",
@@ -148,8 +154,9 @@ def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) 
         _all(c.passed for c in out),
         goodput=tally.goodput,
         goodput_rps=tally.good / row.active_s if row.active_s > 0 else None,
-        error_ratio=tally.error_ratio,
+        error_ratio=row.error_ratio,
         sent=tally.sent,
+        server_error_ratio=row.server_error_ratio,
     )
 
 
@@ -166,7 +173,7 @@ def eligible_for_best(row: RowLike, verdict: Verdict | None) -> bool:
 # --- baseline against candidate --------------------------------------------------------------
 
 HIGHER_IS_WORSE = frozenset(
-    {"ttft_p99", "tpot_p99", "e2e_p99", "ttft_p50", "e2e_p50", "error_ratio"}
+    {"ttft_p99", "tpot_p99", "e2e_p99", "ttft_p50", "e2e_p50", "error_ratio", "server_error_ratio"}
 )
 
 
@@ -196,7 +203,7 @@ class CompareVerdict:
 
 def compared_value(key: str, row: RowLike, verdict: Verdict) -> float | None:
     """A compare key's value: latencies in seconds, ratios, rates per second."""
-    if key in ("error_ratio", "goodput", "goodput_rps"):
+    if key in ("error_ratio", "server_error_ratio", "goodput", "goodput_rps"):
         value: float | None = getattr(verdict, key)
         return value
     if key in ("output_tps", "rps"):
@@ -254,7 +261,7 @@ def describe_slo(slo: Slo) -> str:
     for key, value in slo.model_dump(exclude_none=True).items():
         if key.endswith("_p99"):
             text = f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
-        elif key in ("error_ratio", "jitter"):
+        elif key in ("error_ratio", "server_error_ratio", "jitter"):
             text = f"{value * 100:g} %"
         elif key == "vram_peak":
             text = f"{value / 1e9:g} GB"

@@ -33,7 +33,7 @@ HUGE_LINE_BYTES = 100 << 20  # the "100 MB single line"
 PIECE = 64 << 10
 
 
-def chunk(text: str | None = None, finish: str | None = None, **extra: Any) -> bytes:
+def chunk(text: object = None, finish: str | None = None, **extra: Any) -> bytes:
     """One chat.completion.chunk SSE event."""
     delta = {"content": text} if text is not None else {}
     choice: dict[str, Any] = {"index": 0, "delta": delta}
@@ -43,12 +43,14 @@ def chunk(text: str | None = None, finish: str | None = None, **extra: Any) -> b
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
-def usage(n: int) -> bytes:
+def usage(n: Any, prompt: Any = 3) -> bytes:
+    """The usage chunk; ``n`` and ``prompt`` as given, whatever their type."""
+    total = n + 3 if type(n) is int else None
     body = {
         "id": "h-1",
         "object": "chat.completion.chunk",
         "choices": [],
-        "usage": {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3},
+        "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": total},
     }
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
@@ -78,15 +80,15 @@ MODES: dict[str, str | None] = {
     "huge_line": "too_large",  # a 100 MB line without a line end
     "many_lines": "too_large",  # 100 MB of short data lines, never a blank line
     "gzip_bomb": "too_large",  # 100 MB of zeros, gzip-compressed, despite identity
-    "huge_headers": "bad_response",  # a 1 MB header line
-    "endless": "timeout_total",  # tokens forever, never [DONE]
+    "huge_headers": "protocol_error",  # a 1 MB header line (aiohttp's parser: 8 KiB)
+    "endless": "timeout_total",  # tokens forever (20 a second), never [DONE]
     "stall": "timeout_ttft",  # headers, then silence (slowloris)
     "drip": "timeout_ttft",  # headers, then a comment every 100 ms, never a token
     "no_headers": "timeout_ttft",  # reads the request, never answers
     "wrong_ctype": "bad_response",  # 200 text/html
     "error_200": "bad_response",  # 200 application/json with an error object
     "error_in_stream": "bad_response",  # an error object inside the SSE stream
-    "garbage": "bad_response",  # not HTTP at all
+    "garbage": "protocol_error",  # not HTTP at all
     "s429": "http_429",
     "s429ra": "http_429",  # with Retry-After: 1
     "s503": "http_5xx",
@@ -96,7 +98,30 @@ MODES: dict[str, str | None] = {
     "redirect_key": "bad_response",  # 307 to a URL holding the key
     "key_stream": None,  # a good stream whose tokens and ids are the key
     "oom_key": "http_5xx",  # 500 "CUDA out of memory" whose type and code are the key
+    # numbers a server gets wrong: the answer is ok, its usage is not taken (USAGE)
+    "usage_negative": None,  # usage.completion_tokens -5
+    "usage_huge": None,  # 2**70: beyond 64 bits
+    "usage_float": None,  # 4.5
+    "usage_high": None,  # 1000 for 5 streamed tokens (max_tokens 8)
+    "usage_low": None,  # 1 for 5 streamed: taken, and a mismatch
+    "content_object": "bad_response",  # every delta's content is a JSON object
+    "s429_bad_ra": "http_429",  # Retry-After: a digit Python reads and HTTP does not
+    "s503_bad_ra": "http_5xx",  # Retry-After: a date that is not one
+    "bad_chunk_size": "protocol_error",  # a chunk size line that is not hex, mid-stream
+    "bad_status": "protocol_error",  # a status line that is not HTTP's
+    "long_body": "protocol_error",  # a body longer than its Content-Length, which cuts it
+    "short_body": "stream_truncated",  # Content-Length promises more than comes, then FIN
+    "runaway": "too_many_tokens",  # tokens as fast as they go, never a finish
 }
+USAGE: dict[str, Any] = {
+    "usage_negative": -5,
+    "usage_huge": 2**70,
+    "usage_float": 4.5,
+    "usage_high": 1000,
+    "usage_low": 1,
+}
+"""Mode -> the ``usage.completion_tokens`` it sends after ``tokens`` good tokens."""
+BAD_RETRY_AFTER = {"s429_bad_ra": "\u00b2", "s503_bad_ra": "Mon, 32 Foo 2025 25:61:00 GMT"}
 
 
 @dataclass
@@ -122,17 +147,22 @@ class Stats:
     bytes_sent: Counter[str] = field(default_factory=Counter)
     client_gone: Counter[str] = field(default_factory=Counter)  # the client hung up on us
     completed: Counter[str] = field(default_factory=Counter)  # whole answers written
+    tokens: Counter[str] = field(default_factory=Counter)  # content chunks written
     connections: int = 0
     open_connections: int = 0
     keys: set[str] = field(default_factory=set)
+    other: int = 0  # soakd's /tokenize and /apply-template requests (404 unless tokenize)
 
 
 class HostileServer:
     """The server. ``start()`` on a running loop, ``aclose()`` to stop."""
 
-    def __init__(self, port: int = 0, seed: int = 0, tokens: int = 5) -> None:
+    def __init__(
+        self, port: int = 0, seed: int = 0, tokens: int = 5, *, tokenize: bool = False
+    ) -> None:
         self.port = port
         self.tokens = tokens
+        self.tokenize = tokenize  # answer /<mode>/tokenize by the mode too (else 404)
         self.stats = Stats()
         self.random = random.Random(seed)
         self._server: asyncio.Server | None = None
@@ -174,8 +204,17 @@ class HostileServer:
             req = await self._read_request(reader)
             if req is None:
                 return
+            path = req.path.split("?")[0]
+            if path.endswith(("/tokenize", "/apply-template")):
+                # soakd's prompt calibration: not one of the mode's requests; answered by
+                # the mode with ``tokenize``, else 404 (a server without a /tokenize)
+                self.stats.other += 1
+                if not self.tokenize:
+                    await self._send(writer, "?", _response(404, b'{"error":"not found"}'))
+                    return
+            else:
+                self.stats.requests[req.mode] += 1
             mode = req.mode
-            self.stats.requests[mode] += 1
             if req.key:
                 self.stats.keys.add(req.key)
             if mode == "random":
@@ -340,7 +379,7 @@ class HostileServer:
         await self._sse_head(w, "endless")
         while True:
             await self._chunk(w, "endless", chunk("t"))
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # slow enough to meet the total deadline first
 
     async def _m_stall(self, req: Request, w: asyncio.StreamWriter) -> None:
         await self._sse_head(w, "stall")
@@ -370,9 +409,9 @@ class HostileServer:
         await self._send(w, "garbage", b"\x00\x01SSH-2.0-what\r\n\r\n" * 10)
         w.close()
 
-    async def _status(self, mode: str, w: asyncio.StreamWriter, code: int, ra: bool) -> None:
+    async def _status(self, mode: str, w: asyncio.StreamWriter, code: int, ra: bool | str) -> None:
         body = json.dumps({"error": {"message": "slow down", "type": "rate_limit", "code": code}})
-        extra = {"Retry-After": "1"} if ra else {}
+        extra = {"Retry-After": "1" if ra is True else ra} if ra else {}
         await self._send(w, mode, _response(code, body.encode(), **extra))
 
     async def _m_s429(self, req: Request, w: asyncio.StreamWriter) -> None:
@@ -386,6 +425,85 @@ class HostileServer:
 
     async def _m_s503ra(self, req: Request, w: asyncio.StreamWriter) -> None:
         await self._status("s503ra", w, 503, True)
+
+    async def _m_s429_bad_ra(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._status("s429_bad_ra", w, 429, BAD_RETRY_AFTER["s429_bad_ra"])
+
+    async def _m_s503_bad_ra(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._status("s503_bad_ra", w, 503, BAD_RETRY_AFTER["s503_bad_ra"])
+
+    async def _usage(self, mode: str, w: asyncio.StreamWriter) -> None:
+        n = self.tokens
+        parts = [chunk("tok") for _ in range(n)]
+        self.stats.tokens[mode] += n
+        await self._stream(w, mode, [*parts, chunk(finish="stop"), usage(USAGE[mode]), DONE])
+
+    async def _m_usage_negative(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._usage("usage_negative", w)
+
+    async def _m_usage_huge(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._usage("usage_huge", w)
+
+    async def _m_usage_float(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._usage("usage_float", w)
+
+    async def _m_usage_high(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._usage("usage_high", w)
+
+    async def _m_usage_low(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._usage("usage_low", w)
+
+    async def _m_content_object(self, req: Request, w: asyncio.StreamWriter) -> None:
+        n = self.tokens
+        parts = [chunk({"text": "tok"}) for _ in range(n)]
+        self.stats.tokens["content_object"] += n
+        await self._stream(w, "content_object", [*parts, chunk(finish="stop"), usage(n), DONE])
+
+    async def _m_bad_chunk_size(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._sse_head(w, "bad_chunk_size")
+        await self._chunk(w, "bad_chunk_size", chunk("a"))
+        self.stats.tokens["bad_chunk_size"] += 1
+        await asyncio.sleep(0.05)  # the first token is read on its own, then the framing breaks
+        await self._send(w, "bad_chunk_size", b"zz\r\n" + chunk("b") + b"\r\n")
+        await asyncio.sleep(3600)  # the connection stays open: only the framing is wrong
+
+    async def _m_bad_status(self, req: Request, w: asyncio.StreamWriter) -> None:
+        body = b"".join(good_stream(self.tokens))
+        head = b"HTTP/1.1 2x0 OK\r\nContent-Type: text/event-stream\r\n"
+        await self._send(w, "bad_status", head + b"Content-Length: %d\r\n\r\n" % len(body))
+        await self._send(w, "bad_status", body)
+        await asyncio.sleep(3600)
+
+    async def _m_long_body(self, req: Request, w: asyncio.StreamWriter) -> None:
+        tokens = b"".join(chunk("tok") for _ in range(self.tokens))
+        body = tokens + b"".join([chunk(finish="stop"), usage(self.tokens), DONE])
+        # the length ends 10 bytes into the finish chunk: the stream looks cut there
+        head = {"Content-Type": "text/event-stream", "Content-Length": str(len(tokens) + 10)}
+        await self._send(w, "long_body", _head(200, head))
+        await asyncio.sleep(0.02)  # the head is read on its own, then the whole body at once
+        await self._send(w, "long_body", body)
+        self.stats.tokens["long_body"] += self.tokens
+        await asyncio.sleep(3600)
+
+    async def _m_short_body(self, req: Request, w: asyncio.StreamWriter) -> None:
+        parts = [chunk("tok") for _ in range(self.tokens)]
+        body = b"".join(parts)
+        head = {"Content-Type": "text/event-stream", "Content-Length": str(len(body) + 100)}
+        await self._send(w, "short_body", _head(200, head) + body)
+        self.stats.tokens["short_body"] += self.tokens
+        await asyncio.sleep(0.05)
+        w.close()  # 100 bytes short of what the head promised
+
+    async def _m_runaway(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._sse_head(w, "runaway")
+        piece = chunk("t") * 64
+        data = b"%x\r\n%s\r\n" % (len(piece), piece)
+        while True:  # until soakd hangs up (a failed write ends the handler)
+            w.write(data)
+            self.stats.bytes_sent["runaway"] += len(data)
+            self.stats.tokens["runaway"] += 64
+            await w.drain()
+            await asyncio.sleep(0)  # drain() does not yield below its high-water mark
 
     async def _m_json_huge(self, req: Request, w: asyncio.StreamWriter) -> None:
         head = {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}
@@ -433,7 +551,7 @@ class HostileServer:
 
 def _head(status: int, headers: dict[str, str]) -> bytes:
     lines = [f"HTTP/1.1 {status} X"] + [f"{k}: {v}" for k, v in headers.items()]
-    return ("\r\n".join([*lines, "Connection: close", "", ""])).encode("latin-1")
+    return ("\r\n".join([*lines, "Connection: close", "", ""])).encode()
 
 
 def _response(status: int, body: bytes, ctype: str = "application/json", **headers: str) -> bytes:

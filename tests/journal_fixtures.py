@@ -59,10 +59,12 @@ def config(**extra: Any) -> Config:
     return config_from_dict(raw)
 
 
-def run_info(cfg: Config, run_id: str = "syn-1") -> tuple[RunInfo, Plan]:
+def run_info(
+    cfg: Config, run_id: str = "syn-1", rehearse_s: float | None = None
+) -> tuple[RunInfo, Plan]:
     start = datetime(2026, 1, 1, tzinfo=UTC)
-    plan = build_plan(cfg, start)
-    opts: dict[str, float | None] = {"rehearse_s": None, "duration_s": None}
+    plan = build_plan(cfg, start, rehearse_s=rehearse_s)
+    opts: dict[str, float | None] = {"rehearse_s": rehearse_s, "duration_s": None}
     info = RunInfo(run_id, config_doc(cfg), plan_doc(plan), start, opts, rollup_window_ns(plan))
     return info, plan
 
@@ -114,8 +116,9 @@ def open_test_journal(
     journal_cfg: JournalConfig | None = None,
     forward: Sequence[FoldSink] = (),
     metrics: JournalMetrics | None = None,
+    rehearse_s: float | None = None,
 ) -> Journal:
-    info, _ = run_info(cfg)
+    info, _ = run_info(cfg, rehearse_s=rehearse_s)
     run_dir.mkdir(parents=True, exist_ok=True)
     j = Journal(
         run_dir / "journal.db",
@@ -130,13 +133,16 @@ def open_test_journal(
 
 
 HOUR = 3600.0
-KINDS = [None] * 20 + [
+KINDS = [None] * 24 + [
     ErrorKind.HTTP_5XX,
     ErrorKind.HTTP_429,
     ErrorKind.TIMEOUT_TTFT,
     ErrorKind.STREAM_TRUNCATED,
+    ErrorKind.CANCELLED,
+    ErrorKind.SHED_QUEUE_FULL,
 ]
-"""The error a synthetic request gets: one in six fails, four kinds."""
+"""The error a synthetic request gets: one in five does not succeed; four kinds fail, one
+is cut by soakd (not judged), one shed by the guard (out of the error ratios)."""
 
 
 def write_hour_run(d: Path) -> Path:

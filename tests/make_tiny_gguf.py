@@ -29,7 +29,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from soakd.workload.prompts import _WORDS
+from soakd.workload.prompts import WORDS
 
 SEED = 1234
 N_EMBD = 64
@@ -83,7 +83,7 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     add(SPACE)
     for code in range(0x21, 0x7F):
         add(chr(code))
-    for word in _WORDS:
+    for word in WORDS:
         piece = SPACE + word
         for end in range(2, len(piece) + 1):
             add(piece[:end])

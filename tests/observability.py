@@ -36,10 +36,17 @@ RULE_FILES = sorted((PROM_DIR / "rules").glob("*.yml"))
 RULE_TESTS = sorted((PROM_DIR / "tests").glob("*.yml"))
 EXTERNAL_METRICS = PROM_DIR / "external-metrics.txt"
 AM_CONFIG = ROOT / "deploy" / "alertmanager.yml"
+CENTRAL_DIR = ROOT / "deploy" / "central"
+CENTRAL_AM_CONFIG = CENTRAL_DIR / "alertmanager.yml"
 DASHBOARD_DIR = ROOT / "grafana" / "dashboards"
 GRAFANA_BUILD = ROOT / "grafana" / "build.py"
-# The webhook URL in deploy/alertmanager.yml; tests replace it with their receiver's.
+# The webhook URL in deploy/alertmanager.yml (and the central one's); tests replace it
+# with their receiver's.
 SHIPPED_WEBHOOK_URL = "http://alert-webhook:5001/alerts"
+SHIPPED_WEBHOOK_URLS = {
+    AM_CONFIG: SHIPPED_WEBHOOK_URL,
+    CENTRAL_AM_CONFIG: "http://alert-webhook.example.internal:5001/alerts",
+}
 SETUP_HINT = "run scripts/setup-prometheus.sh (apt-get install prometheus prometheus-alertmanager)"
 HOST = "127.0.0.1"
 
@@ -168,12 +175,16 @@ def dashboard_variable_queries() -> list[tuple[str, str]]:
 
 
 GRAFANA_VARS = {
+    "site": ".*",
+    "node": ".*",
     "target": ".*",
     "gpu": ".*",
     "__rate_interval": "10s",
     "__range": "60s",
     "__interval": "1s",
 }
+BOX_VARIABLES = ("site", "node")
+"""Empty on an edge (its series carry no node or site label), a list of boxes centrally."""
 
 
 def expand_grafana(expr: str, values: dict[str, str] | None = None) -> str:
@@ -239,12 +250,17 @@ def metric_names(expr: str) -> set[str]:
 
 
 def label_values_metric(query: str) -> str:
-    """``label_values(metric, label)`` -> metric."""
+    """``label_values(metric{...}, label)`` -> metric."""
+    return label_values_query(query)[0].split("{")[0]
+
+
+def label_values_query(query: str) -> tuple[str, str]:
+    """``label_values(selector, label)`` -> (selector, label)."""
     match = re.fullmatch(
-        r"\s*label_values\(\s*([A-Za-z_:][\w:]*)\s*(?:\{[^}]*\})?\s*,\s*\w+\s*\)\s*", query
+        r"\s*label_values\(\s*([A-Za-z_:][\w:]*\s*(?:\{[^}]*\})?)\s*,\s*(\w+)\s*\)\s*", query
     )
     assert match, f"unexpected variable query {query!r}"
-    return match.group(1)
+    return match.group(1), match.group(2)
 
 
 def soakd_sample_names() -> set[str]:
@@ -305,7 +321,8 @@ def free_port(host: str = HOST) -> int:
 
 
 TEST_NODE = "edge-test"
-"""The node name the tests' Prometheus puts on every alert (external label)."""
+TEST_SITE = "lab-test"
+"""The node and site the tests' Prometheus puts on every alert (external labels)."""
 
 
 def local_prometheus_config(hosts: dict[str, str], alertmanager: str) -> dict[str, Any]:
@@ -314,8 +331,10 @@ def local_prometheus_config(hosts: dict[str, str], alertmanager: str) -> dict[st
     Intervals, job names, labels and the rules are kept (rule files by absolute path);
     a job whose hosts are not all in ``hosts`` is dropped (e.g. dcgm-exporter)."""
     cfg = load_yaml(PROM_CONFIG)
-    # the node name compose fills in from ${SOAKD_NODE}: here a fixed one the tests expect
-    cfg.setdefault("global", {})["external_labels"] = {"node": TEST_NODE}
+    # the names compose fills in from ${SOAKD_NODE} and ${SOAKD_SITE}: here fixed ones
+    labels = cfg.setdefault("global", {})["external_labels"]
+    assert labels == {"node": "${SOAKD_NODE}", "site": "${SOAKD_SITE}"}, labels
+    cfg["global"]["external_labels"] = {"node": TEST_NODE, "site": TEST_SITE}
     cfg["rule_files"] = [str(PROM_DIR / pattern) for pattern in cfg["rule_files"]]
     cfg["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [alertmanager]}]}]
     jobs = []
@@ -331,10 +350,11 @@ def local_prometheus_config(hosts: dict[str, str], alertmanager: str) -> dict[st
     return cfg
 
 
-def local_alertmanager_config(webhook_url: str) -> str:
-    text = AM_CONFIG.read_text()
-    assert SHIPPED_WEBHOOK_URL in text, f"{AM_CONFIG} no longer uses {SHIPPED_WEBHOOK_URL}"
-    return text.replace(SHIPPED_WEBHOOK_URL, webhook_url)
+def local_alertmanager_config(webhook_url: str, path: Path = AM_CONFIG) -> str:
+    """A shipped Alertmanager config with its webhook pointed at ``webhook_url``."""
+    text, shipped = path.read_text(), SHIPPED_WEBHOOK_URLS[path]
+    assert shipped in text, f"{path} no longer uses {shipped}"
+    return text.replace(shipped, webhook_url)
 
 
 def _get(url: str, timeout: float = 1.0) -> int:
@@ -355,7 +375,7 @@ class Daemon:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> None:
-        with self.log_path.open("wb") as log:
+        with self.log_path.open("ab") as log:  # a restart appends
             self.proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
             )
@@ -387,7 +407,8 @@ class Daemon:
         return ""
 
 
-def prometheus_daemon(config: dict[str, Any], workdir: Path) -> Daemon:
+def prometheus_daemon(config: dict[str, Any], workdir: Path, *flags: str) -> Daemon:
+    """A Prometheus with ``config`` and its own TSDB in ``workdir``; ``flags`` added."""
     port = free_port()
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -398,20 +419,58 @@ def prometheus_daemon(config: dict[str, Any], workdir: Path) -> Daemon:
         f"--web.listen-address={HOST}:{port}",
         "--storage.tsdb.retention.time=1d",
         "--log.level=warn",
+        *flags,
     ]
     return Daemon("prometheus", argv, workdir / "prometheus.log", f"http://{HOST}:{port}")
 
 
-def alertmanager_daemon(webhook_url: str, workdir: Path) -> Daemon:
+def rules_with_for(sources: list[Path], dest: Path, waits: dict[str, str]) -> list[Path]:
+    """Copies of rule files in ``dest`` with the `for:` of the alerts named in ``waits``
+    shortened (a test's clock, not the rule's meaning: expressions stay as shipped)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    seen, out = set(), []
+    for source in sources:
+        doc = load_yaml(source)
+        for group in doc["groups"]:
+            for rule in group["rules"]:
+                if rule.get("alert") in waits:
+                    assert "for" in rule, rule["alert"]
+                    rule["for"] = waits[rule["alert"]]
+                    seen.add(rule["alert"])
+        path = dest / source.name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        out.append(path)
+    assert seen == set(waits), f"no such alerts: {set(waits) - seen}"
+    return out
+
+
+def alertmanager_daemon(
+    webhook_url: str,
+    workdir: Path,
+    *,
+    config: Path = AM_CONFIG,
+    name: str = "alertmanager",
+    cluster: tuple[int, list[int]] | None = None,
+) -> Daemon:
+    """An Alertmanager with a shipped config; alone, or a cluster peer: ``cluster`` is
+    (its gossip port, the other peers' gossip ports), all on 127.0.0.1."""
     port = free_port()
-    config_path = workdir / "alertmanager.yml"
-    config_path.write_text(local_alertmanager_config(webhook_url))
+    config_path = workdir / f"{name}.yml"
+    config_path.write_text(local_alertmanager_config(webhook_url, config))
     argv = [
         alertmanager_bin(),
         f"--config.file={config_path}",
-        f"--storage.path={workdir / 'am-data'}",
+        f"--storage.path={workdir / (name + '-data')}",
         f"--web.listen-address={HOST}:{port}",
-        "--cluster.listen-address=",
         "--log.level=warn",
     ]
-    return Daemon("alertmanager", argv, workdir / "alertmanager.log", f"http://{HOST}:{port}")
+    if cluster is None:
+        argv.append("--cluster.listen-address=")
+    else:
+        gossip, peers = cluster
+        argv += [
+            f"--cluster.listen-address={HOST}:{gossip}",
+            f"--cluster.advertise-address={HOST}:{gossip}",
+            *(f"--cluster.peer={HOST}:{peer}" for peer in peers),
+        ]
+    return Daemon(name, argv, workdir / f"{name}.log", f"http://{HOST}:{port}")

@@ -48,6 +48,7 @@ from soakd.config.loader import (
     config_from_dict,
     gateway_config_from_dict,
     load_config,
+    load_decisions,
     load_gateway_config,
 )
 from soakd.config.run import (
@@ -63,21 +64,24 @@ from soakd.config.slo import (
     THRESHOLDS_MOVED,
     AlertLimits,
     Compare,
+    Decisions,
     Hardware,
+    JudgedTarget,
     Regression,
     ReportConfig,
     Slo,
     TargetCost,
     TokenPrice,
 )
-from soakd.config.targets import RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
-from soakd.config.workload import Load, PhaseConfig, Prompts, TokenLength, Workload
+from soakd.config.targets import Failing, RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
+from soakd.config.workload import MAX_TOKENS, Load, PhaseConfig, Prompts, TokenLength, Workload
 
 __all__ = [
     "ENV_PREFIX",
     "GATEWAY_ENV_PREFIX",
     "MAX_CONCURRENCY",
     "MAX_DURATION_S",
+    "MAX_TOKENS",
     "REGRESSION_KEYS",
     "THRESHOLDS_MOVED",
     "AlertLimits",
@@ -87,11 +91,13 @@ __all__ = [
     "Config",
     "ConfigError",
     "Count",
+    "Decisions",
     "Duration",
     "ErrorBreaker",
     "Exporter",
     "ExporterBasicAuth",
     "ExporterTls",
+    "Failing",
     "GatewayConfig",
     "GatewayLimits",
     "GatewayModes",
@@ -99,6 +105,7 @@ __all__ = [
     "GpuConfig",
     "Hardware",
     "JournalConfig",
+    "JudgedTarget",
     "Limit",
     "Load",
     "Logging",
@@ -126,6 +133,7 @@ __all__ = [
     "format_duration",
     "gateway_config_from_dict",
     "load_config",
+    "load_decisions",
     "load_gateway_config",
     "parse_bytes",
     "parse_duration",

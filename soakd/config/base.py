@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from soakd.net import parse_host_port
+from soakd.net import parse_host_port, url_problem
 
 
 class ConfigError(Exception):
@@ -49,8 +48,48 @@ destination. A larger closed-loop concurrency or in-flight cap is a config error
 _YamlLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
 
 
+MAX_CONFIG_VALUES = 100_000
+"""Most values (mappings, lists, keys and scalars) a config may hold with its YAML aliases
+expanded, as every reader of it sees them (the JSON of each request, the journal's copy).
+A real config holds hundreds; ten levels of ten aliases ("billion laughs") would hold
+10^10 and end in MemoryError."""
+
+
+_PATH_KEPT = 4
+
+
+class TooLarge(ValueError):
+    """A YAML document past MAX_CONFIG_VALUES (the caller names where it came from)."""
+
+
 def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 (a safe loader)
+    """Parse YAML (the safe loader), then count its values as expanded: TooLarge past
+    MAX_CONFIG_VALUES. The loader shares an aliased node, so parsing a bomb costs
+    little; the count stops at the limit, so neither does this, nor an alias that
+    holds itself."""
+    data = yaml.load(text, Loader=_YamlLoader)  # noqa: S506 (a safe loader)
+    seen = 1
+    # each node with the first keys of its path (enough to name the section; a full path
+    # would grow with the depth of an alias that holds itself)
+    stack: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            seen += 2 * len(node)
+            stack.extend((v, (*path, str(k))[:_PATH_KEPT]) for k, v in node.items())
+        elif isinstance(node, list):
+            seen += len(node)
+            stack.extend((v, (*path, str(i))[:_PATH_KEPT]) for i, v in enumerate(node))
+        else:
+            continue
+        if seen > MAX_CONFIG_VALUES:
+            where = ".".join(path) + ("..." if len(path) == _PATH_KEPT else "")
+            raise TooLarge(
+                f"{where or 'the document'}: over {MAX_CONFIG_VALUES:,} values once its YAML "
+                "aliases are expanded (an alias repeats all it names: one that holds "
+                "itself, or aliases of aliases?)"
+            )
+    return data
 
 
 def parse_duration(value: Any) -> float:
@@ -106,7 +145,10 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 PositiveDuration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 """A Duration that must be above zero (a deadline of 0 s would fail every request)."""
 
-PositiveRate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+MAX_RATE = 1e12
+"""Requests a second, far past any client (the overload tests ask 1e9): past it, the
+expected counts of a long plan overflow."""
+PositiveRate = Annotated[float, Field(ge=0, le=MAX_RATE, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):
@@ -154,21 +196,23 @@ Bytes = Annotated[float, BeforeValidator(parse_bytes), Field(gt=0)]
 
 class Logging(Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
-    format: Literal["auto", "json", "console"] = "auto"
+    format: Literal["auto", "json", "console"] = "auto"  # auto: console on a terminal
 
 
-def http_url(value: str | None) -> str | None:
-    """A URL field: http or https, with a host, and no password in it."""
+def http_url(value: str | None, *, base: bool = False) -> str | None:
+    """A URL field: one the client can ask for as written (``net.url_problem``: http or
+    https, a host, a port within 1-65535, no user info); ``base``: no query or fragment."""
     if not value:
         return value
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"URL scheme must be http or https, got {value!r}")
-    if not parts.netloc:
-        raise ValueError(f"URL has no host: {value!r}")
-    if parts.password:
-        raise ValueError("URL must not carry a password: use api_key_env or api_key_file")
+    problem = url_problem(value, base=base)
+    if problem is not None:
+        raise ValueError(problem)
     return value
+
+
+def base_http_url(value: str | None) -> str | None:
+    """A URL soakd appends paths to (``targets[].base_url``, a gateway's ``upstream``)."""
+    return http_url(value, base=True)
 
 
 def host_port(value: str) -> str:

@@ -12,6 +12,7 @@ from soakd.config.base import (
     Duration,
     Logging,
     Strict,
+    base_http_url,
     host_port,
     http_url,
     parse_bytes,
@@ -25,9 +26,9 @@ class GpuConfig(Strict):
     /metrics of the first simulator target (the simulator speaks DCGM's names)."""
 
     source: Literal["auto", "nvml", "dcgm", "none"] = "auto"
-    dcgm_url: str | None = None
-    interval: Duration = 1.0
-    leak_window: Duration = 3600.0
+    dcgm_url: str | None = None  # a dcgm-exporter's /metrics (source: dcgm)
+    interval: Duration = 1.0  # a reading this often (50 ms at the least)
+    leak_window: Duration = 3600.0  # the VRAM leak slope's window (the VramLeak alert)
 
     @field_validator("dcgm_url")
     @classmethod
@@ -44,7 +45,7 @@ class GpuConfig(Strict):
 
 class Probes(Strict):
     scrape_interval: Duration = 5.0  # target /metrics
-    health_interval: Duration = 5.0
+    health_interval: Duration = 5.0  # target health_url
     # P99 E2E drift: one P99 per drift_interval, a Theil-Sen slope over drift_window
     drift_interval: Duration = 60.0
     drift_window: Duration = 3600.0
@@ -65,8 +66,8 @@ class VramBreaker(Strict):
     request succeeds."""
 
     enabled: bool = True
-    limit_bytes: Bytes = 3.9e9
-    hold: Duration = 5.0
+    limit_bytes: Bytes = 3.9e9  # the VRAM line (decimal: 3.9GB = 3,719 MiB)
+    hold: Duration = 5.0  # above the line this long: open
     lower_mark_bytes: Bytes | None = None  # default: 97 % of limit_bytes
     close_hold: Duration | None = None  # default: hold
     retry_after: Duration = 5.0  # the Retry-After sent while open
@@ -150,16 +151,16 @@ class GatewaySettings(Strict):
 class GatewayModes(Strict):
     """A phase's switches for a target's gateway (unset: left as they are)."""
 
-    vram_breaker: bool | None = None
-    error_breaker: bool | None = None
-    adaptive: bool | None = None
+    vram_breaker: bool | None = None  # the VRAM breaker on or off from this phase on
+    error_breaker: bool | None = None  # the error breaker on or off
+    adaptive: bool | None = None  # adaptive concurrency on or off
 
 
 class GatewayConfig(GatewaySettings):
     """``soakd gateway --config FILE``: one upstream, one listening address."""
 
-    listen: str = "127.0.0.1:8080"
-    upstream: str
+    listen: str = "127.0.0.1:8080"  # HOST:PORT the gateway serves on
+    upstream: str  # the model server's base URL
     admin_token_env: str | None = None  # enables PUT /gateway/modes with this bearer token
     logging: Logging = Field(default_factory=lambda: Logging())
 
@@ -171,7 +172,7 @@ class GatewayConfig(GatewaySettings):
     @field_validator("upstream")
     @classmethod
     def _upstream(cls, value: str) -> str:
-        checked = http_url(value)
+        checked = base_http_url(value)
         assert checked is not None
         return checked.rstrip("/")
 

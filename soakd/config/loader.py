@@ -13,10 +13,11 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from soakd.config.base import ConfigError, _yaml_load
+from soakd.config.base import ConfigError, TooLarge, _yaml_load
 from soakd.config.gateway import GatewayConfig
 from soakd.config.run import Config
-from soakd.config.slo import THRESHOLDS_MOVED
+from soakd.config.slo import THRESHOLDS_MOVED, Decisions, JudgedTarget
+from soakd.config.targets import TargetConfig
 
 ENV_PREFIX = "SOAKD__"
 
@@ -24,6 +25,8 @@ ENV_PREFIX = "SOAKD__"
 def _env_value(key: str, text: str) -> Any:
     try:
         return _yaml_load(text)
+    except TooLarge as exc:
+        raise ConfigError(f"{key}: {exc}") from None
     except yaml.YAMLError as exc:
         why = getattr(exc, "problem", None) or type(exc).__name__
         raise ConfigError(f"{key}: not a YAML value: {why}") from None
@@ -63,7 +66,7 @@ def _apply_env(
 
 
 def _list_index(items: list[Any], part: str) -> int | None:
-    if part.isdigit():
+    if part.isascii() and part.isdigit():  # str.isdigit alone takes '²' and '٣' too
         return int(part) if int(part) < len(items) else None
     for i, item in enumerate(items):
         if isinstance(item, dict) and str(item.get("name", "")).lower().replace("-", "_") == (
@@ -161,6 +164,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         raw = _yaml_load(text)
+    except TooLarge as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"
@@ -172,6 +177,46 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(raw).__name__}")
     return raw
+
+
+def load_decisions(path: Path | str) -> Decisions:
+    """``soakd report --config``: the sections of a file that decide a run (``slo``,
+    ``compare``, ``report``, and each target's ``name``, ``slo`` and ``cost``), checked as
+    strictly as in a whole config. The file may be just those, or a whole config: its
+    other sections (known ones; a misspelled key is still an error) are not used."""
+    path = Path(path)
+    raw = _read_yaml(path)
+    problems = [_unknown(key, Config) for key in raw if key not in Config.model_fields]
+    picked: dict[str, Any] = {k: raw[k] for k in Decisions.model_fields if k in raw}
+    targets = raw.get("targets")
+    if isinstance(targets, list):
+        picked["targets"] = []
+        for i, t in enumerate(targets):
+            if not isinstance(t, dict):
+                picked["targets"].append(t)  # the model says what is wrong with it
+                continue
+            where = f"targets[{t.get('name', i)}]"
+            problems += [
+                f"{where}.{_unknown(key, TargetConfig)}"
+                for key in t
+                if key not in TargetConfig.model_fields
+            ]
+            picked["targets"].append({k: t[k] for k in JudgedTarget.model_fields if k in t})
+    decisions = None
+    try:
+        decisions = Decisions.model_validate(picked)
+    except ValidationError as exc:
+        problems += _error_lines(exc, picked, Decisions)
+    if problems or decisions is None:
+        raise ConfigError.of([f"{path}: {p}" for p in problems])
+    return decisions
+
+
+def _unknown(key: Any, model: type[BaseModel]) -> str:
+    close = difflib.get_close_matches(str(key), list(model.model_fields), n=1, cutoff=0.6)
+    return (
+        f"{key}: unknown key ({f'did you mean {close[0]!r}?' if close else 'check the spelling'})"
+    )
 
 
 def config_from_dict(raw: dict[str, Any], environ: Mapping[str, str] | None = None) -> Config:

@@ -105,6 +105,7 @@ class JournalConfig(Strict):
     queue_size: Annotated[int, Field(ge=100)] = 10_000  # records waiting; beyond: dropped
     keep_samples: Duration | None = None  # delete probe samples older than this
     keep_requests: Duration | None = None  # delete request rows older than this
+    # the journal's disk budget; None: its size at start + half the free space, <= 20 GB
     max_bytes: Annotated[int, BeforeValidator(parse_bytes), Field(ge=1_000_000)] | None = None
     itl_gaps: bool = True  # false: no gaps at all (count, mean, p50 and max remain)
     # --- journal size (issue 16): per-request ITL storage, disk budget; docs/journal.md
@@ -120,14 +121,23 @@ class JournalConfig(Strict):
 
 
 MAX_WORKERS = 256
+Label = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+"""A name soakd puts in a Prometheus label value: any text but control characters."""
 
 
 class RunConfig(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")] = "soak"
-    node: str = Field(default_factory=lambda: os.uname().nodename)
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")] = (
+        "soak"  # starts the run id
+    )
+    # This box's name (the host's unless set): soakd_build_info{node}, the report,
+    # summary.json; the edge Prometheus's external label `node` carries the same value.
+    node: Label = Field(default_factory=lambda: os.uname().nodename)
+    # Where the box is (a lab, a customer, a city; boxes may share one): the label `site`,
+    # as `node` (docs/deployment.md, "Beyond one server").
+    site: Label | None = None
     duration: Duration | None = None  # a cap on the whole run
     loop: bool = False  # repeat the phases until duration
-    drain_timeout: Duration = 30.0
+    drain_timeout: Duration = 30.0  # on stop: how long requests in flight may finish
     start_at: str | None = None  # ISO datetime: the plan's calendar start (default: now)
     # sender processes: 1 sends from soakd's own loop; N > 1 starts N that only send and
     # time; auto (the default): as many as the plan's peak needs, 1 for a light plan, at

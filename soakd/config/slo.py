@@ -13,7 +13,7 @@ from soakd.config.base import Limit, Strict, parse_bytes, parse_duration
 class Hardware(Strict):
     """A box bought outright, written off over ``months`` (docs/slo.md: cost)."""
 
-    price: Annotated[float, Field(ge=0)]
+    price: Annotated[float, Field(ge=0)]  # what the box cost
     months: Annotated[float, Field(gt=0)] = 36.0
 
 
@@ -29,7 +29,7 @@ class TargetCost(Strict):
     hardware amortisation, the tokens at a cloud's price, and, without ``per_hour``, the
     energy of its GPUs at ``report.energy_price_per_kwh``."""
 
-    per_hour: Annotated[float, Field(ge=0)] | None = None
+    per_hour: Annotated[float, Field(ge=0)] | None = None  # an all-in price per hour
     hardware: Hardware | None = None
     per_mtok: TokenPrice | None = None
     gpus: list[str] | None = None  # GPU indexes charged to it (default: where its process ran)
@@ -39,12 +39,15 @@ class Slo(Strict):
     """Service level objectives: the one source of the report's verdicts, goodput, and
     the exporter's limit gauges (docs/slo.md). Every key is optional: unset, not judged."""
 
-    ttft_p99: Limit | None = None
-    tpot_p99: Limit | None = None
-    e2e_p99: Limit | None = None
+    ttft_p99: Limit | None = None  # P99 time to first token (successful requests)
+    tpot_p99: Limit | None = None  # P99 time per output token
+    e2e_p99: Limit | None = None  # P99 end-to-end latency
+    # every failed request (4xx, 5xx, transport, timeouts, bad answers) / judged requests
     error_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
-    jitter: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    oom_events: Annotated[int, Field(ge=0)] | None = None
+    server_error_ratio: Annotated[float, Field(ge=0, le=1)] | None = None  # 5xx / judged
+    jitter: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None  # stdev / mean
+    oom_events: Annotated[int, Field(ge=0)] | None = None  # out-of-memory events, at most
+    # the target's peak GPU memory (its process, else its GPUs'), at most
     vram_peak: (
         Annotated[
             float, BeforeValidator(lambda v: parse_bytes(v)), Field(gt=0, allow_inf_nan=False)
@@ -67,9 +70,9 @@ class AlertLimits(Strict):
 
     vram_leak_per_hour: Annotated[
         float, BeforeValidator(lambda v: parse_bytes(v)), Field(gt=0, allow_inf_nan=False)
-    ] = 50e6
-    dispatch_lag: Limit = 0.1
-    e2e_p99_drift_per_hour: Limit = 1.0
+    ] = 50e6  # VramLeak: GPU memory growing faster than this
+    dispatch_lag: Limit = 0.1  # DispatchLagHigh: soakd sending later than this
+    e2e_p99_drift_per_hour: Limit = 1.0  # P99 E2E growing faster than this
 
 
 THRESHOLDS_MOVED = (
@@ -83,8 +86,8 @@ THRESHOLDS_MOVED = (
 
 
 class ReportConfig(Strict):
-    energy_price_per_kwh: Annotated[float, Field(ge=0)] | None = None
-    currency: str = "$"
+    energy_price_per_kwh: Annotated[float, Field(ge=0)] | None = None  # to cost GPU energy
+    currency: str = "$"  # written before every amount
 
 
 REGRESSION_KEYS = (
@@ -94,6 +97,7 @@ REGRESSION_KEYS = (
     "ttft_p50",
     "e2e_p50",
     "error_ratio",
+    "server_error_ratio",
     "goodput",
     "goodput_rps",
     "output_tps",
@@ -127,8 +131,8 @@ Regression = Annotated[
 class Compare(Strict):
     """A candidate target against a baseline (a model version against the current one)."""
 
-    baseline: str
-    candidate: str
+    baseline: str  # a target's name
+    candidate: str  # another target's name, judged against the baseline
     max_regression: dict[str, Regression] = Field(default_factory=dict)
 
     @field_validator("max_regression")
@@ -140,3 +144,22 @@ class Compare(Strict):
                 f"unknown key(s) {', '.join(unknown)} (known: {', '.join(REGRESSION_KEYS)})"
             )
         return value
+
+
+class JudgedTarget(Strict):
+    """A target of ``soakd report --config``, matched by name: its SLO overrides and cost."""
+
+    name: str
+    slo: Slo = Slo()
+    cost: TargetCost = TargetCost()
+
+
+class Decisions(Strict):
+    """What ``soakd report --config FILE`` reads of FILE: what decides a run (its SLO,
+    compare, report and per-target slo and cost blocks), nothing else; a whole config is
+    read the same way (loader.load_decisions)."""
+
+    slo: Slo = Slo()
+    compare: Compare | None = None
+    report: ReportConfig = ReportConfig()
+    targets: list[JudgedTarget] = Field(default_factory=list)

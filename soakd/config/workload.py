@@ -16,15 +16,23 @@ from soakd.config.base import (
 )
 from soakd.config.gateway import GatewayModes
 
+MAX_TOKENS = 1 << 20
+"""The longest prompt and the longest answer a config may ask for (1,048,576 tokens): the
+longest context windows served today are a million tokens. A prompt is held once per
+request in flight (~6.5 bytes a synthetic token); past this, a typo (1e9) would end the
+run in MemoryError instead of a config error."""
+
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+
 
 class TokenLength(Strict):
     """A distribution of prompt lengths in tokens."""
 
-    dist: Literal["fixed", "uniform", "normal"] = "fixed"
-    mean: Annotated[int, Field(ge=1)] = 256
-    stddev: Annotated[float, Field(ge=0)] = 0.0  # normal
-    min: Annotated[int, Field(ge=1)] = 1
-    max: Annotated[int, Field(ge=1)] = 4096
+    dist: Literal["fixed", "uniform", "normal"] = "fixed"  # uniform: from min to max
+    mean: Tokens = 256  # fixed and normal
+    stddev: Annotated[float, Field(ge=0, le=MAX_TOKENS, allow_inf_nan=False)] = 0.0  # normal
+    min: Tokens = 1  # every length is clamped to min..max
+    max: Tokens = 4096
 
     @model_validator(mode="after")
     def _bounds(self) -> TokenLength:
@@ -34,7 +42,7 @@ class TokenLength(Strict):
 
 
 class Prompts(Strict):
-    source: Literal["synthetic", "file"] = "synthetic"
+    source: Literal["synthetic", "file"] = "synthetic"  # synthetic: seeded words, same for all
     input_tokens: TokenLength = TokenLength()
     file: Path | None = None  # JSONL: {"prompt": "..."} or {"messages": [...]} per line
 
@@ -49,9 +57,9 @@ class Load(Strict):
     """The load shape of one target in one phase."""
 
     mode: Literal["closed", "constant", "poisson", "ramp", "idle"] = "closed"
-    concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 1
-    rate: PositiveRate = 0.0
-    rate_end: PositiveRate | None = None
+    concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 1  # closed loop
+    rate: PositiveRate = 0.0  # req/s: constant, poisson, and where a ramp starts
+    rate_end: PositiveRate | None = None  # req/s where a ramp ends
     # open loop: sends out at once (0: the target's max_connections); a send that finds
     # them all out is not made and is counted (soakd_sends_missed_total, in_flight_cap)
     max_in_flight: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 0
@@ -74,10 +82,10 @@ class Load(Strict):
 
 
 class PhaseConfig(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
-    duration: Duration | None = None
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]  # a label
+    duration: Duration | None = None  # or until (one of them)
     until: str | None = None  # an ISO datetime, or a cron expression: run until it next fires
-    load: Load = Load()
+    load: Load = Load()  # every target's, unless targets overrides it
     targets: dict[str, Load] = Field(default_factory=dict)  # per-target overrides
     gateway: dict[str, GatewayModes] = Field(default_factory=dict)  # target -> its gateway
 
@@ -92,6 +100,11 @@ class PhaseConfig(Strict):
 
 class Workload(Strict):
     prompts: Prompts = Prompts()
-    max_tokens: Annotated[int, Field(ge=1)] = 512
+    max_tokens: Tokens = 512  # each request's max_tokens
     temperature: Annotated[float, Field(ge=0, le=2)] = 0.7
-    seed: int = 0
+    seed: int = 0  # the prompts' and the arrivals' seed: the same run twice sends the same
+    # auto: synthetic prompts sized in a reference's tokens at start (workload.tokenizer, else
+    # the first target whose /tokenize answers, else the first answers' usage); off: a word
+    # a token, as planned (docs/metrics.md, "Prompt tokens")
+    calibrate: Literal["auto", "off"] = "auto"
+    tokenizer: Path | None = None  # a tokenizer.json to count with (pip install 'soakd[tokenizer]')

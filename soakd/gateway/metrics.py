@@ -22,7 +22,7 @@ GATEWAY_REJECTIONS = (
     "body_too_large",
     "headers_too_large",
 )
-GATEWAY_UPSTREAM_ERRORS = ("connect", "timeout", "truncated")
+GATEWAY_UPSTREAM_ERRORS = ("connect", "timeout", "truncated", "protocol")
 GATEWAY_FEATURES = ("vram_breaker", "error_breaker", "adaptive")
 GATEWAY_LATENCY_BUCKETS = (
     0.001,
@@ -67,7 +67,7 @@ class GatewayMetrics:
         )
         self.upstream_errors = Counter(
             mn.GATEWAY_UPSTREAM_ERRORS_TOTAL,
-            "Upstream failures with no (whole) answer: connect, timeout, truncated.",
+            "Upstream failures with no (whole) answer: connect, timeout, truncated, protocol.",
             ["kind"],
             registry=r,
         )

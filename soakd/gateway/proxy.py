@@ -34,6 +34,7 @@ from soakd.gateway.breaker import Admit, ErrorRateBreakerState, State, VramBreak
 from soakd.gateway.concurrency import AimdLimit, Limiter
 from soakd.gateway.metrics import GatewayMetrics
 from soakd.model import GATEWAY_ORIGIN_HEADER, status_class
+from soakd.targets.framing import HttpProcessingError
 from soakd.targets.pool import NewestFirstConnector
 
 log = structlog.get_logger()
@@ -361,6 +362,16 @@ class Gateway:
                 502,
                 "upstream_unreachable",
                 "cannot connect to the upstream",
+            )
+        except (aiohttp.ClientResponseError, HttpProcessingError):  # soakd/targets/framing.py
+            return self._failed(
+                request,
+                passing,
+                "protocol",
+                admitted,
+                502,
+                "upstream_protocol_error",
+                "the upstream's HTTP could not be parsed",
             )
         except aiohttp.ClientError:
             return self._failed(

@@ -15,6 +15,7 @@ One package, one concern per module (docs/architecture.md, "The journal's rooms"
 - ``rollups``: totals, histogram buckets and rollup windows beside the rows;
 - ``budget``, ``retention``: the disk budget, deleting old rows in very long runs;
 - ``resume``: ``ResumeState``, ``read_resume_state``, the run-dir lock;
+- ``integrity``, ``mark``: damage checks, the mark a lost WAL is counted against, salvage;
 - ``reader``: ``JournalReader`` for the report and the export.
 
 Everything other modules import is re-exported here: ``from soakd.journal import X``. The
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
         unpack_itl_hist,
     )
     from soakd.journal.handoff import FoldSink, HandOff
+    from soakd.journal.integrity import SALVAGED_FILE, Loss, Salvaged
+    from soakd.journal.mark import MARK_FILE, Mark
     from soakd.journal.progress import PlanClock
     from soakd.journal.reader import JournalReader, Rollup
     from soakd.journal.resume import ResumeState, plan_doc, read_resume_state
@@ -53,6 +56,7 @@ if TYPE_CHECKING:
         READS_SCHEMAS,
         REQUEST_COLUMNS,
         SCHEMA_VERSION,
+        JournalDamaged,
         JournalError,
     )
     from soakd.journal.store import (
@@ -81,6 +85,11 @@ _WHERE = {
         "soakd.journal.codec",
     ),
     "FoldSink": "soakd.journal.handoff",
+    "SALVAGED_FILE": "soakd.journal.integrity",
+    "Loss": "soakd.journal.integrity",
+    "Salvaged": "soakd.journal.integrity",
+    "MARK_FILE": "soakd.journal.mark",
+    "Mark": "soakd.journal.mark",
     "HandOff": "soakd.journal.handoff",
     "PlanClock": "soakd.journal.progress",
     "JournalReader": "soakd.journal.reader",
@@ -99,6 +108,7 @@ _WHERE = {
             "READS_SCHEMAS",
             "REQUEST_COLUMNS",
             "SCHEMA_VERSION",
+            "JournalDamaged",
             "JournalError",
         ),
         "soakd.journal.schema",
@@ -131,23 +141,29 @@ __all__ = [
     "IDLE_HEARTBEAT_S",
     "JOURNAL_FILE",
     "LOCK_FILE",
+    "MARK_FILE",
     "MAX_BATCH",
     "PAGE_SIZE",
     "READS_SCHEMAS",
     "REQUEST_COLUMNS",
     "RETENTION_EVERY_S",
     "RETRY_MAX_S",
+    "SALVAGED_FILE",
     "SCHEMA_VERSION",
     "FoldSink",
     "HandOff",
     "Journal",
+    "JournalDamaged",
     "JournalError",
     "JournalReader",
+    "Loss",
+    "Mark",
     "PlanClock",
     "Restored",
     "ResumeState",
     "Rollup",
     "RunInfo",
+    "Salvaged",
     "config_doc",
     "open_journal",
     "outcome_from_row",

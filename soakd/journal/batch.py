@@ -3,8 +3,9 @@ process. Pure: no IO.
 
 ``Columns.add`` appends an outcome's fields to one typed array per field (a handful of C
 appends, no object kept); ``encode`` writes the arrays one after the other behind a small
-header, and ``decode`` rebuilds the outcomes in the writer. Target and phase names travel
-once per batch (a string table), error kinds as their index in ``ErrorKind``, ITL gaps as
+header, and ``decode`` rebuilds the outcomes in the writer. Target and phase names (and
+why a usage was rejected) travel once per batch (a string table), error kinds as their
+index in ``ErrorKind``, ITL gaps as
 raw int64, and their digest buckets as (key, count) pairs when the worker that timed the
 request counted them (none: the writer counts them). No pickle: both ends are the same
 installed soakd, and nothing in a batch is code.
@@ -17,6 +18,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterator
+from itertools import chain
 from typing import Final
 
 from soakd.model import ErrorKind, Outcome
@@ -26,6 +28,8 @@ KINDS: Final = tuple(ErrorKind)
 _KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
 _NO_KIND: Final = 255
 _NONE: Final = -1
+_NO_DELTA: Final = -(1 << 63)
+_NO_NAME: Final = 0xFFFF
 _HEAD = struct.Struct("<BI")  # version, outcomes
 _LEN = struct.Struct("<I")
 _BIG = sys.byteorder == "big"
@@ -42,7 +46,9 @@ COLUMNS: Final = (
     ("wall", "d"),
     ("status", "H"),
     ("error", "B"),  # 255: ok
-    ("flags", "B"),  # 1: oom, 2: usage reported
+    ("flags", "B"),  # 1: oom, 2: usage reported, 4: an unreadable Retry-After
+    ("usage_delta", "q"),  # _NO_DELTA: none
+    ("usage_rejected", "H"),  # the reason in the string table; _NO_NAME: none
     ("prompt_tokens", "q"),  # -1: none
     ("output_tokens", "I"),
     ("n_gaps", "I"),
@@ -91,7 +97,7 @@ class Columns:
         c["status"].append(o.status)
         error = o.error
         c["error"].append(_NO_KIND if error is None else _KIND_INDEX[error])
-        c["flags"].append(o.oom | o.usage_reported << 1)
+        c["flags"].append(o.oom | o.usage_reported << 1 | o.retry_after_unreadable << 2)
         prompt = o.prompt_tokens
         c["prompt_tokens"].append(_NONE if prompt is None else prompt)
         c["output_tokens"].append(o.output_tokens)
@@ -101,12 +107,13 @@ class Columns:
         keys = o.itl_keys
         if keys:
             c["n_keys"].append(len(keys))
-            pairs = c["keys"]
-            for key, n in keys.items():
-                pairs.append(key)
-                pairs.append(n)
+            c["keys"].extend(chain.from_iterable(keys.items()))  # key, count, key, count...
         else:
             c["n_keys"].append(0)
+        delta = o.usage_delta
+        c["usage_delta"].append(_NO_DELTA if delta is None else delta)
+        rejected = o.usage_rejected
+        c["usage_rejected"].append(self._name(rejected) if rejected else _NO_NAME)
 
     def encode(self) -> bytes:
         """``version, count | len, names (JSON) | len, column`` for each column in order."""
@@ -160,6 +167,7 @@ class Columns:
             c["output_tokens"],
         )
         n_gaps, n_keys, gaps, keys = c["n_gaps"], c["n_keys"], c["gaps"], c["keys"]
+        deltas, rejected = c["usage_delta"], c["usage_rejected"]
         at_gap = at_key = 0
         for i, wall in enumerate(walls):
             o = Outcome(names[targets[i]], names[phases[i]], seqs[i], scheduled[i])
@@ -173,6 +181,11 @@ class Columns:
             o.error = None if error == _NO_KIND else KINDS[error]
             o.oom = bool(flags[i] & 1)
             o.usage_reported = bool(flags[i] & 2)
+            o.retry_after_unreadable = bool(flags[i] & 4)
+            delta = deltas[i]
+            o.usage_delta = None if delta == _NO_DELTA else delta
+            reason = rejected[i]
+            o.usage_rejected = "" if reason == _NO_NAME else names[reason]
             prompt = prompts[i]
             o.prompt_tokens = None if prompt == _NONE else prompt
             o.output_tokens = outputs[i]

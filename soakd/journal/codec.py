@@ -193,6 +193,8 @@ def outcome_row(
         o.output_tokens,
         int(o.usage_reported),
         hist,
+        o.usage_delta,
+        o.usage_rejected or None,
     )
     return row, ordered
 
@@ -216,6 +218,8 @@ def outcome_from_row(row: Mapping[str, Any] | sqlite3.Row) -> Outcome:
     o.prompt_tokens = row["prompt_tokens"]
     o.output_tokens = row["output_tokens"]
     o.usage_reported = bool(row["usage_reported"])
+    o.usage_delta = row["usage_delta"]
+    o.usage_rejected = row["usage_rejected"] or ""
     o.itl_ns = row_itl_ns(row)
     return o
 

@@ -149,7 +149,7 @@ def serve(sock: socket.socket, sink: Sink) -> int:
                     elif kind == link.CLOSE:
                         store.final()
                         sink.send(link.STATS, counts.drain())
-                        sink.send(link.CLOSED, {})
+                        sink.send(link.CLOSED, {"unwritten": store.unwritten})
                         return 0
             now = time.monotonic()
             if store.due(now):

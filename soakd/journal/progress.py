@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import time
 from collections.abc import Callable
@@ -170,8 +171,9 @@ class Progress:
                 next_id,
             ),
         )
+        host = socket.gethostname()  # where this session ran (the report's header)
         if self.resume is None:
-            self.insert_event(conn, now, 0, "run_started", {"version": __version__})
+            self.insert_event(conn, now, 0, "run_started", {"version": __version__, "host": host})
         else:
             # the downtime is written when the plan clock runs again (_clock_started)
             self.insert_event(
@@ -179,7 +181,7 @@ class Progress:
                 now,
                 self.started_offset,
                 "run_resumed",
-                {"version": __version__, "session": self.session},
+                {"version": __version__, "session": self.session, "host": host},
             )
 
     def heartbeat(self, conn: sqlite3.Connection, from_id: int, final: bool) -> Beat:

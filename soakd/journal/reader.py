@@ -2,13 +2,16 @@
 
 Safe while a run writes (WAL readers never block the writer). ``rollups()`` folds in what a
 killed writer committed as rows but never rolled up, in memory, so a report on a crashed
-run is whole.
+run is whole. Opening checks the journal (integrity.py): a damaged one is a JournalError
+naming the damage, or with ``salvage`` a copy of what is readable, read instead
+(``salvaged`` says what it holds); ``loss`` is what a damaged write-ahead log took.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +19,21 @@ from typing import Any, NamedTuple
 
 from soakd.analysis import JITTER_SLICES, JITTER_WINDOW_S, TargetStats
 from soakd.journal.codec import stats_from_blob
+from soakd.journal.integrity import (
+    Loss,
+    Salvaged,
+    damage,
+    damaged_error,
+    emptied,
+    lost,
+    read_mark,
+    salvage_path,
+)
+from soakd.journal.integrity import salvage as salvage_journal
 from soakd.journal.rollups import unfolded_rollups
 from soakd.journal.schema import (
     JOURNAL_FILE,
+    JournalDamaged,
     JournalError,
     check_schema,
     connect,
@@ -56,15 +71,42 @@ class Rollup:
 
 
 class JournalReader:
-    """Read-only access for the report and the export; safe while a run writes."""
+    """Read-only access for the report and the export; safe while a run writes.
 
-    def __init__(self, run_dir: Path) -> None:
+    ``salvage``: a damaged journal is copied, every readable row, and the copy is read
+    (``salvaged``); without it a damaged journal is a JournalError."""
+
+    def __init__(self, run_dir: Path, *, salvage: bool = False) -> None:
         path = run_dir / JOURNAL_FILE if run_dir.is_dir() else run_dir
         if not path.exists():
             raise JournalError(f"{run_dir}: no journal ({JOURNAL_FILE}) there")
         self.path = path
+        self.salvaged: Salvaged | None = None
+        self.loss: Loss | None = None
+        mark = read_mark(path.parent)  # before the database: never ahead of what it holds
         self.conn = connect(path, readonly=True)
-        self.meta = check_schema(self.conn, path, writing=False)
+        try:
+            self.meta = check_schema(self.conn, path, writing=False)
+        except JournalDamaged as exc:
+            if not salvage:
+                self.conn.close()
+                raise
+            found = {"meta": str(exc)}
+        except JournalError as exc:  # not a soakd journal: unless its mark says it was one
+            self.conn.close()
+            raise (emptied(path, mark) or exc) from None
+        else:
+            found = damage(self.conn)
+        if found and not salvage:
+            self.conn.close()
+            raise damaged_error(path, found)
+        if found:
+            self.conn.close()
+            self.salvaged = salvage_journal(path, salvage_path(path.parent))
+            self.conn = connect(self.salvaged.path, readonly=True)
+            self.meta = check_schema(self.conn, self.salvaged.path, writing=False)
+        else:
+            self.loss = lost(self.conn, mark)
 
     def close(self) -> None:
         self.conn.close()
@@ -99,6 +141,14 @@ class JournalReader:
             return {(t, p, r): n for t, p, r, n in rows}
         except sqlite3.OperationalError:  # v1: no such table
             return {}
+
+    def notes(self) -> list[tuple[str, str, int]]:
+        """(target, note, count) rows: what the targets' answers carried (soakd/notes.py);
+        empty before v4."""
+        try:
+            return list(self.conn.execute("SELECT target, note, count FROM notes"))
+        except sqlite3.OperationalError:  # before v4: no such table
+            return []
 
     def totals(self) -> list[Total]:
         return [
@@ -150,10 +200,20 @@ class JournalReader:
             "SELECT target, phase, window, wall_min, wall_max, stats FROM rollups"
         ):
             if (target, phase, window) not in unfolded:  # that one holds it, and more
-                add(Rollup(target, phase, window, wmin, wmax, stats_from_blob(blob)))
+                add(Rollup(target, phase, window, wmin, wmax, self._stats(blob, window)))
         for r in unfolded.values():
             add(r)
         return sorted(found.values(), key=lambda r: (r.window, r.target, r.phase))
+
+    def _stats(self, blob: bytes, window: int) -> TargetStats:
+        """A window's stats; JournalDamaged when its blob does not decode (a damaged page
+        whose structure still checks out)."""
+        try:
+            return stats_from_blob(blob)
+        except (ValueError, TypeError, KeyError, zlib.error) as exc:
+            raise damaged_error(
+                self.path, {"rollups": f"window {window} does not decode: {exc}"}
+            ) from None
 
     def series(self) -> dict[int, tuple[str, dict[str, str]]]:
         return {

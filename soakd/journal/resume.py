@@ -11,13 +11,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from soakd.config import Config
 from soakd.config.redact import config_doc
+from soakd.journal.integrity import Loss, check_whole, emptied, lost, read_mark
 from soakd.journal.schema import LOCK_FILE, JournalError, check_schema, connect
 from soakd.model import Plan
 
@@ -76,6 +77,16 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [path or "config"]
 
 
+def _as_read_now(doc: dict[str, Any]) -> dict[str, Any]:
+    """The stored config as this soakd reads it: a key a newer soakd added takes its
+    default, so an upgrade alone is no config change (a key set away from its default
+    still is). A document this soakd cannot read is compared as it is."""
+    try:
+        return config_doc(Config.model_validate(doc))
+    except ValueError:  # pydantic's ValidationError: a key this soakd dropped or renamed
+        return doc
+
+
 @dataclass(frozen=True)
 class ResumeState:
     """What a new session needs to continue a run (read before anything else starts)."""
@@ -92,10 +103,12 @@ class ResumeState:
     next_seq: dict[str, int]
     finished: bool
     written_by: str
+    calibrations: list[dict[str, Any]] = field(default_factory=list)  # prompt_calibration events
+    loss: Loss | None = None  # what a damaged write-ahead log took (integrity.py)
 
     def check(self, cfg: Config, plan: Plan, *, force: bool) -> list[str]:
         """Same config and plan as stored, or JournalError (``force``: the differences)."""
-        diffs = _diff(self.config, config_doc(cfg))
+        diffs = _diff(_as_read_now(self.config), config_doc(cfg))
         if not diffs and plan_doc(plan) != self.plan:
             diffs = ["plan"]
         if diffs and not force:
@@ -133,13 +146,21 @@ def read_resume_state(path: Path) -> ResumeState | None:
     """The state of the run journaled at ``path``; None when there is no journal yet.
 
     Raises JournalError for a finished run, a run dir another soakd is writing, another
-    program's file, or a schema this soakd cannot continue."""
+    program's file, a schema this soakd cannot continue, or a damaged journal. Commits a
+    damaged write-ahead log took are ``loss``: the plan clock and the seq numbers go on
+    from the last commit the journal made (its mark), not from what it still holds."""
     if not path.exists():
         return None
     os.close(take_lock(path.parent))  # fail before anything touches the run dir
+    mark = read_mark(path.parent)  # before the database (integrity.py)
     conn = connect(path, readonly=True)
     try:
-        meta = check_schema(conn, path, writing=True)
+        try:
+            meta = check_schema(conn, path, writing=True)
+        except JournalError as exc:  # not a soakd journal: unless its mark says it was one
+            raise (emptied(path, mark) or exc) from None
+        check_whole(conn, path, resume=True)
+        loss = lost(conn, mark)
         rows = conn.execute(
             "SELECT session, wall, offset_ns, seqs, stopped FROM progress ORDER BY session"
         ).fetchall()
@@ -162,6 +183,12 @@ def read_resume_state(path: Path) -> ResumeState | None:
             ).fetchone()
             is not None
         )
+        calibrations = [  # the prompts' sizing, reused as it was (soakd/workload/sizing.py)
+            json.loads(data)
+            for (data,) in conn.execute(
+                "SELECT data FROM events WHERE kind = 'prompt_calibration' ORDER BY id"
+            )
+        ]
     finally:
         conn.close()
     run_id = meta["run_id"]
@@ -171,6 +198,11 @@ def read_resume_state(path: Path) -> ResumeState | None:
             "(use a new --run-dir, or `soakd report` on this one)"
         )
     last = rows[-1] if rows else None
+    offset_ns = int(last[2]) if last else 0
+    if loss is not None and mark is not None:  # go on from what had run, not from before
+        offset_ns = max(offset_ns, mark.offset_ns)
+        for name, n in mark.seqs.items():
+            seqs[name] = max(seqs.get(name, 0), n)
     return ResumeState(
         run_id=run_id,
         created_wall=float(meta["created_wall"]),
@@ -179,9 +211,11 @@ def read_resume_state(path: Path) -> ResumeState | None:
         config=meta["config"],
         plan=meta["plan"],
         sessions=len(rows),
-        offset_ns=int(last[2]) if last else 0,
+        offset_ns=offset_ns,
         last_wall=float(last[1]) if last else float(meta["created_wall"]),
         next_seq=seqs,
         finished=False,
         written_by=meta["soakd_version"],
+        calibrations=calibrations,
+        loss=loss,
     )

@@ -1,8 +1,9 @@
 """Journal rollups room: what the writer keeps beside the rows, and how.
 
 Each batch's outcomes are folded once (``soakd.fold.Fold``): the totals Prometheus'
-counters restart from, the latency histograms' bucket counts, and the ``TargetStats`` of
-each (target, phase, window) the batch's requests completed in. ``Aggregates`` holds the
+counters restart from (and each target's notes, soakd/notes.py), the latency histograms'
+bucket counts, and the ``TargetStats`` of each (target, phase, window) the batch's
+requests completed in. ``Aggregates`` holds the
 running values on the writer thread; it writes a batch's share inside the batch's
 transaction and moves on only after the commit (``committed``), so a failed transaction is
 retried from the same state. Windows are stored once they are over (two windows back: late
@@ -17,7 +18,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from soakd.analysis import TargetStats
-from soakd.fold import Fold, Hist, HistKey, TotalsKey, Window, WindowKey, add_hist
+from soakd.fold import Fold, Hist, HistKey, NoteKey, TotalsKey, Window, WindowKey, add_hist
 from soakd.journal.codec import copy_stats, outcome_from_row, stats_from_blob, stats_to_blob
 from soakd.journal.schema import request_columns
 from soakd.model import Plan
@@ -38,6 +39,7 @@ class Staged:
 
     totals: dict[TotalsKey, list[int]]
     hists: dict[HistKey, Hist]
+    notes: dict[NoteKey, int]
     windows: dict[WindowKey, Window]
     stored: set[WindowKey]
     last_id: int
@@ -58,15 +60,18 @@ class Aggregates:
         self.totals: dict[TotalsKey, list[int]] = {}
         self.hists: dict[HistKey, Hist] = {}
         self.windows: dict[WindowKey, Window] = {}
+        self.notes: dict[NoteKey, int] = {}
 
     def load(self, conn: sqlite3.Connection) -> list[tuple[str, str, str, str, int, int, int, int]]:
-        """Read the stored totals and histograms; returns the totals as rows."""
+        """Read the stored totals, notes and histograms; returns the totals as rows."""
         totals = []
         for row in conn.execute("SELECT * FROM totals"):
             self.totals[(row[0], row[1], row[2], row[3])] = [row[4], row[5], row[6], row[7]]
             totals.append((row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7]))
         for kind, target, counts, total in conn.execute("SELECT * FROM histograms"):
             self.hists[(kind, target)] = (json.loads(counts), total)
+        for target, note, n in conn.execute("SELECT target, note, count FROM notes"):
+            self.notes[(target, note)] = n
         return totals
 
     def write(
@@ -89,6 +94,15 @@ class Aggregates:
             conn.executemany(
                 "INSERT OR REPLACE INTO totals VALUES (?,?,?,?,?,?,?,?)",
                 [(*key, *t) for key, t in new_totals.items()],
+            )
+        new_notes: dict[NoteKey, int] = {}
+        for part in folds:
+            for nkey, n in part.notes.items():
+                new_notes[nkey] = new_notes.get(nkey, self.notes.get(nkey, 0)) + n
+        if new_notes:
+            conn.executemany(
+                "INSERT OR REPLACE INTO notes VALUES (?,?,?)",
+                [(*k, n) for k, n in new_notes.items()],
             )
         new_hists: dict[HistKey, Hist] = {}
         for part in folds:
@@ -121,12 +135,13 @@ class Aggregates:
             if win.dirty and (final or wkey[2] <= now_window - 2):
                 store_window(conn, wkey, win.stats, win.wall_min, win.wall_max, last_id)
                 stored.add(wkey)
-        return Staged(new_totals, new_hists, staged, stored, last_id)
+        return Staged(new_totals, new_hists, new_notes, staged, stored, last_id)
 
     def committed(self, staged: Staged, now_window: int) -> None:
         """The transaction committed: the running values move on."""
         self.totals.update(staged.totals)
         self.hists.update(staged.hists)
+        self.notes.update(staged.notes)
         for wkey, win in staged.windows.items():
             if wkey in staged.stored:
                 win.upto_id, win.first_id, win.dirty = staged.last_id, 0, False

@@ -2,10 +2,11 @@
 
 The version is in ``PRAGMA user_version`` and in ``meta``; ``PRAGMA application_id`` tells a
 soakd journal from any other SQLite file. v2 added the ``missed`` table; v3 the ``itl_hist``
-column of ``requests`` (compact ITL gaps, codec.py). An older journal is brought up to date
-when this soakd continues it (``migrate``: v1 -> v2 -> v3, nothing rewritten; its old rows
-keep their exact gaps) and read as it is (``request_columns``). docs/journal.md has the
-table list.
+column of ``requests`` (compact ITL gaps, codec.py); v4 the ``usage_delta`` and
+``usage_rejected`` columns and the ``notes`` table (soakd/notes.py). An older journal is
+brought up to date when this soakd continues it (``migrate``: v1 -> v2 -> v3 -> v4, nothing
+rewritten; its old rows keep their exact gaps, and NULL usage columns) and read as it is
+(``request_columns``). docs/journal.md has the table list.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any
 
 from soakd import __version__
 
-SCHEMA_VERSION = 3
-READS_SCHEMAS = frozenset({1, 2, 3})
-MIGRATES_FROM = frozenset({1, 2})  # continued after ``migrate``
+SCHEMA_VERSION = 4
+READS_SCHEMAS = frozenset({1, 2, 3, 4})
+MIGRATES_FROM = frozenset({1, 2, 3})  # continued after ``migrate``
 _MISSED_TABLE = """CREATE TABLE missed (
     target TEXT NOT NULL, phase TEXT NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (target, phase, reason)
@@ -29,6 +30,19 @@ table, empty, when a v2 soakd continues it."""
 _ITL_HIST_COLUMN = "ALTER TABLE requests ADD COLUMN itl_hist BLOB"
 """v3: ITL gaps as ``Digest`` buckets (codec.pack_itl_hist), the default; ``itl`` keeps exact
 gaps only with ``journal.itl: exact``. Added last, so a v2 table gains it as it is."""
+_USAGE_COLUMNS = (
+    "ALTER TABLE requests ADD COLUMN usage_delta INTEGER",
+    "ALTER TABLE requests ADD COLUMN usage_rejected TEXT",
+)
+"""v4: per request, the server's usage against the stream: ``usage_delta`` (usage's
+completion tokens minus the content chunks streamed; NULL: not a stream, or no usage
+taken) and ``usage_rejected`` (why a usage was not taken; NULL: none was rejected)."""
+_NOTES_TABLE = """CREATE TABLE notes (
+    target TEXT NOT NULL, note TEXT NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY (target, note)
+) WITHOUT ROWID"""
+"""v4: per target, how many answers carried each note (soakd/notes.py), dropped rows
+included: the counters a resume continues, and the report's notes."""
 APPLICATION_ID = 0x736F616B  # "soak": tells a soakd journal from any other SQLite file
 JOURNAL_FILE = "journal.db"
 LOCK_FILE = "journal.lock"
@@ -92,9 +106,13 @@ CREATE TABLE rollups (
     + ";\n"
     + _ITL_HIST_COLUMN
     + ";\n"
+    + ";\n".join((*_USAGE_COLUMNS, _NOTES_TABLE))
+    + ";\n"
 )
 
-INSERT_REQUEST = "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+INSERT_REQUEST = (
+    "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
 REQUEST_COLUMNS = (
     "id",
     "session",
@@ -121,20 +139,26 @@ REQUEST_COLUMNS = (
     "output_tokens",
     "usage_reported",
     "itl_hist",
+    "usage_delta",
+    "usage_rejected",
 )
 
 
 def request_columns(version: int, *, itl: bool = True) -> str:
     """The select list of ``requests`` for a journal of schema ``version`` (``itl_hist`` is
-    NULL before v3); without ``itl``, both gap columns are left out."""
+    NULL before v3, the usage columns before v4); without ``itl``, both gap columns are
+    left out."""
     cols = [c for c in REQUEST_COLUMNS if itl or c not in ("itl", "itl_hist")]
-    if version < 3 and "itl_hist" in cols:
-        cols[cols.index("itl_hist")] = "NULL AS itl_hist"
-    return ", ".join(cols)
+    since = {"itl_hist": 3, "usage_delta": 4, "usage_rejected": 4}
+    return ", ".join(f"NULL AS {c}" if version < since.get(c, 0) else c for c in cols)
 
 
 class JournalError(Exception):
     """A journal that cannot be used as asked, phrased for the user as one line."""
+
+
+class JournalDamaged(JournalError):
+    """A journal whose pages cannot be read whole (integrity.py: ``--salvage`` may help)."""
 
 
 def connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
@@ -166,15 +190,21 @@ def create(conn: sqlite3.Connection, meta: dict[str, Any]) -> None:
 
 def migrate(conn: sqlite3.Connection) -> None:
     """Bring a journal this soakd continues to SCHEMA_VERSION, in one transaction:
-    v1 -> v2 the missed table, v2 -> v3 the itl_hist column (nothing else changed)."""
+    v1 -> v2 the missed table, v2 -> v3 the itl_hist column, v3 -> v4 the usage columns
+    and the notes table (nothing else changed)."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version not in MIGRATES_FROM:
         return  # current, or refused by check_schema
     conn.execute("BEGIN")
     if version == 1:
         conn.execute(_MISSED_TABLE)
-    if "itl_hist" not in {c[1] for c in conn.execute("PRAGMA table_info(requests)")}:
+    columns = {c[1] for c in conn.execute("PRAGMA table_info(requests)")}
+    if "itl_hist" not in columns:
         conn.execute(_ITL_HIST_COLUMN)
+    if "usage_delta" not in columns:
+        for stmt in _USAGE_COLUMNS:
+            conn.execute(stmt)
+        conn.execute(_NOTES_TABLE)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     conn.execute("COMMIT")
@@ -189,8 +219,8 @@ def check_schema(conn: sqlite3.Connection, path: Path, *, writing: bool) -> dict
         if app_id != APPLICATION_ID:
             raise JournalError(f"{path}: not a soakd journal")
         meta = {k: json.loads(v) for k, v in conn.execute("SELECT key, value FROM meta")}
-    except sqlite3.DatabaseError as exc:
-        raise JournalError(f"{path}: not a readable soakd journal ({exc})") from None
+    except (sqlite3.DatabaseError, ValueError, TypeError) as exc:  # TypeError: a NULL value
+        raise JournalDamaged(f"{path}: not a readable soakd journal ({exc})") from None
     if version not in READS_SCHEMAS:
         by = meta.get("soakd_version", "?")
         newer = version > SCHEMA_VERSION

@@ -23,6 +23,15 @@ batch's fold goes to the sink at once (``committed=False``: measuring never wait
 disk), and so does every later packet's while commits keep failing, never again once
 committed; at most ``queue_size`` rows wait for the retry, the rows past that are dropped and
 counted, their requests stay in the fold.
+
+A disk that fills and never frees: the writer holds ``journal.reserve`` (RESERVE_BYTES)
+from the start, and lets it go when the final write fails, so the run's final state (its
+totals, rollups and the stop) still goes in; if it fails again the last rows give way
+(counted in the rollups, not written as rows). Either way a ``journal_write_errors`` event
+says how long writes failed and how many requests have no row, and the report and the
+run's summary say so in their first lines. After every commit the writer leaves a mark
+outside the database (mark.py), so commits a damaged write-ahead log drops are counted,
+not lost in silence.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from soakd.journal import schema
 from soakd.journal.budget import Budget
 from soakd.journal.codec import END_NS, outcome_row
 from soakd.journal.counts import WriterCounts
+from soakd.journal.mark import Mark, MarkFile
 from soakd.journal.progress import ClockState, Progress, Resumed
 from soakd.journal.retention import apply_retention
 from soakd.journal.rollups import Aggregates, store_window, unfolded_rollups
@@ -57,6 +67,12 @@ MAX_BATCH = 5000  # rows per transaction: a packet that brings more commits at o
 RETENTION_EVERY_S = 60.0
 IDLE_HEARTBEAT_S = 1.0
 RETRY_MAX_S = 30.0
+RESERVE_FILE = "journal.reserve"
+RESERVE_BYTES = 4 << 20
+"""Disk held back from the start for the run's final state: its totals, rollup windows,
+heartbeat and events take a few dozen 16 KiB pages (their WAL frames, then the
+checkpoint), far less than this."""
+FINAL_ATTEMPTS = 4
 PACKET_KEY = "writer_packet"
 """``meta`` key: the last packet a session's writer committed ({session, seq}): a restarted
 writer tells soakd which of the packets it sent the dead one are in the journal."""
@@ -125,7 +141,8 @@ class Restored:
     histograms: dict[tuple[str, str], tuple[list[int], float]]
     downtime_s: float
     resumes: int
-    missed: dict[tuple[str, str, str], int]
+    missed: dict[tuple[str, str, str], int]  # sends not made
+    notes: list[tuple[str, str, int]]  # (target, note, count)
 
     def to_doc(self) -> dict[str, Any]:
         return {
@@ -134,6 +151,7 @@ class Restored:
             "downtime_s": self.downtime_s,
             "resumes": self.resumes,
             "missed": [[*k, n] for k, n in self.missed.items()],
+            "notes": [list(n) for n in self.notes],
         }
 
     @classmethod
@@ -147,6 +165,7 @@ class Restored:
             float(doc["downtime_s"]),
             int(doc["resumes"]),
             {(t, p, r): int(n) for t, p, r, n in doc["missed"]},
+            [(t, note, int(n)) for t, note, n in doc["notes"]],
         )
 
 
@@ -230,6 +249,11 @@ class Store:
         self._errors_in_row = 0
         self._retry_at = 0.0
         self._drop_logged = False
+        self._failing: dict[str, Any] | None = None  # since when writes fail, and why
+        self._tallied = 0  # requests soakd's full queue tallied (no row, no window)
+        self._reserve: Path | None = None
+        self._mark = MarkFile(path.parent)
+        self.unwritten = 0  # records the final write could not keep at all
         self.restored: Restored | None = None
         self.packet_seq = 0  # the last packet this session committed before this writer
 
@@ -254,6 +278,7 @@ class Store:
 
     def open(self) -> Restored:
         """Open (or create) the database; JournalError when it cannot be used."""
+        self._hold_reserve()
         new = not self.path.exists()
         if new and (self._resume is not None or self._rejoin):
             raise JournalError(f"{self.path}: the journal vanished before the resume")
@@ -322,7 +347,12 @@ class Store:
         if self._rejoin and packet.get("session") == self._rejoin:
             self.packet_seq = int(packet["seq"])
         self.restored = Restored(
-            totals, dict(self._agg.hists), downtime, resumes[0], dict(progress.missed)
+            totals,
+            dict(self._agg.hists),
+            downtime,
+            resumes[0],
+            dict(progress.missed),
+            [(t, n, c) for (t, n), c in self._agg.notes.items()],
         )
         return self.restored
 
@@ -396,6 +426,7 @@ class Store:
         batch.events += events
         if tally is not None:
             batch.known.merge(tally)
+            self._tallied += tally.requests
 
     def _drop_rows(self, n: int) -> None:
         """Rows there is no room for (commits failing): their requests are in the fold."""
@@ -449,6 +480,7 @@ class Store:
         self._last_commit = now
         if self._errors_in_row:
             log.warning("journal_writes_resumed", after_errors=self._errors_in_row)
+            self._failed_event(until_end=False)
         self._errors_in_row = 0
         self._pending = None
         if now - self._last_retention >= RETENTION_EVERY_S:
@@ -467,20 +499,32 @@ class Store:
             batch = pending
         if batch is None:
             batch = _Batch([], [], [], [], Fold(), Fold(), self._budget.keep_rows(self._conn))
-        for attempt in range(3):
+        lean = False
+        for attempt in range(1, FINAL_ATTEMPTS + 1):
             try:
                 self._commit(batch, final=True)
                 break
             except sqlite3.Error as exc:
                 self._failed(batch, exc)
-                if attempt == 2:
+                if attempt == FINAL_ATTEMPTS:
+                    self.unwritten = len(batch.rows) + len(batch.samples) + len(batch.events)
                     log.error(  # noqa: TRY400  # the error is in the line: no traceback
                         "journal_close_incomplete",
-                        unwritten=len(batch.rows) + len(batch.samples) + len(batch.events),
+                        unwritten=self.unwritten,
                         error=f"{type(exc).__name__}: {exc}",
                     )
                     return
-                time.sleep(1.0)
+                if attempt == 1:
+                    self._failed_event(until_end=True, batch=batch)  # goes in with the rest
+                if attempt == 1 and self._release_reserve():
+                    log.warning("journal_reserve_released", reason="the final write failed")
+                elif not lean:
+                    lean = True  # the rows give way to the run's final state (in its windows)
+                    log.warning("journal_final_without_rows", reason="the final write failed")
+                    if batch.rows and self.counts is not None:
+                        self.counts.dropped.labels("request").inc(len(batch.rows))
+                    batch.rows = []
+                time.sleep(0.2 if attempt == 1 else 1.0)
         self._pending = None
         with contextlib.suppress(sqlite3.Error):
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -491,6 +535,58 @@ class Store:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.close()
             self._conn = None
+        self._release_reserve()
+        self._mark.close()
+
+    def _hold_reserve(self) -> None:
+        """Take RESERVE_BYTES of the disk now (real blocks, not a sparse file), for the
+        final write of a run whose disk fills up."""
+        path = self.path.parent / RESERVE_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError as exc:  # already full: the run goes on without one
+            with contextlib.suppress(OSError):
+                path.unlink()
+            log.warning("journal_reserve_not_taken", error=exc.strerror)
+            return
+        self._reserve = path
+
+    def _release_reserve(self) -> bool:
+        """Give the reserve back to the disk; True when there was one."""
+        path, self._reserve = self._reserve, None
+        if path is None:
+            return False
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return True
+
+    def _failed_event(self, *, until_end: bool, batch: _Batch | None = None) -> None:
+        """A ``journal_write_errors`` event (in ``batch``, or the next one): how long writes
+        failed (``until_end``: to the end of the session), why, and how many requests the
+        full queue dropped meanwhile (in the totals, not in the rollups or the rows)."""
+        failing = self._failing
+        if failing is None:
+            return
+        self._failing = None
+        progress = self._progress
+        data = {
+            **failing,
+            "to_offset_ns": progress.offset_now() or progress.last_offset,
+            "until_end": until_end,
+            "dropped_requests": self._tallied,
+        }
+        event = (self._wall(), progress.offset_now(), "journal_write_errors", data)
+        if batch is None:
+            assert self._conn is not None
+            batch = self._open
+            if batch is None:
+                keep = self._budget.keep_rows(self._conn)
+                batch = self._open = _Batch([], [], [], [], Fold(), Fold(), keep)
+        batch.events.append(event)
 
     def _forward(self, batch: _Batch) -> None:
         if not batch.forwarded:
@@ -504,6 +600,13 @@ class Store:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
         self._errors_in_row += 1
+        if self._failing is None:
+            progress = self._progress
+            self._failing = {
+                "error": f"{type(exc).__name__}: {exc}",
+                "from_offset_ns": progress.offset_now() or progress.last_offset,
+            }
+        self._failing["failures"] = self._errors_in_row
         delay = min(RETRY_MAX_S, 0.5 * 2 ** min(self._errors_in_row, 6))
         self._retry_at = time.monotonic() + delay
         self._pending = batch
@@ -556,6 +659,10 @@ class Store:
         progress.committed(beat)
         agg.committed(staged, now_window)
         budget.committed(keep_rows, batch.fold.requests, stopped)
+        requests = sum(t[0] for t in agg.totals.values())  # tallies included
+        self._mark.write(
+            Mark(progress.session, next_id - 1, requests, beat.offset_ns, dict(progress.seqs))
+        )
         m = self.counts
         if m is not None:
             if beat.downtime_s:

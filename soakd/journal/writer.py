@@ -130,6 +130,7 @@ class Journal:
         self._clock: PlanClock | None = None
         self.restored: Restored | None = None
         self.session = 0
+        self.unwritten = 0  # records the journal could not write at all (set by close)
         # the link thread's state
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -481,6 +482,7 @@ class Journal:
         elif kind == link.LOG:
             relog(*doc["log"])
         elif kind == link.CLOSED:
+            self.unwritten = int(doc.get("unwritten", 0))
             self._finished = True
 
     def _acked(self, through: int) -> None:
@@ -609,6 +611,7 @@ class Journal:
             if type(item) is Outcome:
                 lost.tally(item)
         self._handoff.give_back(lost)
+        self.unwritten += lost.requests
         log.error("journal_close_incomplete", why=why, unwritten=lost.requests)
         self._finished = True
 

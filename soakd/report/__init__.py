@@ -23,8 +23,9 @@ only format it. Definitions (docs/journal.md has them in full):
 
 The rooms: ``build`` (journal -> ``Report``; ``samples`` places probe readings on plan
 time, ``plots`` bins the series), ``model`` (the dataclasses, the metric columns),
-``table`` (the one table model every renderer draws), ``markdown``, ``html``,
-``terminal``, ``write`` (JSON, files), ``names`` (every metric name read).
+``tested`` (the head: what was tested, from the journal's config and plan), ``table``
+(the one table model every renderer draws), ``markdown``, ``html``, ``terminal``,
+``write`` (JSON, files), ``names`` (every metric name read).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from soakd.report.table import (
     fmt_value,
     verdict_title,
 )
-from soakd.report.terminal import terminal_summary
+from soakd.report.terminal import final_verdict, terminal_summary
 from soakd.report.write import render_json, write_built, write_report
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "build_report",
     "check_lines",
     "decisions_from",
+    "final_verdict",
     "fmt_criterion",
     "fmt_value",
     "render_html",

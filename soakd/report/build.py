@@ -27,24 +27,29 @@ from soakd.analysis import (
     slice_p99,
     worst_window_jitter,
 )
-from soakd.config import Compare, Slo, TargetCost
+from soakd.config import Compare, Slo, TargetCost, format_duration
 from soakd.cost import cost_line
-from soakd.goodput import Tally, journal_tallies
-from soakd.journal import JournalReader, Rollup
+from soakd.goodput import Tally, error_counts, journal_tallies
+from soakd.journal import JournalReader, Loss, Rollup
 from soakd.model import NS_PER_S
+from soakd.notes import by_target, describe
 from soakd.report import names
+from soakd.report.failing import failing_notes
 from soakd.report.model import (
     LATENCY_KINDS,
     METRIC_COLUMNS,
     NOT_RANKED,
     Doc,
     Downtime,
+    GpuRow,
     Report,
     Row,
     value_of,
 )
-from soakd.report.plots import plots
+from soakd.report.plots import plots, slo_lines
+from soakd.report.prompt_tokens import prompt_notes, prompt_tokens
 from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
+from soakd.report.tested import served_tokens, what_was_tested
 from soakd.slowest import DEFAULT_N, slowest
 from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
 from soakd.verdicts import overall as overall_verdict
@@ -59,11 +64,88 @@ def _rows_stopped_notes(events: list[dict[str, Any]]) -> list[str]:
         f"session {e['session']} stopped writing per-request rows at "
         f"{(e['offset_ns'] or 0) / NS_PER_S / HOUR_S:.2f} h (the journal reached 90 % of "
         f"journal.max_bytes, {e['data'].get('max_bytes', 0) / 1e9:.2f} GB): percentiles, "
-        "counts and plots come from the rollups and stay whole; goodput and the error-ratio "
-        "tally cover the rows kept; the export holds no rows after that point"
+        "counts, error ratios and plots come from the rollups and stay whole; goodput covers "
+        "the rows kept; the export holds no rows after that point"
         for e in events
         if e["kind"] == "rows_stopped"
     ]
+
+
+def _journal_warnings(
+    reader: JournalReader,
+    events: list[dict[str, Any]],
+    measured: int,
+    journaled: int,
+    rows: int,
+) -> list[str]:
+    """What the journal lost or could not keep: the report's (and the run summary's) first
+    lines, with the counts, never a note at the end."""
+    out = []
+    failed = False
+    if reader.salvaged is not None:
+        out.append(reader.salvaged.describe())
+    if reader.loss is not None:
+        out.append(reader.loss.describe())
+    for e in events:
+        data = e["data"]
+        if e["kind"] == "journal_loss":
+            loss = Loss(
+                *(int(data[k]) for k in ("rows", "requests", "offset_ns", "held_offset_ns"))
+            )
+            out.append(f"{loss.describe()} (found when session {e['session']} resumed the run)")
+        elif e["kind"] == "journal_write_errors":
+            failed = True
+            start = format_duration(data.get("from_offset_ns", 0) / NS_PER_S)
+            end = format_duration(data.get("to_offset_ns", 0) / NS_PER_S)
+            until = "the end of the session" if data.get("until_end") else end
+            out.append(
+                f"the journal could not write from {start} of plan time to {until} "
+                f"({data.get('failures', '?')} failed writes: {data.get('error', '?')})"
+            )
+    if measured > journaled:
+        why = (
+            "the damaged pages held their windows"
+            if reader.salvaged is not None
+            else "its queue was full or it could not write"
+        )
+        out.append(
+            f"{measured - journaled:,} of the {measured:,} requests measured are not in the "
+            f"journal's windows ({why}): the tables count the {journaled:,} journaled; "
+            "percentiles, plots and the export leave the others out"
+        )
+    if failed and rows < min(measured, journaled):
+        out.append(
+            f"{min(measured, journaled) - rows:,} request(s) in the tables have no row in the "
+            "journal (written while the disk was full: counted, not stored): the export lacks "
+            "them; goodput and the error ratio count the rows"
+        )
+    return out
+
+
+def _no_reuse_notes(events: list[dict[str, Any]]) -> list[str]:
+    """A note per target and answer status after which its server closed its connections
+    without saying so (soakd/targets/pool.py, journaled as ``no_reuse`` events)."""
+    seen: dict[tuple[str, int], list[tuple[float, bool]]] = {}
+    for e in events:
+        if e["kind"] == "no_reuse":
+            key = (str(e["data"].get("target")), int(e["data"].get("status", 0)))
+            seen.setdefault(key, []).append(
+                ((e["offset_ns"] or 0) / NS_PER_S / HOUR_S, bool(e["data"].get("closes")))
+            )
+    notes = []
+    for (target, status), changes in seen.items():
+        first = next((h for h, closes in changes if closes), None)
+        if first is None:
+            continue
+        again = sum(1 for _, closes in changes if not closes)
+        notes.append(
+            f"{target}: the server closed its connections after {status} answers without "
+            f"saying so (no Connection: close), first seen at {first:.2f} h"
+            + (f", then kept them again {again} time(s)" if again else "")
+            + ": soakd reused no connection after such an answer while that held, so each "
+            "request after one opened a new connection (its connect is in its TTFT)"
+        )
+    return notes
 
 
 def build_report(
@@ -72,11 +154,13 @@ def build_report(
     energy_price_per_kwh: float | None = None,
     judge_by: dict[str, Any] | None = None,
     slowest_n: int = DEFAULT_N,
+    salvage: bool = False,
 ) -> Report:
     """Everything the report says, from the journal in ``run_dir`` (read-only).
     ``judge_by``: another config document whose slo, compare, costs and report sections
-    replace the run's own (``soakd report --config``)."""
-    with JournalReader(run_dir) as reader:
+    replace the run's own (``soakd report --config``). ``salvage``: a damaged journal is
+    read for what is readable (integrity.py), said in the report's first lines."""
+    with JournalReader(run_dir, salvage=salvage) as reader:
         meta = reader.meta
         sessions = reader.sessions()
         events = reader.events()
@@ -84,6 +168,7 @@ def build_report(
         span_ns = reader.span_ns()  # long runs: 5-minute windows, merged as read (reader.py)
         rollups = reader.rollups(span_ns=span_ns)
         missed = reader.missed()
+        answer_notes = by_target(reader.notes())  # usage not taken, off the stream...
         series = reader.series()
         samples = reader.samples(names.SAMPLE_NAMES)
         window_s = span_ns / NS_PER_S
@@ -97,6 +182,12 @@ def build_report(
         slos, spec, slo_note = _decision_config(config, targets)
         tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
         slow = slowest(reader, slowest_n, rollups)
+        tested = what_was_tested(meta, sessions, events, served_tokens(reader.conn))
+        prompt_rows, prompt_sizing = prompt_tokens(reader.conn, config, events, targets)
+        measured = sum(t.requests for t in totals)
+        in_windows = sum(r.stats.requests for r in rollups)
+        rows = sum(_counted(tallies[t][0]) for t in targets)
+        warnings = _journal_warnings(reader, events, measured, in_windows, rows)
     plan_phases = [
         (p["name"], p["start_ns"] / NS_PER_S, p["end_ns"] / NS_PER_S)
         for p in meta["plan"]["phases"]
@@ -185,6 +276,8 @@ def build_report(
         price = config.get("report", {}).get("energy_price_per_kwh")
     currency = str(config.get("report", {}).get("currency", "$"))
     _energy_and_cost(overall, by_phase, targets, config, gpu_energy, price, notes)
+    if tested.rehearsal:
+        _project_nothing(overall, by_phase, gpus)
     if slo_note:
         notes.append(slo_note)
     verdicts, phase_verdicts = _verdicts(overall, by_phase, targets, slos, tallies)
@@ -195,7 +288,7 @@ def build_report(
     short = {t: n for t in targets if (n := overall[t].requests - _counted(journaled[t])) > 0}
     if short:
         notes.append(
-            "goodput and the error ratio count the journaled request rows: "
+            "goodput counts the journaled request rows: "
             + ", ".join(
                 f"{t} has {n} fewer (retention, dropped records or journal.max_bytes)"
                 for t, n in short.items()
@@ -206,12 +299,6 @@ def build_report(
             "no probe samples in the journal: OOM events, restarts, VRAM and "
             "energy are not measured"
         )
-    dropped = sum(t.requests for t in totals) - sum(r.requests for r in overall.values())
-    if dropped > 0:
-        notes.append(
-            f"{dropped} request(s) were counted but not journaled (queue full or "
-            "write errors): percentiles leave them out"
-        )
     retention = [e for e in events if e["kind"] == "retention"]
     if retention:
         notes.append(
@@ -220,7 +307,11 @@ def build_report(
         )
 
     notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
+    notes += _no_reuse_notes(events)  # closes after answers, unannounced (targets/pool.py)
+    notes[:0] = failing_notes(events, overall, targets, active_s)  # first: the biggest news
     notes += _client_limits(overall, targets, config)
+    notes += [f"{t}: {line}" for t in targets for line in describe(answer_notes.get(t, {}))]
+    notes += prompt_notes(prompt_rows, prompt_sizing)
     eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}
     return Report(
         run_id=meta["run_id"],
@@ -239,8 +330,9 @@ def build_report(
         gpus=gpus,
         guard=guard,
         best=best(overall, targets, eligible),
-        plots=plots(rollups, targets, window_s, probe, gpus),
+        plots=plots(rollups, targets, window_s, probe, gpus, active_s),
         notes=notes,
+        warnings=warnings,
         currency=currency,
         slice_s=slice_s,
         verdicts=verdicts,
@@ -248,6 +340,12 @@ def build_report(
         comparison=comparison,
         passed=overall_verdict(verdicts.values(), comparison),
         slowest=slow,
+        tested=tested,
+        plot_phases=[(start / HOUR_S, name) for name, start, _ in plan_phases if start < active_s],
+        plot_limits=slo_lines(slos, targets),
+        answer_notes=answer_notes,
+        prompt_tokens=prompt_rows,
+        prompt_sizing=prompt_sizing,
     )
 
 
@@ -270,6 +368,22 @@ def decisions_from(stored: Doc, other: Doc) -> dict[str, Any]:
         for t in stored.get("targets", [])
     ]
     return out
+
+
+REHEARSAL_NOTE = "a rehearsal: not projected"
+
+
+def _project_nothing(
+    overall: dict[str, Row], by_phase: dict[str, dict[str, Row]], gpus: list[GpuRow]
+) -> None:
+    """A rehearsal compresses the plan: a month at its load or a slope per hour of its
+    compressed time would be made up, so neither is given."""
+    for row in (*overall.values(), *(r for p in by_phase.values() for r in p.values())):
+        row.cost_per_month = None
+        if row.leak_bytes_per_hour is not None or row.leak_note is not None:
+            row.leak_bytes_per_hour, row.leak_note = None, REHEARSAL_NOTE
+    for g in gpus:
+        g.leak_bytes_per_hour, g.leak_note = None, REHEARSAL_NOTE
 
 
 def _count(per_phase: dict[str, float] | None, phase: str | None) -> int | None:
@@ -314,7 +428,8 @@ def _verdicts(
     slos: dict[str, Slo],
     tallies: dict[str, tuple[Tally, dict[str, Tally]]],
 ) -> tuple[dict[str, Verdict], dict[str, dict[str, Verdict]]]:
-    """Goodput into the rows, and each target judged over the run and per phase."""
+    """Goodput into the rows (the error ratios are there already: ``_row``), and each
+    target judged over the run and per phase."""
     verdicts: dict[str, Verdict] = {}
     phase_verdicts: dict[str, dict[str, Verdict]] = {p: {} for p in by_phase}
     for t in targets:
@@ -322,7 +437,7 @@ def _verdicts(
         pairs = [(overall[t], whole)] + [(by_phase[p][t], phases.get(p, Tally())) for p in by_phase]
         for row, tally in pairs:
             v = judge(t, row.phase, slos[t], row, tally)
-            row.goodput, row.goodput_rps, row.error_ratio = v.goodput, v.goodput_rps, v.error_ratio
+            row.goodput, row.goodput_rps = v.goodput, v.goodput_rps
             if row.phase is None:
                 verdicts[t] = v
             else:
@@ -348,15 +463,19 @@ def _row(
             s = slices[r.window // per_slice] = TargetStats()
         s.merge(r.stats)
     row = Row(target, phase, active_s=active_s, requests=stats.requests, ok=stats.ok)
-    row.success_rate = stats.ok / stats.requests if stats.requests else None
-    row.errors = stats.requests - stats.ok
     row.errors_by_kind = dict(sorted(stats.errors.items()))
-    row.shed = sum(n for kind, n in row.errors_by_kind.items() if kind.startswith("shed_"))
+    counted = error_counts(stats.requests, stats.errors)  # the one basis (goodput.py)
+    row.errors, row.server_errors = counted.failed, counted.server
+    row.shed, row.not_judged = counted.shed, counted.excluded
+    row.error_ratio, row.server_error_ratio = counted.error_ratio, counted.server_error_ratio
+    attempted = stats.requests - counted.excluded
+    row.success_rate = stats.ok / attempted if attempted else None
     row.lag_p99_ms = ms(stats.lag.quantile(0.99))
     row.output_tokens = stats.output_tokens
     row.prompt_tokens = stats.prompt_tokens
     if active_s > 0:
-        row.rps = stats.requests / active_s
+        row.rps = stats.ok / active_s
+        row.attempt_rps = stats.requests / active_s
         row.output_tps = stats.output_tokens / active_s
     for kind in LATENCY_KINDS:
         digest = getattr(stats, kind)

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from soakd.report.model import PHASE_COLUMNS, Report, Series
+from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Cell,
     Table,
@@ -20,13 +21,13 @@ from soakd.report.table import (
     fmt_duration,
     gpu_table,
     guard_table,
-    header_lines,
     metric_table,
     phase_title,
     phase_verdict_table,
     slowest_tables,
     verdict_tables,
 )
+from soakd.report.tested import header_lines, tested_tables
 
 _COLORS = (
     "#1f77b4",
@@ -44,7 +45,7 @@ _PLOT_TITLES = {
     "latency": ("End-to-end latency", "ms"),
     "ttft": ("TTFT and ITL, p99", "ms"),
     "throughput": ("Throughput", "output tokens/s"),
-    "vram": ("GPU memory", "GiB"),
+    "vram": ("GPU memory", "GB"),
     "errors": ("Errors", "per minute"),
 }
 _CSS = """
@@ -52,20 +53,23 @@ body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-
 margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:8px 0}th,td{padding:3px 10px;border-bottom:1px solid #eee}
-td{text-align:right}td:first-child,th:first-child{text-align:left}
+td{text-align:right}td:first-child,th:first-child,td.txt{text-align:left}
 th{background:#f5f5f5}.best{background:#e3f5e1;font-weight:600}
 .fail{background:#fbe3e1;font-weight:600}
 .meta{color:#555}.plots{display:flex;flex-wrap:wrap;gap:12px}
 svg{background:#fff;border:1px solid #e4e4e4}svg text{font-size:11px;fill:#333}
 .notes li{color:#444}
+.warning{color:#b00020;font-weight:bold}
 """
 
 
-def _td(cell: Cell) -> str:
+def _td(cell: Cell, text_column: bool = False) -> str:
     text = html.escape(cell.text)
     if cell.best:
         return f'<td class="best">{text}</td>'
-    return f'<td class="fail">{text}</td>' if cell.text == "FAIL" else f"<td>{text}</td>"
+    if cell.text == "FAIL":
+        return f'<td class="fail">{text}</td>'
+    return f'<td class="txt">{text}</td>' if text_column else f"<td>{text}</td>"
 
 
 def html_table(table: Table, level: str = "h2", *, title_sep: str = "", row_sep: str = "") -> str:
@@ -74,21 +78,28 @@ def html_table(table: Table, level: str = "h2", *, title_sep: str = "", row_sep:
     head = f"<{level}>{e(table.title)}</{level}>"
     if not table.rows:
         return head
+    text = [n is False for n in table.numeric] or [False] * len(table.header)
     parts = ["<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in table.header) + "</tr>"]
-    parts += ["<tr>" + "".join(_td(c) for c in row) + "</tr>" for row in table.rows]
+    parts += [
+        "<tr>" + "".join(_td(c, t) for c, t in zip(row, text, strict=True)) + "</tr>"
+        for row in table.rows
+    ]
     parts.append("</table>")
     return head + title_sep + row_sep.join(parts)
 
 
 def render_html(rep: Report) -> str:
     e = html.escape
+    rehearsal = " (rehearsal)" if rep.tested is not None and rep.tested.rehearsal else ""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>soakd report {e(rep.run_id)}</title><style>{_CSS}</style></head><body>",
-        f"<h1>soakd report: {e(rep.run_id)}</h1>",
+        f"<h1>soakd report: {e(rep.run_id)}{rehearsal}</h1>",
     ]
+    parts += [f'<p class="warning">Warning: {e(w)}</p>' for w in rep.warnings]
     parts += [f'<p class="meta">{e(line)}</p>' for line in header_lines(rep)]
+    parts += [html_table(table) for table in tested_tables(rep)]
     parts += [html_table(table) for table in verdict_tables(rep)]
     parts.append(html_table(metric_table(rep, "Targets side by side", rep.overall), title_sep="\n"))
     for extra in (cost_table(rep), guard_table(rep)):
@@ -97,12 +108,25 @@ def render_html(rep: Report) -> str:
     errors = errors_table(rep, "Errors by kind")
     if errors is not None:
         parts.append(html_table(errors, row_sep="\n"))
+    prompts = prompt_table(rep)
+    if prompts is not None:
+        parts.append(html_table(prompts))
     if rep.plots:
         parts.append('<h2>Over time</h2><div class="plots">')
         markers = [(d["offset_h"], f"down {fmt_duration(d['seconds'])}") for d in rep.downtimes]
         for key, series in rep.plots.items():
             title, unit = _PLOT_TITLES.get(key, (key, ""))
-            parts.append(svg_chart(title, unit, series, markers))
+            parts.append(
+                svg_chart(
+                    title,
+                    unit,
+                    series,
+                    markers,
+                    limits=rep.plot_limits.get(key, ()),
+                    phases=rep.plot_phases,
+                    x_end=rep.active_s / 3600,
+                )
+            )
         parts.append("</div>")
     for phase in rep.phases:
         rows = rep.by_phase[phase]
@@ -148,8 +172,15 @@ def svg_chart(
     markers: Sequence[tuple[float, str]] = (),
     width: int = 520,
     height: int = 260,
+    *,
+    limits: Sequence[tuple[str, float]] = (),
+    phases: Sequence[tuple[float, str]] = (),
+    x_end: float | None = None,
 ) -> str:
-    """A line chart as inline SVG: x in plan hours (minutes or seconds for short runs)."""
+    """A line chart as inline SVG: x in plan hours (minutes or seconds for short runs), up
+    to ``x_end`` (the plan time reached: nothing past it is drawn); ``markers`` (downtime)
+    and ``phases`` (each phase's start, named) as vertical lines, ``limits`` (the SLO) as
+    red dashed horizontal ones."""
     e = html.escape
     left, right, top, bottom = 60, 24, 28, 62
     pw, ph = width - left - right, height - top - bottom
@@ -163,15 +194,15 @@ def svg_chart(
     if not xs:
         out.append(f'<text x="{left + 10}" y="{top + ph / 2}">no data</text></svg>')
         return "".join(out)
-    x_hi = max(max(xs), *(m[0] for m in markers)) if markers else max(xs)
+    x_hi = x_end if x_end else max([*xs, *(m[0] for m in markers)])
     xunit, xscale = "hours", 1.0
     if x_hi < 2:
         xunit, xscale = ("minutes", 60.0) if x_hi >= 2 / 60 else ("seconds", 3600.0)
     x0, x1 = 0.0, x_hi * xscale or 1.0
-    y0, y1 = 0.0, max(ys) * 1.08 or 1.0
+    y0, y1 = 0.0, max([*ys, *(v for _, v in limits)]) * 1.08 or 1.0
 
     def px(x: float) -> float:
-        return left + (x * xscale - x0) / (x1 - x0) * pw
+        return left + (min(x * xscale, x1) - x0) / (x1 - x0) * pw
 
     def py(y: float) -> float:
         return top + ph - (y - y0) / (y1 - y0) * ph
@@ -192,6 +223,29 @@ def svg_chart(
         f"plan time ({xunit})</text>"
     )
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#bbb"/>')
+    labelled = -1e9  # a phase's name only where the last one is far enough to the left
+    for x, name in phases:
+        if x * xscale >= x1:
+            continue
+        mx = px(x)
+        if x > 0:
+            out.append(
+                f'<line class="phase" x1="{mx:.1f}" x2="{mx:.1f}" y1="{top}" y2="{top + ph}" '
+                'stroke="#c9c9c9"/>'
+            )
+        if mx - labelled > 60:
+            labelled = mx
+            out.append(f'<text x="{mx + 3:.1f}" y="{top + ph - 4}" fill="#888">{e(name)}</text>')
+    for label, value in limits:
+        ly = py(value)
+        out.append(
+            f'<line class="slo" x1="{left}" x2="{left + pw}" y1="{ly:.1f}" y2="{ly:.1f}" '
+            'stroke="#d62728" stroke-dasharray="6 4"/>'
+        )
+        out.append(
+            f'<text x="{left + pw - 4}" y="{ly - 4:.1f}" text-anchor="end" fill="#d62728">'
+            f"{e(label)}</text>"
+        )
     for x, label in markers:
         mx = px(x)
         out.append(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from soakd.report.model import PHASE_COLUMNS, Report
+from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Table,
     cost_table,
@@ -11,13 +12,13 @@ from soakd.report.table import (
     fmt_duration,
     gpu_table,
     guard_table,
-    header_lines,
     metric_table,
     phase_title,
     phase_verdict_table,
     slowest_tables,
     verdict_tables,
 )
+from soakd.report.tested import header_lines, tested_tables
 
 
 def md_table(table: Table, level: str = "##") -> list[str]:
@@ -38,12 +39,21 @@ def md_table(table: Table, level: str = "##") -> list[str]:
 
 
 def render_markdown(rep: Report) -> str:
-    out = [f"# soakd report: {rep.run_id}", ""]
+    rehearsal = " (rehearsal)" if rep.tested is not None and rep.tested.rehearsal else ""
+    out = [f"# soakd report: {rep.run_id}{rehearsal}", ""]
+    out += [f"> **Warning:** {w}\n" for w in rep.warnings]  # what the journal lost: first
     out += [f"- {line}" for line in header_lines(rep)]
+    for table in tested_tables(rep):
+        out += md_table(table)
     for table in verdict_tables(rep):
         out += md_table(table)
     out += md_table(metric_table(rep, "Targets side by side", rep.overall))
-    for extra in (cost_table(rep), guard_table(rep), errors_table(rep, "Errors by kind")):
+    for extra in (
+        cost_table(rep),
+        guard_table(rep),
+        errors_table(rep, "Errors by kind"),
+        prompt_table(rep),
+    ):
         if extra is not None:
             out += md_table(extra)
     for phase in rep.phases:

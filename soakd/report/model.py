@@ -39,22 +39,22 @@ class Row:
     offered: int = 0  # open-loop instants planned (sent or not) + closed-loop sends
     missed: int = 0  # planned sends not made (soakd_sends_missed_total)
     missed_by_reason: dict[str, int] = field(default_factory=dict)
-    requests: int = 0  # sent: each one ends as one outcome
+    requests: int = 0  # sent: each one ends as one outcome (ok + errors + shed + not_judged)
     ok: int = 0
     shed: int = 0  # refused by the guard gateway (shed_* outcomes), not the server's failure
-    success_rate: float | None = None
-    errors: int = 0
+    success_rate: float | None = None  # ok / (requests - not_judged)
+    errors: int = 0  # failed: the error ratio's numerator (soakd/goodput.py)
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     oom_responses: int = 0
     oom_events: int | None = None
     restarts: int | None = None
     output_tokens: int = 0
     prompt_tokens: int = 0
-    rps: float | None = None
+    rps: float | None = None  # successes per second of active time
     output_tps: float | None = None
     goodput: float | None = None  # share of sent requests within every SLO (soakd/goodput.py)
     goodput_rps: float | None = None
-    error_ratio: float | None = None  # as slo.error_ratio counts it
+    error_ratio: float | None = None  # errors / (requests - shed - not_judged)
     latency_ms: dict[str, Quantiles] = field(default_factory=dict)  # LatencyKind -> Quantiles
     lag_p99_ms: float | None = None  # soakd's own dispatch lag: high = client-limited
     jitter: float | None = None
@@ -69,6 +69,10 @@ class Row:
     cost_per_mtok: float | None = None
     cost_per_month: float | None = None
     cost_basis: str | None = None
+    not_judged: int = 0  # cancelled at the stop, lost with a sender process: in no ratio
+    server_errors: int = 0  # of the errors, 5xx answers
+    server_error_ratio: float | None = None  # server_errors / (requests - shed - not_judged)
+    attempt_rps: float | None = None  # requests sent per second, whatever became of them
 
 
 @dataclass
@@ -107,6 +111,73 @@ class Series:
 
 
 @dataclass
+class TargetTested:
+    """One target as the run was configured to call it (the journal's redacted config),
+    and the sizes it was sent and answered with."""
+
+    name: str
+    model: str
+    endpoint: str  # redacted (soakd/config/redact.py), or "simulator <profile>"
+    api: str  # "chat" or "completions", "openai" or "azure"
+    stream: bool
+    gateway: bool  # through a soakd gateway soakd started
+    prompt_tokens_planned: str  # the workload's distribution ("normal 200 ± 50, 16-400")
+    max_tokens: int
+    prompt_tokens_served: float | None  # mean over successful requests (server's usage)
+    output_tokens_served: float | None  # mean over successful requests
+
+
+@dataclass
+class PhaseTested:
+    """One phase of the plan (a looped plan's repeats of it counted in ``times``)."""
+
+    name: str
+    start_s: float  # plan time of its first start
+    duration_s: float  # one pass, as run (a rehearsal's compressed time)
+    configured_s: float  # one pass, as configured
+    times: int
+    loads: dict[str, str]  # target -> the load shape, described
+
+
+@dataclass
+class Tested:
+    """What was tested, for the report's top: targets, plan, sizes, soakd, where, when."""
+
+    run_name: str
+    node: str  # run.node (the host's name unless configured)
+    site: str | None  # run.site: where the box is (docs/deployment.md)
+    hosts: list[str]  # where soakd ran, one per host its sessions ran on
+    started: str  # ISO, UTC
+    ended: str  # ISO, UTC: the last heartbeat
+    rehearsal: bool  # --rehearse: the plan compressed, nothing projected monthly
+    scale: float  # run time per configured time (1: not a rehearsal)
+    configured_plan_s: float
+    duration_cap_s: float | None  # --duration
+    prompts: str  # "synthetic" or "file <name>"
+    temperature: float | None
+    targets: list[TargetTested]
+    phases: list[PhaseTested]
+
+
+@dataclass
+class PromptTokens:
+    """One target's prompt lengths over the run (None: not measured; report/prompt_tokens.py)."""
+
+    target: str
+    requests: int  # successful requests with usage, journaled: the pairs compared
+    planned: float | None  # mean planned tokens
+    served: float | None  # mean usage.prompt_tokens
+    at_start: float | None  # the target's own count of the first prompts, at start
+
+    @property
+    def off(self) -> float | None:
+        """Served off planned, as a share of planned."""
+        if self.planned is None or self.served is None or self.planned <= 0:
+            return None
+        return self.served / self.planned - 1.0
+
+
+@dataclass
 class Report:
     run_id: str
     created: str
@@ -134,6 +205,19 @@ class Report:
     passed: bool | None = None  # None: nothing judged (no slo, no compare)
     # target -> phase -> its slowest requests, with trace ids (soakd/slowest.py)
     slowest: dict[str, dict[str, list[SlowRequest]]] = field(default_factory=dict)
+    tested: Tested | None = None  # what was tested (soakd/report/tested.py)
+    # what frames the plots: each phase's start (plan hours, name), each plot's SLO lines
+    # (plot -> (label, value in the plot's unit)); soakd/report/plots.py
+    plot_phases: list[tuple[float, str]] = field(default_factory=list)
+    plot_limits: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    # target -> note -> answers that carried it (soakd/notes.py: usage not taken, usage off
+    # the stream, unreadable Retry-After); each also a line of ``notes``
+    answer_notes: dict[str, dict[str, int]] = field(default_factory=dict)
+    prompt_tokens: list[PromptTokens] = field(default_factory=list)  # planned against served
+    prompt_sizing: str | None = None  # how the synthetic prompts were sized (calibration)
+    # what the journal lost or could not keep (damage, a lost WAL, a full disk): the
+    # report's first lines, before anything else (build.py, _journal_warnings)
+    warnings: list[str] = field(default_factory=list)
 
 
 Better = Literal["min", "max"]
@@ -156,8 +240,11 @@ METRIC_COLUMNS: list[Column] = [
     Column("goodput_rps", "goodput (req/s)", "max"),
     Column("success_rate", "success rate", "max"),
     Column("errors", "errors", "min"),
-    Column("error_ratio", "error ratio (SLO)", "min"),
+    Column("error_ratio", "error ratio", "min"),
+    Column("server_errors", "of which 5xx", "min"),
+    Column("server_error_ratio", "5xx ratio", "min"),
     Column("shed", "shed by the guard", None),
+    Column("not_judged", "cut by soakd (not judged)", None),
     Column("oom_events", "OOM events", "min"),
     Column("oom_responses", "OOM error responses", "min"),
     Column("restarts", "restarts", "min"),
@@ -174,7 +261,8 @@ METRIC_COLUMNS: list[Column] = [
     Column("e2e.p95", "E2E p95", "min"),
     Column("e2e.p99", "E2E p99", "min"),
     Column("jitter", "P99 jitter", "min"),
-    Column("rps", "throughput (req/s)", "max"),
+    Column("rps", "throughput (ok req/s)", "max"),
+    Column("attempt_rps", "attempts (req/s)", None),
     Column("output_tps", "output tokens/s", "max"),
     Column("lag_p99_ms", "dispatch lag p99", None),
     Column("vram_peak_bytes", "VRAM peak", "min"),
@@ -191,7 +279,10 @@ TERMINAL_COLUMNS = (
     "goodput_rps",
     "success_rate",
     "errors",
+    "error_ratio",
+    "server_error_ratio",
     "shed",
+    "not_judged",
     "oom_events",
     "restarts",
     "ttft.p50",
@@ -203,6 +294,7 @@ TERMINAL_COLUMNS = (
     "e2e.p99",
     "jitter",
     "rps",
+    "attempt_rps",
     "output_tps",
     "vram_peak_bytes",
     "tokens_per_joule",
@@ -211,7 +303,17 @@ TERMINAL_COLUMNS = (
 )
 # per phase: the same, less what only the whole run has (a GPU's VRAM peak, a monthly bill)
 PHASE_COLUMNS = frozenset(TERMINAL_COLUMNS) - {"vram_peak_bytes", "cost_per_month"}
-NOT_RANKED = frozenset({"goodput", "goodput_rps", "success_rate", "errors", "error_ratio"})
+NOT_RANKED = frozenset(
+    {
+        "goodput",
+        "goodput_rps",
+        "success_rate",
+        "errors",
+        "error_ratio",
+        "server_errors",
+        "server_error_ratio",
+    }
+)
 """Rows where any target may be marked best; on every other row only targets that pass the
 error criterion and succeeded on most requests compete (soakd/verdicts.py)."""
 

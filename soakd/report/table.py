@@ -7,10 +7,12 @@ a renderer only decides the markup (a ``best`` cell is bold, ✓-marked and gree
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from soakd.analysis import JITTER_MIN_OK, JITTER_MIN_SLICES, JITTER_SLICES, fmt_ms
+from soakd.goodput import classify
 from soakd.report.model import (
     METRIC_COLUMNS,
     Column,
@@ -20,9 +22,21 @@ from soakd.report.model import (
     value_of,
 )
 from soakd.slowest import slowest_sections
+from soakd.verdicts import HIGHER_IS_WORSE, Criterion, Delta
 
 COUNTS = frozenset(
-    {"offered", "missed", "requests", "errors", "shed", "oom_events", "oom_responses", "restarts"}
+    {
+        "offered",
+        "missed",
+        "requests",
+        "errors",
+        "server_errors",
+        "shed",
+        "not_judged",
+        "oom_events",
+        "oom_responses",
+        "restarts",
+    }
 )
 
 
@@ -57,13 +71,13 @@ def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
         return f"{value:,.0f}"
     if key in ("success_rate", "goodput"):
         return f"{value * 100:.2f} %" if value < 1 else "100 %"
-    if key == "error_ratio":
-        return f"{value * 100:.3g} %"
+    if key in ("error_ratio", "server_error_ratio"):
+        return fmt_ratio(value)
     if "." in key or key == "lag_p99_ms":
         return fmt_ms(value)
     if key == "jitter":
         return f"{value * 100:.1f} %"
-    if key in ("rps", "output_tps", "goodput_rps"):
+    if key in ("rps", "attempt_rps", "output_tps", "goodput_rps"):
         return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
     if key == "vram_peak_bytes":
         return fmt_bytes(value)
@@ -76,10 +90,26 @@ def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
     return f"{value:g}"
 
 
+def fmt_ratio(value: float) -> str:
+    """An error ratio: 3 significant digits, never "0 %" for a ratio above zero (one
+    failure in a million is 0.0001 %), nor "100 %" below one."""
+    if value <= 0 or value >= 1:
+        return f"{value * 100:.0f} %"
+    if value < 1e-5:
+        return "< 0.001 %"
+    text = f"{value * 100:.3g} %"
+    return "99.9 %" if text == "100 %" else text
+
+
+BYTE_UNITS = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+"""The one unit rule for bytes in every report, plot and verdict, and the live view:
+decimal, as ``slo.vram_peak`` is written (3.9GB) and as Prometheus shows the gauges."""
+
+
 def fmt_bytes(value: float, signed: bool = False) -> str:
     sign = "-" if value < 0 else ("+" if signed and value > 0 else "")
     v = abs(value)
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, size in BYTE_UNITS:
         if v >= size:
             return f"{sign}{v / size:.2f} {unit}"
     return f"{sign}{v:.0f} B"
@@ -98,10 +128,21 @@ def fmt_criterion(unit: str, value: float | None) -> str:
     if unit == "s":
         return fmt_ms(value * 1000)
     if unit == "ratio":
-        return f"{value * 100:.3g} %"
-    if unit == "bytes":  # decimal, as slo.vram_peak is usually written (3.9GB)
-        return f"{value / 1e9:.3g} GB" if value >= 1e8 else f"{value / 1e6:.3g} MB"
+        return fmt_ratio(value)
+    if unit == "bytes":
+        return fmt_bytes(value)
     return f"{value:,.0f}"
+
+
+def fmt_limit(unit: str, value: float) -> str:
+    """A criterion's limit: a ceiling as a value, a floor (``min_count``) as "at least"."""
+    return f"at least {value:,.0f}" if unit == "min_count" else fmt_criterion(unit, value)
+
+
+def failed_text(c: Criterion, *, note: bool = True) -> str:
+    """``ttft_p99 3.42 s (limit 3.00 s)``: a failed criterion in one phrase."""
+    why = f", {c.note}" if note and c.note else ""
+    return f"{c.name} {fmt_criterion(c.unit, c.measured)} (limit {fmt_limit(c.unit, c.limit)}{why})"
 
 
 def result(passed: bool | None, note: str = "") -> str:
@@ -113,16 +154,6 @@ def result(passed: bool | None, note: str = "") -> str:
 # --- the run's text ---------------------------------------------------------------------------
 
 
-def header_lines(rep: Report) -> list[str]:
-    state = "completed" if rep.completed else "not completed (stopped or still running)"
-    return [
-        f"run {rep.run_id}, created {rep.created}, {state}",
-        f"active {fmt_duration(rep.active_s)} of a {fmt_duration(rep.plan_s)} plan in "
-        f"{rep.sessions} session(s); downtime {fmt_duration(rep.downtime_s)}; "
-        f"soakd {', '.join(rep.versions)}",
-    ]
-
-
 def definitions(rep: Report) -> list[str]:
     slices = fmt_duration(rep.slice_s)
     return [
@@ -132,13 +163,16 @@ def definitions(rep: Report) -> list[str]:
         f"P99 jitter: stdev / mean of the P99 E2E of {JITTER_SLICES} consecutive {slices} "
         f"slices of plan time, the worst hour (slices with >= {JITTER_MIN_OK} successful "
         f"requests, at least {JITTER_MIN_SLICES}); the P99E2EJitterHigh alert's definition.",
-        "Throughput: over active plan time (downtime excluded). ✓ marks the better value; "
-        "outside goodput, success and errors, only targets that pass the error criterion "
-        "and succeeded on most of their requests compete.",
-        "Goodput: requests sent (less those soakd cut at the drain deadline) that succeeded "
-        "within every latency SLO of the target, over all of them; error ratio (SLO): 5xx, "
-        "transport errors, timeouts and broken streams over the requests that reached the "
-        "server (429 and 4xx refusals count against goodput only). docs/slo.md.",
+        "Throughput: successful requests per second of active plan time (downtime "
+        "excluded); attempts: every request sent. ✓ marks the better value; outside goodput, "
+        "success and errors, only targets that pass the error criterion and succeeded on "
+        "most of their requests compete.",
+        "Counts: sent = ok + errors + shed by the guard + cut by soakd. Error ratio: every "
+        "failed request (4xx and 429, 5xx, transport errors, timeouts, broken streams, bad "
+        "answers) over ok + errors; 5xx ratio: the server's 5xx answers over the same; the "
+        "guard's sheds and the requests soakd cut at the stop are in neither. Goodput: "
+        "requests that succeeded within every latency SLO of the target, over ok + errors + "
+        "shed. A target sent requests with no success fails its verdict. docs/slo.md.",
         "Cost per month: the run's cost rate at the measured load x 730 h.",
         "The guard, phase by phase: features on as the phase left them; sheds as soakd "
         "counted them (shed_* outcomes, the phase they were sent in); the gateway's own "
@@ -199,8 +233,12 @@ def errors_table(rep: Report, title: str) -> Table | None:
     table = Table(title, ["kind", *rep.targets], numeric=[False] + [True] * len(rep.targets))
     for kind in kinds:
         counts = (str(rep.overall[t].errors_by_kind.get(kind, 0)) for t in rep.targets)
-        table.rows.append(cells([kind, *counts]))
+        table.rows.append(cells([kind + KIND_CLASS.get(classify(kind), ""), *counts]))
     return table
+
+
+KIND_CLASS = {"guard": " (shed: not an error)", "excluded": " (cut by soakd: not judged)"}
+"""What the errors-by-kind table says of the kinds outside the error ratio (goodput.py)."""
 
 
 def gpu_leak(g: GpuRow) -> str:
@@ -240,7 +278,11 @@ def verdict_title(rep: Report) -> str:
 
 def verdict_tables(rep: Report) -> list[Table]:
     """The decision, first: each target against its SLO, then the baseline comparison."""
-    table = Table(verdict_title(rep), ["target", "criterion", "measured", "limit", "result"])
+    table = Table(
+        verdict_title(rep),
+        ["target", "criterion", "measured", "limit", "result"],
+        numeric=[False, False, True, True, False],
+    )
     for t in rep.targets:
         v = rep.verdicts.get(t)
         if v is None or not v.criteria:
@@ -252,7 +294,7 @@ def verdict_tables(rep: Report) -> list[Table]:
                     t,
                     c.name,
                     fmt_criterion(c.unit, c.measured),
-                    fmt_criterion(c.unit, c.limit),
+                    fmt_limit(c.unit, c.limit),
                     result(c.passed, c.note),
                 ]
             )
@@ -267,25 +309,71 @@ def verdict_tables(rep: Report) -> list[Table]:
             ["metric", "baseline", "candidate", "change", "allowed regression", "result"],
         )
         for d in cmp.deltas:
-            unit = (
-                "s"
-                if d.key.endswith(("_p99", "_p50"))
-                else ("ratio" if d.key in ("error_ratio", "goodput") else "rate")
-            )
+            unit = _delta_unit(d.key)
             value = (
                 (fmt_criterion(unit, d.baseline), fmt_criterion(unit, d.candidate))
                 if unit != "rate"
                 else tuple("-" if x is None else f"{x:.4g}/s" for x in (d.baseline, d.candidate))
             )
-            change = "-" if d.relative is None else f"{d.relative * 100:+.1f} %"
-            if d.relative is None and d.delta is not None:
-                change = f"{d.delta:+.4g}"
-            allowed = f"{d.limit * 100:g} %" if d.limit_kind == "relative" else f"{d.limit:g}"
             ctable.rows.append(
-                cells([d.key, value[0], value[1], change, allowed, result(d.passed, d.note)])
+                cells(
+                    [
+                        d.key,
+                        value[0],
+                        value[1],
+                        fmt_change(d),
+                        fmt_allowed(d),
+                        result(d.passed, d.note),
+                    ]
+                )
             )
         out.append(ctable)
     return out
+
+
+def _delta_unit(key: str) -> str:
+    if key.endswith(("_p99", "_p50")):
+        return "s"
+    return "ratio" if key in ("error_ratio", "server_error_ratio", "goodput") else "rate"
+
+
+def fmt_pct_change(ratio: float) -> str:
+    """``+2,085 %``, ``-8.0 %``: a relative change, signed."""
+    if math.isinf(ratio):
+        return "+∞ %" if ratio > 0 else "-∞ %"
+    pct = ratio * 100
+    return f"{pct:+,.0f} %" if abs(pct) >= 100 else f"{pct:+.1f} %"
+
+
+def _fmt_abs_change(unit: str, value: float) -> str:
+    """A change in the metric's own unit, signed: ``+200 ms``, ``+0.2 points``, ``-3.1/s``."""
+    sign = "-" if value < 0 else "+"
+    if unit == "s":
+        return sign + fmt_ms(abs(value) * 1000)
+    if unit == "ratio":
+        return f"{sign}{abs(value) * 100:.3g} points"
+    return f"{value:+.4g}/s"
+
+
+def fmt_change(d: Delta) -> str:
+    """The candidate against the baseline, in the limit's terms: relative when the limit
+    is (``+2,085 %``), else in the metric's unit (``+200 ms``)."""
+    if d.delta is None:
+        return "-"
+    if d.limit_kind == "relative" and d.relative is not None:
+        return fmt_pct_change(d.relative)
+    if d.limit_kind == "relative":  # a baseline of 0: no relative change
+        return f"{_fmt_abs_change(_delta_unit(d.key), d.delta)} from 0"
+    return _fmt_abs_change(_delta_unit(d.key), d.delta)
+
+
+def fmt_allowed(d: Delta) -> str:
+    """The regression allowed, signed in the metric's direction: ``+10 %`` for a latency,
+    ``-5 %`` for a throughput."""
+    worse = 1.0 if d.key in HIGHER_IS_WORSE else -1.0
+    if d.limit_kind == "relative":
+        return f"{worse * d.limit * 100:+,g} %"
+    return _fmt_abs_change(_delta_unit(d.key), worse * d.limit)
 
 
 def phase_verdict_table(rep: Report, phase: str) -> Table | None:
@@ -295,10 +383,7 @@ def phase_verdict_table(rep: Report, phase: str) -> Table | None:
         v = verdicts.get(t)
         if v is None or not v.criteria:
             continue
-        failed = ", ".join(
-            f"{c.name} {fmt_criterion(c.unit, c.measured)} > {fmt_criterion(c.unit, c.limit)}"
-            for c in v.failed
-        )
+        failed = ", ".join(failed_text(c, note=False) for c in v.failed)
         why = "no requests" if not v.sent else "nothing measurable"
         table.rows.append(
             cells([t, result(v.passed, why if v.passed is None else ""), failed or "-"])
@@ -373,11 +458,7 @@ def check_lines(rep: Report) -> list[str]:
         v = rep.verdicts.get(t)
         if v is None or not v.criteria:
             continue
-        failed = "; ".join(
-            f"{c.name} {fmt_criterion(c.unit, c.measured)} (limit {fmt_criterion(c.unit, c.limit)}"
-            f"{', ' + c.note if c.note else ''})"
-            for c in v.failed
-        )
+        failed = "; ".join(failed_text(c) for c in v.failed)
         goodput = fmt_value("goodput", v.goodput)
         lines.append(
             f"{t}: {result(v.passed).upper()}, goodput {goodput}"
@@ -386,8 +467,7 @@ def check_lines(rep: Report) -> list[str]:
     cmp = rep.comparison
     if cmp is not None:
         worse = "; ".join(
-            f"{d.key} {'-' if d.regression is None else f'{d.regression:.4g}'} "
-            f"(allowed {d.limit:g}{' relative' if d.limit_kind == 'relative' else ''})"
+            f"{d.key} {fmt_change(d)} (allowed {fmt_allowed(d)}{', ' + d.note if d.note else ''})"
             for d in cmp.deltas
             if d.passed is False
         )

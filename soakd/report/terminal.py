@@ -6,14 +6,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from soakd.report.model import TERMINAL_COLUMNS, Report
+from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Table,
+    check_lines,
     errors_table,
     guard_table,
-    header_lines,
     metric_table,
     verdict_tables,
 )
+from soakd.report.tested import header_lines, plan_table, target_lines
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -48,7 +50,15 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     """Rich renderables for ``soakd run``'s end and ``soakd report --format text``."""
     from rich.text import Text
 
-    out: list[RenderableType] = [Text("\n".join(header_lines(rep)))]
+    out: list[RenderableType] = [Text(f"WARNING: {w}", style="bold red") for w in rep.warnings]
+    out.append(Text("\n".join(header_lines(rep))))
+    targets = target_lines(rep)
+    if targets:  # lines, not the table: they wrap whole on an 80-column terminal
+        out.append(Text("What was tested", style="bold"))
+        out.append(Text("\n".join(targets)))
+    plan = plan_table(rep)
+    if plan is not None:
+        out.append(rich_table(plan))
     for table in verdict_tables(rep):
         # the criterion's name beside the target; figures and results to the right
         right = [i >= 2 for i in range(len(table.header))]
@@ -64,5 +74,27 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     errors = errors_table(rep, "errors by kind")
     if errors is not None:
         out.append(rich_table(errors))
+    prompts = prompt_table(rep)
+    if prompts is not None:
+        out.append(rich_table(prompts))
     out += [Text(f"note: {note}", style="dim") for note in rep.notes]
+    return out
+
+
+def final_verdict(rep: Report) -> RenderableType:
+    """The verdict in a few lines (``report --check``'s), for the very end of ``soakd
+    run``: the last thing printed, so that it stays on a small terminal's screen."""
+    from rich.text import Text
+
+    lines = check_lines(rep)
+    style = "bold" if rep.passed is None else ("bold green" if rep.passed else "bold red")
+    out = Text(lines[0], style=style)
+    for line in lines[1:]:
+        out.append("\n" + line, style="red" if ": FAIL" in line else "")
+    if rep.warnings:  # the summary's first lines may have scrolled away
+        out.append(
+            f"\nWARNING: the journal lost or could not keep part of this run "
+            f"({len(rep.warnings)} warning(s) at the top of the summary)",
+            style="bold red",
+        )
     return out

@@ -43,6 +43,7 @@ from soakd.sim.wire import (
     error_body,
     error_response,
     parse,
+    tokenize,
     word,
 )
 
@@ -343,6 +344,19 @@ async def _models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [card]})
 
 
+async def _tokenize(request: web.Request) -> web.Response:
+    """vLLM's /tokenize (soakd calibrates its prompts with it): the simulator's count."""
+    rt = request.app[RUNTIME]
+    try:
+        body = await request.json()
+    except ValueError:
+        return error_response(400, "BadRequestError", "JSON decode error")
+    try:
+        return web.json_response(tokenize(body, rt.profile, rt.model))
+    except ApiError as exc:
+        return exc.response()
+
+
 async def _health(request: web.Request) -> web.Response:
     """Empty 200 while the engine runs, 503 once it died: as vLLM's /health."""
     return web.Response(status=503 if request.app[RUNTIME].dead else 200)
@@ -364,6 +378,7 @@ def make_app(profile: Profile, model: str = "soakd-sim") -> web.Application:
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_get("/v1/models", _models)
+    app.router.add_post("/tokenize", _tokenize)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
     return app

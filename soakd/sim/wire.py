@@ -12,6 +12,7 @@ English prose (real tokenizers give ~1.3 tokens a word) and exactly predictable.
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -31,6 +32,7 @@ VOCAB: Final = (
 )
 # fmt: on
 VOCAB_JSON: Final = tuple(json.dumps(w) for w in VOCAB)
+VOCAB_SIZE: Final = 32000  # the ids /tokenize makes up range over this many
 SSE_CONTENT_TYPE: Final = "text/event-stream; charset=utf-8"
 DONE: Final = b"data: [DONE]\n\n"
 
@@ -180,6 +182,44 @@ def parse(body: object, chat: bool, profile: Profile, model: str) -> SimRequest:
         include_usage=include_usage,
         ignore_eos=body.get("ignore_eos") is True,
     )
+
+
+def tokenize(body: object, profile: Profile, model: str) -> dict[str, Any]:
+    """vLLM's ``/tokenize`` answer: ``{"prompt"}`` or ``{"messages"}`` counted as the
+    completions count them (a word a token; the ids are the words' CRC-32s)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "BadRequestError", "request body must be a JSON object")
+    asked_model = body.get("model")
+    if asked_model is not None and asked_model != model:
+        raise ApiError(404, "NotFoundError", f"The model `{asked_model}` does not exist.")
+    if "messages" in body:
+        count = _chat_prompt_tokens(body)  # checks the messages too
+        words = [
+            w
+            for msg in body["messages"]
+            for part in _texts(msg.get("content"))
+            for w in part.split()
+        ]
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise ApiError(400, "BadRequestError", "prompt must be a string", "prompt")
+        words = prompt.split()
+        count = len(words)
+    ids = [zlib.crc32(w.encode()) % VOCAB_SIZE for w in words] or [0] * count
+    out: dict[str, Any] = {"count": count, "max_model_len": profile.max_model_len, "tokens": ids}
+    if body.get("return_token_strs") is True:
+        out["token_strs"] = ["\u2581" + w for w in words] or ["\u2581"] * count
+    return out
+
+
+def _texts(content: object) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        parts = [p for p in content if isinstance(p, dict)]
+        return [p["text"] for p in parts if isinstance(p.get("text"), str)]
+    return []
 
 
 # -- responses ------------------------------------------------------------------------

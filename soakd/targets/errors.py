@@ -20,6 +20,7 @@ from typing import Final
 import aiohttp
 
 from soakd.model import SHED_BY_CODE, ErrorKind
+from soakd.targets.pool import ClosedAfterAnswer
 
 __all__ = [
     "AUTH_ERROR_WORDS",
@@ -28,6 +29,7 @@ __all__ = [
     "client_error",
     "error_fields",
     "exc_name",
+    "parse_error_name",
     "redact",
     "retry_after",
     "status_kind",
@@ -44,7 +46,7 @@ def error_fields(body: bytes) -> tuple[bool, str]:
     oom = any(word in low for word in _OOM_WORDS)
     try:
         obj = loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return oom, ""
     if type(obj) is not dict:
         return oom, ""
@@ -86,30 +88,43 @@ LiteLLM's answer to any key but its master key when it runs without a database (
 cannot look the key up): in practice a wrong key (docs/gateway.md)."""
 
 
-def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` (OpenAI, Azure) or ``Retry-After``
-    (seconds or an HTTP date); None when absent or unreadable."""
+RETRY_AFTER_MAX_S: Final = 1e7
+"""The longest wait soakd reads from a Retry-After (~116 days; a pause is capped at
+``rate_limit.max_pause`` anyway): a longer one is unreadable, like a malformed one."""
+_SECONDS = re.compile(r"[0-9]{1,12}")  # HTTP's delay-seconds: ASCII digits only
+_MILLIS = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?")
+
+
+def retry_after(headers: Mapping[str, str]) -> tuple[float | None, bool]:
+    """``(seconds, unreadable)``: the wait asked by ``retry-after-ms`` (OpenAI, Azure) or
+    ``Retry-After`` (delay-seconds or an HTTP date), and whether one was there that soakd
+    could not read (seconds is then None: the caller's default applies). Never raises.
+
+    Read as HTTP defines them, not as Python would: ``str.isdigit`` and ``float`` accept
+    "²" and Arabic-Indic digits, which are no delay-seconds; a negative number, a date
+    that is not one, or a wait over RETRY_AFTER_MAX_S is unreadable."""
+    seen = False
     ms = headers.get("retry-after-ms")
     if ms is not None:
-        try:
-            value = float(ms) / 1000.0
-        except ValueError:
-            value = -1.0
-        if 0 <= value < 1e7:
-            return value
+        seen = True
+        ms = ms.strip()
+        if _MILLIS.fullmatch(ms) and float(ms) / 1000.0 <= RETRY_AFTER_MAX_S:
+            return float(ms) / 1000.0, False
     text = headers.get("Retry-After")
     if text is None:
-        return None
+        return None, seen
     text = text.strip()
-    if text.isdigit():
-        return float(text)
+    if _SECONDS.fullmatch(text):
+        seconds = float(int(text))
+        return (seconds, False) if seconds <= RETRY_AFTER_MAX_S else (None, True)
     try:
         when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, when.timestamp() - time.time())
+        wait = None if when.tzinfo is None else when.timestamp() - time.time()
+    except (TypeError, ValueError, IndexError, OverflowError, OSError):
+        wait = None
+    if wait is None or wait > RETRY_AFTER_MAX_S:
+        return None, True
+    return max(0.0, wait), False
 
 
 def status_kind(status: int, fields: str = "", from_guard: bool = False) -> ErrorKind:
@@ -150,12 +165,27 @@ def client_error(exc: aiohttp.ClientError, responded: bool) -> tuple[ErrorKind, 
         if isinstance(exc.os_error, ConnectionRefusedError):
             return ErrorKind.CONNECT_REFUSED, "connection refused"
         return ErrorKind.CONNECT_ERROR, _os_detail(exc.os_error)
-    if isinstance(exc, aiohttp.ClientResponseError):  # an unparsable HTTP response
-        return ErrorKind.BAD_RESPONSE, f"invalid http response: {exc_name(exc)}"
+    if isinstance(exc, aiohttp.ClientResponseError):  # the HTTP parser rejected the response
+        return ErrorKind.PROTOCOL_ERROR, f"invalid http response: {parse_error_name(exc)}"
+    if isinstance(exc, ClosedAfterAnswer):  # the server closes after such answers
+        return ErrorKind.CONNECTION_CLOSED_UNANNOUNCED, f"closed after a {exc.status} answer"
     if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientConnectionError):
         when = "after" if responded else "before"
         return ErrorKind.STREAM_TRUNCATED, f"{exc_name(exc)} {when} response headers"
     return ErrorKind.CLIENT_ERROR, exc_name(exc)
+
+
+def parse_error_name(exc: BaseException) -> str:
+    """The class of the HTTP parser's own error behind ``exc`` (BadStatusLine, LineTooLong,
+    TransferEncodingError...): aiohttp wraps it, once or twice, as the cause."""
+    name = exc_name(exc)
+    seen = 0
+    cause = exc.__cause__
+    while cause is not None and seen < 8:
+        if isinstance(cause, aiohttp.http_exceptions.HttpProcessingError):
+            name = exc_name(cause)
+        cause, seen = cause.__cause__, seen + 1
+    return name
 
 
 def _os_detail(err: OSError) -> str:

@@ -2,7 +2,11 @@
 
 Talks ``/v1/chat/completions`` or ``/v1/completions``, streamed (SSE) or not, and
 records named instants into the Outcome as bytes arrive. Every failure is data
-(``Outcome.error``); ``send`` only raises ``CancelledError``, after recording it.
+(``Outcome.error``); ``send`` only raises ``CancelledError``, after recording it, and
+``NotSent`` for a request that never left soakd: too late for its instant, or one the
+client refuses to build (a header or URL that cannot go on the wire, a body that is not
+JSON): counted with its reason (``invalid_request``), never an outcome the server did
+not see. The config refuses all of these first (``soakd check``); this is the last line.
 
 Secrets: the API key lives in the session's default headers and in a ``SecretStr``
 used to scrub; no repr, log line, exception text or ``error_detail`` carries it, and
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from json import dumps, loads
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import aiohttp
 import structlog
@@ -31,23 +35,35 @@ from yarl import URL
 from soakd import __version__
 from soakd.config import TargetConfig
 from soakd.model import GATEWAY_ORIGIN_HEADER, ErrorKind, Outcome, RequestSpec
-from soakd.net import env_proxy
+from soakd.net import env_proxy, header_problem, url_problem
 from soakd.targets.errors import (
     clean,
     client_error,
     error_fields,
     exc_name,
+    parse_error_name,
     redact,
     retry_after,
     status_kind,
 )
-from soakd.targets.pool import NewestFirstConnector
+from soakd.targets.framing import HttpProcessingError, overrun
+from soakd.targets.pool import NewestFirstConnector, OnLearn
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
-from soakd.targets.stream import Fault, StreamParser, apply_usage, idle_cut
+from soakd.targets.stream import (
+    NO_BOUNDS,
+    Bounds,
+    Fault,
+    StreamParser,
+    answer_text,
+    apply_usage,
+    choice_text,
+    idle_cut,
+    settle_usage,
+)
 from soakd.tracing import HEADER as TRACEPARENT
 from soakd.tracing import traceparent, wants_traceparent
 from soakd.types import NotSent
-from soakd.workload.ledger import LATE
+from soakd.workload.ledger import INVALID_REQUEST, LATE
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
 
@@ -78,11 +94,19 @@ class OpenAITarget:
         proxy_auth: BasicAuth | None = None,
         secret: SecretStr | None = None,
         run_id: str | None = None,
+        refused: str | None = None,
     ) -> None:
         self.name = cfg.name
+        # why every request would be refused before it is written (open_target's check of
+        # the headers and URL); None: they can go on the wire
+        self._refused = refused
+        self._refusal_logged = False
         # the run id the traceparent is derived from; None: no traceparent (soakd/tracing.py)
         self._trace_run = run_id if run_id is not None and wants_traceparent(cfg) else None
         self._session = session
+        # its connection pool, kept past the session's close: what it learned (pool.py)
+        connector = session.connector
+        self.pool = connector if isinstance(connector, NewestFirstConnector) else None
         self._url = URL(cfg.endpoint)
         self._endpoint = cfg.endpoint
         self._chat = cfg.api == "chat"
@@ -94,7 +118,11 @@ class OpenAITarget:
         self._proxy = proxy
         self._proxy_auth = proxy_auth
         self._secret = secret  # only to scrub details; the header is in the session
+        self._factor = cfg.max_output_factor
         extra = {k: v for k, v in cfg.extra_body.items() if k not in _RESERVED}
+        # extra_body's own output cap, which wins over the workload's on the wire
+        caps = [extra.get(k) for k in ("max_tokens", "max_completion_tokens")]
+        self._max_tokens = max((c for c in caps if type(c) is int and c > 0), default=None)
         for key in sorted(set(cfg.extra_body) - set(extra)):
             log.warning("extra_body_key_ignored", target=cfg.name, key=key)
         fixed: dict[str, Any] = {"stream": cfg.stream}
@@ -113,6 +141,25 @@ class OpenAITarget:
 
     async def aclose(self) -> None:
         await self._session.close()
+
+    async def get(
+        self, url: str, timeout_s: float, limit: int = ERROR_BODY_LIMIT
+    ) -> tuple[int, bytes]:
+        """GET ``url`` with this target's key, TLS and proxy: (status, at most ``limit``
+        bytes of the body). For the preflight's models list; raises aiohttp's errors and
+        TimeoutError (the caller words them with ``client_error``)."""
+        async with (
+            asyncio.timeout(timeout_s),
+            self._session.get(
+                url,
+                headers={"Accept": "application/json"},
+                proxy=self._proxy,
+                proxy_auth=self._proxy_auth,
+                allow_redirects=False,
+            ) as resp,
+        ):
+            body = await resp.content.read(limit)
+            return resp.status, body
 
     def body(self, spec: RequestSpec) -> bytes:
         """The request body for ``spec``: JSON, the config's extra_body merged in."""
@@ -141,18 +188,28 @@ class OpenAITarget:
         """
         if spec.deadline_ns and _perf_ns() > spec.deadline_ns:
             raise NotSent(LATE)  # too late to be this instant's send: counted, not sent
+        if self._refused is not None:
+            self._refuse(self._refused)
         out = outcome if outcome is not None else Outcome.planned(spec)
         try:
             payload = self.body(spec)
-        except Exception as exc:  # an extra_body json cannot encode: still data
-            self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
-            self._finish(out)
-            return out
+        except (TypeError, ValueError) as exc:  # an extra_body that json cannot encode
+            self._refuse(f"the body is not JSON ({type(exc).__name__})")
         run = self._trace_run
         hdrs = None if run is None else {TRACEPARENT: traceparent(run, spec.target, spec.seq)}
-        await self._attempt(out, payload, self._session, hdrs)
+        bounds = Bounds.of(self._factor, self._max_tokens or spec.max_tokens, len(payload))
+        await self._attempt(out, payload, self._session, hdrs, bounds)
         self._finish(out)
         return out
+
+    def _refuse(self, cause: str) -> NoReturn:
+        """NotSent(invalid_request): the request cannot be built, so no server saw it."""
+        if not self._refusal_logged:
+            self._refusal_logged = True
+            log.error(
+                "request_not_buildable", target=self.name, cause=cause, counted_as=INVALID_REQUEST
+            )
+        raise NotSent(INVALID_REQUEST)
 
     async def _attempt(
         self,
@@ -160,6 +217,7 @@ class OpenAITarget:
         payload: bytes,
         session: ClientSession,
         headers: dict[str, str] | None = None,
+        bounds: Bounds = NO_BOUNDS,
     ) -> None:
         """The request on ``session``; fills ``out``."""
         loop = asyncio.get_running_loop()
@@ -198,10 +256,12 @@ class OpenAITarget:
                     await self._read_stream(
                         resp,
                         out,
-                        StreamParser(out, self._chat, cm, resched_at, self._idle_s, total_at),
+                        StreamParser(
+                            out, self._chat, cm, resched_at, self._idle_s, total_at, bounds
+                        ),
                     )
                 else:
-                    await self._read_json(resp, out)
+                    await self._read_json(resp, out, bounds)
         except asyncio.CancelledError:
             self._fail(out, ErrorKind.CANCELLED, "cancelled")
             self._finish(out)
@@ -221,9 +281,21 @@ class OpenAITarget:
                 self._fail(out, ErrorKind.TIMEOUT_CONNECT, "connect timed out")
             else:
                 self._fail(out, ErrorKind.CLIENT_ERROR, exc_name(exc))
+        except aiohttp.InvalidURL:  # the request or proxy URL: refused before any connection
+            self._refuse("aiohttp refused the URL (InvalidURL)")
         except aiohttp.ClientError as exc:
             kind, detail = client_error(exc, out.status != 0)
             self._fail(out, kind, detail)
+        except HttpProcessingError as exc:  # the parser, through a reader (framing.py)
+            self._fail(out, ErrorKind.PROTOCOL_ERROR, parse_error_name(exc))
+        except ValueError as exc:
+            # aiohttp wraps every failure on the wire in a ClientError: a bare ValueError
+            # before any answer is the request refused as it was built (a header with a
+            # control character...), never written
+            if out.status or out.first_byte_ns is not None:
+                self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
+            else:
+                self._refuse(f"aiohttp refused to write the request ({type(exc).__name__})")
         except Exception as exc:  # a bug or an unforeseen library error: still data
             self._fail(out, ErrorKind.CLIENT_ERROR, type(exc).__name__)
 
@@ -261,6 +333,11 @@ class OpenAITarget:
             if not p.finished:  # after a finish_reason the answer is whole
                 self._fail(out, ErrorKind.STREAM_TRUNCATED, f"{exc_name(exc)} mid-stream")
             return
+        except HttpProcessingError as exc:  # the HTTP framing broke (framing.py)
+            out.end_ns = _perf_ns()
+            if not p.finished:
+                self._fail(out, ErrorKind.PROTOCOL_ERROR, f"{parse_error_name(exc)} mid-stream")
+            return
         except (SSEError, Fault) as exc:
             self._fail_parse(out, exc)
             return
@@ -273,10 +350,10 @@ class OpenAITarget:
                     event(data, now)
             except (SSEError, Fault):
                 if not p.finished:
-                    self._fail(out, ErrorKind.STREAM_TRUNCATED, "cut inside an event")
+                    self._cut(resp, out, "cut inside an event")
                     return
             if not p.done and not p.finished:
-                self._fail(out, ErrorKind.STREAM_TRUNCATED, "ended before [DONE]")
+                self._cut(resp, out, "ended before [DONE]")
                 return
         if not p.choices_seen:
             self._fail(out, ErrorKind.BAD_RESPONSE, "stream had no choices")
@@ -293,7 +370,9 @@ class OpenAITarget:
             except aiohttp.ClientError:
                 pass  # the answer was whole; only the connection is lost
 
-    async def _read_json(self, resp: aiohttp.ClientResponse, out: Outcome) -> None:
+    async def _read_json(
+        self, resp: aiohttp.ClientResponse, out: Outcome, bounds: Bounds = NO_BOUNDS
+    ) -> None:
         """A non-streamed answer. It has no first token before its end, so
         first_token_ns = last_token_ns = end_ns (TTFT equals E2E) when it has content."""
         if (resp.content_length or 0) > JSON_BODY_LIMIT:
@@ -306,8 +385,11 @@ class OpenAITarget:
             return
         try:
             obj = loads(body)
-        except ValueError:
-            self._fail(out, ErrorKind.BAD_RESPONSE, "body is not JSON")
+        except (ValueError, RecursionError):
+            if overrun(getattr(resp, "_protocol", None)):
+                self._fail(out, ErrorKind.PROTOCOL_ERROR, "body longer than its Content-Length")
+            else:
+                self._fail(out, ErrorKind.BAD_RESPONSE, "body is not JSON")
             return
         if type(obj) is not dict:
             self._fail(out, ErrorKind.BAD_RESPONSE, "body is not a JSON object")
@@ -323,13 +405,15 @@ class OpenAITarget:
                 return
             c0 = choices[0]
             if self._chat:
-                msg = c0.get("message") or {}
-                text = msg.get("content") or msg.get("reasoning_content") or msg.get("reasoning")
+                text = answer_text(c0.get("message") or {}, "message")
             else:
-                text = c0.get("text")
+                text = choice_text(c0)
             usage = obj.get("usage")
             if usage:
-                apply_usage(out, usage)
+                apply_usage(out, usage, bounds)
+        except Fault as exc:
+            self._fail_parse(out, exc)
+            return
         except (AttributeError, LookupError, TypeError):
             self._fail(out, ErrorKind.BAD_RESPONSE, "body has an unexpected shape")
             return
@@ -347,7 +431,7 @@ class OpenAITarget:
         out.end_ns = _perf_ns()
         out.oom, fields = error_fields(body)
         if status in (429, 503):
-            out.retry_after_s = retry_after(resp.headers)
+            out.retry_after_s, out.retry_after_unreadable = retry_after(resp.headers)
         from_guard = resp.headers.get(GATEWAY_ORIGIN_HEADER) == "gateway"
         self._fail(out, status_kind(status, fields, from_guard), f"http {status} {fields}".rstrip())
 
@@ -372,6 +456,14 @@ class OpenAITarget:
             out.error = kind
             out.error_detail = self._scrub(detail)
 
+    def _cut(self, resp: aiohttp.ClientResponse, out: Outcome, detail: str) -> None:
+        """The body ended before the stream did: cut short, or framed wrong by the server
+        (``_protocol``: the connection's, kept by the response after its release)."""
+        if overrun(getattr(resp, "_protocol", None)):
+            self._fail(out, ErrorKind.PROTOCOL_ERROR, "body longer than its Content-Length")
+        else:
+            self._fail(out, ErrorKind.STREAM_TRUNCATED, detail)
+
     def _fail_parse(self, out: Outcome, exc: SSEError | Fault) -> None:
         if isinstance(exc, Fault):
             out.oom = out.oom or exc.oom
@@ -384,8 +476,7 @@ class OpenAITarget:
     def _finish(self, out: Outcome) -> None:
         if out.end_ns == 0:
             out.end_ns = _perf_ns()
-        if not out.usage_reported:
-            out.output_tokens = out.content_chunks
+        settle_usage(out, self._stream)
 
     def _scrub(self, text: str) -> str:
         if self._secret is not None:
@@ -395,11 +486,14 @@ class OpenAITarget:
         return text[:200]
 
 
-async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAITarget:
+async def open_target(
+    cfg: TargetConfig, *, run_id: str | None = None, on_learn: OnLearn | None = None
+) -> OpenAITarget:
     """Build the client for one target: read its key once, set up TLS, the proxy and
     the connection pool. Raises ConfigError (naming the setting, never the key).
     ``run_id``: the run's, from which each request's traceparent is derived (when the
-    target sends one: soakd/tracing.py)."""
+    target sends one: soakd/tracing.py). ``on_learn``: told when the pool learns that the
+    server closes (or keeps again) its connections after answers with a status."""
     key = cfg.api_key()
     ssl_arg = cfg.ssl_context()
     proxy, proxy_auth = (
@@ -421,11 +515,20 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
     if cfg.project:
         headers["OpenAI-Project"] = cfg.project
     headers.update(cfg.headers)
+    refused = next(
+        (p for p in (header_problem(k, v) for k, v in headers.items()) if p is not None),
+        url_problem(cfg.endpoint),
+    )
+    if refused is not None and key is not None:
+        refused = redact(refused, key.get_secret_value())
 
     session = ClientSession(
         # idle connections reused newest first: the pool shrinks after a burst (pool.py)
         connector=NewestFirstConnector(
-            limit=cfg.max_connections, ssl=ssl_arg, force_close=not cfg.keep_alive
+            limit=cfg.max_connections,
+            ssl=ssl_arg,
+            force_close=not cfg.keep_alive,
+            on_learn=on_learn,
         ),
         headers=headers,
         # Only the socket connect (with TLS and proxy setup) is aiohttp's to time:
@@ -439,7 +542,13 @@ async def open_target(cfg: TargetConfig, *, run_id: str | None = None) -> OpenAI
     )
 
     target = OpenAITarget(
-        cfg, session, proxy=proxy, proxy_auth=proxy_auth, secret=key, run_id=run_id
+        cfg,
+        session,
+        proxy=proxy,
+        proxy_auth=proxy_auth,
+        secret=key,
+        run_id=run_id,
+        refused=refused,
     )
     log.debug("target_opened", target=cfg.name, endpoint=cfg.endpoint, proxy=proxy is not None)
     return target

@@ -2,19 +2,62 @@
 
 ``sse.py`` turns bytes into events; this turns each event's JSON into token instants,
 usage and faults, and moves the request's deadline (ttft, then total, then idle). Per
-request, counters only: no text is kept.
+request, counters only: no text is kept, and an answer is cut past ``Bounds.chunks``
+content chunks, so what one request holds is bounded whatever the server sends.
+
+Every number and shape a server sends is checked here, once, for the streamed and the
+non-streamed reader alike: a delta whose content is not text is a ``BAD_RESPONSE``; a
+usage count that is not a plausible integer is not taken (``apply_usage``). Nothing but
+``Fault`` leaves the parser, and whatever it stores in the Outcome fits the journal's
+64-bit integers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from dataclasses import dataclass
 from json import loads
-from typing import Any
+from typing import Any, Final
 
 from soakd.model import ErrorKind, Outcome
 from soakd.targets.errors import error_fields
 
-__all__ = ["Fault", "StreamParser", "apply_usage", "idle_cut"]
+__all__ = [
+    "Bounds",
+    "Fault",
+    "StreamParser",
+    "answer_text",
+    "apply_usage",
+    "choice_text",
+    "idle_cut",
+    "settle_usage",
+]
+
+_TEXT_KEYS: Final = ("content", "reasoning_content", "reasoning")
+"""Where a chat delta (or message) carries text: reasoning models stream their reasoning
+in the latter two before the answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """What one answer may hold. Past ``chunks`` content chunks the stream is cut
+    (``TOO_MANY_TOKENS``); a usage count of more completion tokens than ``chunks`` plus the
+    chunks streamed, or more prompt tokens than ``prompt``, is implausible (not taken)."""
+
+    chunks: int
+    prompt: int
+
+    @classmethod
+    def of(cls, factor: float, max_tokens: int, body_bytes: int) -> Bounds:
+        """``factor`` x the request's max_tokens, and ``factor`` x its body's bytes for the
+        prompt (a tokenizer makes at most about one token a byte, the chat template aside,
+        which the body's JSON framing more than covers)."""
+        return cls(math.ceil(factor * max_tokens), math.ceil(factor * max(body_bytes, 1)))
+
+
+NO_BOUNDS: Final = Bounds(2**62, 2**62)
+"""Bounds for callers that set none (every count still fits 64 bits)."""
 
 
 class Fault(Exception):
@@ -40,6 +83,7 @@ class StreamParser:
 
     __slots__ = (
         "armed",
+        "bounds",
         "chat",
         "choices_seen",
         "cm",
@@ -59,8 +103,10 @@ class StreamParser:
         resched_at: float | None,
         idle_s: float | None = None,
         total_at: float = float("inf"),
+        bounds: Bounds = NO_BOUNDS,
     ) -> None:
         self.out = out
+        self.bounds = bounds
         self.chat = chat
         self.cm = cm
         self.resched_at = resched_at  # the total deadline, applied at the first token
@@ -96,8 +142,8 @@ class StreamParser:
             return  # "data:" alone: a keep-alive some proxies send
         try:
             obj = loads(payload)
-        except ValueError:  # JSONDecodeError
-            raise Fault(ErrorKind.BAD_CHUNK, "chunk is not JSON") from None
+        except (ValueError, RecursionError):  # JSONDecodeError, an int of 4,300+ digits,
+            raise Fault(ErrorKind.BAD_CHUNK, "chunk is not JSON") from None  # deep nesting
         if type(obj) is not dict:
             raise Fault(ErrorKind.BAD_CHUNK, "chunk is not a JSON object")
         try:
@@ -107,13 +153,21 @@ class StreamParser:
                 c0 = choices[0]
                 if self.chat:
                     d = c0.get("delta")
-                    text = d and (
-                        d.get("content") or d.get("reasoning_content") or d.get("reasoning")
-                    )
+                    text = d.get("content") if d else None
+                    if not text or text.__class__ is not str:  # else the common case
+                        text = answer_text(d, "delta") if d else None
                 else:
                     text = c0.get("text")
+                    if text is not None and text.__class__ is not str:
+                        raise Fault(ErrorKind.BAD_RESPONSE, "choice text is not text")
                 if text:
                     out = self.out
+                    if out.content_chunks >= self.bounds.chunks:
+                        raise Fault(
+                            ErrorKind.TOO_MANY_TOKENS,
+                            f"over {self.bounds.chunks} content chunks "
+                            "(max_output_factor x max_tokens)",
+                        )
                     last = out.last_token_ns
                     if last is None:
                         out.first_token_ns = now
@@ -132,16 +186,75 @@ class StreamParser:
                 raise Fault(ErrorKind.BAD_RESPONSE, f"stream error {detail}".rstrip(), oom=oom)
             usage = obj.get("usage")
             if usage:
-                apply_usage(self.out, usage)
+                apply_usage(self.out, usage, self.bounds)
         except (AttributeError, LookupError, TypeError):
             raise Fault(ErrorKind.BAD_CHUNK, "chunk has an unexpected shape") from None
 
 
-def apply_usage(out: Outcome, usage: dict[str, Any]) -> None:
-    prompt = usage.get("prompt_tokens")
-    if type(prompt) is int:
+def answer_text(d: dict[str, Any], where: str) -> str | None:
+    """The text of a chat delta or message: its content, else its reasoning. A value that
+    is there and is not a string (an object, an array, a number, a bool) is
+    ``Fault(BAD_RESPONSE)``: no text came, so no token is counted."""
+    text = None
+    for key in _TEXT_KEYS:
+        value = d.get(key)
+        if value is None:
+            continue
+        if value.__class__ is not str:
+            raise Fault(ErrorKind.BAD_RESPONSE, f"{where} {key} is not text")
+        text = text or value
+    return text
+
+
+def choice_text(c0: dict[str, Any]) -> str | None:
+    """A completions choice's text, or ``Fault(BAD_RESPONSE)`` when it is not text."""
+    text = c0.get("text")
+    if text is not None and text.__class__ is not str:
+        raise Fault(ErrorKind.BAD_RESPONSE, "choice text is not text")
+    return text
+
+
+def apply_usage(out: Outcome, usage: object, bounds: Bounds = NO_BOUNDS) -> None:
+    """Take the server's usage when each count in it is a plausible integer; else keep
+    what was counted and say why (``usage_rejected``). One bad count rejects the whole
+    usage: a server wrong about one is not trusted on the other. Called again (a server
+    sending usage with every chunk), the last one decides. Never raises."""
+    if type(usage) is not dict:
+        why, prompt, completion = "not_integer", None, None
+    else:
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens")
+        why = _implausible(prompt, bounds.prompt) or _implausible(
+            completion, bounds.chunks + out.content_chunks
+        )
+    if why:
+        out.usage_rejected = why
+        out.usage_reported = False
+        out.prompt_tokens = None
+        return
+    out.usage_rejected = ""
+    if prompt is not None:
         out.prompt_tokens = prompt
-    completion = usage.get("completion_tokens")
-    if type(completion) is int:
+    if completion is not None:
         out.output_tokens = completion
         out.usage_reported = True
+
+
+def settle_usage(out: Outcome, stream: bool) -> None:
+    """At the answer's end: the count kept is the server's usage when it was taken, else
+    the content chunks counted; a stream keeps both (their difference, ``usage_delta``)."""
+    if not out.usage_reported:
+        out.output_tokens = out.content_chunks
+    elif stream:
+        out.usage_delta = out.output_tokens - out.content_chunks
+
+
+def _implausible(count: object, limit: int) -> str:
+    """Why ``count`` cannot be a token count of this answer ("" when it can, or is absent)."""
+    if count is None:
+        return ""
+    if type(count) is not int:  # a bool is an int to isinstance, not here
+        return "not_integer"
+    if count < 0:
+        return "negative"
+    return "implausible" if count > limit else ""

@@ -129,7 +129,10 @@ async def serve(sock: socket.socket) -> int:
     hello: dict[str, Any] = json.loads(first[1])
     structlog.contextvars.bind_contextvars(worker=hello["index"])
     cfgs = [TargetConfig.model_validate(t) for t in hello["targets"]]
-    targets = [await open_target(cfg, run_id=hello["run_id"]) for cfg in cfgs]
+    targets = [
+        await open_target(cfg, run_id=hello["run_id"], on_learn=partial(_tell_closes, writer, i))
+        for i, cfg in enumerate(cfgs)
+    ]
     sender = Sender(targets, writer)
     writer.write(wire.json_frame(wire.READY, {"pid": os.getpid()}))
     gc.freeze()  # start-up's objects live all run: full collections skip them
@@ -152,6 +155,12 @@ async def serve(sock: socket.socket) -> int:
         flusher.cancel()
         await sender.finish()
     return 0
+
+
+def _tell_closes(writer: asyncio.StreamWriter, target: int, status: int, closes: bool) -> None:
+    """What this worker's pool learned about a target's closes after answers, to the parent."""
+    if not writer.is_closing():
+        writer.write(wire.frame(wire.CLOSES, wire.pack_closes(target, status, closes)))
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -37,6 +37,9 @@ from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.types import NotSent, SendGate
 from soakd.workers import wire
 from soakd.workload.ledger import NO_WORKER
+
+if TYPE_CHECKING:
+    from soakd.workers.senders import NoReuse
 
 log = structlog.get_logger()
 now_ns = time.perf_counter_ns
@@ -247,8 +250,11 @@ class WorkerPool:
         run_id: str,
         log_dir: Path,
         metrics: WorkerMetrics | None = None,
+        no_reuse: NoReuse | None = None,
     ) -> None:
         self.workers = [Worker(i) for i in range(n)]
+        self._names = [t.name for t in targets]
+        self._no_reuse = no_reuse
         self._hello = {"run_id": run_id, "targets": [t.model_dump(mode="json") for t in targets]}
         self._log_dir = log_dir
         self._metrics = metrics
@@ -321,6 +327,10 @@ class WorkerPool:
                     w.finished(payload, self._count, self._wakeups)
                 elif kind == wire.PONG:
                     w.pong(payload)
+                elif kind == wire.CLOSES and self._no_reuse is not None:
+                    target, status, closes = wire.unpack_closes(payload)
+                    if target < len(self._names):
+                        self._no_reuse.learned(self._names[target], w.index, status, closes)
         except (OSError, wire.WireError) as exc:
             why = f"{type(exc).__name__}: {exc}"
         if not self._closing:
@@ -332,6 +342,8 @@ class WorkerPool:
             self._up.remove(w)
         lost = w.lose_all(f"worker {w.index} died", self._count)
         self.lost += lost
+        if self._no_reuse is not None:
+            self._no_reuse.forget(w.index)  # its pools are gone; the next one learns again
         self._gauge()
         lived = time.monotonic() - w.started
         log.error(

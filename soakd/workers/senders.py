@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -83,6 +84,39 @@ def senders_for(setting: int | str, plan: Plan, max_tokens: int) -> tuple[int, s
     return n, f"run.workers: auto: {peak}"
 
 
+class NoReuse:
+    """The statuses after which each target closes its connections without saying so, as
+    the senders' pools learned them (soakd/targets/pool.py): this process's, or each
+    worker's own (``sender`` is the worker's index). A status counts while any sender
+    holds it; ``on_change(target, status, closes)`` hears when that changes."""
+
+    def __init__(self, on_change: Callable[[str, int, bool], None] | None = None) -> None:
+        self._held: dict[str, dict[int, set[int]]] = {}  # target -> status -> senders
+        self._on_change = on_change
+
+    def learned(self, target: str, sender: int, status: int, closes: bool) -> None:
+        holders = self._held.setdefault(target, {}).setdefault(status, set())
+        before = bool(holders)
+        if closes:
+            holders.add(sender)
+        else:
+            holders.discard(sender)
+        if bool(holders) != before and self._on_change is not None:
+            self._on_change(target, status, closes)
+
+    def forget(self, sender: int) -> None:
+        """A worker is gone: what its pools learned went with them (a new one learns again)."""
+        for target, by_status in self._held.items():
+            for status, holders in by_status.items():
+                if sender in holders:
+                    self.learned(target, sender, status, False)
+
+    def status(self) -> dict[str, list[int]]:
+        """For /status: per target that closes after some answers, those statuses."""
+        out = {t: sorted(s for s, held in by.items() if held) for t, by in self._held.items()}
+        return {t: statuses for t, statuses in out.items() if statuses}
+
+
 @dataclass
 class Senders:
     targets: dict[str, Target] = field(default_factory=dict)
@@ -125,17 +159,28 @@ async def open_senders(
     run_id: str,
     run_dir: Path,
     registry: CollectorRegistry,
+    no_reuse: NoReuse | None = None,
 ) -> Senders:
     """The run's ``n`` senders (``senders_for``). ConfigError for a target's key or TLS files
     (named, read here first, also when workers read them again); WorkerStartError when a
-    worker cannot start."""
+    worker cannot start. ``no_reuse`` hears what their connection pools learn about closes
+    after answers."""
     if n == 1:  # soakd's own process is the one sender, and it is up
         WorkerMetrics(registry, 1).up.set(1)
-        return Senders({c.name: await open_target(c, run_id=run_id) for c in cfgs})
+        return Senders(
+            {
+                c.name: await open_target(
+                    c,
+                    run_id=run_id,
+                    on_learn=partial(no_reuse.learned, c.name, 0) if no_reuse else None,
+                )
+                for c in cfgs
+            }
+        )
     for c in cfgs:  # the same errors, here and at once, as with one process
         c.api_key()
         c.ssl_context()
-    pool = WorkerPool(n, cfgs, run_id, run_dir, WorkerMetrics(registry, n))
+    pool = WorkerPool(n, cfgs, run_id, run_dir, WorkerMetrics(registry, n), no_reuse)
     senders = Senders({c.name: RemoteTarget(c.name, i, pool) for i, c in enumerate(cfgs)}, pool)
     try:
         await pool.start()

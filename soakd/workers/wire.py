@@ -17,6 +17,9 @@ could misread, since both ends are the same installed code.
   Outcome the worker filled (instants on the worker's clock, ITL gaps as raw int64), or
   the id and why it was not sent (``NOT_SENT``: past its deadline when the worker got to
   it).
+- ``CLOSES`` (worker -> parent): a target's server closes (or keeps again) its
+  connections after answers with a status, as the worker's pool learned it
+  (soakd/targets/pool.py): the target's index, the status, 1 or 0.
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from soakd.analysis import itl_keys
-from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.model import USAGE_REJECTED_REASONS, ErrorKind, Outcome, RequestSpec
 
-HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK = range(1, 9)
+HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES = range(1, 10)
 
 HEAD: Final = struct.Struct("<IB")
 """A frame's header: the payload's length (kind byte included) and the kind."""
@@ -41,19 +44,25 @@ MAX_FRAME: Final = 64 << 20
 
 _SPEC = struct.Struct("<IHqIdqqI")
 # id, target, seq, max_tokens, temperature, scheduled, deadline (0: none), len(prompt)
-_OUT = struct.Struct("<IqdqqqqHBBiIBIdHIH")
+_OUT = struct.Struct("<IqdqqqqHBBqqBqdBBqHIH")
 # id, sent, wall_start, first_byte, first_token, last_token, end, status, error, oom,
 # prompt_tokens, output_tokens, usage_reported, content_chunks, retry_after,
-# len(error_detail), len(itl), len(itl_keys): then the detail, the gaps (int64) and the
-# gaps' Digest buckets (uint32 key, count pairs: counted here, not by the parent)
+# retry_after_unreadable, usage_rejected, usage_delta, len(error_detail), len(itl),
+# len(itl_keys): then the detail, the gaps (int64) and the gaps' Digest buckets (uint32
+# key, count pairs: counted here, not by the parent). Token counts are int64: the parser
+# bounds what a server says to that (soakd/targets/stream.py).
 _CLOCK = struct.Struct("<qq")
+_CLOSES = struct.Struct("<HHB")  # target, status, closes
 _IDS = struct.Struct("<I")
 _NONE = -1
+_NO_DELTA = -(2**63)  # usage_delta None (-1 is a delta)
 _NO_KIND = 255
 NOT_SENT: Final = 254
 """The error byte of a record that never went out (``NotSent``): its detail is the reason."""
 KINDS: Final = tuple(ErrorKind)
 _KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
+_REJECTED = ("", *USAGE_REJECTED_REASONS)  # usage_rejected by its byte
+_REJECTED_INDEX = {reason: i for i, reason in enumerate(_REJECTED)}
 _ITL_SIZE = array("q").itemsize
 _KEY_SIZE = array("I").itemsize
 
@@ -123,6 +132,18 @@ def unpack_clock(payload: bytes) -> tuple[int, int]:
     return int(t0), int(t1)
 
 
+def pack_closes(target: int, status: int, closes: bool) -> bytes:
+    return _CLOSES.pack(target, status, closes)
+
+
+def unpack_closes(payload: bytes) -> tuple[int, int, bool]:
+    try:
+        target, status, closes = _CLOSES.unpack(payload)
+    except struct.error:
+        raise WireError("CLOSES of the wrong size") from None
+    return int(target), int(status), bool(closes)
+
+
 def _opt(value: int | None) -> int:
     return _NONE if value is None else value
 
@@ -147,6 +168,9 @@ def pack_outcome(buf: bytearray, rid: int, o: Outcome) -> None:
         o.usage_reported,
         o.content_chunks,
         math.nan if o.retry_after_s is None else o.retry_after_s,
+        o.retry_after_unreadable,
+        _REJECTED_INDEX[o.usage_rejected],
+        _NO_DELTA if o.usage_delta is None else o.usage_delta,
         len(detail),
         len(o.itl_ns),
         len(keys),
@@ -180,6 +204,9 @@ def pack_not_sent(buf: bytearray, rid: int, reason: str) -> None:
         0,
         0,
         math.nan,
+        0,
+        0,
+        _NO_DELTA,
         len(text),
         0,
         0,
@@ -199,7 +226,7 @@ def unpack_outcomes(payload: bytes) -> Iterator[Record]:
             raise WireError("OUTCOMES batch ends inside a request")
         fields = _OUT.unpack_from(payload, at)
         at += size
-        n_detail, n_itl, n_keys = fields[15], fields[16], fields[17]
+        n_detail, n_itl, n_keys = fields[18], fields[19], fields[20]
         if at + n_detail + n_itl * _ITL_SIZE + n_keys * 2 * _KEY_SIZE > end:
             raise WireError("OUTCOMES batch ends inside a request")
         detail = payload[at : at + n_detail].decode(errors="replace")
@@ -241,6 +268,9 @@ def apply(
         usage,
         o.content_chunks,
         retry,
+        unreadable,
+        rejected,
+        delta,
         _,
         _,
         _,
@@ -256,14 +286,22 @@ def apply(
     o.prompt_tokens = None if prompt_tokens == _NONE else prompt_tokens
     o.usage_reported = bool(usage)
     o.retry_after_s = None if math.isnan(retry) else retry
+    o.retry_after_unreadable = bool(unreadable)
+    o.usage_rejected = _REJECTED[rejected]
+    o.usage_delta = None if delta == _NO_DELTA else delta
     o.itl_ns = itl
     o.itl_keys = keys or None
 
 
+FRAME_SPLIT: Final = 8 << 20
+"""A batch this long takes no more records: the next go in a new frame of the same kind,
+so a turn of long prompts (a million tokens is ~7 MB) never makes a frame past MAX_FRAME."""
+
+
 class Outbox:
-    """Records for the other end, batched: at most one frame per kind per flush, however
-    many records it holds, written in the order of the kinds' numbers (a SEND before a
-    CANCEL of the same turn, so a cut never overtakes its request).
+    """Records for the other end, batched: one frame per kind per flush (more when a batch
+    passes FRAME_SPLIT), however many records it holds, written in the order of the kinds'
+    numbers (a SEND before a CANCEL of the same turn, so a cut never overtakes its request).
 
     A record someone waits for (``buf``) is flushed at the end of this loop turn; one
     nobody waits for (``buf(kind, wait_ns=...)``: an open-loop outcome, whose instants are
@@ -271,16 +309,19 @@ class Outbox:
     few ms, not one per request."""
 
     def __init__(self) -> None:
-        self._parts: dict[int, bytearray] = {}
+        self._parts: dict[int, list[bytearray]] = {}
         self._more = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
 
     def buf(self, kind: int, wait_ns: int = 0) -> bytearray:
         """The open batch of ``kind``: pack records into it; it leaves at the next flush,
         within ``wait_ns`` (0: this turn)."""
-        part = self._parts.get(kind)
-        if part is None:
-            part = self._parts[kind] = bytearray()
+        parts = self._parts.get(kind)
+        if parts is None:
+            parts = self._parts[kind] = [bytearray()]
+        elif len(parts[-1]) >= FRAME_SPLIT:
+            parts.append(bytearray())
+        part = parts[-1]
         if not wait_ns:
             self._more.set()
         elif self._timer is None and not self._more.is_set():
@@ -298,8 +339,9 @@ class Outbox:
             self._timer = None
         parts, self._parts = self._parts, {}
         for kind in sorted(parts):
-            if parts[kind]:
-                writer.write(frame(kind, parts[kind]))
+            for part in parts[kind]:
+                if part:
+                    writer.write(frame(kind, part))
 
     async def flush_forever(self, writer: asyncio.StreamWriter) -> None:
         while True:

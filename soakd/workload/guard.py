@@ -1,11 +1,12 @@
-"""Workload room, send guard: when a target may be sent to (spend caps, Retry-After pauses).
+"""Workload room, send guard: when a target may be sent to (spend caps, Retry-After pauses,
+a target failing every request: failing.py).
 
 One ``TargetGuard`` per target. The runner asks ``delay_s()`` before each send and says
 ``sent()``; a send it cannot make is the runner's to count, under ``pause_reason``. As an
-OutcomeSink the guard reads every finished request for its tokens, its 429s and its auth
-failures. Pauses are never silent: each start and end is logged, handed to ``on_event``
-(the journal) and exported (``GuardMetrics``). A cap that can never free up again (a
-total) pauses the target for the rest of the run.
+OutcomeSink the guard reads every finished request for its tokens, its 429s, its auth
+failures and its failing streak. Pauses are never silent: each start and end is logged,
+handed to ``on_event`` (the journal) and exported (``GuardMetrics``). A cap that can never
+free up again (a total) pauses the target for the rest of the run.
 
 Pure apart from the clock, which is injected (tests pass a fake one).
 """
@@ -19,9 +20,10 @@ from typing import Any, Final, Protocol
 
 import structlog
 
-from soakd.config import RateLimit, SpendGuard
+from soakd.config import Failing, RateLimit, SpendGuard
 from soakd.model import ErrorKind, Outcome
 from soakd.sliding import SlidingCount
+from soakd.workload.failing import FAILING, Change, FailingWatch
 
 log = structlog.get_logger()
 
@@ -33,7 +35,7 @@ AUTH_LOG_EVERY_S: Final = 60.0
 
 SPEND = "spend_cap"
 RATE_LIMITED = "rate_limited"
-PAUSE_REASONS: Final = (SPEND, RATE_LIMITED)
+PAUSE_REASONS: Final = (SPEND, RATE_LIMITED, FAILING)
 CAPS: Final = ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
 
 EventFn = Callable[..., None]
@@ -45,6 +47,7 @@ class GuardGauges(Protocol):
 
     def paused(self, reason: str, on: bool) -> None: ...
     def cap_hit(self, cap: str) -> None: ...
+    def failing(self, cause: str, on: bool) -> None: ...
 
 
 class TargetGuard:
@@ -57,6 +60,7 @@ class TargetGuard:
         rate: RateLimit,
         *,
         key_ref: str = "",
+        failing: Failing | None = None,
         gauges: GuardGauges | None = None,
         on_event: EventFn | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -77,6 +81,9 @@ class TargetGuard:
         self._auth_failures = 0  # in the current streak
         self._auth_logged_at = -math.inf
         self._auth_total = 0
+        self.failing = FailingWatch(failing or Failing())
+        self._reason = RATE_LIMITED  # the reason of the pause delay_s() last found
+        self._cause_shown = ""  # the failing cause exported now
 
     def report_to(self, gauges: GuardGauges) -> None:
         """Where pauses and cap hits are exported (set once, before the run)."""
@@ -91,20 +98,38 @@ class TargetGuard:
         self._set_paused(SPEND, spend_at > now, now, cap=cap, until=spend_at)
         rate_at = self._rate_until
         self._set_paused(RATE_LIMITED, rate_at > now, now, until=rate_at)
-        return max(0.0, spend_at - now, rate_at - now)
+        waits = (
+            (SPEND, spend_at - now),
+            (FAILING, self.failing.delay_s(now)),
+            (RATE_LIMITED, rate_at - now),
+        )
+        self._reason = next((reason for reason, w in waits if w > 0), RATE_LIMITED)
+        return max(0.0, *(w for _, w in waits))
 
     def sent(self) -> None:
+        now = self._clock()
         self.requests += 1
-        self.hour.add(self._clock(), 1.0, 0.0)
+        self.hour.add(now, 1.0, 0.0)
+        self.failing.sent(now)
 
     @property
     def pause_reason(self) -> str:
-        """The reason of the pause now: a spend cap first (it lasts), else the rate limit."""
-        return SPEND if SPEND in self._paused else RATE_LIMITED
+        """The reason of the pause ``delay_s()`` found: a spend cap first (it lasts), then a
+        failing target, then the rate limit."""
+        return self._reason
 
     @property
     def paused(self) -> tuple[str, ...]:
         return tuple(self._paused)
+
+    def failing_now(self) -> dict[str, Any] | None:
+        """While paused as failing (None otherwise): its cause, the last failure's detail,
+        and when the next probing request goes (for /status and the live view)."""
+        w = self.failing
+        next_s = w.next_probe_s(self._clock())
+        if next_s is None:
+            return None
+        return {"cause": w.cause, "detail": w.detail, "next_probe_s": round(next_s, 1)}
 
     def used(self) -> dict[str, float]:
         """The spend counts the caps compare against (for the gauges: read at scrape time
@@ -131,8 +156,18 @@ class TargetGuard:
         elif self._auth_failures and outcome.status and outcome.status < 400:
             log.info("auth_recovered", target=self.target, failures=self._auth_failures)
             self._auth_failures = 0
-        if outcome.status == 429 or (outcome.retry_after_s is not None and outcome.status == 503):
+        if outcome.status == 429 or (
+            outcome.status == 503
+            and (outcome.retry_after_s is not None or outcome.retry_after_unreadable)
+        ):
             self._rate_limited(outcome, now)
+        change = self.failing.record(outcome, now)
+        if change is not None:
+            self._failing_changed(change)
+        elif self.failing.paused and self.failing.cause != self._cause_shown:
+            self._cause_shown = self.failing.cause  # a probe failed otherwise than before
+            if self._gauges is not None:
+                self._gauges.failing(self._cause_shown, True)
 
     # --- internals --------------------------------------------------------------------------
 
@@ -192,7 +227,7 @@ class TargetGuard:
         r = self.rate
         if not r.honour_retry_after:
             return
-        asked = outcome.retry_after_s
+        asked = outcome.retry_after_s  # None: none, or unreadable (soakd/targets/errors.py)
         pause = min(r.max_pause, r.default_pause if asked is None else asked)
         if pause > 0:
             self._rate_until = max(self._rate_until, now + pause)
@@ -214,6 +249,41 @@ class TargetGuard:
             )
             if self._auth_failures == 1:
                 self._event("auth_failed", status=outcome.status, key=self.key_ref or None)
+
+    def _failing_changed(self, c: Change) -> None:
+        """A failing target paused, or back: logged, journaled and exported like any pause,
+        with its cause (the paused state itself lives in ``self.failing``)."""
+        if c.paused:
+            data: dict[str, Any] = {
+                "reason": FAILING,
+                "cause": c.cause,
+                "detail": c.detail,
+                "failures": c.failures,
+                "failing_for_s": round(c.seconds, 3),
+            }
+            log.error(
+                "target_paused",
+                target=self.target,
+                **data,
+                key=(self.key_ref or "no key configured") if c.cause == "http_auth" else None,
+                hint="every request failed in a way the next one cannot fix: one request "
+                f"at a time now, at most {self.failing.max_pause:g} s apart, until one is "
+                "answered",
+            )
+            self._event("target_paused", **data)
+        else:
+            log.info(
+                "target_resumed",
+                target=self.target,
+                reason=FAILING,
+                cause=c.cause,
+                paused_s=round(c.seconds, 3),
+            )
+            self._event("target_resumed", reason=FAILING, paused_s=round(c.seconds, 3))
+        self._cause_shown = c.cause
+        if self._gauges is not None:
+            self._gauges.paused(FAILING, c.paused)
+            self._gauges.failing(c.cause, c.paused)
 
     def _event(self, kind: str, **data: Any) -> None:
         if self._on_event is None:

@@ -3,8 +3,9 @@
 A soak is overloaded on purpose. An open-loop driver never spawns without bound: a
 send whose instant is already later than the load's ``max_lateness``, one that finds
 the in-flight cap full, and one that falls while the target is paused (Retry-After,
-a spend cap) is not made. Each is counted here, per target, phase and reason, like
-k6's ``dropped_iterations``: offered = sent + missed, and nothing is hidden.
+a spend cap, a target failing every request) is not made. Each is counted here, per
+target, phase and reason, like k6's ``dropped_iterations``: offered = sent + missed, and
+nothing is hidden.
 
 The counts are small (targets x phases x reasons); the journal reads them at each
 commit (``counts``, a plain dict read whole under the GIL), the exporter at scrape
@@ -21,7 +22,17 @@ IN_FLIGHT_CAP: Final = "in_flight_cap"
 SPEND_CAP: Final = "spend_cap"
 RATE_LIMITED: Final = "rate_limited"
 NO_WORKER: Final = "no_worker"  # run.workers > 1 and every sender process was down
-MISSED_REASONS: Final = (LATE, IN_FLIGHT_CAP, SPEND_CAP, RATE_LIMITED, NO_WORKER)
+FAILING: Final = "failing"  # the target failed every request: paused (failing.py)
+INVALID_REQUEST: Final = "invalid_request"  # the client refused to build it (never written)
+MISSED_REASONS: Final = (
+    LATE,
+    IN_FLIGHT_CAP,
+    SPEND_CAP,
+    RATE_LIMITED,
+    NO_WORKER,
+    FAILING,
+    INVALID_REQUEST,
+)
 """Why a planned send was not made: a bounded set, safe as a metric label."""
 
 Key = tuple[str, str, str]

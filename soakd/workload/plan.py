@@ -101,6 +101,12 @@ def build_plan(
     if rehearse_s is not None:
         if rehearse_s <= 0:
             raise ConfigError(f"--rehearse: must be above zero, got {rehearse_s:g}s")
+        if rehearse_s * NS_PER_S > t:  # it would stretch the plan, not rehearse it
+            raise ConfigError(
+                f"--rehearse: {format_duration(rehearse_s)} is longer than the plan "
+                f"({format_duration(t / NS_PER_S)}): a rehearsal compresses the plan; "
+                "run it as it is, or rehearse in less time"
+            )
         scale = rehearse_s * NS_PER_S / t
         bounds = [(pc, round(a * scale), round(b * scale)) for pc, a, b in bounds]
 

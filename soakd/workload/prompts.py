@@ -11,11 +11,15 @@ import json
 import math
 import random
 from array import array
+from bisect import bisect_left
+from collections.abc import Sequence
+from dataclasses import replace
 from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol
 
-from soakd.config import ConfigError, TokenLength, Workload
+from soakd.config import MAX_TOKENS, ConfigError, TokenLength, Workload
+from soakd.workload.calibration import UNCALIBRATED, Calibration
 
 # Common English words, each a single token both alone and after a space in
 # cl100k_base, o200k_base, Llama 3 and Qwen 2.5/3 (checked with those vocabularies),
@@ -88,8 +92,8 @@ _WORD_TEXT = """
     who whole wide wife wild will win wind window wine wing wire wise wish with within without
     woman women wood word work worker world worm would wrap write writer wrong yard year years
     yellow yes yet you your zero zip zone"""
-_WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
-assert len(_WORDS) == 1024
+WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
+assert len(WORDS) == 1024
 
 _M64 = (1 << 64) - 1
 _POOL = 1 << 16  # distinct body start positions
@@ -107,13 +111,16 @@ class PromptSource(Protocol):
         ...
 
 
-def make_prompt_source(workload: Workload) -> PromptSource:
-    """The source the config asks for (a file source reads its file now)."""
+def make_prompt_source(
+    workload: Workload, calibrations: Sequence[Calibration] = ()
+) -> PromptSource:
+    """The source the config asks for (a file source reads its file now). Synthetic
+    prompts are sized by ``calibrations`` (each from its seq on; none: a word a token)."""
     prompts = workload.prompts
     if prompts.source == "file":
         assert prompts.file is not None  # the config model guarantees it
         return FilePrompts(prompts.file)
-    return SyntheticPrompts(prompts.input_tokens, workload.seed)
+    return SyntheticPrompts(prompts.input_tokens, workload.seed, calibrations)
 
 
 def _mix(x: int) -> int:
@@ -125,6 +132,22 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
+class _Sizing:
+    """One calibration laid over the word pool: each word's cost, and the pool's running
+    cost (``cum[j]``: the cost of pool words 0..j-1), so a prompt of a given cost is a
+    bisection, not a sum."""
+
+    __slots__ = ("cal", "costs", "cum", "max_words")
+
+    def __init__(self, cal: Calibration, pool: Sequence[int], longest: int) -> None:
+        self.cal = cal
+        self.costs = cal.word_costs(len(WORDS))
+        costs = self.costs
+        self.cum = array("d", accumulate((costs[i] for i in pool), initial=0.0))
+        # the most words a prompt can take: its tokens at the cheapest word, and one more
+        self.max_words = math.ceil(max(1, longest) / min(costs)) + 1
+
+
 class SyntheticPrompts:
     """Word-salad prompts with lengths drawn from a TokenLength distribution.
 
@@ -132,22 +155,65 @@ class SyntheticPrompts:
     prompts share their first tokens and prefix caching cannot hide prefill; the
     rest is a seq-chosen window into a pool of random words built once from the
     seed, so making a prompt is a slice, not a draw per word (~2 µs for 256 words).
+    The window is as long as the planned tokens allow at the calibration's cost per word
+    (calibration.py): without one, a word a token, as the word list was chosen for.
     """
 
-    def __init__(self, lengths: TokenLength, seed: int = 0) -> None:
+    def __init__(
+        self, lengths: TokenLength, seed: int = 0, calibrations: Sequence[Calibration] = ()
+    ) -> None:
         self.lengths = lengths
         self.seed = seed
         self._key = _mix(seed & _M64)
         longest = max(lengths.min, min(lengths.max, lengths.mean))
         if lengths.dist != "fixed":
             longest = lengths.max
-        words = random.Random(self._key).choices(_WORDS, k=_POOL + longest)
+        self._longest = longest
+        self._pool: list[int] = []
+        self._text = ""
+        self._starts = array("q")
+        self._sizings: list[_Sizing] = []
+        for cal in calibrations or (UNCALIBRATED,):
+            self.calibrate(cal)
+
+    @property
+    def calibrations(self) -> list[Calibration]:
+        """Every calibration in use, in seq order (the first from seq 0)."""
+        return [s.cal for s in self._sizings]
+
+    @property
+    def calibration(self) -> Calibration:
+        """The latest: the one new seqs are sized by."""
+        return self._sizings[-1].cal
+
+    def calibrate(self, cal: Calibration) -> None:
+        """Size the prompts of ``cal.from_seq`` and later by ``cal``; earlier seqs keep
+        theirs (a prompt already sent is never rebuilt otherwise)."""
+        if self._sizings and cal.from_seq < self._sizings[-1].cal.from_seq:
+            raise ValueError(
+                f"calibration from seq {cal.from_seq} is before the last one's "
+                f"({self._sizings[-1].cal.from_seq})"
+            )
+        if not self._sizings and cal.from_seq != 0:
+            cal = replace(cal, from_seq=0)  # seq 0 needs one
+        words = math.ceil(max(1, self._longest) / min(cal.word_costs(len(WORDS)))) + 1
+        self._grow_pool(_POOL + words)
+        self._sizings.append(_Sizing(cal, self._pool, self._longest))
+
+    def _grow_pool(self, size: int) -> None:
+        """The pool of word indices, at least ``size`` long: a longer pool is the same
+        draws continued (``choices`` takes one random() a word), so nothing moves."""
+        if len(self._pool) >= size:
+            return
+        self._pool = random.Random(self._key).choices(range(len(WORDS)), k=size)
+        words = [WORDS[i] for i in self._pool]
         self._text = " ".join(words)
         # starts[i]: where word i begins; one past the end for i == len(words)
         self._starts = array("q", accumulate((len(w) + 1 for w in words), initial=0))
+        self._sizings = [_Sizing(s.cal, self._pool, self._longest) for s in self._sizings]
 
     def length(self, seq: int) -> int:
-        """The planned prompt length (tokens = words) of ``seq``."""
+        """The planned prompt length (tokens) of ``seq``."""
         return self._length(_mix(self._key ^ (seq & _M64)))
 
     def _length(self, h1: int) -> int:
@@ -165,17 +231,41 @@ class SyntheticPrompts:
         return min(d.max, max(d.min, n))
 
     def spec_fields(self, seq: int) -> tuple[str, int]:
+        text, n, _ = self.build(seq)
+        return text, n
+
+    def estimate(self, seq: int) -> float:
+        """The tokens the calibration expects the reference to count for ``seq``."""
+        return self.build(seq)[2]
+
+    def build(self, seq: int) -> tuple[str, int, float]:
+        """(prompt text, planned tokens, tokens the calibration expects) for ``seq``."""
         h1 = _mix(self._key ^ (seq & _M64))
         n = self._length(h1)
+        sizing = self._sizings[-1]
+        if seq < sizing.cal.from_seq:
+            sizing = next(s for s in reversed(self._sizings) if seq >= s.cal.from_seq)
+        costs = sizing.costs
+        budget = n - sizing.cal.overhead
         x = (seq * _HEAD_MULT + self._key) & _HEAD_MASK
-        k = min(_HEAD_WORDS, n)
-        head = " ".join([_WORDS[(x >> (10 * i)) & 1023] for i in range(k)])
-        body = n - k
-        if body == 0:
-            return head, n
+        head = [(x >> (10 * i)) & 1023 for i in range(_HEAD_WORDS)]
+        spent = sum(costs[i] for i in head)
+        while len(head) > 1 and spent > budget:  # a short prompt: fewer opening words
+            spent -= costs[head.pop()]
+        text = " ".join([WORDS[i] for i in head])
+        rest = budget - spent
+        cum = sizing.cum
         start = _mix(h1 ^ 0x2545F4914F6CDD1D) % _POOL
+        base = cum[start]
+        # the window whose cost is nearest the rest (the shorter one on a tie)
+        end = bisect_left(cum, base + rest, start, start + sizing.max_words)
+        if end > start and base + rest - cum[end - 1] <= cum[end] - (base + rest):
+            end -= 1
+        estimate = sizing.cal.overhead + spent + cum[end] - base
+        if end == start:
+            return text, n, estimate
         starts = self._starts
-        return head + " " + self._text[starts[start] : starts[start + body] - 1], n
+        return text + " " + self._text[starts[start] : starts[end] - 1], n, estimate
 
 
 class FilePrompts:
@@ -221,6 +311,11 @@ def _read_jsonl(path: Path) -> list[str]:
             texts.append(_prompt_text(obj))
         except _BadRecord as exc:
             raise ConfigError(f"{where}: {path}:{lineno}: {exc}") from None
+        if len(texts[-1]) > MAX_TOKENS * _CHARS_PER_TOKEN:
+            raise ConfigError(
+                f"{where}: {path}:{lineno}: a prompt of {len(texts[-1]):,} characters, "
+                f"~{len(texts[-1]) // _CHARS_PER_TOKEN:,} tokens (at most {MAX_TOKENS:,})"
+            )
     if not texts:
         raise ConfigError(f"{where}: {path} holds no prompts")
     return texts

@@ -22,6 +22,7 @@ import structlog
 from soakd.model import ErrorKind, LoadShape, Outcome, Phase, Plan, RequestSpec
 from soakd.types import NotSent, OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
+from soakd.workload.failing import failing_cause
 from soakd.workload.ledger import IN_FLIGHT_CAP, LATE, SendLedger
 from soakd.workload.prompts import PromptSource
 from soakd.workload.timer import sleep_until_ns
@@ -29,9 +30,6 @@ from soakd.workload.timer import sleep_until_ns
 log = structlog.get_logger()
 
 
-_UNREACHABLE = frozenset(
-    {ErrorKind.CONNECT_REFUSED, ErrorKind.CONNECT_ERROR, ErrorKind.TIMEOUT_CONNECT}
-)
 DRIVERS_FINISH_S: Final = 2.0
 """At the plan's end, how long open-loop drivers may take to deal with the instants that
 were already due (they skip a backlog older than max_lateness in one step)."""
@@ -329,9 +327,12 @@ class Runner:
     async def _closed_worker(self, name: str, pool: _Pool) -> None:
         """Send, wait, send again, while the pool wants this many workers.
 
-        After a connection failure the worker pauses (50 ms doubling to 1 s) before its
-        next send: a dead target is then probed a few times a second, not hammered
-        thousands of times (every failure is still recorded)."""
+        After a failure the next request cannot fix (failing.py: refused, no connection,
+        401/403, 404), a request not sent, or a failure of soakd's own client (it can come
+        back without the loop ever turning: a stream would spin, deaf to signals) the
+        worker pauses (50 ms doubling to 1 s) before its next send: a dead or
+        misconfigured target is then asked a few times a second, not hammered thousands
+        of times (every failure is still recorded)."""
         pause = 0.0
         gate = self._gates.get(name)
         try:
@@ -347,7 +348,11 @@ class Runner:
                     outcome = await self._one(name, self._spec(name, pool.phase, now_ns()))
                 finally:
                     self._busy[name] -= 1
-                if outcome is None or outcome.error in _UNREACHABLE:
+                if (
+                    outcome is None
+                    or failing_cause(outcome) is not None
+                    or outcome.error is ErrorKind.CLIENT_ERROR
+                ):
                     pause = min(1.0, pause * 2 or 0.05)
                     await self._sleep_until(now_ns() + int(pause * 1e9))
                 else:

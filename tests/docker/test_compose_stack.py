@@ -429,7 +429,9 @@ def test_a_vram_page_reaches_the_webhook_through_alertmanager(stack: Stack) -> N
     stamp, alert = wait_for(page, 420, "VramAboveLimit at the alert-webhook container")
     assert alert["severity"] == "page"
     assert alert["receiver"] == "page"
-    assert alert["node"] == "edge-docker-test"  # the edge Prometheus's external label
+    assert alert["node"] == "edge-docker-test"  # the edge Prometheus's external labels
+    assert alert["site"] == d.env_example()["SOAKD_SITE"]
+    assert alert["summary"].endswith(f"on edge-docker-test ({alert['site']})")
     received = parse_rfc3339(stamp)
     starts = parse_rfc3339(alert["starts_at"])
     stack.figures["page_delay_after_firing_s"] = round(received - starts, 1)

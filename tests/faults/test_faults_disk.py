@@ -25,6 +25,7 @@ from prometheus_client import generate_latest
 
 from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
+from soakd.report import build_report, terminal_summary
 from tests.faults.conftest import figure, samples
 from tests.hostile_server import HostileServer
 
@@ -81,10 +82,11 @@ def ext4(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
         umount(where)
 
 
-def soak_for(hostile: HostileServer, run_dir: Path, seconds: float) -> Soak:
+def soak_for(hostile: HostileServer, run_dir: Path, seconds: float, queue: int = 10_000) -> Soak:
     cfg = config_from_dict(
         {
             "run": {"name": "disk", "drain_timeout": "3s"},
+            "journal": {"queue_size": queue},
             "targets": [
                 {"name": "t", "base_url": hostile.url("ok"), "model": "m", "scrape": False}
             ],
@@ -252,3 +254,60 @@ async def test_disk_turns_read_only_mid_run(
     figure("disk_read_only.detect_s", seen["detect_s"])
     figure("disk_read_only.rows_kept", n)
     figure("disk_read_only.rows_before_fault", seen["rows_before"])
+
+
+@needs_root
+@pytest.mark.parametrize("queue", [10_000, 100])
+async def test_disk_full_to_the_end_is_said_first_with_the_counts(
+    hostile: HostileServer, tmpfs: Path, queue: int
+) -> None:
+    """The disk fills and never frees. Before: the run's summary said "sent 173" for 1,200
+    requests measured and served (the journal's final write failed, so its totals were
+    those of its last commit), and only a log line on stderr named the loss. Now the
+    journal's reserve takes the final state in, and the summary (the report of the run:
+    what `soakd run` prints at its end) says first that writes failed to the end; with a
+    small queue, the requests dropped meanwhile are counted in its first lines too."""
+    run_dir = tmpfs / "run"
+    soak = soak_for(hostile, run_dir, 6.0, queue)
+    served0 = hostile.stats.requests["ok"]
+
+    async def fault() -> None:
+        while soak.http is None or soak.stats.total["t"].requests < 200:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(fill, tmpfs)  # and never freed
+
+    injector = asyncio.create_task(fault())
+    result = await soak.run()
+    await injector
+    measured = soak.stats.total["t"].requests
+    assert result.completed
+    assert measured == hostile.stats.requests["ok"] - served0  # every request the server saw
+    assert result.journal_unwritten == 0  # the reserve took the final state
+    rep = build_report(run_dir, slowest_n=0)
+    first = rep.warnings[0]
+    assert first.startswith("the journal could not write from ")
+    assert "of plan time to the end of the session" in first
+    assert "database or disk is full" in first
+    journaled = rep.overall["t"].requests
+    with contextlib.closing(
+        sqlite3.connect(f"file:{run_dir / 'journal.db'}?mode=ro", uri=True)
+    ) as conn:
+        assert conn.execute("SELECT SUM(requests) FROM totals").fetchone()[0] == measured
+    # every request measured is in the journal's windows: the writer folds what arrives
+    # while its writes fail (soakd/journal/store.py)
+    assert journaled == measured
+    if queue == 10_000:  # the writer kept every row for the retry
+        assert len(rep.warnings) == 1
+    else:  # rows past journal.queue_size were dropped (counted), their requests folded
+        with contextlib.closing(
+            sqlite3.connect(f"file:{run_dir / 'journal.db'}?mode=ro", uri=True)
+        ) as conn:
+            kept = conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
+        assert kept < measured
+        assert rep.warnings[1].startswith(
+            f"{measured - kept:,} request(s) in the tables have no row in the journal"
+        )
+    summary = terminal_summary(rep)  # what `soakd run` prints at its end
+    assert str(summary[0]).startswith("WARNING: the journal could not write from ")
+    figure(f"disk_full_to_end.queue_{queue}.measured", measured)
+    figure(f"disk_full_to_end.queue_{queue}.journaled", journaled)

@@ -117,6 +117,8 @@ junk = st.one_of(
             "http://",
             "ftp://x",
             "http://u:p@h/",
+            "http://127.0.0.1:99999",
+            "a\r\nInjected: 1",
             "127.0.0.1:99999",
             "[::1]:1",
             "a" * 300,
@@ -265,6 +267,7 @@ def test_garbage_files_are_one_line(tmp_path: Path, data: bytes) -> None:
                 "SOAKD__RUN__DURATION",
                 "SOAKD__TARGETS__A__BASE_URL",
                 "SOAKD__TARGETS__9",
+                "SOAKD__TARGETS__\u00b2__MODEL",  # str.isdigit() takes it, int() does not
                 "SOAKD__TARGETS__0__TIMEOUTS__TTFT",
                 "SOAKD__PHASES__WARM__LOAD__RATE",
                 "SOAKD__EXPORTER__LISTEN",

@@ -76,6 +76,10 @@ def db(run_dir: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{run_dir / 'journal.db'}?mode=ro", uri=True)
 
 
+NO_PREFLIGHT = ("--no-preflight",)
+"""The server's count is the reference: no request before the run's (test_preflight's)."""
+
+
 def answered(hostile: HostileServer) -> int:
     return hostile.stats.completed["ok"] + hostile.stats.completed["paced"]
 
@@ -105,7 +109,7 @@ def test_sigkill_under_load_and_at_a_phase_change(hostile: HostileServer, tmp_pa
     # --- session 1: killed under heavy load, mid-phase a --------------------------------
     port = free_port()
     base = answered(hostile)
-    proc = start_soakd(cfg, run_dir, port)
+    proc = start_soakd(cfg, run_dir, port, *NO_PREFLIGHT)
     try:
         st, metrics = kill_at(port, proc, lambda s: s.get("elapsed_s", 0) >= 3.0)
     finally:
@@ -149,7 +153,7 @@ def test_sigkill_under_load_and_at_a_phase_change(hostile: HostileServer, tmp_pa
     # --- session 2: resumed, then killed right at the b -> c boundary --------------------
     port = free_port()
     t_start = time.monotonic()
-    proc = start_soakd(cfg, run_dir, port)
+    proc = start_soakd(cfg, run_dir, port, *NO_PREFLIGHT)
     while status(port) is None and proc.poll() is None:
         time.sleep(0.05)
     figure("kill.restart_to_exporter_s", time.monotonic() - t_start)
@@ -164,7 +168,7 @@ def test_sigkill_under_load_and_at_a_phase_change(hostile: HostileServer, tmp_pa
 
     # --- session 3: resumed, runs to the end -------------------------------------------------
     port = free_port()
-    proc = start_soakd(cfg, run_dir, port)
+    proc = start_soakd(cfg, run_dir, port, *NO_PREFLIGHT)
     try:
         out, err = proc.communicate(timeout=60)
     finally:

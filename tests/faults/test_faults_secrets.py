@@ -66,12 +66,15 @@ def secrets_config(hostile: HostileServer, key_file: Path) -> dict[str, Any]:
             "api_key_env": KEY_ENV,
             "timeouts": {"connect": "1s", "ttft": "1s", "total": "2s"},
             "headers": {"X-Auth-Token": KEY},
+            # failing on purpose: the preflight's lines are logged (and searched), not fatal
+            "expect_failure": m not in ("ok", "key_stream"),
         }  # a key put where it should not be
         for m in MODES
     ]
     targets += [
         {
             "name": "from-file",
+            "expect_failure": True,
             "base_url": hostile.url("echo_key"),
             "model": "m",
             "api_key_file": str(key_file),
@@ -79,6 +82,7 @@ def secrets_config(hostile: HostileServer, key_file: Path) -> dict[str, Any]:
         # TLS to a plain-HTTP port: the handshake fails inside aiohttp
         {
             "name": "tls",
+            "expect_failure": True,
             "base_url": hostile.url("ok").replace("http:", "https:"),
             "model": "m",
             "api_key_env": KEY_ENV,
@@ -87,6 +91,7 @@ def secrets_config(hostile: HostileServer, key_file: Path) -> dict[str, Any]:
         # nothing listens: connection errors carry the URL inside aiohttp
         {
             "name": "refused",
+            "expect_failure": True,
             "base_url": f"http://127.0.0.1:{free_port()}/v1",
             "model": "m",
             "api_key_env": KEY_ENV,

@@ -63,8 +63,8 @@ def refused(port: int) -> bool:
 async def test_a_failing_target_close_still_flushes_the_journal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def open_bad(cfg: TargetConfig, *, run_id: str | None = None) -> Target:
-        return BadClose(await open_target(cfg, run_id=run_id))
+    async def open_bad(cfg: TargetConfig, **kwargs: Any) -> Target:
+        return BadClose(await open_target(cfg, **kwargs))
 
     monkeypatch.setattr(soakd.workers.senders, "open_target", open_bad)
     port = free_port()

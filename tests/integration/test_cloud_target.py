@@ -152,11 +152,11 @@ async def test_retry_after_reaches_the_outcome(fake: tuple[Fake, str]) -> None:
 
 def test_retry_after_forms() -> None:
     soon = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
-    assert 28 <= (retry_after({"Retry-After": soon}) or 0) <= 30
-    assert retry_after({"Retry-After": "0"}) == 0.0
-    assert retry_after({"Retry-After": "soon"}) is None
-    assert retry_after({"retry-after-ms": "x", "Retry-After": "2"}) == 2.0
-    assert retry_after({}) is None
+    assert 28 <= (retry_after({"Retry-After": soon})[0] or 0) <= 30
+    assert retry_after({"Retry-After": "0"}) == (0.0, False)
+    assert retry_after({"Retry-After": "soon"}) == (None, True)  # there, not readable
+    assert retry_after({"retry-after-ms": "x", "Retry-After": "2"}) == (2.0, False)
+    assert retry_after({}) == (None, False)
 
 
 async def test_spend_cap_in_a_real_run_is_exact_logged_journaled_exported(

@@ -83,7 +83,13 @@ def spec(seq: int) -> RequestSpec:
 async def test_pool_shrinks_after_a_burst(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pool, "IDLE_CLOSE_S", 0.3)
     target = await open_target(TargetConfig(name="local", base_url=server.url, model="tiny"))
-    outcomes: list[Outcome] = []
+    connector = target.pool
+    assert connector is not None
+    server.hold.set()
+    outcomes: list[Outcome] = [await target.send(spec(-1))]
+    # the pool reuses connections after a 200 once it saw the server keep one (pool.py)
+    await until(lambda: connector.keeps_after == [200], what="the server seen keeping one")
+    server.hold.clear()
     try:
         # the burst: BURST requests in flight at once, each on a connection of its own
         burst = [asyncio.create_task(target.send(spec(i))) for i in range(BURST)]

@@ -234,3 +234,40 @@ def test_cli_needs_an_upstream(capsys: pytest.CaptureFixture[str]) -> None:
         main(["gateway"])
     assert exc.value.code == 2
     assert "give --config FILE or --upstream URL" in capsys.readouterr().err
+
+
+async def read_stream(s: aiohttp.ClientSession, url: str, got: list[bytes]) -> None:
+    async with s.post(url, data=b"{}") as resp:
+        assert resp.status == 200
+        async for part in resp.content.iter_any():
+            got.append(part)  # noqa: PERF401  # kept one by one: the read ends in an error
+
+
+async def test_an_upstream_whose_http_breaks_is_named_at_once() -> None:
+    """A status line that is not HTTP's: a 502 upstream_protocol_error. A chunk size that
+    is not hex after the first token: the stream is cut for the client when the bad bytes
+    arrive (aiohttp's C parser left the answer's reader waiting: soakd/targets/framing.py)."""
+    from tests.hostile_server import serve_hostile
+
+    with serve_hostile() as hostile:
+        bad_status = await gateway(hostile.url("bad_status"))
+        bad_chunk = await gateway(hostile.url("bad_chunk_size"))
+        try:
+            async with aiohttp.ClientSession() as s:
+                status, doc, _ = await post(s, bad_status)
+                assert status == 502
+                assert doc is not None
+                assert doc["error"]["code"] == "upstream_protocol_error"
+                t0 = time.monotonic()
+                got: list[bytes] = []
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await read_stream(s, bad_chunk.url + CHAT, got)
+                assert time.monotonic() - t0 < 5.0  # the upstream holds it open for an hour
+                assert b"".join(got).count(b"data: ") == 1  # the one token before the break
+                for gw in (bad_status, bad_chunk):
+                    async with s.get(gw.url + "/metrics") as resp:
+                        text = await resp.text()
+                    assert 'soakd_gateway_upstream_errors_total{kind="protocol"} 1.0' in text
+        finally:
+            await bad_status.aclose()
+            await bad_chunk.aclose()

@@ -265,3 +265,60 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
     ).stdout
     assert "in 2 session(s)" in report
     assert "Downtime" in report
+
+
+def test_commits_a_damaged_wal_lost_are_counted_and_the_resume_says_so(tmp_path: Path) -> None:
+    """SIGKILL mid-run (the journal's commits in its WAL), a byte of a WAL frame in the
+    middle flipped: SQLite drops that commit and every later one. Before, the resume went
+    on from the older heartbeat, reused the lost prompt numbers, and nothing said so."""
+    cfg_path = tmp_path / "soak.yaml"
+    cfg_path.write_text(yaml.safe_dump(soak_config()))
+    run_dir = tmp_path / "run"
+    port = free_port()
+    proc = start(cfg_path, run_dir, port)
+    sims: list[int] = []
+    try:
+        wait_until(port, lambda t, s: sum(counters(t, "soakd_requests_total").values()) >= 150)
+        time.sleep(0.6)  # a commit or two more
+        sims = children(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in sims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+    mark = json.loads((run_dir / "journal.mark").read_text())
+    wal = run_dir / "journal.db-wal"
+    data = bytearray(wal.read_bytes())
+    page = 16384
+    frames = (len(data) - 32) // (24 + page)
+    assert frames > 4, "the commits should still be in the WAL"
+    data[32 + frames // 2 * (24 + page) + 24 + 100] ^= 0xFF
+    wal.write_bytes(data)
+    with journal(run_dir) as conn:
+        held = conn.execute("SELECT MAX(id) FROM requests").fetchone()[0] or 0
+    assert held < mark["last_id"]  # commits after the flipped frame: gone
+
+    port = free_port()
+    proc = start(cfg_path, run_dir, port)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    lost = mark["last_id"] - held
+    said = f"the journal lost {lost:,} request row(s)"
+    assert f"soakd: warning: {said}" in err  # before the run went on
+    summary = out.splitlines()
+    assert summary[1].startswith(f"WARNING: {said}")  # the summary's first line after the run's
+    with journal(run_dir) as conn:
+        loss = conn.execute("SELECT data FROM events WHERE kind = 'journal_loss'").fetchone()
+        assert json.loads(loss[0])["rows"] == lost
+        for target, next_seq in mark["seqs"].items():  # no prompt number used twice
+            first = conn.execute(
+                "SELECT MIN(seq) FROM requests WHERE session = 2 AND target = ?", (target,)
+            ).fetchone()[0]
+            assert first >= next_seq

@@ -13,6 +13,8 @@ import asyncio
 import http.client
 import json
 import os
+import signal
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
 from tests.llama_server import LlamaServer, LlamaServerNotSetUp
 from tests.vllm_server import VllmServer, sum_samples
+from tests.waiting import until
 
 # the tiny model's writer needs gguf (the [test] extra): without it, skip this module
 # instead of aborting the whole session at collection
@@ -160,6 +163,10 @@ async def test_llama_server_beside_vllm(
         assert ok == summary["requests"]
         assert count(text, "soakd_target_up", target=name) == 1
         assert count(text, "soakd_target_restarts_total", target=name) == 0
+        # a true usage: every one taken, never below the stream (above it: tokens merged
+        # in a chunk, as vLLM does under load: notes usage_mismatch:above)
+        assert count(text, "soakd_usage_rejected_total", target=name) == 0
+        assert count(text, "soakd_usage_mismatch_total", target=name, direction="below") == 0
 
     # soakd's token counts are the servers' own, exactly
     llama_predicted = llama_after["tokens_predicted_total"] - llama_before["tokens_predicted_total"]
@@ -264,3 +271,73 @@ def test_llama_server_drops_kept_alive_connections_after_a_stream(llama: LlamaSe
     streamed = two_requests(stream=True)
     assert streamed[0] == "200 timeout=5, max=100"  # it promises to keep the connection
     assert streamed[1] in {"RemoteDisconnected", "BrokenPipeError", "ConnectionResetError"}
+
+
+async def test_prompts_are_sized_in_llama_servers_tokens(
+    llama: LlamaServer, tmp_path: Path
+) -> None:
+    """llama-server's /tokenize (llama.cpp's shape, a chat prompt through /apply-template):
+    a planned 300 is 300 of its prompt tokens, within 2 %, by its own usage and counters."""
+    cfg = config_from_dict(
+        {
+            "run": {"name": "llamacalib", "drain_timeout": "30s"},
+            "targets": [
+                {
+                    "name": "llamacpp",
+                    "base_url": llama.api_url,
+                    "model": llama.model,
+                    "keep_alive": False,  # see the test above
+                }
+            ],
+            "workload": {"max_tokens": 4, "prompts": {"input_tokens": {"mean": 300}}},
+            "phases": [
+                {"name": "p", "duration": "60s", "load": {"mode": "closed", "concurrency": 2}}
+            ],
+            "gpu": {"source": "none"},
+        }
+    )
+    before = llama_counters(llama)
+    run_dir = tmp_path / "run"
+    soak = Soak(cfg, RunOptions(run_dir=run_dir, metrics_addr="127.0.0.1:0", console_logs=False))
+    task = asyncio.ensure_future(soak.run())
+    try:
+        await until(
+            lambda: (
+                soak.prompt_lengths is not None
+                and soak.prompt_lengths.total["llamacpp"].requests >= 24
+            ),
+            within=120,
+            what="24 answers",
+        )
+    finally:
+        soak._on_signal(signal.SIGTERM)
+        await task
+    conn = sqlite3.connect(run_dir / "journal.db")
+    try:
+        start = json.loads(
+            conn.execute(
+                "SELECT data FROM events WHERE kind = 'prompt_calibration' ORDER BY id"
+            ).fetchone()[0]
+        )
+        served = [
+            t
+            for (t,) in conn.execute(
+                "SELECT prompt_tokens FROM requests WHERE target = 'llamacpp' AND error IS NULL"
+            )
+        ]
+    finally:
+        conn.close()
+    assert (start["source"], start["reference"]) == ("tokenize", "llamacpp")
+    print(f"llama.cpp calibration at start: {start['requests']} requests, {start['seconds']} s")
+    assert len(served) >= 24
+    assert all(abs(t - 300) <= 6 for t in served), served
+    # the server's own counters (its slot adds a request's tokens when it is released)
+    for _ in range(30):
+        after = llama_counters(llama)
+        seen = sum(
+            after[k] - before[k] for k in ("prompt_tokens_total", "prompt_tokens_cached_total")
+        )
+        if seen >= sum(served):
+            break
+        await asyncio.sleep(0.1)
+    assert seen == sum(served)

@@ -22,6 +22,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from soakd import __version__
 from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
 from soakd.journal import JournalReader
@@ -31,6 +32,9 @@ from soakd.sim.spawn import free_port
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+
+PREFLIGHT = 1
+"""Requests (of one token) `soakd run` sends each target before the run: not counted."""
 
 
 def sim_config(**run: object) -> dict:
@@ -65,7 +69,7 @@ def total(metrics: dict, name: str, **labels: str) -> float:
 
 
 async def test_two_targets_side_by_side(tmp_path: Path) -> None:
-    cfg = config_from_dict(sim_config())
+    cfg = config_from_dict(sim_config(node="edge-7", site="lab-3"))
     port = free_port()
     soak = Soak(
         cfg,
@@ -97,8 +101,14 @@ async def test_two_targets_side_by_side(tmp_path: Path) -> None:
     status = json.loads(scraped["status"])
     assert status["run_id"] == result.run_id
     assert set(status["targets"]) == {"fast-a", "fast-b"}
+    assert (status["node"], status["site"]) == ("edge-7", "lab-3")
+    assert status["no_reuse"] == {}  # a keep-alive server: never taken for one that closes
 
     metrics = samples(generate_latest(soak.metrics.registry).decode())
+    info = {lbl: v for (n, lbl), v in metrics.items() if n == "soakd_build_info"}
+    assert [dict(lbl) for lbl in info] == [
+        {"version": __version__, "run_id": result.run_id, "node": "edge-7", "site": "lab-3"}
+    ]
     for name in ("fast-a", "fast-b"):
         summary = result.summary[name]
         assert summary["requests"] > 20
@@ -115,12 +125,19 @@ async def test_two_targets_side_by_side(tmp_path: Path) -> None:
         assert total(metrics, "soakd_time_to_first_token_seconds_count", target=name) == ok
         assert total(metrics, "soakd_output_tokens_total", target=name) == ok * 12
         assert summary["ttft_p50_ms"] <= summary["e2e_p50_ms"]
+        # the pool probed it after its first 200 and saw it keep the connection
+        pool = soak.targets[name].pool  # type: ignore[attr-defined]
+        assert pool.keeps_after == [200]
+        assert pool.closes_after == []
+    assert total(metrics, "soakd_target_no_reuse") == 0
     by_phase = {(t, p) for (t, p), s in soak.stats.by_phase.items() if s.requests}
     assert by_phase == {(t, p) for t in ("fast-a", "fast-b") for p in ("closed", "open")}
 
     run_dir = tmp_path / "run"
     assert (run_dir / "config.yaml").exists()
-    assert json.loads((run_dir / "summary.json").read_text())["completed"] is True
+    summary_doc = json.loads((run_dir / "summary.json").read_text())
+    assert summary_doc["completed"] is True
+    assert (summary_doc["node"], summary_doc["site"]) == ("edge-7", "lab-3")
     assert (run_dir / "soakd.log").read_text().count("phase_started") == 2
 
 
@@ -208,6 +225,8 @@ async def test_cli_run_sigterm_mid_run_drains_and_counts_what_the_server_served(
     # the promise of the README: stop within the drain timeout (+ exit and final flush)
     assert stop_s < DRAIN_S + 2, f"exited {stop_s:.1f} s after SIGTERM"
     assert "stopped early" in stdout
+    # the verdict comes last: what stays on a small terminal once the live view is gone
+    assert stdout.rstrip().splitlines()[-1].startswith("Verdict: none")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["completed"] is False
     assert summary["cancelled"] == 0  # everything in flight finished within the drain
@@ -226,12 +245,14 @@ async def test_cli_run_sigterm_mid_run_drains_and_counts_what_the_server_served(
             total(served[name], "vllm:request_success_total", finished_reason="length")
         )
         # one number, four sources: the server's count of what it finished, the summary,
-        # the journal's rows and its totals (what the counters restart from)
+        # the journal's rows and its totals (what the counters restart from); the server
+        # also answered the preflight's one request of one token, which is not the run's
         print(f"{name}: served {finished:g}, summary {reported['requests']}, journal {len(mine)}")
-        assert reported["requests"] == finished == len(mine) >= 10
+        assert reported["requests"] == finished - PREFLIGHT == len(mine) >= 10
         assert sum(t[4] for t in totals if t[0] == name) == len(mine)
         assert total(served[name], "vllm:request_success_total", finished_reason="abort") == 0
-        assert total(served[name], "vllm:generation_tokens_total") == sum(r[2] for r in mine)
+        generated = total(served[name], "vllm:generation_tokens_total")
+        assert generated - PREFLIGHT == sum(r[2] for r in mine)
 
 
 @pytest.mark.skipif(

@@ -72,9 +72,17 @@ async def test_vllm_and_simulator_side_by_side(vllm: VllmServer, tmp_path: Path)
         assert ok == summary["requests"]
         assert count(text, "soakd_request_duration_seconds_count", target=name) == ok
         assert count(text, "soakd_time_to_first_token_seconds_count", target=name) == ok
+        # a true usage: every one taken, never below the stream (above it: tokens merged
+        # in a chunk, as vLLM does under load: notes usage_mismatch:above)
+        assert count(text, "soakd_usage_rejected_total", target=name) == 0
+        assert count(text, "soakd_usage_mismatch_total", target=name, direction="below") == 0
         stats = soak.stats.total[name]
         assert stats.ttft.max <= stats.e2e.max
         assert stats.ttft.quantile(0.5) <= stats.e2e.quantile(0.5)
+        # keep-alive servers (vLLM's uvicorn, the simulator): probed, kept, reused
+        pool = soak.targets[name].pool  # type: ignore[attr-defined]
+        assert (pool.keeps_after, pool.closes_after) == ([200], [])
+    assert soak.status()["no_reuse"] == {}
     # soakd's token count is vLLM's own, exactly
     soakd_tokens = count(text, "soakd_output_tokens_total", target="vllm")
     assert soakd_tokens == after - before

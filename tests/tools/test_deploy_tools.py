@@ -6,8 +6,8 @@ holds the checks that need none):
   Docker Compose CLI is installed, `docker compose config` resolves each profile set;
 - the Dockerfile passes hadolint (and hadolint really lints);
 - the systemd unit passes `systemd-analyze verify`;
-- the central Prometheus config and the edge snippet pass `promtool check config`, the
-  central rules their unit tests.
+- the central Prometheus configs (remote_write and federation) and the edge snippet pass
+  `promtool check config`, the central rules their unit tests for both paths.
 
 A missing tool skips its test, except in CI (``CI`` set), where it fails.
 """
@@ -138,24 +138,40 @@ def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     assert not result.stderr.strip(), out(result)
 
 
-def test_central_prometheus_config_and_rules() -> None:
-    result = run(promtool(), "check", "config", str(d.CENTRAL_DIR / "prometheus.yml"))
+@pytest.mark.parametrize("config", ["prometheus.yml", "prometheus.federation.yml"])
+def test_central_prometheus_configs(config: str) -> None:
+    result = run(promtool(), "check", "config", str(d.CENTRAL_DIR / config))
     assert result.returncode == 0, out(result)
-    result = run(promtool(), "test", "rules", str(d.CENTRAL_DIR / "tests" / "central.yml"))
+
+
+def test_central_rules_for_both_paths() -> None:
+    """deploy/central/tests/: federation.yml and remote-write.yml, one per path."""
+    tests = sorted((d.CENTRAL_DIR / "tests").glob("*.yml"))
+    assert {p.stem for p in tests} == {"federation", "remote-write"}
+    result = run(promtool(), "test", "rules", *map(str, tests))
     assert result.returncode == 0, out(result)
 
 
 def test_edge_snippet_merges_into_the_edge_prometheus_config(tmp_path: Path) -> None:
     edge = d.load_yaml(d.ROOT / "prometheus" / "prometheus.yml")
     snippet = d.load_yaml(d.CENTRAL_DIR / "edge-prometheus.snippet.yml")
-    assert snippet["global"]["external_labels"]["node"] == "${SOAKD_NODE}"
-    urls = [rw["url"] for rw in snippet["remote_write"]]
-    assert any(u.endswith("/api/v1/push") for u in urls)  # Mimir
-    assert any(u.endswith("/api/v1/receive") for u in urls)  # Thanos Receive
     edge.setdefault("global", {}).update(snippet["global"])
     edge["remote_write"] = snippet["remote_write"]
     edge["alerting"] = snippet["alerting"]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(edge, sort_keys=False))
     shutil.copytree(d.ROOT / "prometheus" / "rules", tmp_path / "rules")
+    result = run(promtool(), "check", "config", str(tmp_path / "prometheus.yml"))
+    assert result.returncode == 0, out(result)
+    # the long-term stores the snippet offers instead, uncommented, are valid too
+    text = (d.CENTRAL_DIR / "edge-prometheus.snippet.yml").read_text()
+    stores = [
+        line.replace("  # ", "  ", 1)
+        for line in text.splitlines()
+        if line.startswith(("  # - url:", "  #   "))
+    ]
+    assert any("/api/v1/push" in line for line in stores)  # Mimir
+    assert any("/api/v1/receive" in line for line in stores)  # Thanos Receive
+    edge["remote_write"] = yaml.safe_load("\n".join(stores))
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(edge, sort_keys=False))
     result = run(promtool(), "check", "config", str(tmp_path / "prometheus.yml"))
     assert result.returncode == 0, out(result)

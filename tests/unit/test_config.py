@@ -125,6 +125,25 @@ def test_env_overrides_by_section_and_by_name() -> None:
     assert cfg.workload.max_tokens == 128
 
 
+def test_node_and_site_from_the_config_or_the_environment() -> None:
+    """run.node and run.site name the box and its site (soakd_build_info, the report,
+    summary.json); compose sets them from SOAKD_NODE / SOAKD_SITE."""
+    raw = base()
+    raw["run"] = {"node": "edge-7", "site": "lab 3"}
+    cfg = config_from_dict(raw)
+    assert (cfg.run.node, cfg.run.site) == ("edge-7", "lab 3")
+    env = {"SOAKD__RUN__NODE": "edge-9", "SOAKD__RUN__SITE": "berlin"}
+    cfg = config_from_dict(base(), env)
+    assert (cfg.run.node, cfg.run.site) == ("edge-9", "berlin")
+    assert config_from_dict(base()).run.site is None
+    assert config_from_dict(base(), {"SOAKD__RUN__SITE": ""}).run.site is None  # unset
+    raw = base()
+    raw["run"] = {"node": "a\x1b[2Jb"}  # it goes into label values and reports
+    assert error_of(raw).startswith("run.node:")
+    raw["run"] = {"node": ""}
+    assert error_of(raw).startswith("run.node:")
+
+
 def test_env_override_error_names_field() -> None:
     msg = error_of(base(), {"SOAKD__WORKLOAD__MAX_TOKENS": "lots"})
     assert msg.startswith("workload.max_tokens:")

@@ -254,23 +254,29 @@ def test_every_long_running_service_restarts_and_rotates_logs() -> None:
         assert "max-size" in logging.get("options", {}), f"{name}: logs are not rotated"
 
 
-def test_node_name_reaches_soakd_and_prometheus() -> None:
-    assert SERVICES["soakd"]["environment"]["SOAKD__RUN__NODE"] == "${SOAKD_NODE:-edge-1}"
-    assert SERVICES["soakd-demo"]["environment"]["SOAKD__RUN__NODE"] == "${SOAKD_NODE:-edge-1}"
+def test_node_and_site_reach_soakd_and_prometheus_from_the_same_values() -> None:
+    """soakd's run.node / run.site and the edge Prometheus's external labels come from the
+    same two variables of .env, with the same defaults."""
+    for service in ("soakd", "soakd-demo"):
+        env = SERVICES[service]["environment"]
+        assert env["SOAKD__RUN__NODE"] == "${SOAKD_NODE:-edge-1}"
+        assert env["SOAKD__RUN__SITE"] == "${SOAKD_SITE:-lab-1}"
     prom = SERVICES["prometheus"]
     assert "--enable-feature=expand-external-labels" in prom["command"]
     assert prom["environment"]["SOAKD_NODE"] == "${SOAKD_NODE:-edge-1}"
+    assert prom["environment"]["SOAKD_SITE"] == "${SOAKD_SITE:-lab-1}"
+    example = d.env_example()
+    assert (example["SOAKD_NODE"], example["SOAKD_SITE"]) == ("edge-1", "lab-1")
+    for config in (d.SOAKD_COMPOSE_CONFIG, d.SOAKD_SIM_CONFIG):
+        assert d.load_yaml(config)["run"]["site"] == "lab-1"
 
 
-def test_edge_prometheus_names_the_node() -> None:
+def test_edge_prometheus_and_the_snippet_name_node_and_site() -> None:
+    expected = {"node": "${SOAKD_NODE}", "site": "${SOAKD_SITE}"}
     prom = d.load_yaml(d.ROOT / "prometheus" / "prometheus.yml")
-    labels = prom.get("global", {}).get("external_labels", {})
-    if "node" not in labels:
-        pytest.skip(
-            "prometheus/prometheus.yml has no external_labels.node yet (owned by the "
-            "observability bundle; deploy/central/edge-prometheus.snippet.yml shows it)"
-        )
-    assert labels["node"] == "${SOAKD_NODE}"
+    assert prom["global"]["external_labels"] == expected
+    snippet = d.load_yaml(d.CENTRAL_DIR / "edge-prometheus.snippet.yml")
+    assert snippet["global"]["external_labels"] == expected
 
 
 # --- soakd's configs -----------------------------------------------------------------------
@@ -386,7 +392,7 @@ def test_systemd_unit_settings() -> None:
     assert s["KillSignal"] == ["SIGTERM"]
     assert s["KillMode"] == ["mixed"]
     assert s["Restart"] == ["on-failure"]
-    assert s["RestartPreventExitStatus"] == ["2"]
+    assert s["RestartPreventExitStatus"] == ["2 3"]
     assert s["ProtectSystem"] == ["strict"]
     assert s["NoNewPrivileges"] == ["yes"]
     assert s["ReadWritePaths"] == ["/var/lib/soakd"]
@@ -409,13 +415,52 @@ def test_systemd_unit_settings() -> None:
 
 
 def test_central_prometheus_federates_the_edges() -> None:
-    central = d.load_yaml(d.CENTRAL_DIR / "prometheus.yml")
+    central = d.load_yaml(d.CENTRAL_DIR / "prometheus.federation.yml")
     job = next(j for j in central["scrape_configs"] if j["job_name"] == "edge-federate")
     assert job["honor_labels"] is True
     assert job["metrics_path"] == "/federate"
     assert any('job="soakd"' in m for m in job["params"]["match[]"])
+    assert central["rule_files"] == ["rules/central.yml"]  # its list of boxes: edges/
     for entry in d.load_yaml(d.CENTRAL_DIR / "edges" / "edges.yml"):
         assert entry["labels"]["node"]
+        assert entry["labels"]["site"]
+
+
+def test_central_prometheus_receives_remote_write() -> None:
+    """The recommended path: the central Prometheus of deploy/central/compose.yml takes
+    the edges' remote_write (the snippet's first entry), with exemplars, and loads the
+    central rules with the list of boxes."""
+    central = d.load_yaml(d.CENTRAL_DIR / "prometheus.yml")
+    assert "scrape_configs" not in central  # the data arrives
+    assert central["rule_files"] == ["rules/*.yml"]
+    cmd = d.load_yaml(d.CENTRAL_COMPOSE_FILE)["services"]["prometheus"]["command"]
+    assert "--web.enable-remote-write-receiver" in cmd
+    assert "--enable-feature=exemplar-storage" in cmd
+    mounts = {m.target: m.source for m in d.bind_mounts(d.CENTRAL_COMPOSE_FILE)}
+    assert mounts["/etc/prometheus/prometheus.yml"] == d.CENTRAL_DIR / "prometheus.yml"
+    (first, *_) = d.load_yaml(d.CENTRAL_DIR / "edge-prometheus.snippet.yml")["remote_write"]
+    assert first["url"].endswith(":9090/api/v1/write")
+    assert first["send_exemplars"] is True
+    listed = d.load_yaml(d.CENTRAL_DIR / "rules" / "fleet-nodes.yml")["groups"][0]["rules"]
+    assert {r["record"] for r in listed} == {"node:soakd_expected:bool"}
+    assert all({"node", "site"} == set(r["labels"]) for r in listed)
+
+
+def test_central_grafana_reads_the_central_prometheus_at_its_resolution() -> None:
+    """timeInterval is the resolution of what the central holds: the edges' own scrape
+    interval, since remote_write sends every sample (federation: its scrape_interval)."""
+    (source,) = d.load_yaml(d.CENTRAL_DIR / "grafana" / "datasources" / "central.yml")[
+        "datasources"
+    ]
+    edge = d.load_yaml(d.ROOT / "prometheus" / "prometheus.yml")["global"]
+    assert source["jsonData"]["timeInterval"] == edge["scrape_interval"]
+    assert source["uid"] == "prometheus"  # the dashboards' default datasource
+    text = (d.CENTRAL_DIR / "grafana" / "datasources" / "central.yml").read_text()
+    federation = d.load_yaml(d.CENTRAL_DIR / "prometheus.federation.yml")["global"]
+    assert f"{federation['scrape_interval']}; with 1s there" in text
+    grafana = d.load_yaml(d.CENTRAL_COMPOSE_FILE)["services"]["grafana"]
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (d.ROOT / "grafana" / "dashboards" / home.rsplit("/", 1)[1]).is_file()
 
 
 def test_central_alertmanagers_form_one_cluster() -> None:
@@ -423,10 +468,13 @@ def test_central_alertmanagers_form_one_cluster() -> None:
     cmd = central["services"]["alertmanager"]["command"]
     assert sum(a.startswith("--cluster.peer=") for a in cmd) == 2  # three peers in all
     assert any(a.startswith("--cluster.listen-address=0.0.0.0:") for a in cmd)
-    peers = d.load_yaml(d.CENTRAL_DIR / "prometheus.yml")["alerting"]["alertmanagers"]
+    mounts = {m.target: m.source for m in d.bind_mounts(d.CENTRAL_COMPOSE_FILE)}
+    assert mounts["/etc/alertmanager/alertmanager.yml"] == d.CENTRAL_DIR / "alertmanager.yml"
     snippet = d.load_yaml(d.CENTRAL_DIR / "edge-prometheus.snippet.yml")
-    assert peers == snippet["alerting"]["alertmanagers"]
-    assert len(peers[0]["static_configs"][0]["targets"]) == 3
+    for config in ("prometheus.yml", "prometheus.federation.yml"):
+        peers = d.load_yaml(d.CENTRAL_DIR / config)["alerting"]["alertmanagers"]
+        assert peers == snippet["alerting"]["alertmanagers"]
+        assert len(peers[0]["static_configs"][0]["targets"]) == 3
 
 
 # --- the gateway's entrypoint and the alert webhook -----------------------------------------
@@ -506,8 +554,9 @@ def test_alert_webhook_prints_one_line_per_alert() -> None:
                         "severity": "page",
                         "target": "vllm",
                         "node": "edge-1",
+                        "site": "lab-1",
                     },
-                    "annotations": {"summary": "vllm ran out of memory"},
+                    "annotations": {"summary": "vllm ran out of memory on edge-1 (lab-1)"},
                     "startsAt": "2026-01-01T00:00:00Z",
                 },
                 {
@@ -528,7 +577,7 @@ def test_alert_webhook_prints_one_line_per_alert() -> None:
             assert resp.status == 200
         first, second = json.loads(proc.stdout.readline()), json.loads(proc.stdout.readline())
         assert first["alertname"] == "TargetOOM"
-        assert first["node"] == "edge-1"
+        assert (first["node"], first["site"]) == ("edge-1", "lab-1")
         assert first["target"] == "vllm"
         assert first["receiver"] == "page"
         assert second["alertname"] == "VramLeak"

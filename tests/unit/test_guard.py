@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from soakd.config import RateLimit, SpendGuard
+from soakd.config import Failing, RateLimit, SpendGuard
 from soakd.metrics import GuardMetrics
 from soakd.model import ErrorKind, Outcome
 from soakd.sliding import SlidingCount
@@ -160,6 +160,19 @@ def test_retry_after_pauses_the_target_and_the_429_still_counts() -> None:
     assert g.delay_s() == 0
 
 
+def test_an_unreadable_retry_after_pauses_for_the_default() -> None:
+    """A 429 or 503 whose Retry-After soakd could not read ("²", a bad date): the server
+    asked for a pause, so the target pauses for rate_limit.default_pause."""
+    g, clock, _, _ = guard(rate=RateLimit(default_pause=4, max_pause=60))
+    for status, kind in ((429, ErrorKind.HTTP_429), (503, ErrorKind.HTTP_5XX)):
+        o = outcome(status=status, error=kind)
+        o.retry_after_unreadable = True
+        g.record(o)
+        assert g.delay_s() == pytest.approx(4.0)
+        clock.t += 100
+        assert g.delay_s() == 0
+
+
 def test_retry_after_ignored_when_asked() -> None:
     g, _, _, _ = guard(rate=RateLimit(honour_retry_after=False))
     g.record(outcome(status=429, error=ErrorKind.HTTP_429, retry_after=30))
@@ -180,5 +193,56 @@ def test_auth_failures_log_one_clear_line_per_streak_without_the_key() -> None:
     assert failed[0]["key"] == "api_key_env CLOUD_KEY"
     assert failed[0]["detail"] == "http 401 auth_error"
     assert failed[1]["failures"] == 51
-    assert [e["event"] for e in logs][-1] == "auth_recovered"
-    assert [e[0] for e in events] == ["auth_failed"]
+    # over a minute of nothing but 401s also paused the target (failing.after: 30 s)
+    assert [e["event"] for e in logs][-2:] == ["auth_recovered", "target_resumed"]
+    assert [e[0] for e in events] == ["auth_failed", "target_paused", "target_resumed"]
+
+
+def test_a_failing_target_is_paused_named_and_exported_and_comes_back() -> None:
+    g, clock, events, registry = guard(failing=Failing(after=30.0, max_pause=60.0))
+    assert value(registry, "soakd_target_failing", cause="http_404") == 0  # there from start
+    assert value(registry, "soakd_target_paused", reason="failing") == 0
+    with capture_logs() as logs:
+        for _ in range(31):  # 404s for 30 s
+            assert g.delay_s() == 0
+            g.sent()
+            g.record(outcome(status=404, error=ErrorKind.HTTP_4XX, detail="http 404 NotFound"))
+            clock.t += 1
+    paused = [e for e in logs if e["event"] == "target_paused"]
+    assert len(paused) == 1
+    assert (paused[0]["reason"], paused[0]["cause"]) == ("failing", "http_404")
+    assert paused[0]["detail"] == "http 404 NotFound"
+    assert paused[0]["log_level"] == "error"
+    assert g.delay_s() > 0
+    assert g.pause_reason == "failing"  # open-loop sends not made are counted under it
+    assert g.failing_now() == {"cause": "http_404", "detail": "http 404 NotFound",
+                               "next_probe_s": 1.0}  # fmt: skip
+    assert value(registry, "soakd_target_failing", cause="http_404") == 1
+    assert value(registry, "soakd_target_paused", reason="failing") == 1
+    assert value(registry, "soakd_target_pauses_total", reason="failing") == 1
+    # the probe meets a refused connection now: the cause follows it
+    clock.t += g.delay_s()
+    assert g.delay_s() == 0
+    g.sent()
+    g.record(outcome(status=0, error=ErrorKind.CONNECT_REFUSED, detail="connection refused"))
+    assert value(registry, "soakd_target_failing", cause="http_404") == 0
+    assert value(registry, "soakd_target_failing", cause="connect_refused") == 1
+    clock.t += g.delay_s()
+    g.sent()
+    g.record(outcome(status=200))
+    assert g.delay_s() == 0
+    assert g.failing_now() is None
+    assert value(registry, "soakd_target_failing", cause="connect_refused") == 0
+    assert value(registry, "soakd_target_paused", reason="failing") == 0
+    kinds = [kind for kind, _ in events]
+    assert kinds[-2:] == ["target_paused", "target_resumed"]
+    # paused at 30 s; probes at 32 s (refused: 4 s more) and 36 s (answered)
+    assert events[-1][1] == {"target": "cloud", "reason": "failing", "paused_s": 6.0}
+
+
+def test_a_spend_cap_outranks_a_failing_pause_as_the_reason() -> None:
+    g, _, _, _ = guard(SpendGuard(max_requests=1), failing=Failing(after=0.0))
+    g.sent()
+    g.record(outcome(status=401, error=ErrorKind.HTTP_AUTH))
+    assert g.delay_s() == math.inf
+    assert g.pause_reason == "spend_cap"

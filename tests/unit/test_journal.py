@@ -346,6 +346,29 @@ def test_resume_state_and_the_refusals(tmp_path: Path) -> None:
     assert read_resume_state(tmp_path / "nothing.db") is None
 
 
+def test_a_key_a_newer_soakd_added_is_no_config_change(tmp_path: Path) -> None:
+    """Upgrading soakd mid-run resumes without --force: a key the stored config lacks takes
+    its default; set away from it, it is a change like any other."""
+    cfg = config()
+    clock = FakeClock(offset_s=60)
+    j = open_test_journal(tmp_path, cfg, clock)
+    j.close(completed=False)
+    state = read_resume_state(tmp_path / "journal.db")
+    assert state is not None
+    for target in state.config["targets"]:
+        del target["max_output_factor"]  # as an older soakd stored it
+    _, plan = run_info(cfg)
+    assert state.check(cfg, plan, force=False) == []
+    raised = config(
+        targets=[
+            {"name": "alpha", "base_url": "http://127.0.0.1:1", "cost": {"per_hour": 2.0}},
+            {"name": "beta", "base_url": "http://127.0.0.1:2", "max_output_factor": 3},
+        ]
+    )
+    with pytest.raises(JournalError, match=r"targets\[beta\]\.max_output_factor"):
+        state.check(raised, plan, force=False)
+
+
 def test_incompatible_and_foreign_files_get_a_clear_error(tmp_path: Path) -> None:
     clock = FakeClock(offset_s=1)
     open_test_journal(tmp_path / "a", config(), clock).close()
@@ -388,7 +411,9 @@ def test_the_journal_holds_key_references_never_keys(
         targets=[
             {
                 "name": "alpha",
-                "base_url": f"https://api.example.com/v1?key={secret}",
+                "base_url": "https://api.example.com/v1",
+                # (a base URL takes no query: paths are appended to it)
+                "metrics_url": f"https://api.example.com/metrics?key={secret}",
                 "api_key_env": "SOAKD_TEST_KEY",
                 "headers": {"X-Session-Token": secret, "X-Team": "t1"},
             }

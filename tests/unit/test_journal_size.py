@@ -1,9 +1,10 @@
 """The journal's size: ITL gaps kept compactly (exact only when asked), a v2 journal read,
-exported and continued as v3, and the disk budget (journal.max_bytes): near it the rows
+exported and continued as v4, and the disk budget (journal.max_bytes): near it the rows
 stop, the rollups go on, and the report says so."""
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import sqlite3
@@ -104,20 +105,24 @@ def test_default_rows_hold_compact_gaps_and_the_export_lists_them(tmp_path: Path
     with out.open("w") as f:
         assert export(tmp_path, "jsonl", f, itl=True) == 200
     first = json.loads(out.read_text().splitlines()[0])
-    assert len(first["itl_us"]) == len(outcomes[0].itl_ns)
-    for got, want in zip(first["itl_us"], sorted(outcomes[0].itl_ns), strict=True):
+    # compact rows have no order to give: named for what they are, sorted bucket middles
+    assert first["itl_us"] is None
+    assert len(first["itl_sorted_us"]) == len(outcomes[0].itl_ns)
+    for got, want in zip(first["itl_sorted_us"], sorted(outcomes[0].itl_ns), strict=True):
         assert got * 1000 == pytest.approx(want, rel=0.011)
 
 
 def _as_v2(db: Path) -> None:
     """The journal as soakd before compact gaps (schema v2) would have left it."""
     with sqlite3.connect(db) as conn:
-        conn.execute("ALTER TABLE requests DROP COLUMN itl_hist")
+        for column in ("itl_hist", "usage_delta", "usage_rejected"):
+            conn.execute(f"ALTER TABLE requests DROP COLUMN {column}")
+        conn.execute("DROP TABLE notes")
         conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
         conn.execute("PRAGMA user_version = 2")
 
 
-def test_a_v2_journal_is_read_exported_and_continued_as_v3(tmp_path: Path) -> None:
+def test_a_v2_journal_is_read_exported_and_continued_as_v4(tmp_path: Path) -> None:
     cfg, clock = config(), FakeClock(offset_s=20)
     j = open_test_journal(tmp_path, cfg, clock, journal_cfg=JournalConfig(itl="exact"))
     old = make_outcomes(clock, 100)
@@ -136,8 +141,14 @@ def test_a_v2_journal_is_read_exported_and_continued_as_v3(tmp_path: Path) -> No
     out = tmp_path / "v2.csv"
     with out.open("w") as f:
         assert export(tmp_path, "csv", f, itl=True) == 100
+    with out.open() as f:  # exact rows: every gap in the order it came, in itl_us
+        exported = list(csv.DictReader(f))
+    assert [r["itl_us"] for r in exported] == [
+        " ".join(str(g // 1000) for g in o.itl_ns) for o in old
+    ]
+    assert all(r["itl_sorted_us"] == "" for r in exported)
     assert read_resume_state(db) is not None
-    # continued: migrated to v3 in place, old rows keep their exact gaps, new ones compact
+    # continued: migrated to v4 in place, old rows keep their exact gaps, new ones compact
     clock2 = FakeClock(offset_s=40)
     j = open_test_journal(tmp_path, cfg, clock2)
     new = make_outcomes(clock2, 100, seed=2)
@@ -145,9 +156,9 @@ def test_a_v2_journal_is_read_exported_and_continued_as_v3(tmp_path: Path) -> No
         j.record(o)
     j.close()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     with JournalReader(tmp_path) as r:
-        assert r.meta["schema_version"] == 3
+        assert r.meta["schema_version"] == 4
         rows = list(r.request_rows())
     assert len(rows) == 200
     assert [list(unpack_itl(row["itl"])) for row in rows[:100]] == [

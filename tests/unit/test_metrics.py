@@ -102,16 +102,23 @@ def test_in_flight_is_read_from_the_runner_tally() -> None:
     assert m.registry.get_sample_value("soakd_in_flight_requests", {"target": "a"}) == 7
 
 
-def test_run_5xx_ratio_counts_the_whole_run_across_a_resume() -> None:
+def test_run_ratios_count_the_whole_run_on_the_reports_basis_across_a_resume() -> None:
+    """soakd_run_error_ratio (every failure) and soakd_run_5xx_ratio (5xx alone) over the
+    judged requests: the guard's sheds and soakd's own cuts are in neither (goodput.py)."""
     m = full_registry()
     m.add_target("a", ["steady"])
     get = m.registry.get_sample_value
     assert get("soakd_run_5xx_ratio", {"target": "a"}) == 0  # present at 0 before a request
+    assert get("soakd_run_error_ratio", {"target": "a"}) == 0
     for _ in range(3):
         m.apply(fold([outcome()]))
     m.apply(fold([outcome(error=ErrorKind.HTTP_5XX, status=500, output_tokens=0)]))
     m.apply(fold([outcome(error=ErrorKind.TIMEOUT_TTFT, status=0, output_tokens=0)]))  # not a 5xx
-    assert get("soakd_run_5xx_ratio", {"target": "a"}) == 1 / 5
+    m.apply(fold([outcome(error=ErrorKind.HTTP_AUTH, status=401, output_tokens=0)]))  # a failure
+    m.apply(fold([outcome(error=ErrorKind.SHED_QUEUE_TIMEOUT, status=503, output_tokens=0)]))
+    m.apply(fold([outcome(error=ErrorKind.CANCELLED, status=0, output_tokens=0)]))
+    assert get("soakd_run_5xx_ratio", {"target": "a"}) == 1 / 6
+    assert get("soakd_run_error_ratio", {"target": "a"}) == 3 / 6
     # a resumed run starts from the journal's totals: 995 ok and 5 5xx before the crash
     resumed = full_registry()
     resumed.add_target("a", ["steady"])
@@ -119,11 +126,13 @@ def test_run_5xx_ratio_counts_the_whole_run_across_a_resume() -> None:
         [
             ("a", "steady", "ok", "2xx", 995, 0, 0, 0),
             ("a", "steady", "http_5xx", "5xx", 5, 0, 0, 0),
+            ("a", "steady", "shed_error_breaker", "5xx", 40, 0, 0, 0),
         ],
         {},
     )
     resumed.apply(fold([outcome(error=ErrorKind.HTTP_5XX, status=502, output_tokens=0)]))
     assert resumed.registry.get_sample_value("soakd_run_5xx_ratio", {"target": "a"}) == 6 / 1001
+    assert resumed.registry.get_sample_value("soakd_run_error_ratio", {"target": "a"}) == 6 / 1001
 
 
 def test_no_created_series() -> None:

@@ -20,11 +20,17 @@ SEVERITIES = {"page", "warn"}
 
 
 def test_alertmanager_inhibition_and_grouping() -> None:
+    """Grouped per alert, box and target; a TargetDown silences its own target's symptoms
+    on its own box only. The fleet's file routes exactly as the edge's."""
     cfg = obs.load_yaml(obs.AM_CONFIG)
-    assert cfg["route"]["group_by"] == ["alertname", "target"]
+    central = obs.load_yaml(obs.CENTRAL_AM_CONFIG)
+    assert cfg["route"] == central["route"]
+    assert cfg["inhibit_rules"] == central["inhibit_rules"]
+    assert [r["name"] for r in cfg["receivers"]] == [r["name"] for r in central["receivers"]]
+    assert cfg["route"]["group_by"] == ["alertname", "node", "site", "target"]
     (rule,) = cfg["inhibit_rules"]
     assert rule["source_matchers"] == ['alertname="TargetDown"']
-    assert rule["equal"] == ["target"]
+    assert rule["equal"] == ["node", "target"]
     inhibited = re.fullmatch(r'alertname=~"(.*)"', rule["target_matchers"][0])
     assert inhibited
     names = set(inhibited.group(1).split("|"))
@@ -33,6 +39,28 @@ def test_alertmanager_inhibition_and_grouping() -> None:
     assert {"P99E2EAboveSLO", "P99TTFTAboveSLO", "ErrorRatioHigh"} <= names
     for name in names:  # every inhibited alert carries the target label to match on
         assert "target" in alerts[name]["annotations"]["summary"], name
+
+
+def test_every_summary_names_node_site_and_target() -> None:
+    """A page says which box, where, and which server: the edge's alerts from its
+    external labels, the central's from the series' own labels."""
+    targeted = set()
+    for path in obs.RULE_TESTS:
+        for case in obs.load_yaml(path)["tests"]:
+            for check in case.get("alert_rule_test", []):
+                if any("target" in a["exp_labels"] for a in check.get("exp_alerts") or []):
+                    targeted.add(check["alertname"])
+    for alert in obs.alert_rules():
+        summary = alert["annotations"]["summary"]
+        for label in ("node", "site"):
+            assert f"$externalLabels.{label} }}" in summary, alert["alert"]
+        if alert["alert"] in targeted:
+            assert "$labels.target }}" in summary, alert["alert"]
+    for group in obs.load_yaml(obs.CENTRAL_DIR / "rules" / "central.yml")["groups"]:
+        for rule in group["rules"]:
+            summary = rule["annotations"]["summary"]
+            assert "$labels.node }}" in summary, rule["alert"]
+            assert "$labels.site }}" in summary, rule["alert"]
 
 
 # --- rules ---------------------------------------------------------------------------------
@@ -137,6 +165,7 @@ def test_dashboards_have_the_required_content() -> None:
 
     dashboards = {p.stem: json.loads(p.read_text()) for p in obs.DASHBOARD_DIR.glob("*.json")}
     assert set(dashboards) == {
+        "soakd-fleet",
         "soakd-overview",
         "soakd-latency",
         "soakd-gpu",
@@ -146,7 +175,7 @@ def test_dashboards_have_the_required_content() -> None:
     for uid, dash in dashboards.items():
         assert dash["uid"] == uid
         variables = {v["name"] for v in dash["templating"]["list"]}
-        assert {"datasource", "target", "gpu"} <= variables, uid
+        assert {"datasource", "site", "node", "target", "gpu"} <= variables, uid
         ids = [p["id"] for p in dash["panels"]]
         assert len(ids) == len(set(ids)), uid
         for panel in dash["panels"]:
@@ -167,6 +196,57 @@ def test_dashboards_have_the_required_content() -> None:
         if p["type"] == "heatmap"
     ]
     assert len(heatmaps) == 5
+    for panel in heatmaps:  # one distribution per box
+        assert panel["repeat"] == "node"
+    fleet = json.loads((obs.DASHBOARD_DIR / "soakd-fleet.json").read_text())
+    (table,) = [p for p in fleet["panels"] if p["type"] == "table"]
+    columns = list(table["transformations"][1]["options"]["renameByName"].values())
+    assert columns == [
+        "soakd up",
+        "pages firing",
+        "goodput (worst target, 1m)",
+        "TTFT P99 / SLO",
+        "E2E P99 / SLO",
+        "VRAM peak / limit",
+        "OOM events (run)",
+        "restarts (run)",
+        "VRAM leak slope",
+    ]
+    assert table["options"]["sortBy"] == [{"displayName": "pages firing", "desc": True}]
+
+
+def test_every_dashboard_expression_keeps_node_and_site() -> None:
+    """Against a central Prometheus, "All" must give one line per box: every selector
+    filters on the node and site variables, every aggregation and match keeps both
+    labels, nothing is aggregated or padded without them (a bare `max(...)` or
+    `vector(0)` merges the sites)."""
+    box = 'node=~"$node", site=~"$site"'
+    for q in obs.dashboard_queries():
+        expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', q.expr)  # no metric names in strings
+        for name in obs.metric_names(q.expr):
+            spots = [m.end() for m in re.finditer(rf"(?<![\w:]){re.escape(name)}(?![\w:])", q.expr)]
+            assert spots, (str(q), name)
+            for end in spots:
+                selector = re.match(r"\{[^}]*\}", q.expr[end:])
+                assert selector, f"{q}: {name} unfiltered"
+                assert box in selector.group(0), f"{q}: {name} unfiltered"
+        for clause in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr):
+            labels = {x.strip() for x in clause.split(",")}
+            assert {"node", "site"} <= labels, f"{q}: by/on ({clause})"
+        bare = re.search(r"\b(sum|max|min|count|avg|group|topk|bottomk|vector)\s*\(", expr)
+        assert not bare, f"{q}: {bare.group(0) if bare else ''} without by (node, site)"
+
+
+def test_the_node_and_site_variables_are_on_every_dashboard() -> None:
+    import json
+
+    for path in obs.DASHBOARD_DIR.glob("*.json"):
+        variables = {v["name"]: v for v in json.loads(path.read_text())["templating"]["list"]}
+        for name in ("site", "node"):
+            var = variables[name]
+            assert var["multi"], (path.name, name)
+            assert var["includeAll"], (path.name, name)
+            assert var["allValue"] == ".*", (path.name, name)  # matches an edge's no label
 
 
 def test_grafana_provisioning_points_at_the_dashboards() -> None:

@@ -74,10 +74,17 @@ def expected(rows: list[dict[str, Any]], target: str, phase: str | None) -> dict
     for r in mine:
         if r["error"]:
             errors[r["error"]] = errors.get(r["error"], 0) + 1
+    # as docs/slo.md says: cut by soakd is not judged, the guard's sheds are apart
+    not_judged = errors.get("cancelled", 0) + errors.get("worker_lost", 0)
+    shed = sum(n for k, n in errors.items() if k.startswith("shed_"))
     return {
         "requests": len(mine),
         "ok": len(ok),
         "errors": errors,
+        "failed": sum(errors.values()) - not_judged - shed,
+        "server": errors.get("http_5xx", 0),
+        "shed": shed,
+        "not_judged": not_judged,
         "output_tokens": sum(r["output_tokens"] for r in mine),
         "latency_ms": {k: {q: exact(v, x) / 1e6 for q, x in QS.items()} for k, v in lat.items()},
         "oom_responses": sum(r["oom"] for r in mine),
@@ -109,8 +116,16 @@ def test_report_numbers_match_the_rows(run_dir: Path) -> None:
             assert got.requests == want["requests"]
             assert got.ok == want["ok"]
             assert got.errors_by_kind == want["errors"]
-            assert got.success_rate == pytest.approx(want["ok"] / want["requests"])
-            assert got.rps == pytest.approx(want["requests"] / active)
+            assert (got.errors, got.server_errors) == (want["failed"], want["server"])
+            assert (got.shed, got.not_judged) == (want["shed"], want["not_judged"])
+            assert got.requests == got.ok + got.errors + got.shed + got.not_judged
+            judged = want["requests"] - want["shed"] - want["not_judged"]
+            assert got.error_ratio == pytest.approx(want["failed"] / judged)
+            assert got.server_error_ratio == pytest.approx(want["server"] / judged)
+            attempted = want["requests"] - want["not_judged"]
+            assert got.success_rate == pytest.approx(want["ok"] / attempted)
+            assert got.rps == pytest.approx(want["ok"] / active)  # successes only
+            assert got.attempt_rps == pytest.approx(want["requests"] / active)
             assert got.output_tps == pytest.approx(want["output_tokens"] / active)
             assert got.oom_responses == want["oom_responses"]
             for kind, qs in want["latency_ms"].items():
@@ -169,9 +184,18 @@ def _check_table(cells: dict[str, list[str]], rows: list[dict[str, Any]]) -> Non
         # no open-loop instant went unsent in this journal: offered = sent
         assert _num(cells["offered"][i]) == want["requests"]
         assert _num(cells["sends not made"][i]) == 0
-        assert _num(cells["errors"][i]) == want["requests"] - want["ok"]
+        # one basis (docs/slo.md): errors are the error ratio's numerator, sheds and
+        # soakd's own cuts apart, and every request is in exactly one of the four
+        judged = want["requests"] - want["shed"] - want["not_judged"]
+        assert _num(cells["errors"][i]) == want["failed"]
+        assert _num(cells["error ratio"][i]) == pytest.approx(want["failed"] / judged, rel=0.005)
+        assert _num(cells["of which 5xx"][i]) == want["server"]
+        assert _num(cells["5xx ratio"][i]) == pytest.approx(want["server"] / judged, rel=0.005)
+        assert _num(cells["shed by the guard"][i]) == want["shed"]
+        assert _num(cells["cut by soakd (not judged)"][i]) == want["not_judged"]
+        assert min(want["failed"], want["shed"], want["not_judged"]) > 0  # each one here
         assert _num(cells["success rate"][i]) == pytest.approx(
-            want["ok"] / want["requests"], abs=0.0001
+            want["ok"] / (want["requests"] - want["not_judged"]), abs=0.0001
         )
         for title, (kind, q) in (
             ("E2E p99", ("e2e", "p99")),
@@ -183,7 +207,10 @@ def _check_table(cells: dict[str, list[str]], rows: list[dict[str, Any]]) -> Non
                 title,
                 target,
             )
-        assert _num(cells["throughput (req/s)"][i]) == pytest.approx(
+        assert _num(cells["throughput (ok req/s)"][i]) == pytest.approx(
+            want["ok"] / HOUR, rel=0.005
+        )
+        assert _num(cells["attempts (req/s)"][i]) == pytest.approx(
             want["requests"] / HOUR, rel=0.005
         )
 
@@ -239,8 +266,7 @@ def test_html_carries_the_same_numbers_and_is_self_contained(run_dir: Path) -> N
     page = render_html(build_report(run_dir))
     parser = _Tables()
     parser.feed(page)
-    side = parser.tables[0]
-    assert side[0] == ["metric", "alpha", "beta"]
+    side = next(t for t in parser.tables if t[0] == ["metric", "alpha", "beta"])
     _check_table({r[0]: r[1:] for r in side[1:]}, rows)
     assert parser.svgs == 5  # latency, TTFT/ITL, throughput, errors, VRAM
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", page)  # nothing fetched
@@ -283,6 +309,11 @@ def test_cli_report_and_export(
     lines = csv_out.read_text().splitlines()
     assert len(lines) == len(rows) + 1
     assert lines[0].startswith("id,session,wall,target,phase,seq,")
+    assert lines[0].endswith(",trace_id,itl_us,itl_sorted_us")
+    # compact gaps (the default) have no order: the export says what it gives instead
+    assert "itl_sorted_us: this run kept each request's ITL gaps as 2 % buckets" in (
+        capsys.readouterr().err
+    )
     assert main(["export", str(run_dir), "--format", "jsonl"]) == 0
     recs = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert len(recs) == len(rows)

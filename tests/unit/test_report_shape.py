@@ -46,6 +46,13 @@ REPORT_KEYS = [
     "comparison",
     "passed",
     "slowest",  # target -> phase -> slow requests (soakd/slowest.py)
+    "tested",  # what was tested (soakd/report/tested.py)
+    "plot_phases",
+    "plot_limits",
+    "answer_notes",  # target -> note -> answers (soakd/notes.py)
+    "prompt_tokens",  # planned against served, per target (soakd/report/prompt_tokens.py)
+    "prompt_sizing",
+    "warnings",  # what the journal lost or could not keep: the report's first lines
     "columns",
 ]
 ROW_KEYS = [
@@ -85,6 +92,10 @@ ROW_KEYS = [
     "cost_per_mtok",
     "cost_per_month",
     "cost_basis",
+    "not_judged",
+    "server_errors",
+    "server_error_ratio",
+    "attempt_rps",
 ]
 SHAPES = {
     "report": REPORT_KEYS,
@@ -124,6 +135,7 @@ SHAPES = {
         "limit_max",
     ],
     "series": ["label", "points", "group", "dashed"],
+    "prompt_tokens": ["target", "requests", "planned", "served", "at_start"],
     "verdict": [
         "target",
         "phase",
@@ -133,6 +145,7 @@ SHAPES = {
         "goodput_rps",
         "error_ratio",
         "sent",
+        "server_error_ratio",
     ],
     "criterion": ["name", "limit", "measured", "unit", "passed", "note"],
     "comparison": ["baseline", "candidate", "deltas", "passed"],
@@ -149,6 +162,35 @@ SHAPES = {
         "note",
     ],
     "downtime": ["offset_h", "seconds"],
+    "tested": [
+        "run_name",
+        "node",
+        "site",
+        "hosts",
+        "started",
+        "ended",
+        "rehearsal",
+        "scale",
+        "configured_plan_s",
+        "duration_cap_s",
+        "prompts",
+        "temperature",
+        "targets",
+        "phases",
+    ],
+    "tested_target": [
+        "name",
+        "model",
+        "endpoint",
+        "api",
+        "stream",
+        "gateway",
+        "prompt_tokens_planned",
+        "max_tokens",
+        "prompt_tokens_served",
+        "output_tokens_served",
+    ],
+    "tested_phase": ["name", "start_s", "duration_s", "configured_s", "times", "loads"],
     "column": ["key", "title", "better"],
 }
 SUMMARY_KEYS = [
@@ -167,6 +209,10 @@ SUMMARY_KEYS = [
     "itl_p99_ms",
     "tpot_p50_ms",
     "lag_p99_ms",
+    "server_error_ratio",
+    "not_judged",
+    "attempt_rps",
+    "top_error",
 ]
 SESSION_KEYS = [
     *SUMMARY_KEYS,
@@ -259,6 +305,7 @@ def test_the_json_report_keeps_its_keys(run_dir: Path) -> None:
         ("downtime", doc["downtimes"]),
         ("column", doc["columns"]),
         ("slow", [s for by in doc["slowest"].values() for v in by.values() for s in v]),
+        ("prompt_tokens", doc["prompt_tokens"]),
     ):
         assert items, name  # the fixture has one of each
         for item in items:
@@ -266,6 +313,11 @@ def test_the_json_report_keeps_its_keys(run_dir: Path) -> None:
     for v in doc["verdicts"].values():
         for c in v["criteria"]:
             _keys(c, "criterion", found)
+    _keys(doc["tested"], "tested", found)
+    for t in doc["tested"]["targets"]:
+        _keys(t, "tested_target", found)
+    for p in doc["tested"]["phases"]:
+        _keys(p, "tested_phase", found)
     _keys(doc["comparison"], "comparison", found)
     for d in doc["comparison"]["deltas"]:
         _keys(d, "delta", found)

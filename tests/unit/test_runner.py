@@ -177,23 +177,47 @@ async def test_resume_mid_plan_skips_finished_phases() -> None:
 
 
 class DeadTarget(FakeTarget):
+    """Fails every request after a millisecond, the same way."""
+
+    def __init__(self, name: str, error: ErrorKind = ErrorKind.CONNECT_REFUSED, status: int = 0):
+        super().__init__(name)
+        self.error, self.status = error, status
+
     async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
         o = outcome or Outcome.planned(spec)
-        o.sent_ns = o.end_ns = time.perf_counter_ns()
-        o.error = ErrorKind.CONNECT_REFUSED
+        o.sent_ns = time.perf_counter_ns()
+        await asyncio.sleep(0.001)
+        o.end_ns = time.perf_counter_ns()
+        o.error, o.status = self.error, self.status
         self.seqs.append(spec.seq)
         return o
 
 
-async def test_closed_loop_backs_off_from_a_dead_target() -> None:
-    target = DeadTarget("a")
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [(ErrorKind.CONNECT_REFUSED, 0), (ErrorKind.HTTP_AUTH, 401), (ErrorKind.HTTP_4XX, 404)],
+)
+async def test_closed_loop_backs_off_from_a_dead_or_misconfigured_target(
+    error: ErrorKind, status: int
+) -> None:
+    target = DeadTarget("a", error, status)
     plan = plan_of(("p", 500, {"a": LoadShape("closed", concurrency=2)}))
     runner, sink = runner_for(plan, target)
     await runner.run()
     await runner.drain(5)
     # 50 + 100 + 200 ms pauses fit in 0.5 s: a handful of probes per worker, not thousands
     assert 4 <= len(sink.outcomes) <= 12
-    assert all(o.error == ErrorKind.CONNECT_REFUSED for o in sink.outcomes)
+    assert all(o.error == error for o in sink.outcomes)
+
+
+async def test_closed_loop_does_not_back_off_from_answers_about_one_request() -> None:
+    """A 400 (this prompt too long) or a 5xx is the server's answer: the loop goes on."""
+    target = DeadTarget("a", ErrorKind.HTTP_4XX, 400)
+    plan = plan_of(("p", 200, {"a": LoadShape("closed", concurrency=2)}))
+    runner, sink = runner_for(plan, target)
+    await runner.run()
+    await runner.drain(5)
+    assert len(sink.outcomes) > 12  # more than the backed-off loop above sends in 0.5 s
 
 
 class FailingSink(Sink):

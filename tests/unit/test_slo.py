@@ -4,6 +4,7 @@ here from the requests the test wrote, not read back from soakd."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from soakd.config import (
     config_from_dict,
 )
 from soakd.cost import MONTH_S, cost_line
-from soakd.goodput import GoodputWindow, Tally, classify
+from soakd.goodput import GoodputWindow, Tally, classify, error_counts
 from soakd.metrics import Metrics
 from soakd.model import ErrorKind, Outcome
 from soakd.report import Row, build_report, render_html, render_json, render_markdown
@@ -79,7 +80,7 @@ def write_run(run_dir: Path, outcomes_of: Any, clock: FakeClock, **cfg: Any) -> 
 # --- goodput and verdicts on a synthetic journal ----------------------------------------------
 
 SLO_RUN = {
-    "slo": {"ttft_p99": "1s", "error_ratio": 0.1, "oom_events": 0},
+    "slo": {"ttft_p99": "1s", "error_ratio": 0.15, "server_error_ratio": 0.05, "oom_events": 0},
     "targets": [
         {"name": "alpha", "base_url": "http://127.0.0.1:1", "cost": {"per_hour": 2.0}},
         {"name": "beta", "base_url": "http://127.0.0.1:2", "slo": {"ttft_p99": "100ms"}},
@@ -90,8 +91,8 @@ SLO_RUN = {
 
 def mixed(clock: FakeClock) -> list[Outcome]:
     """alpha: 40 fast in warm; in hot 30 fast, 1 over the TTFT SLO, 3 x 5xx, 2 TTFT
-    timeouts, 5 x 429, 2 cut by soakd at the drain, 1 never sent. beta: 40 at 150 ms TTFT.
-    Phase cool: nothing."""
+    timeouts, 5 x 429, 2 cut by soakd at the drain (one of them before it went out).
+    beta: 40 at 150 ms TTFT. Phase cool: nothing."""
     out: list[Outcome] = []
     seq = iter(range(10_000))
     out += [req(clock, "alpha", "warm", next(seq), 10 + i) for i in range(40)]
@@ -108,11 +109,9 @@ def mixed(clock: FakeClock) -> list[Outcome]:
         req(clock, "alpha", "hot", next(seq), 2200 + i, error=ErrorKind.HTTP_429) for i in range(5)
     ]
     out += [
-        req(clock, "alpha", "hot", next(seq), 3500 + i, error=ErrorKind.CANCELLED) for i in range(2)
+        req(clock, "alpha", "hot", next(seq), 3500 + i, error=ErrorKind.CANCELLED, sent=i == 0)
+        for i in range(2)
     ]
-    out.append(
-        req(clock, "alpha", "hot", next(seq), 3510, error=ErrorKind.CLIENT_ERROR, sent=False)
-    )
     out += [req(clock, "beta", "warm", next(seq), 20 + i, ttft_ms=150) for i in range(40)]
     return out
 
@@ -127,13 +126,16 @@ def slo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_goodput_counts_failures_timeouts_and_refusals_against(slo_run: Path) -> None:
     rep = build_report(slo_run)
     alpha = rep.overall["alpha"]
-    # sent and judged: 71 ok + 3 5xx + 2 timeouts + 5 429s; the 2 cancelled and the unsent
-    # one are nobody's failure; one success is over the TTFT SLO
+    # judged: 71 ok + 3 5xx + 2 timeouts + 5 429s; the 2 cancelled are nobody's failure;
+    # one success is over the TTFT SLO
     sent, good = 71 + 3 + 2 + 5, 70
     assert alpha.goodput == pytest.approx(good / sent)
     assert alpha.goodput_rps == pytest.approx(good / alpha.active_s)
-    # the error ratio: 5xx and timeouts only; 429 refusals count against goodput alone
-    assert alpha.error_ratio == pytest.approx(5 / sent)
+    # the error ratio: every failure, 429 refusals too; the 5xx ratio: the 5xx alone
+    assert (alpha.errors, alpha.server_errors, alpha.not_judged) == (10, 3, 2)
+    assert alpha.error_ratio == pytest.approx(10 / sent)
+    assert alpha.server_error_ratio == pytest.approx(3 / sent)
+    assert alpha.rps == pytest.approx(71 / alpha.active_s)  # throughput: successes only
     assert rep.by_phase["warm"]["alpha"].goodput == 1.0
     assert rep.by_phase["hot"]["alpha"].goodput == pytest.approx(30 / (31 + 3 + 2 + 5))
     # beta's own (tighter) TTFT SLO: every request succeeded, none within it
@@ -148,6 +150,7 @@ def test_verdicts_per_target_and_criterion(slo_run: Path) -> None:
     assert {c.name: c.passed for c in alpha.criteria} == {
         "ttft_p99": True,
         "error_ratio": True,
+        "server_error_ratio": True,
         "oom_events": True,
     }
     assert beta.passed is False
@@ -203,16 +206,94 @@ def test_check_exit_codes(
     assert "nothing to check" in capsys.readouterr().err
 
 
+# --- dead runs: no verdict can pass them ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("failure", "slo"),
+    [
+        (ErrorKind.HTTP_AUTH, {"error_ratio": 0.003}),  # a wrong key: 401 on every request
+        (ErrorKind.HTTP_4XX, {"server_error_ratio": 0.003}),  # a wrong model name: 404s
+        (ErrorKind.CONNECT_REFUSED, {"oom_events": 0}),  # nothing listening
+        (ErrorKind.CONNECT_REFUSED, None),  # and no slo block at all
+    ],
+)
+def test_a_run_with_no_success_fails_every_verdict(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    failure: ErrorKind,
+    slo: dict[str, Any] | None,
+) -> None:
+    def dead(clock: FakeClock) -> list[Outcome]:
+        return [req(clock, "alpha", "warm", i, 10 + i, error=failure) for i in range(40)]
+
+    cfg = {"slo": slo} if slo else {}
+    run = write_run(tmp_path, dead, FakeClock(offset_s=HOUR + 1), **cfg)
+    rep = build_report(run)
+    alpha = rep.overall["alpha"]
+    assert (alpha.requests, alpha.ok, alpha.errors) == (40, 0, 40)
+    assert alpha.error_ratio == 1.0
+    assert alpha.server_error_ratio == 0.0
+    assert alpha.rps == 0.0  # throughput counts successes
+    assert alpha.attempt_rps == pytest.approx(40 / alpha.active_s)
+    verdict = rep.verdicts["alpha"]
+    assert verdict.passed is False
+    assert verdict.criteria[0].name == "successes"
+    assert rep.phase_verdicts["warm"]["alpha"].passed is False
+    assert rep.passed is False
+    if slo and "error_ratio" in slo:
+        assert {c.name: c.passed for c in verdict.criteria}["error_ratio"] is False
+    assert main(["report", str(run), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "alpha: FAIL" in out
+    assert "successes 0 (limit at least 1, no request succeeded)" in out
+    md = render_markdown(rep)
+    assert "| alpha | successes | 0 | at least 1 | FAIL |" in md
+    assert "| throughput (ok req/s) | 0 |" in md
+
+
+def test_no_table_shows_errors_beside_an_error_ratio_of_zero(tmp_path: Path) -> None:
+    """The guard's sheds and soakd's own cuts are not errors: counted apart, in no ratio."""
+
+    def shed(clock: FakeClock) -> list[Outcome]:
+        out = [req(clock, "alpha", "warm", i, 10 + i) for i in range(30)]
+        out += [
+            req(clock, "alpha", "warm", 100 + i, 50 + i, error=ErrorKind.SHED_VRAM_BREAKER)
+            for i in range(6)
+        ]
+        out += [req(clock, "alpha", "warm", 200 + i, 90, error=ErrorKind.CANCELLED) for i in (0, 1)]
+        return out
+
+    rep = build_report(write_run(tmp_path, shed, FakeClock(offset_s=HOUR + 1)))
+    alpha = rep.overall["alpha"]
+    assert (alpha.requests, alpha.ok, alpha.errors, alpha.shed, alpha.not_judged) == (
+        38,
+        30,
+        0,
+        6,
+        2,
+    )
+    assert alpha.error_ratio == 0.0
+    md = render_markdown(rep)
+    assert "| errors | 0 |" in md
+    assert "| error ratio | 0 % |" in md
+    assert "| shed by the guard | 6 |" in md
+    assert "| cut by soakd (not judged) | 2 |" in md
+    assert rep.passed is None  # no slo, and it answered: nothing to judge
+
+
 # --- honest comparisons -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("failure", [ErrorKind.HTTP_5XX, ErrorKind.HTTP_429])
+@pytest.mark.parametrize(
+    "failure", [ErrorKind.HTTP_5XX, ErrorKind.HTTP_429, ErrorKind.SHED_QUEUE_FULL]
+)
 def test_a_target_with_25_percent_success_is_never_best_on_latency(
     tmp_path: Path, failure: ErrorKind
 ) -> None:
-    """alpha answers 25 % of its requests, fast; beta all of them, slower. A 429 is the
-    guard's shedding (not in the error ratio): alpha passes the error criterion then, and
-    is still not best on latency."""
+    """alpha answers 25 % of its requests, fast; beta all of them, slower. A 429 of the
+    server fails too; the guard's own shedding is not in the error ratio: alpha passes
+    the error criterion then, and is still not best on latency."""
 
     def shed(clock: FakeClock) -> list[Outcome]:
         out = []
@@ -225,7 +306,7 @@ def test_a_target_with_25_percent_success_is_never_best_on_latency(
     run = write_run(tmp_path, shed, FakeClock(offset_s=HOUR + 1), slo={"error_ratio": 0.01})
     rep = build_report(run)
     assert rep.overall["alpha"].success_rate == 0.25
-    assert rep.verdicts["alpha"].criteria[0].passed is (failure is ErrorKind.HTTP_429)
+    assert rep.verdicts["alpha"].criteria[0].passed is (failure is ErrorKind.SHED_QUEUE_FULL)
     latency_rows = [k for k in rep.best if "." in k or k == "jitter"]
     assert all("alpha" not in rep.best[k] for k in latency_rows), rep.best
     assert "alpha" not in rep.best.get("rps", [])
@@ -238,15 +319,16 @@ def test_a_target_with_25_percent_success_is_never_best_on_latency(
 # --- compare ----------------------------------------------------------------------------------
 
 
-def row(name: str, ttft_ms: float, tps: float) -> Row:
-    r = Row(name, None, active_s=100.0, requests=100, ok=100, success_rate=1.0)
+def row(name: str, ttft_ms: float, tps: float, errors: int = 0) -> Row:
+    r = Row(name, None, active_s=100.0, requests=1000, ok=1000 - errors, success_rate=1.0)
+    r.errors, r.error_ratio = errors, errors / 1000
     r.latency_ms = {"ttft": {"p50": ttft_ms / 2, "p99": ttft_ms}, "e2e": {"p99": 1000.0}}
     r.output_tps = tps
     return r
 
 
 def test_compare_candidate_against_baseline() -> None:
-    rows = {"base": row("base", 100.0, 50.0), "cand": row("cand", 108.0, 46.0)}
+    rows = {"base": row("base", 100.0, 50.0), "cand": row("cand", 108.0, 46.0, errors=2)}
     tallies = {
         "base": Tally(sent=1000, ok=1000, good=1000),
         "cand": Tally(sent=1000, ok=998, good=990, errors=2),
@@ -295,7 +377,13 @@ def test_compare_in_the_report_and_check(
     assert delta["passed"] is False
     assert doc["passed"] is False
     assert main(["report", str(run), "--check"]) == 1
-    assert "compare beta against alpha: FAIL: ttft_p99" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # a regression as a change against the allowed one, both in percent
+    assert re.search(
+        r"compare beta against alpha: FAIL: ttft_p99 \+3\d\.\d % \(allowed \+10 %\)", out
+    )
+    md = render_markdown(build_report(run))
+    assert re.search(r"\| ttft_p99 \| 1\d\d ms \| 1\d\d ms \| \+3\d\.\d % \| \+10 % \| FAIL \|", md)
 
 
 # --- cost -------------------------------------------------------------------------------------
@@ -435,18 +523,27 @@ def test_live_goodput_window_and_gauges() -> None:
 
 
 def test_the_guard_refusal_predicate_is_the_one_switch() -> None:
-    """Today an outcome carries no origin: a gateway 503 is an error like any 5xx. Once it
-    does, the guard's refusals leave the error ratio and stay against goodput."""
+    """A gateway answer is the guard's refusal by its ``shed_*`` kind (or, once outcomes
+    carry one, its origin): out of the error ratios, still against goodput. Every other
+    failure, a 401 or a 429 of the server included, is in the error ratio."""
     assert classify("http_5xx") == "error"
     assert classify("http_5xx", origin="gateway") == "guard"
-    assert classify("http_429") == "refused"
+    assert classify("shed_queue_full") == "guard"
+    assert classify("http_429") == "error"
+    assert classify("http_auth") == "error"
     assert classify("cancelled") == "excluded"
+    assert classify("worker_lost") == "excluded"
     tally = Tally()
     tally.add("ok", True, 6)
     tally.add("guard", False, 3)
     tally.add("error", False, 1)
     assert tally.goodput == pytest.approx(6 / 10)
-    assert tally.error_ratio == pytest.approx(1 / 7)  # of the requests that reached the server
+    counted = error_counts(
+        12, {"shed_queue_full": 3, "http_5xx": 1, "http_auth": 1, "cancelled": 1}
+    )
+    assert (counted.judged, counted.failed, counted.server) == (8, 2, 1)
+    assert counted.error_ratio == pytest.approx(2 / 8)  # the guard's and soakd's own apart
+    assert counted.server_error_ratio == pytest.approx(1 / 8)
 
 
 def test_judge_a_finished_run_by_another_config(
@@ -460,6 +557,40 @@ def test_judge_a_finished_run_by_another_config(
     assert main(["report", str(slo_run), "--check", "--config", str(path)]) == 0
     assert "beta: PASS" in capsys.readouterr().out
     assert main(["report", str(slo_run), "--check"]) == 1  # the run's own slo is unchanged
+
+
+def test_judge_by_a_file_of_just_the_deciding_sections(
+    slo_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--config`` reads a file holding only slo, compare, report and targets matched by
+    name (no base_url, no phases): a release's SLO file."""
+    path = tmp_path / "release-slo.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "slo": {"ttft_p99": "1s", "error_ratio": 0.5},
+                "targets": [
+                    {"name": "beta", "slo": {"ttft_p99": "500ms"}, "cost": {"per_hour": 3}}
+                ],
+                "report": {"currency": "EUR "},
+            }
+        )
+    )
+    assert main(["report", str(slo_run), "--check", "--config", str(path)]) == 0
+    assert "beta: PASS" in capsys.readouterr().out
+    assert main(["report", str(slo_run), "--config", str(path), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["currency"] == "EUR "
+    assert doc["overall"]["beta"]["cost_basis"] == "3/h"
+    assert doc["overall"]["alpha"]["cost_basis"] is None  # alpha is not in the file: no cost
+    # the same sections are checked as strictly as in a whole config, one line each
+    path.write_text(yaml.safe_dump({"slo": {"ttft_p9": "1s"}, "target": []}))
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(slo_run), "--config", str(path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{path}: target: unknown key (did you mean 'targets'?)" in err
+    assert f"{path}: slo.ttft_p9: unknown key (did you mean 'ttft_p99'?)" in err
 
 
 def test_check_prints_each_targets_effective_slo(

@@ -12,6 +12,7 @@ from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.types import NotSent
 from soakd.workers import wire
 from soakd.workers.pool import WAKE_SLICE, Wakeups, WorkerGate
+from soakd.workers.senders import NoReuse
 from tests.waiting import until
 
 
@@ -21,6 +22,9 @@ def filled(error: ErrorKind | None) -> Outcome:
     o.last_token_ns, o.end_ns, o.status, o.error = 9_000, 9_500, 503 if error else 200, error
     o.error_detail, o.oom, o.prompt_tokens, o.output_tokens = "überlastet", True, 12, 3
     o.usage_reported, o.content_chunks, o.retry_after_s = True, 3, 2.5
+    o.usage_delta = -1  # -1 is a delta, not "none"
+    o.retry_after_unreadable = error is not None
+    o.usage_rejected = "implausible" if error is not None else ""
     o.itl_ns = array("q", [1, 2, 5_000_000_000])  # a gap over 4.29 s survives
     return o
 
@@ -40,6 +44,19 @@ def test_outcome_round_trip_every_field(error: ErrorKind | None) -> None:
     wire.apply(empty, *got2, 0)
     assert rid2 == 42
     assert asdict(empty) == asdict(Outcome("t", "p", 8, 0))
+
+
+def test_token_counts_past_32_bits_travel() -> None:
+    """The parser bounds a server's counts to 64 bits (a factor of max_tokens), not 32."""
+    sent = filled(None)
+    sent.output_tokens, sent.prompt_tokens, sent.content_chunks = 2**40, 2**33, 2**35
+    sent.usage_delta = 2**40 - 2**35
+    buf = bytearray()
+    wire.pack_outcome(buf, 1, sent)
+    ((_, *record),) = wire.unpack_outcomes(bytes(buf))
+    got = Outcome("t", "p", 7, 1_000)
+    wire.apply(got, *record, 0)
+    assert asdict(got) == asdict(sent)
 
 
 def test_clock_shift_moves_every_instant_and_nothing_else() -> None:
@@ -161,6 +178,23 @@ def test_outbox_one_frame_per_kind_and_a_cut_never_overtakes_its_request() -> No
     assert len(writer.frames) == 2
 
 
+def test_outbox_splits_a_turn_of_long_prompts_into_frames_the_other_end_reads() -> None:
+    """24 prompts of a million tokens (~7 MB each) sent in one turn: one frame would be
+    160 MB, past MAX_FRAME, and the worker would drop the connection (seen: both workers
+    died, 24 requests lost). Split, every frame is within it and every request arrives."""
+    box = wire.Outbox()
+    prompt = "word " * 1_400_000
+    for rid in range(24):
+        wire.pack_spec(box.buf(wire.SEND), rid, 0, spec(rid, prompt, 1_000_000))
+    writer = _Writer()
+    box.write_to(writer)  # type: ignore[arg-type]
+    sizes = [wire.HEAD.unpack_from(f)[0] for f in writer.frames]
+    assert len(sizes) > 1
+    assert max(sizes) <= wire.MAX_FRAME
+    got = [r[0] for f in writer.frames for r in wire.unpack_specs(f[wire.HEAD.size :])]
+    assert got == list(range(24))
+
+
 async def test_outbox_lets_a_record_nobody_waits_for_travel_with_the_next() -> None:
     box = wire.Outbox()
     writer = _Writer()
@@ -203,3 +237,26 @@ async def test_finished_requests_wake_a_slice_per_loop_turn_so_timers_run_betwee
     closed = loop.create_future()
     wake.add(closed, paced=False)  # a closed-loop stream's next send waits on it: now
     assert closed.done()
+
+
+def test_a_target_closing_after_answers_round_trips() -> None:
+    assert wire.unpack_closes(wire.pack_closes(3, 503, True)) == (3, 503, True)
+    assert wire.unpack_closes(wire.pack_closes(0, 200, False)) == (0, 200, False)
+    with pytest.raises(wire.WireError):
+        wire.unpack_closes(b"\x00")
+
+
+def test_no_reuse_holds_a_status_while_any_sender_learned_it() -> None:
+    """Each worker learns for its own pool: a status is shown from the first that learned
+    it until the last keeps its connections again or is gone; each change is heard once."""
+    heard: list[tuple[str, int, bool]] = []
+    no_reuse = NoReuse(lambda *change: heard.append(change))
+    no_reuse.learned("a", 0, 200, True)
+    no_reuse.learned("a", 1, 200, True)  # a second worker: no change
+    no_reuse.learned("b", 1, 503, True)
+    assert no_reuse.status() == {"a": [200], "b": [503]}
+    no_reuse.learned("a", 0, 200, False)  # worker 1 still holds it
+    assert no_reuse.status() == {"a": [200], "b": [503]}
+    no_reuse.forget(1)  # worker 1 died: its pools are gone
+    assert no_reuse.status() == {}
+    assert heard == [("a", 200, True), ("b", 503, True), ("a", 200, False), ("b", 503, False)]

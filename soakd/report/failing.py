@@ -1,0 +1,62 @@
+"""Report room, failing targets: the notes that say a target never answered, or was paused
+because every request failed in a way the next one could not fix (soakd/workload/failing.py).
+
+Pure: reads the journal's events and the report's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from soakd.model import NS_PER_S
+from soakd.report.model import Row
+from soakd.workload.failing import FAILING
+
+
+def never_succeeded(row: Row) -> bool:
+    """Judged requests (some failed, or were shed), and not one succeeded. Requests soakd
+    itself cut at the stop (or lost with a sender process) judge nothing: a run stopped
+    before its first answer came back did not show the target failing."""
+    return row.requests - row.not_judged > 0 and row.ok == 0
+
+
+def failing_notes(
+    events: Sequence[Mapping[str, Any]],
+    overall: Mapping[str, Row],
+    targets: Sequence[str],
+    end_s: float,
+) -> list[str]:
+    """One note per target that never succeeded or was paused as failing; ``end_s``: the
+    plan time the run reached (a pause still on then lasted until it)."""
+    notes = []
+    for t in targets:
+        row = overall[t]
+        parts = []
+        if never_succeeded(row):
+            kinds = ", ".join(f"{k} {n:,}" for k, n in row.errors_by_kind.items())
+            parts.append(f"never answered a request successfully ({row.requests:,} sent: {kinds})")
+        pauses, paused_s, since, last = 0, 0.0, None, {}
+        for e in events:
+            data = e["data"]
+            if data.get("target") != t or data.get("reason") != FAILING:
+                continue
+            at = (e.get("offset_ns") or 0) / NS_PER_S
+            if e["kind"] == "target_paused":
+                pauses, since, last = pauses + 1, at, data
+            elif e["kind"] == "target_resumed" and since is not None:
+                paused_s, since = paused_s + max(0.0, at - since), None
+        if pauses:
+            if since is not None:
+                paused_s += max(0.0, end_s - since)
+            detail = f": {last['detail']}" if last.get("detail") else ""
+            skipped = row.missed_by_reason.get(FAILING, 0)
+            parts.append(
+                f"paused as failing ({last.get('cause')}{detail}) {pauses} time(s), "
+                f"{paused_s:,.0f} s in all{', until the end' if since is not None else ''}, "
+                f"one request at a time probing it; {skipped:,} planned sends not made "
+                "meanwhile"
+            )
+        if parts:
+            notes.append(f"{t}: " + "; ".join(parts))
+    return notes
