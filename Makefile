@@ -89,11 +89,12 @@ bench-manycore: $(STAMP)
 	$(BIN)/python bench/suite.py manycore
 
 ## bench-workers: run.workers (8 by default) against the stub, next to one bare loop per
-## worker: 16- and 512-token streams, Poisson 5,000 req/s, TTFT at 256 streams (~3 min on
-## 16 cores; WORKERS=N to change); writes .cache/bench/results/workers/results.json
-## (docs/benchmarks.md, "Worker processes")
+## worker: 16- and 512-token streams, Poisson 5,000 req/s, TTFT at 256 streams, 3 rounds
+## interleaved (~10 min on 16 cores; WORKERS=N, ROUNDS=N to change); prints issue 28's
+## table and writes .cache/bench/results/workers/results.json (docs/benchmarks.md,
+## "Worker processes")
 bench-workers: $(STAMP)
-	$(BIN)/python bench/workers.py --out .cache/bench/results/workers --workers $(or $(WORKERS),8)
+	$(BIN)/python bench/workers.py --out .cache/bench/results/workers --workers $(or $(WORKERS),8) --rounds $(or $(ROUNDS),3) --seconds 12
 
 clean:
 	rm -rf $(VENV) .venv-vllm .cache runs

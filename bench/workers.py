@@ -44,7 +44,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from suite import PY, SOAKD, Stub, free_port, pinned, proc_table, tree_usage  # noqa: E402
+from suite import PY, SOAKD, Stub, _env, free_port, pinned, proc_table, tree_usage  # noqa: E402
 
 MODEL = "tiny-llama"
 WARMUP_S = 3.0
@@ -95,8 +95,9 @@ def soakd_case(
     port = free_port()
     argv = [*SOAKD, "run", str(path), "--no-live", "--metrics-addr", f"127.0.0.1:{port}",
             "--run-dir", str(run_dir)]
+    # env: PYTHONPATH is this checkout, whatever soakd the venv has installed
     proc = subprocess.Popen(pinned(argv, cpus), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env=_env())
     root = proc.pid
     try:
         deadline = time.monotonic() + 120
