@@ -4,6 +4,7 @@ when one close fails; a child that does not start is one line and exit 2."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sqlite3
 import subprocess
@@ -101,8 +102,17 @@ async def test_a_failing_journal_close_still_closes_the_rest(
 
 
 def test_a_simulator_that_does_not_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """The simulator child dies at start (a broken environment: here a sitecustomize that
+    exits in `soakd sim` only; an unknown profile is a config error before any child)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\nif sys.orig_argv[1:4] == ['-m', 'soakd', 'sim']:\n    sys.exit(3)\n"
+    )
+    path = [str(site), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     cfg = {
-        "targets": [{"name": "sim", "simulator": "no-such-profile"}],
+        "targets": [{"name": "sim", "simulator": "edge-4gb"}],
         "phases": [{"name": "p", "duration": "1s"}],
     }
     path = tmp_path / "soak.yaml"
@@ -124,6 +134,7 @@ def test_a_simulator_that_does_not_start_is_one_line_and_exit_2(tmp_path: Path) 
         text=True,
         timeout=60,
         check=False,
+        env=env,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr

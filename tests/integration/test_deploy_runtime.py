@@ -275,9 +275,10 @@ def test_sim_profile_runs_from_the_image_environment(runtime_venv: Path, tmp_pat
         with process(demo_argv, demo_env, state, tmp_path / "demo-2.log") as proc:
             wait_for(lambda: get(f"{metrics_url}/healthz")[0] == 200, 30, "/healthz again")
             assert json.loads(get(f"{metrics_url}/status")[1])["run_id"] == first_run_id
+            # the exporter answers while the preflight runs: stop once the run has resumed
+            wait_for(lambda: "run_resumed" in (run_dir / "soakd.log").read_text(), 30, "the resume")
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(grace) == 0, (tmp_path / "demo-2.log").read_text()[-3000:]
-        assert "run_resumed" in (run_dir / "soakd.log").read_text()
 
         # `docker stop` of the other two: both go at once (soakd sim has no SIGTERM
         # handler and dies of the signal, which is all a stop needs from it)
