@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
@@ -524,7 +525,8 @@ class Store:
                     if batch.rows and self.counts is not None:
                         self.counts.dropped.labels("request").inc(len(batch.rows))
                     batch.rows = []
-                time.sleep(0.2 if attempt == 1 else 1.0)
+                # a timed wait on an Event, not time.sleep (EINVAL under libfaketime)
+                threading.Event().wait(0.2 if attempt == 1 else 1.0)
         self._pending = None
         with contextlib.suppress(sqlite3.Error):
             self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

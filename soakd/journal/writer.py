@@ -563,11 +563,11 @@ class Journal:
         proc, self._proc = self._proc, None
         if proc is None:
             return None
-        try:
-            return proc.wait(timeout=0.5 if kill else 10.0)
-        except subprocess.TimeoutExpired:
+        code = _wait_exit(proc, 0.5 if kill else 10.0)
+        if code is None:
             proc.kill()
-            return proc.wait()
+            code = _wait_exit(proc, 10.0)
+        return code
 
     def _restart(self) -> bool:
         if not self._connect():
@@ -635,3 +635,27 @@ async def open_journal(
 
 
 __all__ = ["MAX_BATCH", "Journal", "RunInfo", "open_journal"]
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """The child's exit code within ``timeout_s``, else None. Waits on a pidfd with
+    ``poll``'s relative timeout rather than ``Popen.wait``'s sleep loop: the
+    clock_nanosleep behind ``time.sleep`` fails (EINVAL) after a wall-clock step under
+    libfaketime, which the clock fault tests preload, and it killed this thread."""
+    code = proc.poll()
+    if code is not None:
+        return code
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # reaped meanwhile (ESRCH), or no pidfd: Popen.wait's loop
+        try:
+            return proc.wait(timeout=timeout_s)
+        except (subprocess.TimeoutExpired, OSError):
+            return proc.poll()
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll(round(timeout_s * 1000))
+    finally:
+        os.close(fd)
+    return proc.poll()
