@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry
@@ -70,6 +71,12 @@ class BucketChild:
             if n:
                 mine[i] += n
         self.total += total
+
+    def observe(self, value: float) -> None:
+        """One value (the first bucket whose bound is >= it, as Prometheus' ``le``): for a
+        reading outside the journal's batches, such as a test driving the exporter."""
+        self.counts[bisect_left(self._bounds, value)] += 1
+        self.total += value
 
     def set_exemplar(self, bucket: int, labels: dict[str, str], value: float) -> None:
         self.exemplars[bucket] = Exemplar(labels, value, time.time())
