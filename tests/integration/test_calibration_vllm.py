@@ -136,7 +136,9 @@ async def test_a_planned_300_is_300_of_vllms_tokens(vllm: VllmServer, tmp_path: 
     text = write_built(report, "md", None)
     assert "Prompt tokens: planned against served" in text
     assert any(n.startswith("sim: ") for n in report.notes)
-    assert not any(n.startswith("vllm: ") for n in report.notes)
+    # no prompt-token note for vLLM (other notes may come: vLLM merges a slow reader's
+    # tokens into one chunk under load, named as usage_mismatch:above, soakd/notes.py)
+    assert not any(n.startswith("vllm: ") and "prompt tokens" in n for n in report.notes)
 
 
 async def test_without_calibration_the_plan_is_off_and_said_so(
