@@ -363,6 +363,16 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
     def peak(tool: str, key: str) -> list[float]:
         return [r.get("at_peak", {}).get(key) for r in by[tool]]
 
+    def by_process(tool: str) -> str:
+        """soakd's CPU a request split by process (medians over rounds): its loop's thread,
+        its other threads, the journal's writer, the NVML sampler (none in older results)."""
+        splits = [r["cpu_ms_per_req_by"] for r in by[tool] if r.get("cpu_ms_per_req_by")]
+        if tool == "bare" or not splits:
+            return "–"
+        keys = [k for k in ("loop", "threads", "writer", "sampler", "workers", "other")
+                if any(k in s for s in splits)]
+        return ", ".join(f"{k} {_f(_med([s.get(k, 0.0) for s in splits]), 3)}" for k in keys)
+
     loads = [r["loadavg"][0] for r in runs if r.get("loadavg")]
     lines += [
         f"### {m.get('cores')} cores: {m.get('cpu', '?')}, Python {m.get('python')}, "
@@ -382,6 +392,7 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
     rows = [
         ("CPU / request (ms)", lambda t: _spread(col(t, "cpu_ms_per_req"), 3)),
         ("× bare (same round)", lambda t: "1" if t == "bare" else _spread(ratio(t))),
+        ("of which, by process (ms)", by_process),
         ("TTFT error mean (ms)", lambda t: _spread(col(t, "ttft_err", "mean"))),
         ("TTFT error p99 (ms)", lambda t: _spread(col(t, "ttft_err", "p99"))),
         ("ITL error p99 (ms)", lambda t: _spread(col(t, "itl_err", "p99"))),

@@ -160,6 +160,65 @@ def tree_usage(root: int, table: dict[int, tuple[int, float, int]]) -> tuple[flo
     return cpu, rss, n
 
 
+# A soakd process's role, by what its command line runs (soakd's own process: "loop" for its
+# main thread, "threads" for the others: the journal's link thread, the exporter...)
+ROLES = (
+    ("soakd.journal.process", "writer"),
+    ("soakd.gpu.sampler", "sampler"),
+    ("soakd.workers.child", "workers"),
+)
+
+
+def _role(pid: int, cache: dict[int, str]) -> str:
+    role = cache.get(pid)
+    if role is None:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            cmd = ""
+        role = cache[pid] = next((r for key, r in ROLES if key in cmd), "other")
+    return role
+
+
+def _own_cpu(pid: int, tid: int | None = None) -> float:
+    """A process's own CPU seconds (not its reaped children's), or one thread's."""
+    try:
+        raw = Path(f"/proc/{pid}/task/{tid}/stat" if tid else f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return 0.0
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    return (int(rest[11]) + int(rest[12])) / CLK_TCK
+
+
+def tree_split(
+    root: int, table: dict[int, tuple[int, float, int]], cache: dict[int, str]
+) -> dict[str, float]:
+    """CPU seconds of ``root``'s tree by role: soakd's own process as "loop" (its main
+    thread) and "threads" (the rest), its children by ``ROLES``."""
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    out: dict[str, float] = {}
+    loop = _own_cpu(root, root)
+    out["loop"] = loop
+    out["threads"] = max(0.0, _own_cpu(root) - loop)
+    todo = list(kids.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        role = _role(pid, cache)
+        out[role] = out.get(role, 0.0) + table[pid][1]
+        todo.extend(kids.get(pid, ()))
+    return out
+
+
+def split_per(
+    lo: dict[str, float], hi: dict[str, float], per: float, scale: float
+) -> dict[str, float]:
+    """``hi - lo`` by role, each divided by ``per`` and times ``scale`` (a role gone by ``hi``
+    is dropped: its CPU went to its parent's reaped-children count)."""
+    return {k: round((v - lo.get(k, 0.0)) / per * scale, 4) for k, v in hi.items()}
+
+
 class Stub:
     """bench/stub.py in its own process, with a live counter and lateness stats."""
 
@@ -630,6 +689,8 @@ def run_case(case: Case) -> dict[str, Any]:
         cpus=case.extra.get("stub_cpus"),
     )
     samples: list[tuple[float, float, int, int, float]] = []  # t, cpu, rss, done, stub cpu
+    splits: list[dict[str, float]] = []  # the client's CPU by role, at each sample
+    roles: dict[int, str] = {}
     rc: int | None = None
     at_peak: dict[str, float] = {}  # the client's /proc status and smaps split at its peak RSS
     try:
@@ -658,6 +719,7 @@ def run_case(case: Case) -> dict[str, Any]:
             done, _ = stub.done()
             if rc is None:
                 samples.append((now - t0, cpu, rss, done, scpu))
+                splits.append(tree_split(proc.pid, table, roles))
                 if case.extra.get("peek") and now - last_peek >= 1.0:
                     last_peek = now
                     st = _status_fields(proc.pid)
@@ -699,11 +761,14 @@ def run_case(case: Case) -> dict[str, Any]:
     }
     if samples:
         final = max(s[3] for s in samples)
-        lo = next((s for s in samples if s[3] >= 0.1 * final), None)
-        hi = next((s for s in samples if s[3] >= 0.9 * final), None)
+        lo_i = next((i for i, s in enumerate(samples) if s[3] >= 0.1 * final), -1)
+        hi_i = next((i for i, s in enumerate(samples) if s[3] >= 0.9 * final), -1)
+        lo = samples[lo_i] if lo_i >= 0 else None
+        hi = samples[hi_i] if hi_i >= 0 else None
         if lo and hi and hi[3] > lo[3]:
             d_req = hi[3] - lo[3]
             res["cpu_ms_per_req"] = (hi[1] - lo[1]) / d_req * 1e3
+            res["cpu_ms_per_req_by"] = split_per(splits[lo_i], splits[hi_i], d_req, 1e3)
             res["cpu_us_per_token"] = (hi[1] - lo[1]) / (d_req * case.tokens) * 1e6
             res["stub_cpu_ms_per_req"] = (hi[4] - lo[4]) / d_req * 1e3
             res["window_req"] = d_req
@@ -756,7 +821,8 @@ def run_case(case: Case) -> dict[str, Any]:
         f"  {case.name}: {summary} ttft_err={_short(res['ttft_err'])} "
         f"itl_err={_short(res['itl_err'])}"
         + (f" arrivals={_short(res['arrivals'])}" if "arrivals" in res else "")
-        + (f" lag={_short(res['lag_ms'])}" if "lag_ms" in res else ""),
+        + (f" lag={_short(res['lag_ms'])}" if "lag_ms" in res else "")
+        + (f" cpu_ms_per_req_by={res['cpu_ms_per_req_by']}" if "cpu_ms_per_req_by" in res else ""),
         flush=True,
     )
     return res

@@ -44,7 +44,18 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from suite import PY, SOAKD, Stub, _env, free_port, pinned, proc_table, tree_usage  # noqa: E402
+from suite import (  # noqa: E402
+    PY,
+    SOAKD,
+    Stub,
+    _env,
+    free_port,
+    pinned,
+    proc_table,
+    split_per,
+    tree_split,
+    tree_usage,
+)
 
 MODEL = "tiny-llama"
 WARMUP_S = 3.0
@@ -109,6 +120,8 @@ def soakd_case(
         table = proc_table()
         cpu0, _, _ = tree_usage(root, table)
         parent0 = table[root][1]
+        roles: dict[int, str] = {}
+        split0 = tree_split(root, table, roles)
         peak_rss, peak_parent, n_procs = 0, 0, 0
         while time.monotonic() < t0 + seconds - 0.4:
             table = proc_table()
@@ -118,6 +131,7 @@ def soakd_case(
             time.sleep(0.25)
         table = proc_table()
         cpu1, _, _ = tree_usage(root, table)
+        split1 = tree_split(root, table, roles)
         window = time.monotonic() - t0
         cores_busy = (cpu1 - cpu0) / window  # over the sampled window
         parent_busy = (table[root][1] - parent0) / window
@@ -149,6 +163,10 @@ def soakd_case(
         "cores_busy": cores_busy,
         "parent_busy": parent_busy,
         "parent_cpu_us_per_request": parent_busy * seconds / requests_done * 1e6
+        if requests_done
+        else None,
+        # CPU a request by process (and soakd's own by thread: its loop, the others)
+        "cpu_us_per_request_by": split_per(split0, split1, requests_done * window / seconds, 1e6)
         if requests_done
         else None,
         "peak_rss_mb": peak_rss / 2**20,
