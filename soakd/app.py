@@ -43,7 +43,7 @@ from soakd.journal import (
 )
 from soakd.logs import close_logging, flush_repeats, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
-from soakd.model import Phase, Plan
+from soakd.model import Phase, Plan, SpendCap
 from soakd.notes import Notes
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
@@ -672,10 +672,7 @@ class Soak:
         else:
             key_ref = ""
         spend = tcfg.spend
-        limits = {
-            cap: getattr(spend, f"max_{cap}")
-            for cap in ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
-        }
+        limits = {cap: spend.limit(cap) for cap in SpendCap}
         guard = TargetGuard(
             tcfg.name,
             spend,

@@ -31,7 +31,7 @@ from soakd.config import Compare, Slo, TargetCost, format_duration
 from soakd.cost import cost_line
 from soakd.goodput import Tally, error_counts, journal_tallies
 from soakd.journal import JournalReader, Loss, Rollup
-from soakd.model import NS_PER_S
+from soakd.model import NS_PER_S, MissReason
 from soakd.notes import by_target, describe
 from soakd.report import names
 from soakd.report.failing import failing_notes
@@ -500,7 +500,7 @@ def _client_limits(overall: dict[str, Row], targets: list[str], config: Doc) -> 
     notes = []
     for t in targets:
         row = overall[t]
-        late = row.missed_by_reason.get("late", 0)
+        late = row.missed_by_reason.get(MissReason.LATE, 0)
         lagged = row.lag_p99_ms is not None and row.lag_p99_ms > limit_s * 1e3
         if lagged or late:
             why = []
@@ -516,9 +516,10 @@ def _client_limits(overall: dict[str, Row], targets: list[str], config: Doc) -> 
             )
     for t in targets:
         row = overall[t]
-        if row.missed_by_reason.get("in_flight_cap"):
+        capped = row.missed_by_reason.get(MissReason.IN_FLIGHT_CAP)
+        if capped:
             notes.append(
-                f"{t}: {row.missed_by_reason['in_flight_cap']:,} planned sends found "
+                f"{t}: {capped:,} planned sends found "
                 "max_in_flight requests already out and were not made (the target could "
                 "not keep up with the offered rate)"
             )

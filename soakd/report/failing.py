@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from soakd.model import NS_PER_S
+from soakd.model import NS_PER_S, MissReason, PauseReason
 from soakd.report.model import Row
-from soakd.workload.failing import FAILING
 
 
 def never_succeeded(row: Row) -> bool:
@@ -39,7 +38,7 @@ def failing_notes(
         pauses, paused_s, since, last = 0, 0.0, None, {}
         for e in events:
             data = e["data"]
-            if data.get("target") != t or data.get("reason") != FAILING:
+            if data.get("target") != t or data.get("reason") != PauseReason.FAILING:
                 continue
             at = (e.get("offset_ns") or 0) / NS_PER_S
             if e["kind"] == "target_paused":
@@ -50,7 +49,7 @@ def failing_notes(
             if since is not None:
                 paused_s += max(0.0, end_s - since)
             detail = f": {last['detail']}" if last.get("detail") else ""
-            skipped = row.missed_by_reason.get(FAILING, 0)
+            skipped = row.missed_by_reason.get(MissReason.FAILING, 0)
             parts.append(
                 f"paused as failing ({last.get('cause')}{detail}) {pauses} time(s), "
                 f"{paused_s:,.0f} s in all{', until the end' if since is not None else ''}, "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from soakd.analysis import GpuEnergy, leak_note, leak_slope
+from soakd.goodput import guard_refusal
 from soakd.report import names
 from soakd.report.model import Doc, GpuRow, GuardRow, Row
 
@@ -232,7 +233,7 @@ def guard_rows(
         for t in targets
         if t not in guarded
         and any(
-            k.startswith("shed_")
+            guard_refusal(k)
             for row in (p.get(t) for p in by_phase.values())
             if row
             for k in row.errors_by_kind
@@ -281,9 +282,7 @@ def guard_rows(
         for phase in phases:
             row = by_phase.get(phase, {}).get(target)
             shed = {
-                k: n
-                for k, n in (row.errors_by_kind if row else {}).items()
-                if k.startswith("shed_")
+                k: n for k, n in (row.errors_by_kind if row else {}).items() if guard_refusal(k)
             }
             lim = limits.get(phase, [])
             rows.append(
