@@ -17,11 +17,10 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from soakd.config import Config, JournalConfig
-from soakd.journal import Journal, read_resume_state
-from soakd.model import ErrorKind, Outcome, Sample
+from soakd.journal import Journal, read_resume_state, records
+from soakd.model import ErrorKind, Outcome, PauseReason, Sample, SpendCap
 from tests.journal_fixtures import HOUR, FakeClock, config, outcome, run_info
 
 KINDS = [None] * 20 + [
@@ -155,63 +154,57 @@ def _samples(j: Journal, base_wall: float, start: int, end: int) -> None:
 
 
 def _events_first(j: Journal) -> None:
-    data: dict[str, Any] = {"target": "alpha", "ok": True, "line": "alpha: ok", "seconds": 0.01}
-    j.event("preflight", **data, unreached=False, warning=False)
+    j.event(records.Preflight("alpha", True, "alpha: ok", 0.01))
     j.event(
-        "prompt_calibration",
-        stage="start",
-        source="tokenize",
-        reference="alpha",
-        costs=None,
-        scale=1.25,
-        overhead=7.0,
-        from_seq=0,
-        planned=120.0,
-        served={"alpha": 150.0, "beta": 151.0},
-        failed={},
-        requests=8,
-        seconds=0.2,
+        records.PromptCalibration(
+            {
+                "stage": "start",
+                "source": "tokenize",
+                "reference": "alpha",
+                "costs": None,
+                "scale": 1.25,
+                "overhead": 7.0,
+                "from_seq": 0,
+                "planned": 120.0,
+                "served": {"alpha": 150.0, "beta": 151.0},
+                "failed": {},
+                "requests": 8,
+                "seconds": 0.2,
+            }
+        )
     )
-    j.event("phase", name="warm", index=0)
-    j.event("no_reuse", target="beta", status=200, closes=True)
+    j.event(records.Phase("warm", 0))
+    j.event(records.NoReuse("beta", 200, closes=True))
     j.event(
-        "target_paused",
-        target="alpha",
-        reason="failing",
-        cause="http_5xx",
-        detail="503 upstream down",
-        failures=12,
-        failing_for_s=4.0,
+        records.TargetPaused(
+            "alpha",
+            PauseReason.FAILING,
+            cause="http_5xx",
+            detail="503 upstream down",
+            failures=12,
+            failing_for_s=4.0,
+        )
     )
-    j.event("target_resumed", target="alpha", reason="failing", paused_s=40.0)
-    j.event("auth_failed", target="beta", status=401, key=None)
+    j.event(records.TargetResumed("alpha", PauseReason.FAILING, 40.0))
+    j.event(records.AuthFailed("beta", 401))
 
 
 def _events_second(j: Journal) -> None:
-    j.event("config_changed", paths=["slo.jitter"])
-    j.event("journal_loss", rows=3, requests=4, offset_ns=2000 * 10**9, held_offset_ns=1990 * 10**9)
-    j.event("phase", name="hot", index=1)
-    j.event("gateway_modes", target="beta", vram_breaker=True, adaptive=False)
+    j.event(records.ConfigChanged(("slo.jitter",)))
+    j.event(records.JournalLoss(3, 4, 2000 * 10**9, 1990 * 10**9))
+    j.event(records.Phase("hot", 1))
+    j.event(records.GatewayModes("beta", vram_breaker=True, adaptive=False))
     j.event(
-        "target_paused",
-        target="beta",
-        reason="spend_cap",
-        resume_in_s=None,
-        cap="tokens",
-        limit=100,
-        used=120.0,
+        records.TargetPaused(
+            "beta", PauseReason.SPEND_CAP, None, SpendCap.TOKENS, limit=100, used=120.0
+        )
     )
-    j.event("no_reuse", target="beta", status=200, closes=False)
+    j.event(records.NoReuse("beta", 200, closes=False))
     j.event(
-        "journal_write_errors",
-        from_offset_ns=2500 * 10**9,
-        to_offset_ns=2510 * 10**9,
-        failures=3,
-        error="disk I/O error",
-        until_end=False,
+        records.JournalWriteErrors("disk I/O error", 2500 * 10**9, 3, 2510 * 10**9, until_end=False)
     )
-    j.event("rows_stopped", max_bytes=2_000_000_000, used_bytes=1_900_000_000)
-    j.event("retention", requests=0, samples=0)
+    j.event(records.RowsStopped(1_900_000_000, 2_000_000_000))
+    j.event(records.Retention())
 
 
 def write_golden_run(d: Path) -> Path:

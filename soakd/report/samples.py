@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from soakd.analysis import GpuEnergy, leak_note, leak_slope
 from soakd.goodput import guard_refusal
+from soakd.journal import records
+from soakd.journal.records import Logged
 from soakd.report import names
 from soakd.report.model import Doc, GpuRow, GuardRow, Row
 
@@ -223,7 +225,7 @@ def guard_rows(
     targets: list[str],
     phases: list[str],
     config: Doc,
-    events: Sequence[Doc],
+    events: Sequence[Logged],
 ) -> list[GuardRow]:
     """Per phase and guarded target: the modes the phase set, breaker openings, the sheds
     soakd counted and the gateway's own rejections, the concurrency limit's range."""
@@ -242,14 +244,14 @@ def guard_rows(
     modes: dict[tuple[str, str], str] = {}
     state: dict[str, dict[str, bool]] = {}  # a phase changes the features it names only
     current = None
-    for e in events:
-        if e["kind"] == "phase":
-            current = e["data"].get("name")
-        elif e["kind"] == "gateway_modes" and current is not None:
-            target = e["data"].get("target", "")
-            flags = state.setdefault(target, {})
-            flags.update({k: v for k, v in e["data"].items() if isinstance(v, bool)})
-            modes[(current, target)] = ", ".join(k for k, v in flags.items() if v) or "none"
+    for logged in events:
+        match logged.event:
+            case records.Phase(name=name):
+                current = name
+            case records.GatewayModes() as e if current is not None:
+                flags = state.setdefault(e.target, {})
+                flags.update(e.switched())
+                modes[(current, e.target)] = ", ".join(k for k, v in flags.items() if v) or "none"
     rows = []
     for target in guarded:
         openings: dict[str, dict[str, float]] = {}

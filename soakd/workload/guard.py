@@ -16,11 +16,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, Final, Protocol
 
 import structlog
 
 from soakd.config import Failing, RateLimit, SpendGuard
+from soakd.journal.records import AuthFailed, Event, TargetPaused, TargetResumed
 from soakd.model import ErrorKind, MissReason, Outcome, PauseReason, SpendCap
 from soakd.sliding import SlidingCount
 from soakd.workload.failing import Change, FailingWatch
@@ -33,8 +35,8 @@ BUCKETS_PER_HOUR: Final = 360
 AUTH_LOG_EVERY_S: Final = 60.0
 """While a target keeps refusing the key, one summary line this often (not one a request)."""
 
-EventFn = Callable[..., None]
-"""``(kind, **data)``: a run event for the journal (``Journal.event``)."""
+EventFn = Callable[[Event], None]
+"""A run event for the journal (``Journal.event``)."""
 
 
 class GuardGauges(Protocol):
@@ -197,19 +199,18 @@ class TargetGuard:
         if on and since is None:
             self._paused[reason] = now
             resume = None if math.isinf(until) else round(until - now, 3)
-            data: dict[str, Any] = {"reason": reason, "resume_in_s": resume}
+            event = TargetPaused(self.target, reason, resume)
             if reason is PauseReason.SPEND_CAP and cap is not None:
                 self._cap = cap
-                data |= {"cap": cap, "limit": self.spend.limit(cap), "used": self.used()[cap]}
+                event = replace(event, cap=cap, limit=self.spend.limit(cap), used=self.used()[cap])
                 if self._gauges is not None:
                     self._gauges.cap_hit(cap)
             log.warning(
                 "target_paused",
-                target=self.target,
-                **data,
+                **event.to_data(),
                 note="until the end of the run" if resume is None else None,
             )
-            self._event("target_paused", **data)
+            self._event(event)
             if self._gauges is not None:
                 self._gauges.paused(reason, True)
         elif not on and since is not None:
@@ -217,7 +218,7 @@ class TargetGuard:
             log.info(
                 "target_resumed", target=self.target, reason=reason, paused_s=round(now - since, 3)
             )
-            self._event("target_resumed", reason=reason, paused_s=round(now - since, 3))
+            self._event(TargetResumed(self.target, reason, round(now - since, 3)))
             if self._gauges is not None:
                 self._gauges.paused(reason, False)
 
@@ -246,29 +247,29 @@ class TargetGuard:
                 "this endpoint (the key itself is never logged)",
             )
             if self._auth_failures == 1:
-                self._event("auth_failed", status=outcome.status, key=self.key_ref or None)
+                self._event(AuthFailed(self.target, outcome.status, self.key_ref or None))
 
     def _failing_changed(self, c: Change) -> None:
         """A failing target paused, or back: logged, journaled and exported like any pause,
         with its cause (the paused state itself lives in ``self.failing``)."""
         if c.paused:
-            data: dict[str, Any] = {
-                "reason": PauseReason.FAILING,
-                "cause": c.cause,
-                "detail": c.detail,
-                "failures": c.failures,
-                "failing_for_s": round(c.seconds, 3),
-            }
+            event = TargetPaused(
+                self.target,
+                PauseReason.FAILING,
+                cause=c.cause,
+                detail=c.detail,
+                failures=c.failures,
+                failing_for_s=round(c.seconds, 3),
+            )
             log.error(
                 "target_paused",
-                target=self.target,
-                **data,
+                **event.to_data(),
                 key=(self.key_ref or "no key configured") if c.cause == "http_auth" else None,
                 hint="every request failed in a way the next one cannot fix: one request "
                 f"at a time now, at most {self.failing.max_pause:g} s apart, until one is "
                 "answered",
             )
-            self._event("target_paused", **data)
+            self._event(event)
         else:
             log.info(
                 "target_resumed",
@@ -277,19 +278,19 @@ class TargetGuard:
                 cause=c.cause,
                 paused_s=round(c.seconds, 3),
             )
-            self._event("target_resumed", reason=PauseReason.FAILING, paused_s=round(c.seconds, 3))
+            self._event(TargetResumed(self.target, PauseReason.FAILING, round(c.seconds, 3)))
         self._cause_shown = c.cause
         if self._gauges is not None:
             self._gauges.paused(PauseReason.FAILING, c.paused)
             self._gauges.failing(c.cause, c.paused)
 
-    def _event(self, kind: str, **data: Any) -> None:
+    def _event(self, event: Event) -> None:
         if self._on_event is None:
             return
         try:
-            self._on_event(kind, target=self.target, **data)
+            self._on_event(event)
         except Exception as exc:  # a journal problem must not stop the sends
-            log.warning("guard_event_dropped", kind=kind, reason=type(exc).__name__)
+            log.warning("guard_event_dropped", kind=event.kind, reason=type(exc).__name__)
 
 
 class Guards:
