@@ -39,11 +39,12 @@ from soakd.journal import (
     open_journal,
     plan_doc,
     read_resume_state,
+    records,
     rollup_window_ns,
 )
 from soakd.logs import close_logging, flush_repeats, set_phase, setup_logging
 from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
-from soakd.model import Phase, Plan
+from soakd.model import Phase, Plan, SpendCap
 from soakd.notes import Notes
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
@@ -63,7 +64,6 @@ from soakd.workload.plan import build_plan
 from soakd.workload.prompts import PromptSource, make_prompt_source
 from soakd.workload.runner import Runner
 from soakd.workload.sizing import (
-    CALIBRATION_EVENT,
     TOKENIZE_TIMEOUT_S,
     PromptLengths,
     StartMeasure,
@@ -264,8 +264,10 @@ class Soak:
             if not await self._start(self._start_children()):
                 raise StoppedBeforeStart
             self.journal = journal = await self._open_journal()
-            for result in self._preflight:
-                journal.event("preflight", **asdict(result))
+            for r in self._preflight:
+                journal.event(
+                    records.Preflight(r.target, r.ok, r.line, r.seconds, r.unreached, r.warning)
+                )
             self._started = time.monotonic()
             stack.push_async_callback(self._finish)
             self.ledger = SendLedger(
@@ -511,7 +513,7 @@ class Soak:
         elif auto:
             measure = await self._measure_prompts(urls, prompts)
             log_start(measure, self.names)
-            journal.event(CALIBRATION_EVENT, **measure.doc())
+            journal.event(records.PromptCalibration(measure.doc()))
             cal = measure.calibration
             reference = cal.reference if cal is not None and cal.source == "tokenize" else None
         lengths = PromptLengths(
@@ -519,7 +521,7 @@ class Soak:
             self.names,
             checks=done.checks_left if auto else 0,
             reference=reference,
-            on_calibration=lambda doc: journal.event(CALIBRATION_EVENT, **doc),
+            on_calibration=lambda doc: journal.event(records.PromptCalibration(doc)),
         )
         if measure is not None:
             lengths.started(measure)
@@ -610,10 +612,14 @@ class Soak:
             self.metrics.restore_notes(restored.notes)
             self.notes.restore(restored.notes)
             if self.config_changes:
-                journal.event("config_changed", paths=self.config_changes)
+                journal.event(records.ConfigChanged(tuple(self.config_changes)))
             loss = self.resume.loss
             if loss is not None:  # said, and kept: the next session's mark will not know
-                journal.event("journal_loss", **asdict(loss))
+                journal.event(
+                    records.JournalLoss(
+                        loss.rows, loss.requests, loss.offset_ns, loss.held_offset_ns
+                    )
+                )
                 log.error("journal_loss", **asdict(loss), note=loss.describe())
             log.warning(
                 "run_resumed",
@@ -642,7 +648,7 @@ class Soak:
         self.metrics.show_phase(self.plan, self.names, phase)
         if phase is not None:
             if self.journal is not None:
-                self.journal.event("phase", name=phase.name, index=phase.index)
+                self.journal.event(records.Phase(phase.name, phase.index))
             self.fronts.enter(phase.name, self.journal.event if self.journal else None)
 
     def _no_reuse_changed(self, target: str, status: int, closes: bool) -> None:
@@ -660,7 +666,7 @@ class Soak:
             log.info("server_keeps_connections_again", target=target, status=status)
         self.metrics.no_reuse.labels(target, str(status)).set(int(closes))
         if self.journal is not None:
-            self.journal.event("no_reuse", target=target, status=status, closes=closes)
+            self.journal.event(records.NoReuse(target, status, closes))
 
     # --- cloud targets (docs/gateway.md) ---------------------------------------------------
 
@@ -672,10 +678,7 @@ class Soak:
         else:
             key_ref = ""
         spend = tcfg.spend
-        limits = {
-            cap: getattr(spend, f"max_{cap}")
-            for cap in ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
-        }
+        limits = {cap: spend.limit(cap) for cap in SpendCap}
         guard = TargetGuard(
             tcfg.name,
             spend,

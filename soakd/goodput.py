@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # the journal's writer process imports this module, not the config
     from soakd.config import Slo
-from soakd.model import NS_PER_S, ErrorKind, Outcome
+from soakd.model import NS_PER_S, SHED_KINDS, ErrorKind, Outcome
 
 Class = Literal["ok", "error", "guard", "excluded"]
 
@@ -55,7 +55,7 @@ def guard_refusal(error: str | None, origin: str | None = None) -> bool:
     """The guard gateway answered this itself (shed it): the ``shed_*`` kinds, which the
     client gives by the gateway's error ``code`` (soakd/targets/errors.py). ``origin`` is
     for a future journal column; the kind carries it today."""
-    return error is not None and (origin == "gateway" or error.startswith("shed_"))
+    return error is not None and (origin == "gateway" or error in SHED_KINDS)
 
 
 def classify(error: str | None, origin: str | None = None) -> Class:

@@ -11,10 +11,8 @@ from functools import partial
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from soakd import metric_names as mn
-from soakd.workload.failing import CAUSES, FAILING
-
-SPEND_CAPS = ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
-PAUSE_REASONS = ("spend_cap", "rate_limited", FAILING)
+from soakd.model import PauseReason, SpendCap
+from soakd.workload.failing import CAUSES
 
 
 class GuardMetrics:
@@ -64,15 +62,18 @@ class GuardMetrics:
         )
 
     def add_target(
-        self, target: str, limits: Mapping[str, int | None], used: Callable[[], Mapping[str, float]]
+        self,
+        target: str,
+        limits: Mapping[SpendCap, int | None],
+        used: Callable[[], Mapping[SpendCap, float]],
     ) -> TargetGuardGauges:
         """Series of one target, zero from the start; ``used`` is read at scrape time."""
-        for reason in PAUSE_REASONS:
+        for reason in PauseReason:
             self.paused.labels(target, reason).set(0)
             self.pauses.labels(target, reason)
         for cause in CAUSES:
             self.failing.labels(target, cause).set(0)
-        for cap in SPEND_CAPS:
+        for cap in SpendCap:
             limit = limits.get(cap)
             if limit is None:
                 continue
@@ -82,7 +83,7 @@ class GuardMetrics:
         return TargetGuardGauges(self, target)
 
 
-def _used_of(used: Callable[[], Mapping[str, float]], cap: str) -> float:
+def _used_of(used: Callable[[], Mapping[SpendCap, float]], cap: SpendCap) -> float:
     return used().get(cap, 0.0)
 
 
@@ -93,12 +94,12 @@ class TargetGuardGauges:
     m: GuardMetrics
     target: str
 
-    def paused(self, reason: str, on: bool) -> None:
+    def paused(self, reason: PauseReason, on: bool) -> None:
         self.m.paused.labels(self.target, reason).set(1 if on else 0)
         if on:
             self.m.pauses.labels(self.target, reason).inc()
 
-    def cap_hit(self, cap: str) -> None:
+    def cap_hit(self, cap: SpendCap) -> None:
         self.m.cap_hits.labels(self.target, cap).inc()
 
     def failing(self, cause: str, on: bool) -> None:

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from soakd.analysis import fmt_ms
 from soakd.config import format_duration
+from soakd.model import MissReason
 
 Row = Mapping[str, object]
 """A target's row: ``analysis.RecentRow`` (/status) or ``analysis.SessionRow`` (the end of
@@ -160,7 +161,7 @@ def client_limited(status: dict[str, Any]) -> list[str]:
     out = []
     for name, r in status["targets"].items():
         lag = r.get("lag_p99_ms")
-        late = status.get("missed", {}).get(name, {}).get("late", 0)
+        late = status.get("missed", {}).get(name, {}).get(MissReason.LATE, 0)
         if (lag is not None and lag > limit_ms) or late:
             out.append(name)
     return out

@@ -39,8 +39,6 @@ from soakd.fold import Fold, Hist
 from soakd.goodput import SERVER_ERRORS, classify
 
 # the probes' and the guard's families live beside this module; imported from here as before
-from soakd.guard_metrics import PAUSE_REASONS as PAUSE_REASONS
-from soakd.guard_metrics import SPEND_CAPS as SPEND_CAPS
 from soakd.guard_metrics import GuardMetrics as GuardMetrics
 from soakd.guard_metrics import TargetGuardGauges as TargetGuardGauges
 from soakd.metric_names import (
@@ -55,7 +53,7 @@ from soakd.metric_names import (
     LIMIT_TTFT,
     LIMIT_VRAM,
 )
-from soakd.model import OK, USAGE_REJECTED_REASONS, ErrorKind, Phase, Plan
+from soakd.model import OK, USAGE_REJECTED_REASONS, ErrorKind, MissReason, Phase, Plan
 from soakd.notes import (
     MISMATCH_DIRECTIONS,
     RETRY_AFTER_UNREADABLE,
@@ -66,7 +64,6 @@ from soakd.probe_metrics import OOM_SOURCES as OOM_SOURCES
 from soakd.probe_metrics import THROTTLE_REASONS as THROTTLE_REASONS
 from soakd.probe_metrics import ProbeMetrics as ProbeMetrics
 from soakd.tracing import trace_id, traced_names
-from soakd.workload.ledger import MISSED_REASONS
 
 # No `*_created` series: one per counter and histogram child, undocumented and unused by
 # the rules and dashboards (a counter's reset shows in the counter itself). A process-wide
@@ -349,7 +346,7 @@ class Metrics:
         self.offered_concurrency.labels(target)
         for phase in phases:
             self.requests.labels(target, phase, OK, "2xx")
-            for reason in MISSED_REASONS:
+            for reason in MissReason:
                 self.sends_missed.labels(target, phase, reason)
 
     def missed(self, target: str, phase: str, reason: str, n: int) -> None:

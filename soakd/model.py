@@ -58,7 +58,53 @@ class ErrorKind(enum.StrEnum):
     @property
     def shed(self) -> bool:
         """The guard's own refusal (origin: gateway), not the server's failure."""
-        return self.value.startswith("shed_")
+        return self in SHED_KINDS
+
+
+SHED_KINDS: Final = frozenset(
+    {
+        ErrorKind.SHED_VRAM_BREAKER,
+        ErrorKind.SHED_ERROR_BREAKER,
+        ErrorKind.SHED_QUEUE_FULL,
+        ErrorKind.SHED_QUEUE_TIMEOUT,
+    }
+)
+"""The guard gateway's own refusals: the one place a kind is decided to be a shed. An
+outcome label read back as a string (the journal, a fold) is tested with ``in`` too."""
+
+
+class MissReason(enum.StrEnum):
+    """Why a planned send was not made (soakd/workload/ledger.py). Bounded: a metric label."""
+
+    LATE = "late"  # its instant was more than max_lateness past
+    IN_FLIGHT_CAP = "in_flight_cap"  # max_in_flight requests were out
+    SPEND_CAP = "spend_cap"  # paused: a spend cap (soakd/workload/guard.py)
+    RATE_LIMITED = "rate_limited"  # paused: honouring a Retry-After
+    NO_WORKER = "no_worker"  # run.workers > 1 and every sender process was down
+    FAILING = "failing"  # the target failed every request: paused (soakd/workload/failing.py)
+    INVALID_REQUEST = "invalid_request"  # the client refused to build it (never written)
+
+
+class PauseReason(enum.StrEnum):
+    """Why a target's sends are paused (soakd/workload/guard.py); an open-loop send not made
+    meanwhile is counted under the ``MissReason`` of the same name."""
+
+    SPEND_CAP = "spend_cap"
+    RATE_LIMITED = "rate_limited"
+    FAILING = "failing"
+
+    @property
+    def missed(self) -> MissReason:
+        return MissReason(self.value)
+
+
+class SpendCap(enum.StrEnum):
+    """A target's spend caps (``targets[].spend``: ``max_`` and the cap's name)."""
+
+    REQUESTS_PER_HOUR = "requests_per_hour"
+    TOKENS_PER_HOUR = "tokens_per_hour"
+    REQUESTS = "requests"
+    TOKENS = "tokens"
 
 
 SHED_BY_CODE = {

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from soakd.analysis import SessionRow, SummaryRow, TargetStats, Window, summary_row
 from soakd.fold import Fold
+from soakd.goodput import guard_refusal
 
 
 class RunStats:
@@ -71,7 +72,7 @@ class RunStats:
                 "offered": stats.requests + sum(not_made.values()),
                 "missed": sum(not_made.values()),
                 "missed_by_reason": not_made,
-                "shed": sum(n for k, n in stats.errors.items() if k.startswith("shed_")),
+                "shed": sum(n for k, n in stats.errors.items() if guard_refusal(k)),
                 "errors_by_kind": dict(stats.errors),
             }
         return rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from soakd.model import Outcome, RequestSpec
+from soakd.model import MissReason, Outcome, RequestSpec
 
 
 class Target(Protocol):
@@ -24,7 +24,7 @@ class NotSent(Exception):
     """What a Target raises when the request never left soakd (no sender process was up):
     the runner counts it as a send not made, under ``reason``, never as an outcome."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: MissReason) -> None:
         super().__init__(reason)
         self.reason = reason
 
@@ -40,9 +40,9 @@ class SendGate(Protocol):
     def sent(self) -> None: ...
 
     @property
-    def pause_reason(self) -> str:
-        """Why the target is paused now (``spend_cap`` or ``rate_limited``): the reason an
-        open-loop send not made during the pause is counted under."""
+    def pause_reason(self) -> MissReason:
+        """Why the target is paused now: the reason an open-loop send not made during the
+        pause is counted under."""
         ...
 
 

@@ -24,6 +24,7 @@ from soakd.config.base import (
 )
 from soakd.config.gateway import GatewaySettings
 from soakd.config.slo import Slo, TargetCost
+from soakd.model import SpendCap
 from soakd.net import TlsFileError, client_ssl, header_problem, value_problem
 from soakd.sim.profiles import PROFILES
 
@@ -60,15 +61,19 @@ class SpendGuard(Strict):
 
     @property
     def enabled(self) -> bool:
-        return any(
-            v is not None
-            for v in (
-                self.max_requests_per_hour,
-                self.max_tokens_per_hour,
-                self.max_requests,
-                self.max_tokens,
-            )
-        )
+        return any(self.limit(cap) is not None for cap in SpendCap)
+
+    def limit(self, cap: SpendCap) -> int | None:
+        """The cap's configured limit (None: not capped)."""
+        match cap:
+            case SpendCap.REQUESTS_PER_HOUR:
+                return self.max_requests_per_hour
+            case SpendCap.TOKENS_PER_HOUR:
+                return self.max_tokens_per_hour
+            case SpendCap.REQUESTS:
+                return self.max_requests
+            case SpendCap.TOKENS:
+                return self.max_tokens
 
 
 class RateLimit(Strict):

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from soakd.config import GatewayModes, PhaseConfig, TargetConfig
 from soakd.gateway.spawn import GatewayProcess, spawn_gateway
+from soakd.journal import records
 
 
 class Fronts:
@@ -42,7 +43,7 @@ class Fronts:
             }
         )
 
-    def enter(self, phase: str, event: Callable[..., None] | None) -> None:
+    def enter(self, phase: str, event: Callable[[records.Event], None] | None) -> None:
         """Switch the phase's gateway features (a PUT to each gateway soakd started), each
         switch journaled through ``event``."""
         for target, modes in self._modes.get(phase, {}).items():
@@ -50,7 +51,11 @@ class Fronts:
             if gateway is None:
                 continue
             if event is not None:
-                event("gateway_modes", target=target, **modes.model_dump(exclude_none=True))
+                event(
+                    records.GatewayModes(
+                        target, modes.vram_breaker, modes.error_breaker, modes.adaptive
+                    )
+                )
             task = asyncio.get_running_loop().create_task(gateway.set_modes(modes))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

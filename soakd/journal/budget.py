@@ -26,6 +26,7 @@ from typing import Protocol
 
 from soakd.childlog import ChildLog
 from soakd.journal.counts import WriterCounts
+from soakd.journal.records import RowsStopped
 
 log = ChildLog()
 
@@ -94,11 +95,11 @@ class Budget:
         """Whether the next batch writes its request rows (False for good, once over)."""
         return self.rows_kept and used_bytes(conn) < ROWS_AT * self.max_bytes
 
-    def stopped(self, conn: sqlite3.Connection) -> dict[str, int]:
-        """The ``rows_stopped`` event's data (inside the batch's transaction)."""
-        return {"used_bytes": used_bytes(conn), "max_bytes": self.max_bytes}
+    def stopped(self, conn: sqlite3.Connection) -> RowsStopped:
+        """The ``rows_stopped`` event (inside the batch's transaction)."""
+        return RowsStopped(used_bytes(conn), self.max_bytes)
 
-    def committed(self, keep_rows: bool, rows: int, event: dict[str, int] | None) -> None:
+    def committed(self, keep_rows: bool, rows: int, event: RowsStopped | None) -> None:
         """The batch committed: the mode moves on; ``rows`` request rows were (not) kept."""
         m = self.metrics
         if not keep_rows and m is not None:
@@ -110,7 +111,8 @@ class Budget:
             m.rows_kept.set(0)
         log.warning(
             "journal_rows_stopped",
-            **event,
+            used_bytes=event.used_bytes,
+            max_bytes=event.max_bytes,
             note="the journal is near journal.max_bytes: per-request rows are no longer "
             "written this session; totals, histograms and rollups go on (the report "
             "stays whole), the export ends here",

@@ -30,6 +30,7 @@ from soakd.journal.mark import MARK_FILE as MARK_FILE
 from soakd.journal.mark import Mark as Mark
 from soakd.journal.mark import MarkFile as MarkFile
 from soakd.journal.mark import read_mark as read_mark
+from soakd.journal.records import EventKind
 from soakd.journal.schema import APPLICATION_ID, JournalDamaged, connect
 
 SALVAGED_FILE = "journal.salvaged.db"
@@ -138,7 +139,9 @@ def lost(conn: sqlite3.Connection, mark: Mark | None) -> Loss | None:
     last_id = conn.execute("SELECT MAX(id) FROM requests").fetchone()[0]
     requests = conn.execute("SELECT COALESCE(SUM(requests), 0) FROM totals").fetchone()[0]
     held = conn.execute("SELECT COALESCE(MAX(offset_ns), 0) FROM progress").fetchone()[0]
-    retention = conn.execute("SELECT 1 FROM events WHERE kind = 'retention' LIMIT 1").fetchone()
+    retention = conn.execute(
+        "SELECT 1 FROM events WHERE kind = ? LIMIT 1", (EventKind.RETENTION,)
+    ).fetchone()
     rows = 0
     if last_id is not None or retention is None:  # retention may have emptied the table
         rows = max(0, mark.last_id - int(last_id or 0))

@@ -36,8 +36,9 @@ from soakd.journal import link
 from soakd.journal.batch import Columns
 from soakd.journal.counts import WriterCounts
 from soakd.journal.progress import ClockState
+from soakd.journal.records import EventKind, EventRow
 from soakd.journal.schema import JournalError
-from soakd.journal.store import Event, RunInfo, Store, WriterConfig
+from soakd.journal.store import RunInfo, Store, WriterConfig
 from soakd.model import Sample
 
 PR_SET_PDEATHSIG = 1
@@ -85,7 +86,7 @@ def add_packet(store: Store, payload: bytes) -> None:
         Sample(wall, name, value, tuple((str(k), str(v)) for k, v in labels))
         for wall, name, value, labels in header.get("samples", ())
     ]
-    events: list[Event] = [(w, o, k, d) for w, o, k, d in header.get("events", ())]
+    events: list[EventRow] = [(w, o, EventKind(k), d) for w, o, k, d in header.get("events", ())]
     tally = Fold.from_doc(header["tally"]) if header.get("tally") else None
     outcomes = Columns.decode(columns).outcomes() if columns else ()
     store.add(

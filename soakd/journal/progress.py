@@ -19,6 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from soakd import __version__
+from soakd.journal.records import (
+    Downtime,
+    Event,
+    EventRow,
+    RunResumed,
+    RunStarted,
+    WriterRestarted,
+)
 from soakd.model import Phase
 
 MissedKey = tuple[str, str, str]
@@ -150,9 +158,7 @@ class Progress:
         self.last_offset = self.started_offset = int(row[0])
         self.seqs.update(json.loads(row[1]))
         self._clock_seen = True
-        self.insert_event(
-            conn, self.wall(), self.last_offset, "writer_restarted", {"session": session}
-        )
+        self.insert_event(conn, self.wall(), self.last_offset, WriterRestarted(session))
 
     def begin(self, conn: sqlite3.Connection, now: float, next_id: int) -> None:
         """Inside the opening transaction: the session's row and its first event."""
@@ -173,16 +179,11 @@ class Progress:
         )
         host = socket.gethostname()  # where this session ran (the report's header)
         if self.resume is None:
-            self.insert_event(conn, now, 0, "run_started", {"version": __version__, "host": host})
+            self.insert_event(conn, now, 0, RunStarted(__version__, host))
         else:
             # the downtime is written when the plan clock runs again (_clock_started)
-            self.insert_event(
-                conn,
-                now,
-                self.started_offset,
-                "run_resumed",
-                {"version": __version__, "session": self.session, "host": host},
-            )
+            started = RunResumed(__version__, self.session, host)
+            self.insert_event(conn, now, self.started_offset, started)
 
     def heartbeat(self, conn: sqlite3.Connection, from_id: int, final: bool) -> Beat:
         """Inside a batch's transaction: the downtime (once), the sends not made that moved,
@@ -215,13 +216,13 @@ class Progress:
         self.last_offset = beat.offset_ns
 
     def insert_event(
-        self,
-        conn: sqlite3.Connection,
-        wall: float,
-        offset: int | None,
-        kind: str,
-        data: dict[str, Any],
+        self, conn: sqlite3.Connection, wall: float, offset: int | None, event: Event
     ) -> None:
+        self.insert_row(conn, (wall, offset, event.kind, event.to_data()))
+
+    def insert_row(self, conn: sqlite3.Connection, row: EventRow) -> None:
+        """An event as soakd sent it (or as ``insert_event`` made it)."""
+        wall, offset, kind, data = row
         conn.execute(
             "INSERT INTO events (session, wall, offset_ns, kind, data) VALUES (?,?,?,?,?)",
             (self.session, wall, offset, kind, json.dumps(data, default=str)),
@@ -253,11 +254,7 @@ class Progress:
         last = self.resume.last_wall
         seconds = max(0.0, start_wall - last)
         self.insert_event(
-            conn,
-            start_wall,
-            self.started_offset,
-            "downtime",
-            {"seconds": seconds, "from_wall": last, "to_wall": start_wall},
+            conn, start_wall, self.started_offset, Downtime(seconds, last, start_wall)
         )
         return seconds
 

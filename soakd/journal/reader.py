@@ -30,6 +30,7 @@ from soakd.journal.integrity import (
     salvage_path,
 )
 from soakd.journal.integrity import salvage as salvage_journal
+from soakd.journal.records import Logged, read_event
 from soakd.journal.rollups import unfolded_rollups
 from soakd.journal.schema import (
     JOURNAL_FILE,
@@ -126,9 +127,10 @@ class JournalReader:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur]
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[Logged]:
+        """Every event, typed (records.py), in the order it was journaled."""
         return [
-            {"session": s, "wall": w, "offset_ns": o, "kind": k, "data": json.loads(d)}
+            Logged(s, w, o, read_event(k, json.loads(d)))
             for s, w, o, k, d in self.conn.execute(
                 "SELECT session, wall, offset_ns, kind, data FROM events ORDER BY id"
             )

@@ -19,6 +19,7 @@ from typing import Any
 from soakd.config import Config
 from soakd.config.redact import config_doc
 from soakd.journal.integrity import Loss, check_whole, emptied, lost, read_mark
+from soakd.journal.records import EventKind
 from soakd.journal.schema import LOCK_FILE, JournalError, check_schema, connect
 from soakd.model import Plan
 
@@ -178,15 +179,16 @@ def read_resume_state(path: Path) -> ResumeState | None:
             seqs[name] = max(seqs.get(name, 0), int(top) + 1)
         finished = (
             conn.execute(
-                "SELECT 1 FROM events "
-                "WHERE kind = 'run_stopped' AND json_extract(data, '$.completed')"
+                "SELECT 1 FROM events WHERE kind = ? AND json_extract(data, '$.completed')",
+                (EventKind.RUN_STOPPED,),
             ).fetchone()
             is not None
         )
         calibrations = [  # the prompts' sizing, reused as it was (soakd/workload/sizing.py)
             json.loads(data)
             for (data,) in conn.execute(
-                "SELECT data FROM events WHERE kind = 'prompt_calibration' ORDER BY id"
+                "SELECT data FROM events WHERE kind = ? ORDER BY id",
+                (EventKind.PROMPT_CALIBRATION,),
             )
         ]
     finally:

@@ -57,6 +57,7 @@ from soakd.journal.codec import END_NS, outcome_row
 from soakd.journal.counts import WriterCounts
 from soakd.journal.mark import Mark, MarkFile
 from soakd.journal.progress import ClockState, Progress, Resumed
+from soakd.journal.records import EventKind, EventRow, JournalWriteErrors, Retention
 from soakd.journal.retention import apply_retention
 from soakd.journal.rollups import Aggregates, store_window, unfolded_rollups
 from soakd.journal.schema import PAGE_SIZE, JournalError
@@ -77,9 +78,6 @@ FINAL_ATTEMPTS = 4
 PACKET_KEY = "writer_packet"
 """``meta`` key: the last packet a session's writer committed ({session, seq}): a restarted
 writer tells soakd which of the packets it sent the dead one are in the journal."""
-
-Event = tuple[float, int | None, str, dict[str, Any]]
-"""(wall, plan offset, kind, data): one row of ``events``."""
 
 
 @dataclass(frozen=True)
@@ -182,13 +180,22 @@ class StoreSink(Protocol):
 
 
 @dataclass(slots=True)
+class _Failing:
+    """Since when the writes fail, why, and how many failed so far."""
+
+    error: str
+    from_offset_ns: int
+    failures: int = 0
+
+
+@dataclass(slots=True)
 class _Batch:
     """Packets folded and waiting for their commit (kept as they are while commits fail)."""
 
     rows: list[tuple[Any, ...]]
     samples: list[tuple[float, int, float]]
     new_series: list[tuple[int, str, str]]
-    events: list[Event]
+    events: list[EventRow]
     fold: Fold  # what goes to the sink: the packets' outcomes
     known: Fold  # written, never sent again: re-sent packets soakd counted, tallies
     keep_rows: bool
@@ -250,7 +257,7 @@ class Store:
         self._errors_in_row = 0
         self._retry_at = 0.0
         self._drop_logged = False
-        self._failing: dict[str, Any] | None = None  # since when writes fail, and why
+        self._failing: _Failing | None = None  # since when writes fail, and why
         self._tallied = 0  # requests soakd's full queue tallied (no row, no window)
         self._reserve: Path | None = None
         self._mark = MarkFile(path.parent)
@@ -341,9 +348,13 @@ class Store:
         totals = self._agg.load(conn)
         downtime = sum(
             json.loads(d)["seconds"]
-            for (d,) in conn.execute("SELECT data FROM events WHERE kind = 'downtime'")
+            for (d,) in conn.execute(
+                "SELECT data FROM events WHERE kind = ?", (EventKind.DOWNTIME,)
+            )
         )
-        resumes = conn.execute("SELECT COUNT(*) FROM events WHERE kind = 'run_resumed'").fetchone()
+        resumes = conn.execute(
+            "SELECT COUNT(*) FROM events WHERE kind = ?", (EventKind.RUN_RESUMED,)
+        ).fetchone()
         packet = meta.get(PACKET_KEY) or {}
         if self._rejoin and packet.get("session") == self._rejoin:
             self.packet_seq = int(packet["seq"])
@@ -378,7 +389,7 @@ class Store:
         seq: int,
         outcomes: Iterable[Outcome] = (),
         samples: Iterable[Sample] = (),
-        events: Iterable[Event] = (),
+        events: Iterable[EventRow] = (),
         tally: Fold | None = None,
         *,
         counted: bool = False,
@@ -575,13 +586,15 @@ class Store:
             return
         self._failing = None
         progress = self._progress
-        data = {
-            **failing,
-            "to_offset_ns": progress.offset_now() or progress.last_offset,
-            "until_end": until_end,
-            "dropped_requests": self._tallied,
-        }
-        event = (self._wall(), progress.offset_now(), "journal_write_errors", data)
+        failed = JournalWriteErrors(
+            failing.error,
+            failing.from_offset_ns,
+            failing.failures,
+            progress.offset_now() or progress.last_offset,
+            until_end,
+            self._tallied,
+        )
+        event = (self._wall(), progress.offset_now(), failed.kind, failed.to_data())
         if batch is None:
             assert self._conn is not None
             batch = self._open
@@ -604,11 +617,10 @@ class Store:
         self._errors_in_row += 1
         if self._failing is None:
             progress = self._progress
-            self._failing = {
-                "error": f"{type(exc).__name__}: {exc}",
-                "from_offset_ns": progress.offset_now() or progress.last_offset,
-            }
-        self._failing["failures"] = self._errors_in_row
+            self._failing = _Failing(
+                f"{type(exc).__name__}: {exc}", progress.offset_now() or progress.last_offset
+            )
+        self._failing.failures = self._errors_in_row
         delay = min(RETRY_MAX_S, 0.5 * 2 ** min(self._errors_in_row, 6))
         self._retry_at = time.monotonic() + delay
         self._pending = batch
@@ -637,15 +649,15 @@ class Store:
         conn.execute("BEGIN")
         stopped = budget.stopped(conn) if budget.rows_kept and not keep_rows else None
         if stopped is not None:
-            progress.insert_event(conn, self._wall(), progress.last_offset, "rows_stopped", stopped)
+            progress.insert_event(conn, self._wall(), progress.last_offset, stopped)
         if batch.new_series:
             conn.executemany("INSERT INTO series VALUES (?,?,?)", batch.new_series)
         if rows:
             conn.executemany(schema.INSERT_REQUEST, rows)
         if samples:
             conn.executemany("INSERT INTO samples VALUES (?,?,?)", samples)
-        for wall, offset, name, data in events:
-            progress.insert_event(conn, wall, offset, name, data)
+        for event in events:
+            progress.insert_row(conn, event)
         # without rows, every window is stored at each commit (nothing to rebuild them from)
         staged = agg.write(
             conn, (batch.fold, batch.known), next_id - 1, now_window, final or not keep_rows
@@ -705,7 +717,7 @@ class Store:
             deleted = apply_retention(conn, self.cfg, now, self._budget.max_bytes)
             if deleted:
                 conn.execute("BEGIN")
-                progress.insert_event(conn, now, progress.last_offset, "retention", deleted)
+                progress.insert_event(conn, now, progress.last_offset, Retention(**deleted))
                 conn.execute("COMMIT")
                 log.info("journal_retention", deleted=deleted)
         except sqlite3.Error as exc:

@@ -58,6 +58,7 @@ from soakd.journal import link
 from soakd.journal.batch import Columns
 from soakd.journal.handoff import FoldSink, HandOff
 from soakd.journal.progress import ClockState, PlanClock
+from soakd.journal.records import Event, RunStopped, Stamped
 from soakd.journal.resume import ResumeState, take_lock
 from soakd.journal.schema import JOURNAL_FILE, JournalError
 from soakd.journal.store import MAX_BATCH, Restored, RunInfo
@@ -206,7 +207,7 @@ class Journal:
         await asyncio.to_thread(self._shut, completed)
 
     def _shut(self, completed: bool) -> None:
-        self.event("run_stopped", completed=completed)
+        self.event(RunStopped(completed))
         self._closed = True
         self._stopping.set()
         self._wake()
@@ -260,13 +261,13 @@ class Journal:
         else:
             self._drop("sample")
 
-    def event(self, kind: str, **data: Any) -> None:
+    def event(self, event: Event) -> None:
         """A run event (phase change, stop...). Events are rare: never dropped."""
         if self._closed:
             return
         clock = self._clock
         offset = time.perf_counter_ns() - clock.origin_ns if clock and clock.origin_ns else None
-        self._q.append(("event", self._wall(), offset, kind, data))
+        self._q.append(Stamped(self._wall(), offset, event))
 
     def _drop(self, kind: str) -> None:
         if self.metrics is not None:
@@ -519,8 +520,7 @@ class Journal:
             elif kind is Sample:
                 samples.append([item.wall, item.name, item.value, item.labels])
             else:
-                _, wall, offset, name, data = item
-                events.append([wall, offset, name, data])
+                events.append(list(item.row()))
         self._seq += 1
         clock = self._clock
         header: dict[str, Any] = {

@@ -30,8 +30,9 @@ from soakd.analysis import (
 from soakd.config import Compare, Slo, TargetCost, format_duration
 from soakd.cost import cost_line
 from soakd.goodput import Tally, error_counts, journal_tallies
-from soakd.journal import JournalReader, Loss, Rollup
-from soakd.model import NS_PER_S
+from soakd.journal import JournalReader, Loss, Rollup, records
+from soakd.journal.records import Logged, each
+from soakd.model import NS_PER_S, MissReason
 from soakd.notes import by_target, describe
 from soakd.report import names
 from soakd.report.failing import failing_notes
@@ -58,22 +59,21 @@ HOUR_S = 3600.0
 JOULES_PER_KWH = 3.6e6
 
 
-def _rows_stopped_notes(events: list[dict[str, Any]]) -> list[str]:
+def _rows_stopped_notes(events: list[Logged]) -> list[str]:
     """A note per session that stopped writing request rows near the journal's budget."""
     return [
-        f"session {e['session']} stopped writing per-request rows at "
-        f"{(e['offset_ns'] or 0) / NS_PER_S / HOUR_S:.2f} h (the journal reached 90 % of "
-        f"journal.max_bytes, {e['data'].get('max_bytes', 0) / 1e9:.2f} GB): percentiles, "
+        f"session {row.session} stopped writing per-request rows at "
+        f"{row.offset_s / HOUR_S:.2f} h (the journal reached 90 % of "
+        f"journal.max_bytes, {e.max_bytes / 1e9:.2f} GB): percentiles, "
         "counts, error ratios and plots come from the rollups and stay whole; goodput covers "
         "the rows kept; the export holds no rows after that point"
-        for e in events
-        if e["kind"] == "rows_stopped"
+        for row, e in each(events, records.RowsStopped)
     ]
 
 
 def _journal_warnings(
     reader: JournalReader,
-    events: list[dict[str, Any]],
+    events: list[Logged],
     measured: int,
     journaled: int,
     rows: int,
@@ -86,22 +86,21 @@ def _journal_warnings(
         out.append(reader.salvaged.describe())
     if reader.loss is not None:
         out.append(reader.loss.describe())
-    for e in events:
-        data = e["data"]
-        if e["kind"] == "journal_loss":
-            loss = Loss(
-                *(int(data[k]) for k in ("rows", "requests", "offset_ns", "held_offset_ns"))
-            )
-            out.append(f"{loss.describe()} (found when session {e['session']} resumed the run)")
-        elif e["kind"] == "journal_write_errors":
-            failed = True
-            start = format_duration(data.get("from_offset_ns", 0) / NS_PER_S)
-            end = format_duration(data.get("to_offset_ns", 0) / NS_PER_S)
-            until = "the end of the session" if data.get("until_end") else end
-            out.append(
-                f"the journal could not write from {start} of plan time to {until} "
-                f"({data.get('failures', '?')} failed writes: {data.get('error', '?')})"
-            )
+    for row in events:
+        match row.event:
+            case records.JournalLoss() as e:
+                loss = Loss(e.rows, e.requests, e.offset_ns, e.held_offset_ns)
+                out.append(f"{loss.describe()} (found when session {row.session} resumed the run)")
+            case records.JournalWriteErrors() as e:
+                failed = True
+                start = format_duration(e.from_offset_ns / NS_PER_S)
+                end = format_duration(e.to_offset_ns / NS_PER_S)
+                until = "the end of the session" if e.until_end else end
+                failures = "?" if e.failures is None else e.failures
+                out.append(
+                    f"the journal could not write from {start} of plan time to {until} "
+                    f"({failures} failed writes: {'?' if e.error is None else e.error})"
+                )
     if measured > journaled:
         why = (
             "the damaged pages held their windows"
@@ -122,16 +121,12 @@ def _journal_warnings(
     return out
 
 
-def _no_reuse_notes(events: list[dict[str, Any]]) -> list[str]:
+def _no_reuse_notes(events: list[Logged]) -> list[str]:
     """A note per target and answer status after which its server closed its connections
     without saying so (soakd/targets/pool.py, journaled as ``no_reuse`` events)."""
     seen: dict[tuple[str, int], list[tuple[float, bool]]] = {}
-    for e in events:
-        if e["kind"] == "no_reuse":
-            key = (str(e["data"].get("target")), int(e["data"].get("status", 0)))
-            seen.setdefault(key, []).append(
-                ((e["offset_ns"] or 0) / NS_PER_S / HOUR_S, bool(e["data"].get("closes")))
-            )
+    for row, e in each(events, records.NoReuse):
+        seen.setdefault((e.target, e.status), []).append((row.offset_s / HOUR_S, e.closes))
     notes = []
     for (target, status), changes in seen.items():
         first = next((h for h, closes in changes if closes), None)
@@ -215,14 +210,10 @@ def build_report(
         plan_phases,
     )
     downtimes = [
-        Downtime(
-            offset_h=(e["offset_ns"] or 0) / NS_PER_S / HOUR_S,
-            seconds=float(e["data"].get("seconds", 0.0)),
-        )
-        for e in events
-        if e["kind"] == "downtime"
+        Downtime(offset_h=row.offset_s / HOUR_S, seconds=e.seconds)
+        for row, e in each(events, records.Downtime)
     ]
-    completed = any(e["kind"] == "run_stopped" and e["data"].get("completed") for e in events)
+    completed = any(e.completed for _, e in each(events, records.RunStopped))
     jitter_window_s = JITTER_WINDOW_S if active_s >= 2 * JITTER_WINDOW_S else active_s
     slice_s = max(window_s, jitter_window_s / JITTER_SLICES)
     slice_s = max(window_s, round(slice_s / window_s) * window_s)
@@ -299,8 +290,7 @@ def build_report(
             "no probe samples in the journal: OOM events, restarts, VRAM and "
             "energy are not measured"
         )
-    retention = [e for e in events if e["kind"] == "retention"]
-    if retention:
+    if any(each(events, records.Retention)):
         notes.append(
             "retention deleted old rows; totals, percentiles and plots still cover "
             "the whole run (rollups are kept), the export does not"
@@ -500,7 +490,7 @@ def _client_limits(overall: dict[str, Row], targets: list[str], config: Doc) -> 
     notes = []
     for t in targets:
         row = overall[t]
-        late = row.missed_by_reason.get("late", 0)
+        late = row.missed_by_reason.get(MissReason.LATE, 0)
         lagged = row.lag_p99_ms is not None and row.lag_p99_ms > limit_s * 1e3
         if lagged or late:
             why = []
@@ -516,9 +506,10 @@ def _client_limits(overall: dict[str, Row], targets: list[str], config: Doc) -> 
             )
     for t in targets:
         row = overall[t]
-        if row.missed_by_reason.get("in_flight_cap"):
+        capped = row.missed_by_reason.get(MissReason.IN_FLIGHT_CAP)
+        if capped:
             notes.append(
-                f"{t}: {row.missed_by_reason['in_flight_cap']:,} planned sends found "
+                f"{t}: {capped:,} planned sends found "
                 "max_in_flight requests already out and were not made (the target could "
                 "not keep up with the offered rate)"
             )

@@ -7,11 +7,10 @@ Pure: reads the journal's events and the report's rows.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from soakd.model import NS_PER_S
+from soakd.journal.records import Logged, TargetPaused, TargetResumed
+from soakd.model import MissReason, PauseReason
 from soakd.report.model import Row
-from soakd.workload.failing import FAILING
 
 
 def never_succeeded(row: Row) -> bool:
@@ -22,7 +21,7 @@ def never_succeeded(row: Row) -> bool:
 
 
 def failing_notes(
-    events: Sequence[Mapping[str, Any]],
+    events: Sequence[Logged],
     overall: Mapping[str, Row],
     targets: Sequence[str],
     end_s: float,
@@ -36,23 +35,23 @@ def failing_notes(
         if never_succeeded(row):
             kinds = ", ".join(f"{k} {n:,}" for k, n in row.errors_by_kind.items())
             parts.append(f"never answered a request successfully ({row.requests:,} sent: {kinds})")
-        pauses, paused_s, since, last = 0, 0.0, None, {}
-        for e in events:
-            data = e["data"]
-            if data.get("target") != t or data.get("reason") != FAILING:
-                continue
-            at = (e.get("offset_ns") or 0) / NS_PER_S
-            if e["kind"] == "target_paused":
-                pauses, since, last = pauses + 1, at, data
-            elif e["kind"] == "target_resumed" and since is not None:
-                paused_s, since = paused_s + max(0.0, at - since), None
-        if pauses:
+        pauses, paused_s, since = 0, 0.0, None
+        last: TargetPaused | None = None
+        for logged in events:
+            match logged.event:
+                case TargetPaused(target=target, reason=PauseReason.FAILING) as e if target == t:
+                    pauses, since, last = pauses + 1, logged.offset_s, e
+                case TargetResumed(target=target, reason=PauseReason.FAILING) if (
+                    target == t and since is not None
+                ):
+                    paused_s, since = paused_s + max(0.0, logged.offset_s - since), None
+        if last is not None:
             if since is not None:
                 paused_s += max(0.0, end_s - since)
-            detail = f": {last['detail']}" if last.get("detail") else ""
-            skipped = row.missed_by_reason.get(FAILING, 0)
+            detail = f": {last.detail}" if last.detail else ""
+            skipped = row.missed_by_reason.get(MissReason.FAILING, 0)
             parts.append(
-                f"paused as failing ({last.get('cause')}{detail}) {pauses} time(s), "
+                f"paused as failing ({last.cause}{detail}) {pauses} time(s), "
                 f"{paused_s:,.0f} s in all{', until the end' if since is not None else ''}, "
                 f"one request at a time probing it; {skipped:,} planned sends not made "
                 "meanwhile"

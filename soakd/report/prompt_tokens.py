@@ -12,29 +12,30 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from soakd.config import ConfigError, TokenLength
+from soakd.journal.records import Logged, PromptCalibration, each
 from soakd.report.model import Doc, PromptTokens, Report
 from soakd.report.table import Table, cells
 from soakd.workload.calibration import Calibration
 from soakd.workload.prompts import FilePrompts, SyntheticPrompts
-from soakd.workload.sizing import CALIBRATION_EVENT, WARN_SHARE, stored
+from soakd.workload.sizing import WARN_SHARE, stored
 
 
 def prompt_tokens(
-    conn: sqlite3.Connection, config: Doc, events: Sequence[dict[str, Any]], targets: list[str]
+    conn: sqlite3.Connection, config: Doc, events: Sequence[Logged], targets: list[str]
 ) -> tuple[list[PromptTokens], str | None]:
     """Per target, planned against served; and how the prompts were sized (None: no
     synthetic prompts, or a journal from before calibration)."""
     planned = _planner(config)
-    docs = [e["data"] for e in events if e["kind"] == CALIBRATION_EVENT]
+    docs = [e.doc for _, e in each(events, PromptCalibration)]
     at_start: dict[str, float] = {}
     for doc in docs:
-        if doc.get("stage") == "start" and isinstance(doc.get("served"), dict):
-            at_start = {k: float(v) for k, v in doc["served"].items()}
+        served = doc.get("served")
+        if doc.get("stage") == "start" and isinstance(served, dict):
+            at_start = {k: float(v) for k, v in served.items() if isinstance(v, int | float)}
     rows = []
     for target in targets:
         n, planned_sum, served_sum = _pairs(conn, target, planned)

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from soakd.analysis import GpuEnergy, leak_note, leak_slope
+from soakd.goodput import guard_refusal
+from soakd.journal import records
+from soakd.journal.records import Logged
 from soakd.report import names
 from soakd.report.model import Doc, GpuRow, GuardRow, Row
 
@@ -222,7 +225,7 @@ def guard_rows(
     targets: list[str],
     phases: list[str],
     config: Doc,
-    events: Sequence[Doc],
+    events: Sequence[Logged],
 ) -> list[GuardRow]:
     """Per phase and guarded target: the modes the phase set, breaker openings, the sheds
     soakd counted and the gateway's own rejections, the concurrency limit's range."""
@@ -232,7 +235,7 @@ def guard_rows(
         for t in targets
         if t not in guarded
         and any(
-            k.startswith("shed_")
+            guard_refusal(k)
             for row in (p.get(t) for p in by_phase.values())
             if row
             for k in row.errors_by_kind
@@ -241,14 +244,14 @@ def guard_rows(
     modes: dict[tuple[str, str], str] = {}
     state: dict[str, dict[str, bool]] = {}  # a phase changes the features it names only
     current = None
-    for e in events:
-        if e["kind"] == "phase":
-            current = e["data"].get("name")
-        elif e["kind"] == "gateway_modes" and current is not None:
-            target = e["data"].get("target", "")
-            flags = state.setdefault(target, {})
-            flags.update({k: v for k, v in e["data"].items() if isinstance(v, bool)})
-            modes[(current, target)] = ", ".join(k for k, v in flags.items() if v) or "none"
+    for logged in events:
+        match logged.event:
+            case records.Phase(name=name):
+                current = name
+            case records.GatewayModes() as e if current is not None:
+                flags = state.setdefault(e.target, {})
+                flags.update(e.switched())
+                modes[(current, e.target)] = ", ".join(k for k, v in flags.items() if v) or "none"
     rows = []
     for target in guarded:
         openings: dict[str, dict[str, float]] = {}
@@ -281,9 +284,7 @@ def guard_rows(
         for phase in phases:
             row = by_phase.get(phase, {}).get(target)
             shed = {
-                k: n
-                for k, n in (row.errors_by_kind if row else {}).items()
-                if k.startswith("shed_")
+                k: n for k, n in (row.errors_by_kind if row else {}).items() if guard_refusal(k)
             }
             lim = limits.get(phase, [])
             rows.append(

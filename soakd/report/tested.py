@@ -18,6 +18,7 @@ from typing import Any
 
 from soakd.config import format_duration
 from soakd.config.redact import scrub_url
+from soakd.journal.records import Logged, RunResumed, RunStarted
 from soakd.model import NS_PER_S, LoadShape
 from soakd.report.model import Doc, PhaseTested, Report, TargetTested, Tested
 from soakd.report.table import Table, cells, fmt_duration
@@ -88,7 +89,7 @@ def _phases(plan: Doc, scale: float) -> list[PhaseTested]:
 
 
 def what_was_tested(
-    meta: Doc, sessions: Sequence[Mapping[str, Any]], events: Sequence[Doc], served: Served
+    meta: Doc, sessions: Sequence[Mapping[str, Any]], events: Sequence[Logged], served: Served
 ) -> Tested:
     """From the journal's ``meta`` (config, plan, options), its sessions and events."""
     config: Doc = meta.get("config") or {}
@@ -99,9 +100,7 @@ def what_was_tested(
     phases = plan.get("phases") or []
     plan_s = phases[-1]["end_ns"] / NS_PER_S if phases else 0.0
     hosts = [
-        str(e["data"]["host"])
-        for e in events
-        if e["kind"] in ("run_started", "run_resumed") and e["data"].get("host")
+        e.host for row in events if isinstance(e := row.event, RunStarted | RunResumed) and e.host
     ]
     prompts = _prompt_plan(workload.get("prompts") or {})
     targets = []

@@ -34,7 +34,7 @@ from yarl import URL
 
 from soakd import __version__
 from soakd.config import TargetConfig
-from soakd.model import GATEWAY_ORIGIN_HEADER, ErrorKind, Outcome, RequestSpec
+from soakd.model import GATEWAY_ORIGIN_HEADER, ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.net import env_proxy, header_problem, url_problem
 from soakd.targets.errors import (
     clean,
@@ -63,7 +63,6 @@ from soakd.targets.stream import (
 from soakd.tracing import HEADER as TRACEPARENT
 from soakd.tracing import traceparent, wants_traceparent
 from soakd.types import NotSent
-from soakd.workload.ledger import INVALID_REQUEST, LATE
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
 
@@ -187,7 +186,7 @@ class OpenAITarget:
         the server, so it is an outcome (a second send would hide the server's failure).
         """
         if spec.deadline_ns and _perf_ns() > spec.deadline_ns:
-            raise NotSent(LATE)  # too late to be this instant's send: counted, not sent
+            raise NotSent(MissReason.LATE)  # too late to be this instant's send: counted, not sent
         if self._refused is not None:
             self._refuse(self._refused)
         out = outcome if outcome is not None else Outcome.planned(spec)
@@ -207,9 +206,12 @@ class OpenAITarget:
         if not self._refusal_logged:
             self._refusal_logged = True
             log.error(
-                "request_not_buildable", target=self.name, cause=cause, counted_as=INVALID_REQUEST
+                "request_not_buildable",
+                target=self.name,
+                cause=cause,
+                counted_as=MissReason.INVALID_REQUEST,
             )
-        raise NotSent(INVALID_REQUEST)
+        raise NotSent(MissReason.INVALID_REQUEST)
 
     async def _attempt(
         self,

@@ -32,11 +32,10 @@ import structlog
 from soakd import _malloc
 from soakd.config import TargetConfig
 from soakd.logs import setup_logging
-from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.model import ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.targets.openai import OpenAITarget, open_target
 from soakd.types import NotSent
 from soakd.workers import wire
-from soakd.workload.ledger import LATE
 from soakd.workload.timer import sleep_until_ns
 
 log = structlog.get_logger()
@@ -93,7 +92,7 @@ class Sender:
             return
         except asyncio.CancelledError:
             if not out.sent_ns:  # cut while it waited for its instant: it never went out
-                wire.pack_not_sent(self.outbox.buf(wire.OUTCOMES), rid, LATE)
+                wire.pack_not_sent(self.outbox.buf(wire.OUTCOMES), rid, MissReason.LATE)
                 return
             # the parent's drain deadline (or its exit): keep what arrived, say it was cut
             out.error = ErrorKind.CANCELLED
@@ -106,7 +105,7 @@ class Sender:
     def _done(self, rid: int, task: asyncio.Task[None]) -> None:
         self.tasks.pop(rid, None)
         if task.cancelled():  # cut before its first step: it never went out
-            wire.pack_not_sent(self.outbox.buf(wire.OUTCOMES), rid, LATE)
+            wire.pack_not_sent(self.outbox.buf(wire.OUTCOMES), rid, MissReason.LATE)
 
     async def finish(self) -> None:
         """Cut what is still in flight, hand it back, close the targets."""

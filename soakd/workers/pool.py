@@ -33,10 +33,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from soakd import metric_names as mn
 from soakd.config import TargetConfig
-from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.model import ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.types import NotSent, SendGate
 from soakd.workers import wire
-from soakd.workload.ledger import NO_WORKER
 
 if TYPE_CHECKING:
     from soakd.workers.senders import NoReuse
@@ -198,7 +197,7 @@ class Worker:
                 continue
             out, done, paced = got
             if fields[8] == wire.NOT_SENT:  # the worker reached it past its deadline
-                wake.add(done, NotSent(detail), paced=paced)
+                wake.add(done, NotSent(MissReason(detail)), paced=paced)
                 continue
             wall = out.wall_start
             wire.apply(out, fields, detail, itl, keys, shift)
@@ -435,7 +434,7 @@ class WorkerPool:
         """Hand one request to the next worker that is up; return once it came back."""
         up = self._up
         if not up:  # every worker died since the runner's gate looked: it never left
-            raise NotSent(NO_WORKER)
+            raise NotSent(MissReason.NO_WORKER)
         self._rr += 1
         w = up[self._rr % len(up)]
         rid = self._next_id = (self._next_id + 1) & 0xFFFFFFFF
@@ -495,7 +494,7 @@ class WorkerGate:
             self._inner.sent()
 
     @property
-    def pause_reason(self) -> str:
+    def pause_reason(self) -> MissReason:
         if not self._pool.up or self._inner is None:
-            return NO_WORKER
+            return MissReason.NO_WORKER
         return self._inner.pause_reason

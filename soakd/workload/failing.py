@@ -6,7 +6,7 @@ no connection (DNS, TLS, unreachable, a connect timeout), the key is refused (40
 the model or path is unknown (404). Other failures (5xx, timeouts, cut streams, a 400 for
 one prompt) are the server's answers, which a soak measures: they never pause it.
 
-A streak of nothing but such failures for ``failing.after`` pauses the target (``FAILING``:
+A streak of nothing but such failures for ``failing.after`` pauses the target (``failing``:
 open-loop sends not made are counted under it, closed-loop workers wait). When a pause
 ends, one request goes (the probe: planned, sent and recorded like any other) and the
 target stays paused until its outcome: any answer that is not such a failure resumes the
@@ -23,9 +23,8 @@ from typing import Final
 
 from soakd.config import Failing
 from soakd.model import ErrorKind, Outcome
-from soakd.workload.ledger import FAILING
 
-__all__ = ["CAUSES", "FAILING", "Change", "FailingWatch", "failing_cause"]
+__all__ = ["CAUSES", "Change", "FailingWatch", "failing_cause"]
 
 FIRST_PAUSE_S: Final = 2.0
 PROBE_WAIT_S: Final = 1.0

@@ -16,14 +16,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, Final, Protocol
 
 import structlog
 
 from soakd.config import Failing, RateLimit, SpendGuard
-from soakd.model import ErrorKind, Outcome
+from soakd.journal.records import AuthFailed, Event, TargetPaused, TargetResumed
+from soakd.model import ErrorKind, MissReason, Outcome, PauseReason, SpendCap
 from soakd.sliding import SlidingCount
-from soakd.workload.failing import FAILING, Change, FailingWatch
+from soakd.workload.failing import Change, FailingWatch
 
 log = structlog.get_logger()
 
@@ -33,20 +35,15 @@ BUCKETS_PER_HOUR: Final = 360
 AUTH_LOG_EVERY_S: Final = 60.0
 """While a target keeps refusing the key, one summary line this often (not one a request)."""
 
-SPEND = "spend_cap"
-RATE_LIMITED = "rate_limited"
-PAUSE_REASONS: Final = (SPEND, RATE_LIMITED, FAILING)
-CAPS: Final = ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
-
-EventFn = Callable[..., None]
-"""``(kind, **data)``: a run event for the journal (``Journal.event``)."""
+EventFn = Callable[[Event], None]
+"""A run event for the journal (``Journal.event``)."""
 
 
 class GuardGauges(Protocol):
     """Where a guard reports (``soakd.metrics.GuardMetrics`` for one target)."""
 
-    def paused(self, reason: str, on: bool) -> None: ...
-    def cap_hit(self, cap: str) -> None: ...
+    def paused(self, reason: PauseReason, on: bool) -> None: ...
+    def cap_hit(self, cap: SpendCap) -> None: ...
     def failing(self, cause: str, on: bool) -> None: ...
 
 
@@ -76,13 +73,13 @@ class TargetGuard:
         self.requests = 0  # sent, whole run
         self.tokens = 0  # prompt + output, whole run
         self._rate_until = 0.0  # honouring a Retry-After until this instant
-        self._paused: dict[str, float] = {}  # reason -> since
-        self._cap: str | None = None  # the spend cap holding the target now
+        self._paused: dict[PauseReason, float] = {}  # reason -> since
+        self._cap: SpendCap | None = None  # the spend cap holding the target now
         self._auth_failures = 0  # in the current streak
         self._auth_logged_at = -math.inf
         self._auth_total = 0
         self.failing = FailingWatch(failing or Failing())
-        self._reason = RATE_LIMITED  # the reason of the pause delay_s() last found
+        self._reason = PauseReason.RATE_LIMITED  # the reason of the pause delay_s() last found
         self._cause_shown = ""  # the failing cause exported now
 
     def report_to(self, gauges: GuardGauges) -> None:
@@ -95,15 +92,15 @@ class TargetGuard:
         """0 when a request may go now; else how long to wait (``inf``: not in this run)."""
         now = self._clock()
         spend_at, cap = self._spend_free_at(now)
-        self._set_paused(SPEND, spend_at > now, now, cap=cap, until=spend_at)
+        self._set_paused(PauseReason.SPEND_CAP, spend_at > now, now, cap=cap, until=spend_at)
         rate_at = self._rate_until
-        self._set_paused(RATE_LIMITED, rate_at > now, now, until=rate_at)
+        self._set_paused(PauseReason.RATE_LIMITED, rate_at > now, now, until=rate_at)
         waits = (
-            (SPEND, spend_at - now),
-            (FAILING, self.failing.delay_s(now)),
-            (RATE_LIMITED, rate_at - now),
+            (PauseReason.SPEND_CAP, spend_at - now),
+            (PauseReason.FAILING, self.failing.delay_s(now)),
+            (PauseReason.RATE_LIMITED, rate_at - now),
         )
-        self._reason = next((reason for reason, w in waits if w > 0), RATE_LIMITED)
+        self._reason = next((reason for reason, w in waits if w > 0), PauseReason.RATE_LIMITED)
         return max(0.0, *(w for _, w in waits))
 
     def sent(self) -> None:
@@ -113,13 +110,13 @@ class TargetGuard:
         self.failing.sent(now)
 
     @property
-    def pause_reason(self) -> str:
+    def pause_reason(self) -> MissReason:
         """The reason of the pause ``delay_s()`` found: a spend cap first (it lasts), then a
         failing target, then the rate limit."""
-        return self._reason
+        return self._reason.missed
 
     @property
-    def paused(self) -> tuple[str, ...]:
+    def paused(self) -> tuple[PauseReason, ...]:
         return tuple(self._paused)
 
     def failing_now(self) -> dict[str, Any] | None:
@@ -131,15 +128,15 @@ class TargetGuard:
             return None
         return {"cause": w.cause, "detail": w.detail, "next_probe_s": round(next_s, 1)}
 
-    def used(self) -> dict[str, float]:
+    def used(self) -> dict[SpendCap, float]:
         """The spend counts the caps compare against (for the gauges: read at scrape time
         on the exporter's thread, so it changes nothing)."""
         requests, tokens = self.hour.peek(self._clock())
         return {
-            "requests_per_hour": requests,
-            "tokens_per_hour": tokens,
-            "requests": float(self.requests),
-            "tokens": float(self.tokens),
+            SpendCap.REQUESTS_PER_HOUR: requests,
+            SpendCap.TOKENS_PER_HOUR: tokens,
+            SpendCap.REQUESTS: float(self.requests),
+            SpendCap.TOKENS: float(self.tokens),
         }
 
     # --- OutcomeSink ------------------------------------------------------------------------
@@ -171,43 +168,49 @@ class TargetGuard:
 
     # --- internals --------------------------------------------------------------------------
 
-    def _spend_free_at(self, now: float) -> tuple[float, str | None]:
+    def _spend_free_at(self, now: float) -> tuple[float, SpendCap | None]:
         s = self.spend
         if s.max_requests is not None and self.requests >= s.max_requests:
-            return math.inf, "requests"
+            return math.inf, SpendCap.REQUESTS
         if s.max_tokens is not None and self.tokens >= s.max_tokens:
-            return math.inf, "tokens"
-        at, cap = now, None
+            return math.inf, SpendCap.TOKENS
+        at: float = now
+        cap: SpendCap | None = None
         if s.max_requests_per_hour is not None:
             free = self.hour.below_at(now, s.max_requests_per_hour, 0)
             if free > at:
-                at, cap = free, "requests_per_hour"
+                at, cap = free, SpendCap.REQUESTS_PER_HOUR
         if s.max_tokens_per_hour is not None:
             free = self.hour.below_at(now, s.max_tokens_per_hour, 1)
             if free > at:
-                at, cap = free, "tokens_per_hour"
+                at, cap = free, SpendCap.TOKENS_PER_HOUR
         return at, cap
 
     def _set_paused(
-        self, reason: str, on: bool, now: float, *, cap: str | None = None, until: float = 0.0
+        self,
+        reason: PauseReason,
+        on: bool,
+        now: float,
+        *,
+        cap: SpendCap | None = None,
+        until: float = 0.0,
     ) -> None:
         since = self._paused.get(reason)
         if on and since is None:
             self._paused[reason] = now
             resume = None if math.isinf(until) else round(until - now, 3)
-            data: dict[str, Any] = {"reason": reason, "resume_in_s": resume}
-            if reason == SPEND and cap is not None:
+            event = TargetPaused(self.target, reason, resume)
+            if reason is PauseReason.SPEND_CAP and cap is not None:
                 self._cap = cap
-                data |= {"cap": cap, "limit": self._limit(cap), "used": self.used()[cap]}
+                event = replace(event, cap=cap, limit=self.spend.limit(cap), used=self.used()[cap])
                 if self._gauges is not None:
                     self._gauges.cap_hit(cap)
             log.warning(
                 "target_paused",
-                target=self.target,
-                **data,
+                **event.to_data(),
                 note="until the end of the run" if resume is None else None,
             )
-            self._event("target_paused", **data)
+            self._event(event)
             if self._gauges is not None:
                 self._gauges.paused(reason, True)
         elif not on and since is not None:
@@ -215,13 +218,9 @@ class TargetGuard:
             log.info(
                 "target_resumed", target=self.target, reason=reason, paused_s=round(now - since, 3)
             )
-            self._event("target_resumed", reason=reason, paused_s=round(now - since, 3))
+            self._event(TargetResumed(self.target, reason, round(now - since, 3)))
             if self._gauges is not None:
                 self._gauges.paused(reason, False)
-
-    def _limit(self, cap: str) -> int | None:
-        value: int | None = getattr(self.spend, f"max_{cap}")
-        return value
 
     def _rate_limited(self, outcome: Outcome, now: float) -> None:
         r = self.rate
@@ -248,50 +247,50 @@ class TargetGuard:
                 "this endpoint (the key itself is never logged)",
             )
             if self._auth_failures == 1:
-                self._event("auth_failed", status=outcome.status, key=self.key_ref or None)
+                self._event(AuthFailed(self.target, outcome.status, self.key_ref or None))
 
     def _failing_changed(self, c: Change) -> None:
         """A failing target paused, or back: logged, journaled and exported like any pause,
         with its cause (the paused state itself lives in ``self.failing``)."""
         if c.paused:
-            data: dict[str, Any] = {
-                "reason": FAILING,
-                "cause": c.cause,
-                "detail": c.detail,
-                "failures": c.failures,
-                "failing_for_s": round(c.seconds, 3),
-            }
+            event = TargetPaused(
+                self.target,
+                PauseReason.FAILING,
+                cause=c.cause,
+                detail=c.detail,
+                failures=c.failures,
+                failing_for_s=round(c.seconds, 3),
+            )
             log.error(
                 "target_paused",
-                target=self.target,
-                **data,
+                **event.to_data(),
                 key=(self.key_ref or "no key configured") if c.cause == "http_auth" else None,
                 hint="every request failed in a way the next one cannot fix: one request "
                 f"at a time now, at most {self.failing.max_pause:g} s apart, until one is "
                 "answered",
             )
-            self._event("target_paused", **data)
+            self._event(event)
         else:
             log.info(
                 "target_resumed",
                 target=self.target,
-                reason=FAILING,
+                reason=PauseReason.FAILING,
                 cause=c.cause,
                 paused_s=round(c.seconds, 3),
             )
-            self._event("target_resumed", reason=FAILING, paused_s=round(c.seconds, 3))
+            self._event(TargetResumed(self.target, PauseReason.FAILING, round(c.seconds, 3)))
         self._cause_shown = c.cause
         if self._gauges is not None:
-            self._gauges.paused(FAILING, c.paused)
+            self._gauges.paused(PauseReason.FAILING, c.paused)
             self._gauges.failing(c.cause, c.paused)
 
-    def _event(self, kind: str, **data: Any) -> None:
+    def _event(self, event: Event) -> None:
         if self._on_event is None:
             return
         try:
-            self._on_event(kind, target=self.target, **data)
+            self._on_event(event)
         except Exception as exc:  # a journal problem must not stop the sends
-            log.warning("guard_event_dropped", kind=kind, reason=type(exc).__name__)
+            log.warning("guard_event_dropped", kind=event.kind, reason=type(exc).__name__)
 
 
 class Guards:

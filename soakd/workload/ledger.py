@@ -15,30 +15,13 @@ time, the live view and the summary at their tick.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Final
 
-LATE: Final = "late"
-IN_FLIGHT_CAP: Final = "in_flight_cap"
-SPEND_CAP: Final = "spend_cap"
-RATE_LIMITED: Final = "rate_limited"
-NO_WORKER: Final = "no_worker"  # run.workers > 1 and every sender process was down
-FAILING: Final = "failing"  # the target failed every request: paused (failing.py)
-INVALID_REQUEST: Final = "invalid_request"  # the client refused to build it (never written)
-MISSED_REASONS: Final = (
-    LATE,
-    IN_FLIGHT_CAP,
-    SPEND_CAP,
-    RATE_LIMITED,
-    NO_WORKER,
-    FAILING,
-    INVALID_REQUEST,
-)
-"""Why a planned send was not made: a bounded set, safe as a metric label."""
+from soakd.model import MissReason
 
 Key = tuple[str, str, str]
-"""(target, phase, reason)"""
+"""(target, phase, reason): the reason a ``MissReason`` (a journal's are read back as strings)."""
 
-MissFn = Callable[[str, str, str, int], None]
+MissFn = Callable[[str, str, MissReason, int], None]
 
 
 class SendLedger:
@@ -50,7 +33,7 @@ class SendLedger:
         self.session: dict[Key, int] = {}  # this session only
         self._on_miss = on_miss
 
-    def miss(self, target: str, phase: str, reason: str, n: int = 1) -> None:
+    def miss(self, target: str, phase: str, reason: MissReason, n: int = 1) -> None:
         key = (target, phase, reason)
         self.counts[key] = self.counts.get(key, 0) + n
         self.session[key] = self.session.get(key, 0) + n

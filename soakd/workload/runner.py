@@ -19,11 +19,11 @@ from typing import Any, Final
 
 import structlog
 
-from soakd.model import ErrorKind, LoadShape, Outcome, Phase, Plan, RequestSpec
+from soakd.model import ErrorKind, LoadShape, MissReason, Outcome, Phase, Plan, RequestSpec
 from soakd.types import NotSent, OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
 from soakd.workload.failing import failing_cause
-from soakd.workload.ledger import IN_FLIGHT_CAP, LATE, SendLedger
+from soakd.workload.ledger import SendLedger
 from soakd.workload.prompts import PromptSource
 from soakd.workload.timer import sleep_until_ns
 
@@ -310,7 +310,7 @@ class Runner:
             return None
         except asyncio.CancelledError:
             if not outcome.sent_ns:  # cut while a worker held it for its instant
-                self.ledger.miss(name, spec.phase, LATE, 1)
+                self.ledger.miss(name, spec.phase, MissReason.LATE, 1)
                 raise
             # only past the drain deadline: keep what arrived, say it was cut, let go (a
             # worker's request that had ended before the cut is kept as it ended)
@@ -406,9 +406,9 @@ class Runner:
                     ahead.popleft()
                 behind = now - due
                 if behind > late:  # too far behind: drop the backlog up to now, go on fresh
-                    miss(name, pname, LATE, 1 + schedule.skip_to(offset + behind + 1))
+                    miss(name, pname, MissReason.LATE, 1 + schedule.skip_to(offset + behind + 1))
                 elif cap and busy[name] - len(ahead) >= cap:
-                    miss(name, pname, IN_FLIGHT_CAP, 1)
+                    miss(name, pname, MissReason.IN_FLIGHT_CAP, 1)
                 elif gate is not None and gate.delay_s() > 0:
                     miss(name, pname, gate.pause_reason, 1)
                 else:
@@ -424,5 +424,5 @@ class Runner:
             elapsed = now_ns() - start_abs
             due_now = int(0 <= offset <= elapsed) + schedule.skip_to(elapsed + 1)
             if due_now:
-                miss(name, pname, LATE, due_now)
+                miss(name, pname, MissReason.LATE, due_now)
             raise

@@ -55,8 +55,6 @@ WARN_SHARE: Final = 0.10
 TOKENIZE_TIMEOUT_S: Final = 5.0
 START_DEADLINE_S: Final = 30.0
 """The whole measurement at start; past it, the first answers' usage calibrates."""
-CALIBRATION_EVENT: Final = "prompt_calibration"
-"""The journal event of every calibration (``stage``: start or check)."""
 
 
 def off_share(planned: float, served: float) -> float | None:

@@ -16,10 +16,11 @@ import pytest
 
 from soakd.app import RunOptions, Soak
 from soakd.config import TargetConfig, TokenLength, config_from_dict
+from soakd.journal.records import EventKind
 from soakd.report import build_report, write_built
 from soakd.targets.tokenize import open_tokenizer
 from soakd.workload.prompts import SyntheticPrompts
-from soakd.workload.sizing import CALIBRATION_EVENT, stored
+from soakd.workload.sizing import stored
 from tests.fault_proxy import FaultProxy
 from tests.vllm_server import VllmServer
 from tests.waiting import until
@@ -65,7 +66,7 @@ def calibration_events(run_dir: Path) -> list[dict[str, Any]]:
     conn = sqlite3.connect(run_dir / "journal.db")
     try:
         found = conn.execute(
-            "SELECT data FROM events WHERE kind = ? ORDER BY id", (CALIBRATION_EVENT,)
+            "SELECT data FROM events WHERE kind = ? ORDER BY id", (EventKind.PROMPT_CALIBRATION,)
         ).fetchall()
     finally:
         conn.close()

@@ -164,7 +164,7 @@ async def test_spend_cap_in_a_real_run_is_exact_logged_journaled_exported(
 ) -> None:
     from soakd.app import RunOptions, Soak
     from soakd.config import config_from_dict
-    from soakd.journal import JournalReader
+    from soakd.journal import JournalReader, records
 
     cfg = config_from_dict({
         "run": {"name": "cap", "drain_timeout": "5s"},
@@ -183,7 +183,7 @@ async def test_spend_cap_in_a_real_run_is_exact_logged_journaled_exported(
     assert get("soakd_spend_cap_hits_total", {"target": "cloud", "cap": "requests"}) == 1
     assert get("soakd_spend_used", {"target": "cloud", "cap": "requests"}) == 25
     with JournalReader(tmp_path / "run") as reader:
-        paused = [e for e in reader.events() if e["kind"] == "target_paused"]
+        paused = [e for e in reader.events() if isinstance(e.event, records.TargetPaused)]
     assert len(paused) == 1
     log = (tmp_path / "run" / "soakd.log").read_text()
     assert '"event": "target_paused"' in log

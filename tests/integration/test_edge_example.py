@@ -11,7 +11,7 @@ import pytest
 from soakd.app import RunOptions, Soak
 from soakd.cli import main
 from soakd.config import load_config
-from soakd.journal import JournalReader
+from soakd.journal import JournalReader, records
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -48,7 +48,7 @@ async def test_rehearse_the_three_stages(tmp_path: Path) -> None:
     }, result.summary
 
     with JournalReader(tmp_path / "run") as reader:
-        modes = [e for e in reader.events() if e["kind"] == "gateway_modes"]
+        modes = [e for e in reader.events() if isinstance(e.event, records.GatewayModes)]
     assert len(modes) == 6  # two gateways, three phases
     # each gateway applied every switch, ending with the adaptive stage's set
     for target, final in (

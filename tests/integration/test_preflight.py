@@ -25,7 +25,8 @@ import yaml
 from soakd import cli
 from soakd.app import RunOptions, Soak, StoppedBeforeStart
 from soakd.config import TargetConfig, config_from_dict
-from soakd.journal import JournalReader
+from soakd.journal import JournalReader, records
+from soakd.model import PauseReason
 from soakd.report import build_report
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import SimServer, start_sim
@@ -227,8 +228,8 @@ async def test_run_counts_none_of_the_preflight_and_the_server_saw_one_more(
     assert finished == requests + 1
     with JournalReader(run_dir) as journal:
         assert {r["phase"] for r in journal.request_rows(itl=False)} == {"p"}
-        pre = [e["data"] for e in journal.events() if e["kind"] == "preflight"]
-    assert [(p["target"], p["ok"]) for p in pre] == [("t", True)]
+        pre = [e.event for e in journal.events() if isinstance(e.event, records.Preflight)]
+    assert [(p.target, p.ok) for p in pre] == [("t", True)]
 
 
 async def _run_async(
@@ -321,9 +322,13 @@ async def test_a_target_that_comes_up_later_is_paused_then_resumed(tmp_path: Pat
     assert row["offered"] == row["requests"] + row["missed"]
     assert finished == row["ok"]  # nothing sent twice, nothing lost
     with JournalReader(tmp_path / "run") as journal:
-        kinds = [(e["kind"], e["data"].get("reason")) for e in journal.events()]
-    assert ("target_paused", "failing") in kinds
-    assert ("target_resumed", "failing") in kinds
+        kinds = [
+            (type(e.event), e.event.reason)
+            for e in journal.events()
+            if isinstance(e.event, records.TargetPaused | records.TargetResumed)
+        ]
+    assert (records.TargetPaused, PauseReason.FAILING) in kinds
+    assert (records.TargetResumed, PauseReason.FAILING) in kinds
     rep = build_report(tmp_path / "run")
     assert any(n.startswith("t: paused as failing (connect_refused") for n in rep.notes)
 

@@ -16,13 +16,14 @@ import pytest
 
 from soakd.app import RunOptions, Soak
 from soakd.config import TargetConfig, TokenLength, config_from_dict
+from soakd.journal.records import EventKind
 from soakd.report import build_report
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import start_sim
 from soakd.targets.tokenize import open_tokenizer
 from soakd.workload.calibration import TokenizeError
 from soakd.workload.prompts import SyntheticPrompts
-from soakd.workload.sizing import CALIBRATION_EVENT, measure_at_start, stored
+from soakd.workload.sizing import measure_at_start, stored
 from tests.fault_proxy import FaultProxy
 from tests.hostile_server import serve_hostile
 from tests.tiny_tokenizer import train
@@ -41,7 +42,7 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
     conn = sqlite3.connect(run_dir / "journal.db")
     try:
         rows = conn.execute(
-            "SELECT data FROM events WHERE kind = ? ORDER BY id", (CALIBRATION_EVENT,)
+            "SELECT data FROM events WHERE kind = ? ORDER BY id", (EventKind.PROMPT_CALIBRATION,)
         ).fetchall()
     finally:
         conn.close()

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from soakd import __version__
 from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
-from soakd.journal import JournalReader
+from soakd.journal import JournalReader, records
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import start_sim
 from soakd.sim.spawn import free_port
@@ -233,8 +233,8 @@ async def test_cli_run_sigterm_mid_run_drains_and_counts_what_the_server_served(
     with JournalReader(tmp_path / "run") as journal:
         rows = [(r["target"], r["error"], r["output_tokens"]) for r in journal.request_rows()]
         totals = journal.totals()
-        stopped = [e["data"] for e in journal.events() if e["kind"] == "run_stopped"]
-    assert stopped == [{"completed": False}]
+        stopped = [e.event for e in journal.events() if isinstance(e.event, records.RunStopped)]
+    assert stopped == [records.RunStopped(completed=False)]
     for name in sims:
         reported = summary["targets"][name]
         assert name in stdout

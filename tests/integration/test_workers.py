@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 import yaml
 
-from soakd.journal import JournalReader
+from soakd.journal import JournalReader, records
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import SimServer, start_sim
 from soakd.sim.spawn import free_port
@@ -272,7 +272,7 @@ async def test_resume_with_fewer_workers(tmp_path: Path, sims: dict[str, SimServ
     rows = journal_rows(run_dir)
     assert max(Counter((t, seq) for t, seq, _, _ in rows).values()) == 1
     with JournalReader(run_dir) as journal:
-        resumed = [e for e in journal.events() if e["kind"] == "run_resumed"]
+        resumed = [e for e in journal.events() if isinstance(e.event, records.RunResumed)]
     assert len(resumed) == 1, "the second session was not a resume"
     for name, (finished, aborted) in seen.items():
         mine = [r for r in rows if r[0] == name]

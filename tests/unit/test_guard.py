@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from soakd.config import Failing, RateLimit, SpendGuard
 from soakd.metrics import GuardMetrics
-from soakd.model import ErrorKind, Outcome
+from soakd.model import ErrorKind, Outcome, SpendCap
 from soakd.sliding import SlidingCount
 from soakd.workload.guard import TargetGuard
 
@@ -46,14 +46,11 @@ def guard(
         spend,
         rate or RateLimit(),
         clock=clock,
-        on_event=lambda kind, **data: events.append((kind, data)),
+        on_event=lambda e: events.append((e.kind, e.to_data())),
         **kw,
     )
     registry = CollectorRegistry()
-    limits = {
-        c: getattr(spend, f"max_{c}")
-        for c in ("requests_per_hour", "tokens_per_hour", "requests", "tokens")
-    }
+    limits = {cap: spend.limit(cap) for cap in SpendCap}
     g.report_to(GuardMetrics(registry).add_target("cloud", limits, g.used))
     return g, clock, events, registry
 

@@ -25,6 +25,7 @@ from soakd.journal import (
     config_doc,
     pack_itl,
     read_resume_state,
+    records,
     unpack_itl,
 )
 from soakd.journal import store as store_mod
@@ -484,7 +485,7 @@ def test_retention_deletes_old_rows_but_keeps_the_aggregates(
         assert sum(len(v) for v in r.samples(("soakd_gpu_power_watts",)).values()) == 20
         assert sum(x.stats.requests for x in r.rollups()) == 100
         assert sum(t[4] for t in r.totals()) == 100
-        assert any(e["kind"] == "retention" for e in r.events())
+        assert any(isinstance(e.event, records.Retention) for e in r.events())
 
 
 def test_samples_and_events_round_trip(tmp_path: Path) -> None:
@@ -495,7 +496,7 @@ def test_samples_and_events_round_trip(tmp_path: Path) -> None:
     j.sample(
         Sample(2.5, "soakd_target_oom_events_total", 1, (("source", "xid"), ("target", "alpha")))
     )
-    j.event("phase", name="warm", index=0)
+    j.event(records.Phase("warm", 0))
     j.close()
     with JournalReader(tmp_path) as r:
         series = r.series()
@@ -504,8 +505,9 @@ def test_samples_and_events_round_trip(tmp_path: Path) -> None:
         assert names["soakd_gpu_memory_used_bytes"] == [(1.5, 3e9), (2.5, 3.1e9)]
         labels = {series[sid][0]: series[sid][1] for sid in got}
         assert labels["soakd_target_oom_events_total"] == {"source": "xid", "target": "alpha"}
-        kinds = [e["kind"] for e in r.events()]
-        assert kinds == ["run_started", "phase", "run_stopped"]
+        events = [e.event for e in r.events()]
+        assert [type(e) for e in events] == [records.RunStarted, records.Phase, records.RunStopped]
+        assert events[1] == records.Phase("warm", 0)
         assert r.meta["soakd_version"]
         assert r.meta["schema_version"] == journal_mod.SCHEMA_VERSION
 

@@ -22,6 +22,7 @@ from soakd.journal import (
     JournalReader,
     pack_itl_hist,
     read_resume_state,
+    records,
     row_itl_ns,
     unpack_itl,
     unpack_itl_hist,
@@ -193,7 +194,7 @@ def test_near_the_budget_rows_stop_and_the_rollups_keep_the_report_whole(
     j.close()
     with JournalReader(tmp_path) as r:
         kept = sum(1 for _ in r.request_rows(itl=False))
-        stopped = [e for e in r.events() if e["kind"] == "rows_stopped"]
+        stopped = [e.event for e in r.events() if isinstance(e.event, records.RowsStopped)]
         assert sum(x.stats.requests for x in r.rollups()) == n
         assert sum(t[4] for t in r.totals()) == n
         whole = Digest()
@@ -201,7 +202,7 @@ def test_near_the_budget_rows_stop_and_the_rollups_keep_the_report_whole(
             whole.merge(x.stats.e2e)
     assert 0 < kept < n
     assert len(stopped) == 1
-    assert stopped[0]["data"]["max_bytes"] == 1_000_000
+    assert stopped[0].max_bytes == 1_000_000
     assert (tmp_path / "journal.db").stat().st_size < 1_200_000
     assert reg.get_sample_value("soakd_journal_rows_kept") == 0
     assert reg.get_sample_value("soakd_journal_rows_dropped_total") == n - kept

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from soakd.config import JournalConfig
-from soakd.journal import Journal, JournalError, JournalReader
+from soakd.journal import Journal, JournalError, JournalReader, records
 from soakd.metrics import JournalMetrics, Metrics
 from tests.journal_fixtures import FakeClock, config, open_test_journal, run_info
 from tests.unit.test_journal import make_outcomes, resumed_equals_live, scraped, written
@@ -77,7 +77,7 @@ def test_a_killed_writer_is_started_again_and_loses_nothing_sent(tmp_path: Path)
         assert sum(t[4] for t in r.totals()) == 900
         assert sum(x.stats.requests for x in r.rollups()) == 900
         assert [s["session"] for s in r.sessions()] == [1]  # the same session, continued
-        assert [e["kind"] for e in r.events()].count("writer_restarted") == 2
+        assert sum(isinstance(e.event, records.WriterRestarted) for e in r.events()) == 2
     resumed_equals_live(tmp_path, metrics)
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from soakd.journal.records import Logged, read_event
 from soakd.report.failing import failing_notes, never_succeeded
 from soakd.report.model import Row
 
 
-def event(kind: str, at_s: float, **data: Any) -> dict[str, Any]:
-    return {"kind": kind, "session": 1, "offset_ns": int(at_s * 1e9), "data": data}
+def event(kind: str, at_s: float, **data: Any) -> Logged:
+    """A journaled event, as the reader gives it."""
+    return Logged(1, 0.0, int(at_s * 1e9), read_event(kind, data))
 
 
 def test_a_target_that_never_answered_and_was_paused_till_the_end() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from soakd.analysis import SessionRow, SummaryRow
+from soakd.journal import records
 from soakd.model import ErrorKind, Sample
 from soakd.report import build_report, render_json
 from soakd.stats import RunStats
@@ -240,9 +241,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     j = open_test_journal(d, cfg, clock)
     rng = random.Random(11)
     kinds = [None] * 8 + [ErrorKind.HTTP_5XX, ErrorKind.SHED_VRAM_BREAKER]
-    j.event("phase", name="warm", index=0)
-    j.event("gateway_modes", target="alpha", vram_breaker=True, adaptive=False)
-    j.event("downtime", seconds=12.0)
+    j.event(records.Phase("warm", 0))
+    j.event(records.GatewayModes("alpha", vram_breaker=True, adaptive=False))
+    j.event(records.Downtime(seconds=12.0))
     for i in range(600):
         end = 1 + i * HOUR / 600
         for target in ("alpha", "beta"):
