@@ -154,11 +154,12 @@ async def soakd_hot(url: str, n: int, conc: int, tokens: int, max_s: float,
                     ttft: array[int], itl: array[int]) -> dict[str, object]:
     from soakd.config import TargetConfig, Workload
     from soakd.metrics import Metrics
-    from soakd.model import LoadShape, Phase, Plan
+    from soakd.model import Phase, Plan
     from soakd.stats import RunStats
     from soakd.targets.openai import open_target
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner
+    from soakd.workload.shapes import Closed
 
     target = await open_target(TargetConfig(name="t", base_url=url, model="tiny-llama"))
     metrics = Metrics()
@@ -178,7 +179,7 @@ async def soakd_hot(url: str, n: int, conc: int, tokens: int, max_s: float,
             if state["done"] >= n:
                 runner.stop()
 
-    plan = Plan((Phase(0, "p", 0, int(max_s * 1e9), {"t": LoadShape("closed", concurrency=conc)}),))
+    plan = Plan((Phase(0, "p", 0, int(max_s * 1e9), {"t": Closed(conc)}),))
     workload = Workload(max_tokens=tokens, prompts={"input_tokens": {"mean": 20}})
     runner = Runner(plan, {"t": target}, make_prompt_source(workload),
                     [metrics, stats, Timings()], max_tokens=tokens, temperature=0.0)

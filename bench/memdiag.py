@@ -56,11 +56,12 @@ def status() -> dict[str, float]:
 async def run(url: str, n: int, every: int, conc: int) -> list[dict[str, float]]:
     from soakd.config import TargetConfig, Workload
     from soakd.metrics import Metrics
-    from soakd.model import LoadShape, Phase, Plan
+    from soakd.model import Phase, Plan
     from soakd.stats import RunStats
     from soakd.targets.openai import open_target
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner
+    from soakd.workload.shapes import Closed
 
     target = await open_target(TargetConfig(name="t", base_url=url, model="tiny-llama"))
     metrics = Metrics()
@@ -84,7 +85,7 @@ async def run(url: str, n: int, every: int, conc: int) -> list[dict[str, float]]
             if d >= n:
                 runner.stop()
 
-    plan = Plan((Phase(0, "p", 0, 3600 * 10**9, {"t": LoadShape("closed", concurrency=conc)}),))
+    plan = Plan((Phase(0, "p", 0, 3600 * 10**9, {"t": Closed(conc)}),))
     workload = Workload(max_tokens=16, prompts={"input_tokens": {"mean": 20}})
     runner = Runner(plan, {"t": target}, make_prompt_source(workload), [metrics, stats, Probe()],
                     max_tokens=16, temperature=0.0)

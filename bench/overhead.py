@@ -94,11 +94,12 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
     """soakd's whole hot path: Runner + OpenAITarget + Metrics + RunStats."""
     from soakd.config import TargetConfig, Workload
     from soakd.metrics import Metrics
-    from soakd.model import LoadShape, Phase, Plan
+    from soakd.model import Phase, Plan
     from soakd.stats import RunStats
     from soakd.targets.openai import open_target
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner
+    from soakd.workload.shapes import Closed
 
     target = await open_target(TargetConfig(name="t", base_url=url, model="soakd-sim"))
     metrics = Metrics()
@@ -122,7 +123,7 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
             if d >= n + WARMUP:
                 runner.stop()
 
-    plan = Plan((Phase(0, "p", 0, 10**15, {"t": LoadShape("closed", concurrency=conc)}),))
+    plan = Plan((Phase(0, "p", 0, 10**15, {"t": Closed(conc)}),))
     workload = Workload(max_tokens=tokens, prompts={"input_tokens": {"mean": 20}})
     runner = Runner(plan, {"t": target}, make_prompt_source(workload), [metrics, stats, Counter()],
                     max_tokens=tokens, temperature=0.7)

@@ -700,14 +700,9 @@ class Soak:
         phase = runner.phase
         if phase is None:
             return
-        frac = min(1.0, max(0.0, (offset - phase.start_ns) / max(1, phase.duration_ns)))
         for name in self.names:
             shape = phase.loads.get(name)
-            rate = 0.0
-            if shape is not None and shape.mode in ("constant", "poisson"):
-                rate = shape.rate
-            elif shape is not None and shape.mode == "ramp":
-                rate = shape.rate + (shape.rate_end - shape.rate) * frac
+            rate = shape.rate_at(offset - phase.start_ns, phase.duration_ns) if shape else 0.0
             self.metrics.offered_rate.labels(name).set(rate)
 
     async def _tick(self) -> None:

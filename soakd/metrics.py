@@ -313,9 +313,7 @@ class Metrics:
             self.phase_info.labels(phase.name).set(1)
         for name in targets:
             shape = phase.loads.get(name) if phase is not None else None
-            self.offered_concurrency.labels(name).set(
-                shape.concurrency if shape is not None and shape.mode == "closed" else 0
-            )
+            self.offered_concurrency.labels(name).set(shape.concurrency if shape is not None else 0)
             if phase is None:
                 self.offered_rate.labels(name).set(0)
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import enum
 from array import array
 from dataclasses import dataclass, field
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from soakd.workload.shapes import LoadShape  # its own module: one class per mode
 
 NS_PER_S: Final = 1_000_000_000
 """Nanoseconds in a second, an int: seconds -> ns (``round(s * NS_PER_S)``), ns -> s (``/``)."""
@@ -231,27 +234,6 @@ class Outcome:
         if ttft is None or self.output_tokens < 2:
             return None
         return (self.e2e_ns - ttft) // (self.output_tokens - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class LoadShape:
-    """The load one target receives during one phase (resolved from config)."""
-
-    mode: str  # "closed" | "constant" | "poisson" | "ramp" | "idle"
-    concurrency: int = 0  # closed loop
-    rate: float = 0.0  # req/s: constant, poisson, and the start of a ramp
-    rate_end: float = 0.0  # req/s at the end of a ramp
-    max_in_flight: int = 0  # open loop: cap on concurrent requests (0 = no cap)
-    max_lateness_ns: int = 1_000_000_000  # open loop: a send later than this is not made
-
-    def describe(self) -> str:
-        if self.mode == "closed":
-            return f"closed loop, {self.concurrency} concurrent"
-        if self.mode == "ramp":
-            return f"ramp {self.rate:g} -> {self.rate_end:g} req/s"
-        if self.mode == "idle":
-            return "idle"
-        return f"{self.mode} {self.rate:g} req/s"
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,13 +36,7 @@ def raise_fd_limit(plan: Plan) -> None:
     """Every request in flight holds a socket: make sure the open-file limit allows the
     busiest phase (raising the soft limit up to the hard one), or say so before the run."""
     need = FD_RESERVE + max(
-        (
-            sum(
-                s.concurrency if s.mode == "closed" else s.max_in_flight
-                for s in phase.loads.values()
-            )
-            for phase in plan.phases
-        ),
+        (sum(s.fd_need for s in phase.loads.values()) for phase in plan.phases),
         default=0,
     )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

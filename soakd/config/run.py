@@ -198,7 +198,7 @@ class Config(Strict):
                 )
             for t in self.targets:
                 load = phase.targets.get(t.name, phase.load)
-                if load.mode == "closed" and load.concurrency > t.max_connections:
+                if load.shape().concurrency > t.max_connections:
                     raise ValueError(
                         f"phase {phase.name!r}: concurrency {load.concurrency} for "
                         f"{t.name!r} is above its max_connections ({t.max_connections}): the "

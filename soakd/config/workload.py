@@ -15,6 +15,8 @@ from soakd.config.base import (
     Strict,
 )
 from soakd.config.gateway import GatewayModes
+from soakd.model import NS_PER_S
+from soakd.workload.shapes import LoadShape, check_load, shape_of
 
 MAX_TOKENS = 1 << 20
 """The longest prompt and the longest answer a config may ask for (1,048,576 tokens): the
@@ -68,17 +70,21 @@ class Load(Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> Load:
-        if (
-            self.mode in ("constant", "poisson", "ramp")
-            and self.rate <= 0
-            and not (self.mode == "ramp" and (self.rate_end or 0) > 0)
-        ):
-            raise ValueError(f"mode {self.mode!r} needs rate > 0")
-        if self.mode == "ramp" and self.rate_end is None:
-            raise ValueError("mode 'ramp' needs rate_end")
-        if self.mode == "closed" and self.concurrency < 1:
-            raise ValueError("mode 'closed' needs concurrency >= 1")
+        check_load(self.mode, concurrency=self.concurrency, rate=self.rate, rate_end=self.rate_end)
         return self
+
+    def shape(self, max_connections: int = 0) -> LoadShape:
+        """This load as the plan holds it (its mode's class, the fields it uses). An open
+        loop's in-flight cap defaults to the target's connection pool: a send past it would
+        only queue inside soakd for a connection, its wait hidden in its TTFT."""
+        return shape_of(
+            self.mode,
+            concurrency=self.concurrency,
+            rate=self.rate,
+            rate_end=self.rate_end or 0.0,
+            max_in_flight=self.max_in_flight or max_connections,
+            max_lateness_ns=round(self.max_lateness * NS_PER_S),
+        )
 
 
 class PhaseConfig(Strict):

@@ -44,16 +44,7 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
                 "name": p.name,
                 "start_ns": p.start_ns,
                 "end_ns": p.end_ns,
-                "loads": {
-                    t: {
-                        "mode": s.mode,
-                        "concurrency": s.concurrency,
-                        "rate": s.rate,
-                        "rate_end": s.rate_end,
-                        "max_in_flight": s.max_in_flight,
-                    }
-                    for t, s in sorted(p.loads.items())
-                },
+                "loads": {t: s.doc() for t, s in sorted(p.loads.items())},
             }
             for p in plan.phases
         ],

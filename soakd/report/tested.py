@@ -19,9 +19,10 @@ from typing import Any
 from soakd.config import format_duration
 from soakd.config.redact import scrub_url
 from soakd.journal.records import Logged, RunResumed, RunStarted
-from soakd.model import NS_PER_S, LoadShape
+from soakd.model import NS_PER_S
 from soakd.report.model import Doc, PhaseTested, Report, TargetTested, Tested
 from soakd.report.table import Table, cells, fmt_duration
+from soakd.workload.shapes import shape_of
 
 Served = Mapping[str, tuple[float | None, float | None]]
 """target -> (mean prompt tokens, mean output tokens) of its successful requests."""
@@ -71,7 +72,7 @@ def _endpoint(t: Doc) -> str:
 
 def _shape(load: Doc) -> str:
     fields = ("mode", "concurrency", "rate", "rate_end", "max_in_flight")
-    return LoadShape(**{k: load[k] for k in fields if k in load}).describe()
+    return shape_of(**{k: load[k] for k in fields if k in load}).describe()
 
 
 def _phases(plan: Doc, scale: float) -> list[PhaseTested]:

@@ -52,8 +52,8 @@ def plan_peak(plan: Plan) -> tuple[float, int]:
     rate, streams = 0.0, 0
     for phase in plan.phases:
         loads = phase.loads.values()
-        rate = max(rate, sum(max(s.rate, s.rate_end) for s in loads if s.mode != "closed"))
-        streams = max(streams, sum(s.concurrency for s in loads if s.mode == "closed"))
+        rate = max(rate, sum(s.peak_rate for s in loads))
+        streams = max(streams, sum(s.concurrency for s in loads))
     return rate, streams  # a rehearsal keeps the configured rates
 
 

@@ -9,12 +9,11 @@ offset`` and a late wake-up never shifts the instants that follow it.
 - ``ramp``: a Poisson process whose rate changes linearly from ``rate`` to
   ``rate_end`` over the phase. Built by time-rescaling: unit-rate Poisson points
   in "expected requests so far" space, mapped back through the exact inverse of
-  the cumulative rate, so the instantaneous rate is right at every instant (not
-  a staircase of constant steps). Random like ``poisson`` on purpose: a ramp
-  looks for the rate where the server gives out, and real traffic bursts.
+  the cumulative rate (``shapes.Curve``), so the instantaneous rate is right at
+  every instant (not a staircase of constant steps).
 
 ``closed`` (a fixed number of workers) and ``idle`` have no schedule: the runner
-handles them, and asking for their arrivals is a bug (ValueError).
+handles them, and asking for their arrivals is a bug (TypeError).
 """
 
 from __future__ import annotations
@@ -22,13 +21,14 @@ from __future__ import annotations
 import math
 import random
 
-from soakd.model import NS_PER_S, LoadShape
+from soakd.model import NS_PER_S
+from soakd.workload.shapes import LoadShape, OpenLoad
 
 
 def arrivals(shape: LoadShape, duration_ns: int, rng: random.Random) -> Arrivals:
     """Send offsets in ns from the phase start, increasing, all below ``duration_ns``."""
-    if shape.mode not in ("constant", "poisson", "ramp"):
-        raise ValueError(f"load mode {shape.mode!r} has no arrival schedule")
+    if not isinstance(shape, OpenLoad):
+        raise TypeError(f"load mode {shape.mode!r} has no arrival schedule")
     return Arrivals(shape, duration_ns, rng)
 
 
@@ -36,45 +36,25 @@ class Arrivals:
     """The instants of one phase, lazily; ``skip_to`` drops those before an offset.
 
     Every shape is a sequence of points in "expected requests so far" space, s = L(t),
-    mapped back through the inverse of the cumulative rate L: constant is s = 0, 1, 2...;
-    poisson and ramp add an Exp(1) gap each time. Skipping is what lets a driver that
-    fell far behind (a rate soakd cannot send) jump to the present in one step instead
-    of walking through the instants it can no longer make: for constant the count is
-    exact, for the random shapes it is drawn (the count of a Poisson process in an
-    interval is Poisson(L(b) - L(a)), and the process is memoryless after it)."""
+    mapped back through the inverse of the cumulative rate L (the shape's ``Curve``):
+    constant is s = 0, 1, 2...; poisson and ramp add an Exp(1) gap each time. Skipping is
+    what lets a driver that fell far behind (a rate soakd cannot send) jump to the present
+    in one step instead of walking through the instants it can no longer make: for
+    constant the count is exact, for the random shapes it is drawn (the count of a Poisson
+    process in an interval is Poisson(L(b) - L(a)), and the process is memoryless after
+    it)."""
 
-    __slots__ = (
-        "_a",
-        "_done",
-        "_duration",
-        "_expected",
-        "_gap",
-        "_k",
-        "_k_end",
-        "_mode",
-        "_rate",
-        "_rng",
-        "_s",
-    )
+    __slots__ = ("_curve", "_done", "_duration", "_expected", "_gap", "_k", "_k_end", "_rng", "_s")
 
-    def __init__(self, shape: LoadShape, duration_ns: int, rng: random.Random) -> None:
-        self._mode = shape.mode
+    def __init__(self, shape: OpenLoad, duration_ns: int, rng: random.Random) -> None:
         self._duration = duration_ns
         self._rng = rng
         self._s = 0.0  # the last point (random shapes)
         self._k = 0  # the next index (constant)
-        seconds = max(0, duration_ns) / NS_PER_S
-        if shape.mode == "ramp":
-            r0, r1 = max(0.0, shape.rate), max(0.0, shape.rate_end)
-            self._rate = r0
-            self._a = (r1 - r0) / (2 * seconds) if seconds > 0 else 0.0  # L(t) = r0 t + a t^2
-            self._expected = (r0 + r1) / 2 * seconds
-        else:
-            self._rate = max(0.0, shape.rate)
-            self._a = 0.0
-            self._expected = self._rate * seconds
+        self._curve = curve = shape.curve(max(0, duration_ns) / NS_PER_S)
+        self._expected = curve.total
         self._done = duration_ns <= 0 or self._expected <= 0
-        self._gap = NS_PER_S / self._rate if shape.mode == "constant" and self._rate > 0 else 0.0
+        self._gap = NS_PER_S / curve.r0 if shape.spaced and curve.r0 > 0 else 0.0
         self._k_end = self._first_k(duration_ns) if self._gap else 0
 
     def __iter__(self) -> Arrivals:
@@ -95,7 +75,7 @@ class Arrivals:
         if self._s >= self._expected:
             self._done = True
             raise StopIteration
-        offset = int(self._offset_s(self._s) * NS_PER_S)
+        offset = int(self._curve.inverse(self._s) * NS_PER_S)
         if offset >= self._duration:  # float rounding at the very end
             self._done = True
             raise StopIteration
@@ -110,7 +90,7 @@ class Arrivals:
             k = min(self._k_end, max(self._k, self._first_k(offset_ns)))
             skipped, self._k = k - self._k, k
             return skipped
-        target = min(self._expected, self._cumulative(min(offset_ns, self._duration) / NS_PER_S))
+        target = min(self._expected, self._curve.at(min(offset_ns, self._duration) / NS_PER_S))
         if target <= self._s:
             return 0
         skipped = poisson_count(target - self._s, self._rng)
@@ -126,16 +106,6 @@ class Arrivals:
             k += 1
         return k
 
-    def _cumulative(self, t: float) -> float:
-        return self._rate * t + self._a * t * t
-
-    def _offset_s(self, s: float) -> float:
-        """L^-1(s) = 2s / (r0 + sqrt(r0^2 + 4as)): exact when a is 0 or negative."""
-        if self._a == 0.0:
-            return s / self._rate
-        r0 = self._rate
-        return 2 * s / (r0 + math.sqrt(max(0.0, r0 * r0 + 4 * self._a * s)))
-
 
 def poisson_count(mean: float, rng: random.Random) -> int:
     """A Poisson(mean) draw: Knuth's product of uniforms for small means, the normal
@@ -149,13 +119,3 @@ def poisson_count(mean: float, rng: random.Random) -> int:
             p *= rng.random()
         return k
     return max(0, round(rng.gauss(mean, math.sqrt(mean))))
-
-
-def expected_count(shape: LoadShape, duration_ns: int) -> float:
-    """How many arrivals a phase should hold on average (for plan summaries and tests)."""
-    seconds = max(0, duration_ns) / NS_PER_S
-    if shape.mode in ("constant", "poisson"):
-        return shape.rate * seconds
-    if shape.mode == "ramp":
-        return (shape.rate + shape.rate_end) / 2 * seconds
-    return 0.0

@@ -16,31 +16,13 @@ from datetime import UTC, datetime, timedelta
 
 from apscheduler.triggers.cron import CronTrigger
 
-from soakd.config import Config, ConfigError, Load, PhaseConfig, format_duration
-from soakd.model import NS_PER_S, LoadShape, Phase, Plan
-from soakd.workload.arrivals import expected_count
+from soakd.config import Config, ConfigError, PhaseConfig, format_duration
+from soakd.model import NS_PER_S, Phase, Plan
+from soakd.workload.shapes import LoadShape
 
 MAX_PHASES = 100_000  # a looped plan of tiny phases would otherwise fill memory
 _DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
 _DOW_NUMERIC = re.compile(r"(\*|\d+(?:-\d+)?)(?:/(\d+))?")
-
-
-def load_shape(load: Load, max_connections: int = 0) -> LoadShape:
-    """Config's Load -> the model's LoadShape, keeping only the fields its mode uses. An
-    open loop's in-flight cap defaults to the target's connection pool: a send past it
-    would only queue inside soakd for a connection, its wait hidden in its TTFT."""
-    if load.mode == "closed":
-        return LoadShape("closed", concurrency=load.concurrency)
-    if load.mode == "idle":
-        return LoadShape("idle")
-    rate_end = load.rate_end if load.mode == "ramp" and load.rate_end is not None else 0.0
-    return LoadShape(
-        load.mode,
-        rate=load.rate,
-        rate_end=rate_end,
-        max_in_flight=load.max_in_flight or max_connections,
-        max_lateness_ns=round(load.max_lateness * NS_PER_S),
-    )
 
 
 def plan_start(cfg: Config, now: datetime) -> datetime:
@@ -139,19 +121,16 @@ def describe_plan(plan: Plan, cfg: Config, max_rows: int = 60) -> str:
     for phase in phases:
         for name in targets:
             shape = phase.loads[name]
-            expected = 0.0
-            if shape.mode == "closed":
+            totals[name] += shape.expected(phase.duration_ns)
+            if shape.concurrency:
                 closed[name] += phase.duration_ns
-            elif shape.mode != "idle":
-                expected = expected_count(shape, phase.duration_ns)
-                totals[name] += expected
         if phase.index not in shown:
             if phase.index - 1 in shown:
                 rows.append(f"... {len(phases) - len(shown)} more phases ...")
             continue
         for k, name in enumerate(targets):
             shape = phase.loads[name]
-            requests = "-" if shape.mode in ("closed", "idle") else f"~{_count(shape, phase)}"
+            requests = f"~{_count(shape, phase)}" if shape.is_open else "-"
             lead = ["", "", "", ""] + (["", ""] if rehearsing else [])
             if k == 0:
                 lead = [
@@ -207,7 +186,7 @@ def _cap_ns(cfg: Config, duration_cap_s: float | None) -> int | None:
 
 
 def _shapes(cfg: Config, pc: PhaseConfig) -> dict[str, LoadShape]:
-    return {t.name: load_shape(cfg.load_for(pc, t.name), t.max_connections) for t in cfg.targets}
+    return {t.name: cfg.load_for(pc, t.name).shape(t.max_connections) for t in cfg.targets}
 
 
 def _is_cron(text: str) -> bool:
@@ -292,7 +271,7 @@ def _dur(ns: float) -> str:
 
 
 def _count(shape: LoadShape, phase: Phase) -> str:
-    return f"{round(expected_count(shape, phase.duration_ns)):,}"
+    return f"{round(shape.expected(phase.duration_ns)):,}"
 
 
 def _table(header: list[str], rows: list[list[str] | str]) -> str:

@@ -19,12 +19,13 @@ from typing import Any, Final
 
 import structlog
 
-from soakd.model import ErrorKind, LoadShape, MissReason, Outcome, Phase, Plan, RequestSpec
+from soakd.model import ErrorKind, MissReason, Outcome, Phase, Plan, RequestSpec
 from soakd.types import NotSent, OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
 from soakd.workload.failing import failing_cause
 from soakd.workload.ledger import SendLedger
 from soakd.workload.prompts import PromptSource
+from soakd.workload.shapes import LoadShape, OpenLoad
 from soakd.workload.timer import sleep_until_ns
 
 log = structlog.get_logger()
@@ -219,10 +220,10 @@ class Runner:
     def _start_load(self, name: str, shape: LoadShape, phase: Phase) -> None:
         pool = self._pools[name]
         pool.phase = phase
-        pool.want = shape.concurrency if shape.mode == "closed" else 0
+        pool.want = shape.concurrency
         if pool.workers < pool.want:
             self._spawn(self._drivers, self._grow(name, pool))
-        if shape.mode in ("constant", "poisson", "ramp"):
+        if isinstance(shape, OpenLoad):
             self._spawn(self._drivers, self._open_loop(name, shape, phase))
 
     def _spawn(
@@ -360,7 +361,7 @@ class Runner:
         finally:
             pool.workers -= 1
 
-    async def _open_loop(self, name: str, shape: LoadShape, phase: Phase) -> None:
+    async def _open_loop(self, name: str, shape: OpenLoad, phase: Phase) -> None:
         """Send at the planned instants, or count why not.
 
         A send goes out late when soakd is behind, and its dispatch lag says by how much

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from soakd.config import Config, ConfigError, config_from_dict
-from soakd.model import LoadShape
-from soakd.workload.plan import build_plan, describe_plan, load_shape, plan_start
+from soakd.workload.plan import build_plan, describe_plan, plan_start
+from soakd.workload.shapes import Closed, Poisson, Ramp
 
 NS = 1_000_000_000
 H = 3600 * NS
@@ -72,11 +72,11 @@ def test_loads_per_target() -> None:
     first, second = build_plan(cfg, NOW).phases
     assert first.loads == {
         # an open loop without max_in_flight is capped by the target's connection pool
-        "local": LoadShape("poisson", rate=5, max_in_flight=1024),
-        "cloud": LoadShape("ramp", rate=1, rate_end=9, max_in_flight=7),
+        "local": Poisson(rate=5, max_in_flight=1024),
+        "cloud": Ramp(rate=1, rate_end=9, max_in_flight=7),
     }
-    assert second.loads["local"] == LoadShape("closed", concurrency=4)
-    assert load_shape(cfg.load_for(cfg.phases[1], "cloud")) == LoadShape("closed", concurrency=4)
+    assert second.loads["local"] == Closed(4)
+    assert cfg.load_for(cfg.phases[1], "cloud").shape() == Closed(4)
 
 
 def test_until_an_iso_datetime() -> None:

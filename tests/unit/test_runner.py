@@ -8,9 +8,10 @@ import time
 import pytest
 import structlog
 
-from soakd.model import ErrorKind, LoadShape, Outcome, Phase, Plan, RequestSpec
+from soakd.model import ErrorKind, Outcome, Phase, Plan, RequestSpec
 from soakd.workload.prompts import PromptSource
 from soakd.workload.runner import Runner
+from soakd.workload.shapes import Closed, Constant, Idle, LoadShape
 from tests.waiting import until
 
 MS = 1_000_000
@@ -76,11 +77,11 @@ def runner_for(plan: Plan, *targets: FakeTarget) -> tuple[Runner, Sink]:
 async def test_closed_loop_phases_and_concurrency() -> None:
     a, b = FakeTarget("a"), FakeTarget("b")
     plan = plan_of(
-        ("warm", 200, {"a": LoadShape("closed", concurrency=2), "b": LoadShape("idle")}),
+        ("warm", 200, {"a": Closed(2), "b": Idle()}),
         (
             "hot",
             200,
-            {"a": LoadShape("closed", concurrency=6), "b": LoadShape("closed", concurrency=3)},
+            {"a": Closed(6), "b": Closed(3)},
         ),
     )
     runner, sink = runner_for(plan, a, b)
@@ -99,7 +100,7 @@ async def test_closed_loop_phases_and_concurrency() -> None:
 
 async def test_open_loop_rate_and_lag() -> None:
     target = FakeTarget("a", delay_s=0.001)
-    plan = plan_of(("steady", 1000, {"a": LoadShape("constant", rate=200)}))
+    plan = plan_of(("steady", 1000, {"a": Constant(rate=200)}))
     runner, sink = runner_for(plan, target)
     await runner.run()
     await runner.drain(5)
@@ -113,7 +114,7 @@ async def stop_with_in_flight(
 ) -> tuple[Runner, Sink, int]:
     """A closed loop of ``streams`` on ``target``, stopped once all are in flight, then
     drained within ``drain_s``: the runner, its sink and how many the drain cut."""
-    plan = plan_of(("long", 60_000, {"a": LoadShape("closed", concurrency=streams)}))
+    plan = plan_of(("long", 60_000, {"a": Closed(streams)}))
     runner, sink = runner_for(plan, target)
     task = asyncio.create_task(runner.run())
     await until(lambda: target.active == streams)
@@ -163,8 +164,8 @@ async def test_a_request_that_ended_before_the_drain_cut_keeps_its_outcome() -> 
 async def test_resume_mid_plan_skips_finished_phases() -> None:
     target = FakeTarget("a")
     plan = plan_of(
-        ("one", 200, {"a": LoadShape("closed", concurrency=1)}),
-        ("two", 200, {"a": LoadShape("closed", concurrency=1)}),
+        ("one", 200, {"a": Closed(1)}),
+        ("two", 200, {"a": Closed(1)}),
     )
     runner, sink = runner_for(plan, target)
     await runner.run(start_offset_ns=250 * MS)
@@ -201,7 +202,7 @@ async def test_closed_loop_backs_off_from_a_dead_or_misconfigured_target(
     error: ErrorKind, status: int
 ) -> None:
     target = DeadTarget("a", error, status)
-    plan = plan_of(("p", 500, {"a": LoadShape("closed", concurrency=2)}))
+    plan = plan_of(("p", 500, {"a": Closed(2)}))
     runner, sink = runner_for(plan, target)
     await runner.run()
     await runner.drain(5)
@@ -213,7 +214,7 @@ async def test_closed_loop_backs_off_from_a_dead_or_misconfigured_target(
 async def test_closed_loop_does_not_back_off_from_answers_about_one_request() -> None:
     """A 400 (this prompt too long) or a 5xx is the server's answer: the loop goes on."""
     target = DeadTarget("a", ErrorKind.HTTP_4XX, 400)
-    plan = plan_of(("p", 200, {"a": LoadShape("closed", concurrency=2)}))
+    plan = plan_of(("p", 200, {"a": Closed(2)}))
     runner, sink = runner_for(plan, target)
     await runner.run()
     await runner.drain(5)
@@ -249,7 +250,7 @@ class CountingTarget(FakeTarget):
 
 async def test_a_worker_whose_sink_raises_is_logged_and_replaced() -> None:
     target = CountingTarget("a")
-    plan = plan_of(("p", 400, {"a": LoadShape("closed", concurrency=4)}))
+    plan = plan_of(("p", 400, {"a": Closed(4)}))
     sink = FailingSink(fail_at=8)
     runner = Runner(plan, {"a": target}, Prompts(), [sink], max_tokens=8, temperature=0.7)
     with structlog.testing.capture_logs() as logs:

@@ -4,10 +4,11 @@ loop) or skips and counts (open loop). Fake targets, real clock, no network."""
 from __future__ import annotations
 
 from soakd.config import RateLimit, SpendGuard
-from soakd.model import ErrorKind, LoadShape, Outcome, RequestSpec
+from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.types import NotSent
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.runner import Runner
+from soakd.workload.shapes import Closed, Constant, LoadShape
 from tests.unit.test_runner import FakeTarget, Prompts, Sink, plan_of
 
 
@@ -41,7 +42,7 @@ def run_with(
 async def test_request_cap_stops_a_closed_loop_exactly() -> None:
     target = FakeTarget("cloud", delay_s=0.005)
     guard = TargetGuard("cloud", SpendGuard(max_requests=7), RateLimit())
-    runner, sink = run_with(guard, target, LoadShape("closed", concurrency=4), 400)
+    runner, sink = run_with(guard, target, Closed(4), 400)
     await runner.run()
     await runner.drain(1.0)
     assert len(sink.outcomes) == 7  # four workers, never one more than the cap
@@ -51,7 +52,7 @@ async def test_request_cap_stops_a_closed_loop_exactly() -> None:
 async def test_request_cap_in_open_loop_skips_and_counts() -> None:
     target = FakeTarget("cloud", delay_s=0.001)
     guard = TargetGuard("cloud", SpendGuard(max_requests=5), RateLimit())
-    runner, sink = run_with(guard, target, LoadShape("constant", rate=100), 300)
+    runner, sink = run_with(guard, target, Constant(rate=100), 300)
     await runner.run()
     await runner.drain(1.0)
     assert len(sink.outcomes) == 5
@@ -62,7 +63,7 @@ async def test_request_cap_in_open_loop_skips_and_counts() -> None:
 async def test_retry_after_pauses_closed_loop_workers() -> None:
     target = RateLimitedTarget("cloud", delay_s=0.001)
     guard = TargetGuard("cloud", SpendGuard(), RateLimit())
-    runner, sink = run_with(guard, target, LoadShape("closed", concurrency=1), 500)
+    runner, sink = run_with(guard, target, Closed(1), 500)
     await runner.run()
     await runner.drain(1.0)
     first, second = sink.outcomes[0], sink.outcomes[1]
@@ -85,7 +86,7 @@ async def test_a_request_that_never_left_is_a_send_not_made_not_an_outcome() -> 
     target = SometimesUnsent("edge", delay_s=0.001)
     sink = Sink()
     runner = Runner(
-        plan_of(("p", 300, {"edge": LoadShape("constant", rate=100)})),
+        plan_of(("p", 300, {"edge": Constant(rate=100)})),
         {"edge": target},
         Prompts(),
         [sink],

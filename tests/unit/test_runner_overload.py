@@ -8,9 +8,10 @@ import asyncio
 import gc
 import random
 
-from soakd.model import LoadShape, Outcome, RequestSpec
+from soakd.model import Outcome, RequestSpec
 from soakd.workload.arrivals import arrivals
 from soakd.workload.runner import Runner
+from soakd.workload.shapes import Closed, Constant, LoadShape
 from soakd.workload.timer import sleep_until_ns
 from tests.unit.test_runner import MS, FakeTarget, Prompts, Sink, plan_of
 
@@ -38,7 +39,7 @@ async def run_plan(runner: Runner, ms: int) -> int:
 
 async def test_a_rate_far_past_capacity_is_counted_not_hung() -> None:
     target = FakeTarget("a", delay_s=0.001)
-    shape = LoadShape("constant", rate=2_000_000, max_in_flight=64, max_lateness_ns=20 * MS)
+    shape = Constant(rate=2_000_000, max_in_flight=64, max_lateness_ns=20 * MS)
     plan = plan_of(("flood", 300, {"a": shape}))
     sink = Sink()
     runner = Runner(plan, {"a": target}, Prompts(), [sink], max_tokens=8, temperature=0.7)
@@ -53,7 +54,7 @@ async def test_a_rate_far_past_capacity_is_counted_not_hung() -> None:
 
 async def test_a_full_in_flight_cap_misses_sends_instead_of_queueing_them() -> None:
     target = FakeTarget("a", delay_s=0.2)  # slow: the cap stays full
-    shape = LoadShape("constant", rate=200, max_in_flight=3)
+    shape = Constant(rate=200, max_in_flight=3)
     plan = plan_of(("capped", 300, {"a": shape}))
     sink = Sink()
     runner = Runner(plan, {"a": target}, Prompts(), [sink], max_tokens=8, temperature=0.7)
@@ -85,7 +86,7 @@ class GateTarget(FakeTarget):
 
 async def test_a_huge_closed_loop_grows_without_holding_the_loop() -> None:
     target = GateTarget("a")
-    plan = plan_of(("wide", 600_000, {"a": LoadShape("closed", concurrency=5000)}))
+    plan = plan_of(("wide", 600_000, {"a": Closed(5000)}))
     sink = Sink()
     runner = Runner(plan, {"a": target}, Prompts(), [sink], max_tokens=8, temperature=0.7)
     run = asyncio.create_task(runner.run())
@@ -117,7 +118,7 @@ async def test_requests_handed_over_ahead_are_not_in_flight_for_the_cap() -> Non
     missed. Counted with the waiting ones, the cap would miss nearly every send; only a
     loop stalled for over 30 ms (four instants due at once) could fill it honestly."""
     target = AheadTarget("a", delay_s=0.001)
-    shape = LoadShape("constant", rate=100, max_in_flight=4)
+    shape = Constant(rate=100, max_in_flight=4)
     gc.disable()  # a full collection late in a long pytest process can stall the loop 30 ms
     try:
         await _run_ahead(target, shape)
