@@ -467,14 +467,8 @@ class Soak:
             # the journal folds each outcome once and hands the folds on to Metrics and
             # RunStats once committed: Prometheus never counts a request the journal
             # could lose (docs/journal.md)
-            [
-                self.journal,
-                self.goodput,
-                self.probes.outcome_sink,
-                self.guards,
-                self.notes,
-                lengths,
-            ],
+            [self.journal, self.goodput, self.probes.outcome_sink, self.notes, lengths],
+            guards=self.guards,  # each outcome's 429 or spend reaches the gates first
             max_tokens=self.cfg.workload.max_tokens,
             temperature=self.cfg.workload.temperature,
             seed=self.cfg.workload.seed,

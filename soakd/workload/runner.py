@@ -1,5 +1,9 @@
 """Runner: drives the plan. Phases in order, one load driver per target, every outcome to the sinks.
 
+Every outcome reaches every sink, the guards first (a 429's pause, a spend cap, are in
+force before anything else reads the outcome), and a sink that raises costs only itself:
+it is logged and counted, and the sinks after it still get the outcome.
+
 One clock: ``time.perf_counter_ns`` (CLOCK_MONOTONIC, the clock asyncio sleeps on).
 Phase boundaries and send times are absolute instants on it, so a wall-clock step
 (NTP) moves nothing. A request belongs to the phase it was sent in; a phase ending
@@ -12,9 +16,11 @@ import asyncio
 import contextlib
 import random
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any, Final
 
 import structlog
@@ -67,6 +73,7 @@ class Runner:
         prompts: PromptSource,
         sinks: Iterable[OutcomeSink],
         *,
+        guards: OutcomeSink | None = None,
         max_tokens: int,
         temperature: float,
         seed: int = 0,
@@ -79,7 +86,9 @@ class Runner:
         self.plan = plan
         self.targets = targets
         self.prompts = prompts
-        self._record = [s.record for s in sinks]
+        # (name, record): the guards first, then the sinks in the order given
+        self._sinks = _named([guards, *sinks] if guards is not None else list(sinks))
+        self.sink_failures: dict[str, int] = {}  # outcomes a sink raised on, by sink
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.seed = seed
@@ -249,8 +258,8 @@ class Runner:
         task.add_done_callback(partial(self._worker_done, name, pool))
 
     def _worker_done(self, name: str, pool: _Pool, task: asyncio.Task[Any]) -> None:
-        """The supervisor: a closed-loop worker that died of an exception (a sink that
-        raised, a target that broke its contract) is logged and replaced at once, so the
+        """The supervisor: a closed-loop worker that died of an exception (a target that
+        broke its contract, a bug of the runner's own) is logged and replaced at once, so the
         pool keeps its concurrency. A done callback, so the hot path pays nothing."""
         if task.cancelled() or task.exception() is None:
             return
@@ -318,12 +327,34 @@ class Runner:
             if not outcome.end_ns or outcome.error is ErrorKind.CANCELLED:
                 outcome.error = ErrorKind.CANCELLED
                 outcome.end_ns = outcome.end_ns or now_ns()
-            for record in self._record:
-                record(outcome)
+            self._deliver(outcome)
             raise
-        for record in self._record:
-            record(outcome)
+        self._deliver(outcome)
         return outcome
+
+    def _deliver(self, outcome: Outcome) -> None:
+        """The outcome to every sink, in order; one that raises misses it alone (a reader's
+        bug must not hide a 429 from the guards, nor a request from the journal)."""
+        for name, record in self._sinks:
+            try:
+                record(outcome)
+            except Exception as exc:
+                self._sink_failed(name, exc)
+
+    def _sink_failed(self, name: str, exc: Exception) -> None:
+        """Count a sink's failure; log the first, then one line at each power of two (a
+        sink that fails on every outcome must not flood the log). The exception's type and
+        where it was raised, never its message: it may hold a request's data or a key."""
+        n = self.sink_failures[name] = self.sink_failures.get(name, 0) + 1
+        if n & (n - 1) == 0:
+            log.error(
+                "sink_failed",
+                sink=name,
+                failures=n,
+                error=type(exc).__name__,
+                at=_raised_at(exc),
+                note="this reader missed these outcomes; the other readers got them",
+            )
 
     async def _closed_worker(self, name: str, pool: _Pool) -> None:
         """Send, wait, send again, while the pool wants this many workers.
@@ -427,3 +458,21 @@ class Runner:
             if due_now:
                 miss(name, pname, MissReason.LATE, due_now)
             raise
+
+
+def _named(sinks: list[OutcomeSink]) -> tuple[tuple[str, Callable[[Outcome], None]], ...]:
+    """Each sink's ``record`` under its class's name (numbered when a class comes twice)."""
+    names = [type(s).__name__ for s in sinks]
+    return tuple(
+        (f"{name}#{i}" if names.count(name) > 1 else name, sink.record)
+        for i, (name, sink) in enumerate(zip(names, sinks, strict=True))
+    )
+
+
+def _raised_at(exc: BaseException) -> str:
+    """``file.py:line in function`` of the frame that raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "?"
+    last = frames[-1]
+    return f"{Path(last.filename).name}:{last.lineno} in {last.name}"

@@ -248,11 +248,24 @@ class CountingTarget(FakeTarget):
         return await super().send(spec, outcome)
 
 
-async def test_a_worker_whose_sink_raises_is_logged_and_replaced() -> None:
-    target = CountingTarget("a")
+class BrokenTarget(CountingTarget):
+    """Raises on its ``fail_at``-th send: a target that broke its contract (never raise)."""
+
+    def __init__(self, name: str, fail_at: int) -> None:
+        super().__init__(name)
+        self.fail_at = fail_at
+
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        if len(self.active_at_send) + 1 == self.fail_at:
+            self.active_at_send.append(self.active + 1)
+            raise RuntimeError("target bug")
+        return await super().send(spec, outcome)
+
+
+async def test_a_worker_whose_target_raises_is_logged_and_replaced() -> None:
+    target = BrokenTarget("a", fail_at=8)
     plan = plan_of(("p", 400, {"a": Closed(4)}))
-    sink = FailingSink(fail_at=8)
-    runner = Runner(plan, {"a": target}, Prompts(), [sink], max_tokens=8, temperature=0.7)
+    runner = Runner(plan, {"a": target}, Prompts(), [Sink()], max_tokens=8, temperature=0.7)
     with structlog.testing.capture_logs() as logs:
         await runner.run()
         await runner.drain(5)
@@ -264,3 +277,24 @@ async def test_a_worker_whose_sink_raises_is_logged_and_replaced() -> None:
     assert len(after) > 20
     assert max(after) == 4
     assert after.count(4) > len(after) // 2
+
+
+async def test_a_sink_that_raises_costs_only_itself() -> None:
+    target = CountingTarget("a")
+    plan = plan_of(("p", 300, {"a": Closed(4)}))
+    broken, after = FailingSink(fail_at=8), Sink()
+    runner = Runner(plan, {"a": target}, Prompts(), [broken, after], max_tokens=8, temperature=0.7)
+    with structlog.testing.capture_logs() as logs:
+        await runner.run()
+        await runner.drain(5)
+    sent = len(target.active_at_send)
+    assert len(after.outcomes) == sent  # the sink after it missed nothing
+    assert len(broken.outcomes) == sent - 1  # the one it raised on, only
+    assert runner.failures == {}  # no worker died of it: the pool never shrank
+    assert runner.sink_failures == {"FailingSink": 1}
+    failed = [e for e in logs if e["event"] == "sink_failed"]
+    assert [(e["sink"], e["failures"], e["error"]) for e in failed] == [
+        ("FailingSink", 1, "RuntimeError")
+    ]
+    assert failed[0]["at"].startswith("test_runner.py:")
+    assert "sink bug" not in repr(failed)  # the message may hold data: never logged

@@ -3,6 +3,8 @@ loop) or skips and counts (open loop). Fake targets, real clock, no network."""
 
 from __future__ import annotations
 
+import structlog
+
 from soakd.config import RateLimit, SpendGuard
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.types import NotSent
@@ -71,6 +73,71 @@ async def test_retry_after_pauses_closed_loop_workers() -> None:
     gap_s = (second.sent_ns - first.end_ns) / 1e9
     assert gap_s >= 0.28  # the 0.3 s asked for, never less (the loop's clock granularity)
     assert len(sink.outcomes) > 20  # and sending went on afterwards
+
+
+class AlwaysBroken:
+    """A reader with a bug: raises on every outcome (its message holds a secret)."""
+
+    def record(self, outcome: Outcome) -> None:
+        raise ValueError("sk-secret-in-a-message")
+
+
+async def test_a_raising_sink_hides_no_429_from_the_guard_nor_the_other_sinks() -> None:
+    target = RateLimitedTarget("cloud", delay_s=0.001)
+    guard = TargetGuard("cloud", SpendGuard(), RateLimit())
+    guards, sink = Guards([guard]), Sink()
+    runner = Runner(
+        plan_of(("p", 500, {"cloud": Closed(1)})),
+        {"cloud": target},
+        Prompts(),
+        [AlwaysBroken(), sink],
+        guards=guards,
+        max_tokens=8,
+        temperature=0.7,
+        gates=guards.by_target,
+    )
+    with structlog.testing.capture_logs() as logs:
+        await runner.run()
+        await runner.drain(1.0)
+    first, second = sink.outcomes[0], sink.outcomes[1]
+    assert first.error is ErrorKind.HTTP_429
+    assert (second.sent_ns - first.end_ns) / 1e9 >= 0.28  # the guard saw the 429: paused
+    assert len(sink.outcomes) > 20  # sending went on, every outcome recorded
+    # the guard read every outcome's tokens too, the 429 (no tokens) included
+    assert guard.tokens == sum((o.prompt_tokens or 0) + o.output_tokens for o in sink.outcomes)
+    assert guard.tokens > 20
+    n = len(sink.outcomes)
+    assert runner.sink_failures == {"AlwaysBroken": n}
+    failed = [e for e in logs if e["event"] == "sink_failed"]
+    # rate-limited: the first failure, then one line at each power of two
+    assert [e["failures"] for e in failed] == [2**k for k in range(n.bit_length())]
+    assert all(e["sink"] == "AlwaysBroken" and e["error"] == "ValueError" for e in failed)
+    assert "sk-secret" not in repr(logs)
+
+
+async def test_guards_see_each_outcome_before_the_sinks() -> None:
+    seen: list[str] = []
+
+    class Reader:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def record(self, outcome: Outcome) -> None:
+            seen.append(self.name)
+
+    runner = Runner(
+        plan_of(("p", 100, {"a": Closed(1)})),
+        {"a": FakeTarget("a", delay_s=0.02)},
+        Prompts(),
+        [Reader("journal"), Reader("notes")],
+        guards=Reader("guards"),
+        max_tokens=8,
+        temperature=0.7,
+    )
+    await runner.run()
+    await runner.drain(1.0)
+    assert len(seen) >= 6
+    assert seen == ["guards", "journal", "notes"] * (len(seen) // 3)
 
 
 class SometimesUnsent(FakeTarget):
