@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+import soakd.app
 import soakd.workers.senders
 from soakd.app import RunOptions, Soak
+from soakd.assemble import Servers, Setup
 from soakd.config import TargetConfig, config_from_dict
 from soakd.journal import Journal
 from soakd.sim.spawn import free_port
@@ -152,18 +154,18 @@ async def test_sigterm_while_the_journal_opens_stops_the_run_cleanly(
     import os
     import signal
 
-    real_open = Soak._open_journal
+    real_open = soakd.app.start_journal
 
-    async def open_after_a_signal(self: Soak) -> Journal:
+    async def open_after_a_signal(setup: Setup, servers: Servers) -> Journal:
         os.kill(os.getpid(), signal.SIGTERM)  # delivered to the loop's handler, if any
         for _ in range(500):  # the handler runs (through the loop) before the journal is there
-            if self._signals:
+            if soak._signals:
                 break
             await asyncio.sleep(0.01)
-        assert self._signals == 1
-        return await real_open(self)
+        assert soak._signals == 1
+        return await real_open(setup, servers)
 
-    monkeypatch.setattr(Soak, "_open_journal", open_after_a_signal)
+    monkeypatch.setattr(soakd.app, "start_journal", open_after_a_signal)
     soak = Soak(
         config_from_dict(nowhere_config()),
         RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{free_port()}"),
