@@ -231,17 +231,9 @@ class Soak:
                 phases=len(s.plan.phases),
                 plan_s=s.plan.duration_ns / 1e9,
             )
-            self._setup_metrics()
             # the exporter binds first: a busy address must fail before a journal exists
             # (or the next try in this directory would "resume" a run that never ran)
-            self._status = self.status()  # /status answers in full from the first moment
-            # signals from here on: one during the start-up (a simulator, a gateway, the
-            # preflight, the journal, a slow target) stops the run before it sends
-            self._install_signals()
-            stack.callback(self._stop_listening)
-            self.http = await self._start_http()
-            stack.push_async_callback(self.http.aclose)
-            log.info("exporter_listening", url=self.http.url)
+            await self._listen(stack)
             stack.push_async_callback(self._close_children)
             # the servers soakd starts, then the preflight, before the journal: a start
             # that ends here leaves no run behind to "resume"
@@ -273,6 +265,18 @@ class Soak:
             session=journal.session,
             journal_unwritten=journal.unwritten,
         )
+
+    async def _listen(self, stack: contextlib.AsyncExitStack) -> None:
+        """The metrics, the signal handlers and the exporter, each undone on ``stack``."""
+        self._setup_metrics()
+        self._status = self.status()  # /status answers in full from the first moment
+        # signals from here on: one during the start-up (a simulator, a gateway, the
+        # preflight, the journal, a slow target) stops the run before it sends
+        self._install_signals()
+        stack.callback(self._stop_listening)
+        self.http = http = await self._start_http()
+        stack.push_async_callback(http.aclose)
+        log.info("exporter_listening", url=http.url)
 
     async def _start(self, step: Coroutine[Any, Any, T]) -> T | None:
         """A start-up step a signal may cut short (``_on_signal`` cancels it): None when
