@@ -163,6 +163,7 @@ def build_report(
     money, money_notes = energy_and_cost(requests, targets, charged, gpu_energy, price)
     counts, vrams = probe_counts(probe, frame), vram(targets, probe, gpus)
     rehearsal = read.tested.rehearsal
+    shown = unprojected(gpus) if rehearsal else gpus
     rows = requests.map(
         lambda r: measured(
             r,
@@ -198,10 +199,10 @@ def build_report(
         phases=frame.phases,
         overall=rows.overall,
         by_phase=rows.by_phase,
-        gpus=unprojected(gpus) if rehearsal else gpus,
+        gpus=shown,
         guard=guard_rows(probe, requests.by_phase, targets, frame.phases, config, read.events),
         best=best(rows.overall, targets, eligible),
-        plots=plots(read.rollups, targets, frame.window_s, probe, gpus, frame.active_s),
+        plots=plots(read.rollups, targets, frame.window_s, probe, shown, frame.active_s),
         notes=notes,
         warnings=read.warnings,
         currency=config.report.currency,
