@@ -16,7 +16,7 @@ later soakd quietly became an empty list: no targets, no verdicts, no guard rows
 - *The deciding sections stay documents* (``slo``, ``compare``, a target's ``slo`` and
   ``cost``): they are read by the config's own strict models where they decide
   (soakd/report/decisions.py), which say in a note when one cannot be read, and
-  ``soakd report --config`` replaces them (``judged_by``).
+  ``soakd report --config`` replaces them (``decisions_from``, in the same module).
 
 Versions follow the journal schema's (schema.py): ``upgrade`` brings an older document to
 the shape read here, one step per change, as ``schema.migrate`` brings the tables. A
