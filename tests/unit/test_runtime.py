@@ -1,4 +1,5 @@
-"""soakd/_malloc.py: the periodic malloc_trim that hands glibc's kept pages back."""
+"""soakd/runtime.py: the process set-up of soakd run and its workers (malloc arenas, the
+periodic malloc_trim that hands glibc's kept pages back, the GIL switch interval)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from soakd import _malloc
+from soakd import runtime
 
 
 def _rss() -> int:
@@ -23,24 +24,33 @@ def test_trim_hands_back_the_pages_freed_below_the_heap_top() -> None:
     kept = blocks[::64]
     del blocks
     before = _rss()
-    assert _malloc.trim() is True
+    assert runtime.trim() is True
     assert before - _rss() > 32 << 20  # at least half of what was freed went back
     assert len(kept) == 256
 
 
 def test_no_trimming_thread_when_switched_off() -> None:
-    assert _malloc.start_trimming(0) is None
+    assert runtime.start_trimming(0) is None
 
 
 def test_no_trimming_thread_without_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "platform", "darwin")
-    assert _malloc.start_trimming() is None
-    assert _malloc.trim() is False
+    assert runtime.start_trimming() is None
+    assert runtime.trim() is False
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 def test_trimming_thread_is_a_daemon() -> None:
-    thread = _malloc.start_trimming(3600)  # its first trim would be an hour away
+    thread = runtime.start_trimming(3600)  # its first trim would be an hour away
     assert thread is not None
     assert thread.daemon  # never keeps the process alive
     assert thread.is_alive()
+
+
+def test_the_loop_gets_the_gil_back_within_half_a_millisecond() -> None:
+    before = sys.getswitchinterval()
+    try:
+        runtime.favour_the_loop()
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
