@@ -1,4 +1,4 @@
-"""A/B of `soakd run`'s GIL switch interval: 0.5 ms (as shipped, soakd/cli.py GIL_SWITCH_S)
+"""A/B of `soakd run`'s GIL switch interval: 0.5 ms (as shipped, soakd/runtime.py GIL_SWITCH_S)
 against Python's default 5 ms, interleaved rounds, through bench/suite.py's run_case (CPU of
 the process tree, TTFT/ITL error from the journal).
 

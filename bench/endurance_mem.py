@@ -14,7 +14,7 @@ that stays flat ("in use", blocks) while RssAnon creeps is the allocators keepin
 memory (fragmentation), not a leak; growing blocks is a leak of Python objects. No
 tracemalloc: its own tables would be the growth.
 glibc's arenas are capped at 2 first and ``malloc_trim(0)`` runs every minute, as ``soakd
-run`` does (soakd/_malloc.py); ``--trim-every 0`` leaves the trim out.
+run`` does (soakd/runtime.py); ``--trim-every 0`` leaves the trim out.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from endurance import CONFIG, duration
 from suite import rss_anon_mb
 
-from soakd import _malloc
+from soakd import runtime
 from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
 
@@ -107,7 +107,7 @@ def main() -> None:
     p.add_argument("--duration", type=duration, default=3600.0)
     p.add_argument("--every", type=duration, default=30.0)
     p.add_argument("--out", default="/tmp/endure/mem")
-    p.add_argument("--trim-every", type=duration, default=_malloc.TRIM_EVERY_S,
+    p.add_argument("--trim-every", type=duration, default=runtime.TRIM_EVERY_S,
                    help="malloc_trim(0) period, as `soakd run` does; 0: never (the baseline)")
     args = p.parse_args()
     if args.compare:
@@ -115,8 +115,7 @@ def main() -> None:
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    _malloc.limit_arenas()  # as `soakd run` does, before any thread allocates
-    _malloc.start_trimming(args.trim_every)  # as `soakd run` does, unless --trim-every 0
+    runtime.prepare_process(args.trim_every)  # as `soakd run` does, unless --trim-every 0
     asyncio.run(run(args, out))
 
 

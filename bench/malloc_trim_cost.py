@@ -9,7 +9,7 @@ then times ``malloc_trim(0)``: on that fragmented heap, again at once (nothing l
 release), and after each of ``--rounds`` rounds that churn 10 % of the blocks. Prints
 each call's wall and CPU time and what RssAnon did. glibc holds each arena's lock for its
 part of the call, so a thread allocating from that arena meanwhile waits for it. glibc
-only (soakd/_malloc.py).
+only (soakd/runtime.py).
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite import rss_anon_mb
 
-from soakd import _malloc
+from soakd import runtime
 
 
 def timed_trim() -> tuple[float, float, bool]:
     """Wall and CPU milliseconds of one malloc_trim(0), and whether it released memory."""
     t0, c0 = time.perf_counter(), time.thread_time()
-    released = _malloc.trim()
+    released = runtime.trim()
     return (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3, released
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     p.add_argument("--heap-mb", type=float, default=20.0)
     p.add_argument("--rounds", type=int, default=20)
     args = p.parse_args()
-    _malloc.limit_arenas()
+    runtime.limit_arenas()
     rng = random.Random(16)
 
     def block() -> bytearray:

@@ -36,9 +36,9 @@ def status() -> dict[str, float]:
 
 
 def main() -> None:
-    from soakd import _malloc
+    from soakd import runtime
 
-    capped = _malloc.limit_arenas()
+    capped = runtime.limit_arenas()
     rows: list[dict[str, Any]] = [{"step": f"start (arena cap {capped})", **status()}]
 
     def step(name: str, fn: Callable[[], object]) -> object:

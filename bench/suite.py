@@ -69,7 +69,7 @@ LABEL = {
     "vllm": "vllm bench serve",
     "aiperf": "AIPerf",
     "guidellm": "GuideLLM",
-    "soakd-arenas": "soakd run, glibc default malloc arenas (before soakd/_malloc.py)",
+    "soakd-arenas": "soakd run, glibc default malloc arenas (before soakd/runtime.py)",
     "soakd-nogpu": "soakd run, gpu source none (no NVML)",
     "soakd-nice": "soakd run, its other threads at nice 19 (experiment)",
     "soakd-noyield": "soakd run, the journal writer never yields (before YIELD_EVERY)",
@@ -98,9 +98,9 @@ NO_YIELD = (
     "import sys, soakd.journal.writer as w; w.YIELD_EVERY = 0\n"
     "from soakd.cli import main; sys.exit(main())"
 )
-# `soakd run` as before soakd/_malloc.py: the arena cap patched out, nothing else changed
+# `soakd run` as before soakd/runtime.py: the arena cap patched out, nothing else changed
 NO_ARENA_CAP = (
-    "import sys, soakd._malloc as m; m.limit_arenas = lambda *a, **k: False; "
+    "import sys, soakd.runtime as m; m.limit_arenas = lambda *a, **k: False; "
     "from soakd.cli import main; sys.exit(main())"
 )
 # An experiment, not soakd's code: every thread but the event loop's (journal writer,

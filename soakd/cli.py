@@ -291,15 +291,10 @@ def _probe(cfg: Config) -> None:
         raise ConfigError.of(problems)
 
 
-GIL_SWITCH_S = 0.0005
-"""``sys.setswitchinterval`` for ``soakd run``: how soon the event loop gets the GIL back."""
-
-
 def cmd_run(args: argparse.Namespace) -> int:
-    from soakd import _malloc
+    from soakd import runtime
 
-    _malloc.limit_arenas()  # before any thread allocates: RSS on many cores (docs/benchmarks.md)
-    _malloc.start_trimming()  # freed heap pages back to the OS every minute (ditto, "Endurance")
+    runtime.prepare_process()  # before any thread allocates
     from rich.console import Console
 
     from soakd.app import RunOptions, Soak, StartError, StoppedBeforeStart
@@ -325,10 +320,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     loss = soak.resume.loss if soak.resume is not None else None
     if loss is not None:  # said before the live view hides the log; journaled too
         _warn(f"{loss.describe()}; the run goes on from where it had got to")
-    # The journal's writer thread runs Python between its commits; with the default 5 ms
-    # GIL switch interval a token read meanwhile is stamped up to 5 ms late. 0.5 ms cut
-    # the TTFT p99 error by ~30 % at 64 streams, same CPU (docs/benchmarks.md).
-    sys.setswitchinterval(GIL_SWITCH_S)
+    runtime.favour_the_loop()
     try:
         result = asyncio.run(soak.run())
     except StartError as exc:  # a simulator or gateway soakd starts did not come up

@@ -22,48 +22,24 @@ from pathlib import Path
 from typing import IO, Any
 
 from soakd.journal import JournalReader, row_itl_ns, unpack_itl
+from soakd.journal.schema import REQUEST_COLUMNS
 from soakd.tracing import trace_id, traced_targets
 
-COLUMNS = (
-    "id",
-    "session",
-    "wall",
-    "target",
-    "phase",
-    "seq",
-    "scheduled_s",
-    "sent_s",
-    "end_s",
-    "dispatch_lag_s",
-    "ttft_s",
-    "e2e_s",
-    "tpot_s",
-    "itl_count",
-    "itl_mean_s",
-    "itl_p50_s",
-    "itl_max_s",
-    "status",
-    "error",
-    "oom",
-    "prompt_tokens",
-    "output_tokens",
-    "usage_reported",
-    "usage_delta",  # usage minus the content chunks streamed (NULL before schema v4)
-    "usage_rejected",  # why the server's usage was not taken (soakd/notes.py)
-    "trace_id",
-)
-_SECONDS = {
-    "scheduled_s": "scheduled_ns",
-    "sent_s": "sent_ns",
-    "end_s": "end_ns",
-    "dispatch_lag_s": "lag_ns",
-    "ttft_s": "ttft_ns",
-    "e2e_s": "e2e_ns",
-    "tpot_s": "tpot_ns",
-    "itl_mean_s": "itl_mean_ns",
-    "itl_p50_s": "itl_p50_ns",
-    "itl_max_s": "itl_max_ns",
-}
+_GAPS = ("itl", "itl_hist")  # a row's ITL gaps: the --itl columns (ITL_COLUMNS), decoded
+
+
+def _exported(column: str) -> str:
+    """A journal column's name in an export: nanoseconds become seconds (``ttft_ns`` ->
+    ``ttft_s``); the dispatch lag says what it is."""
+    if column == "lag_ns":
+        return "dispatch_lag_s"
+    return column.removesuffix("_ns") + "_s" if column.endswith("_ns") else column
+
+
+_SECONDS = {_exported(c): c for c in REQUEST_COLUMNS if c.endswith("_ns")}
+COLUMNS = (*(_exported(c) for c in REQUEST_COLUMNS if c not in _GAPS), "trace_id")
+"""The export's columns: the journal's ``requests`` in their order (seconds for
+nanoseconds, the gaps apart), then ``trace_id`` (derived, in ``records()``)."""
 
 
 def records(reader: JournalReader, *, itl: bool = False) -> Iterator[dict[str, Any]]:

@@ -8,10 +8,10 @@ here too, by reference, and kept out of every repr).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from soakd.net import parse_host_port, url_problem
 
@@ -219,3 +219,22 @@ def host_port(value: str) -> str:
     """A HOST:PORT field (``exporter.listen``, a gateway's ``listen``), kept as written."""
     parse_host_port(value)
     return value
+
+
+HostPort = Annotated[str, AfterValidator(host_port)]
+"""A listening address, ``HOST:PORT`` (checked, kept as written)."""
+
+
+class ListensOn:
+    """``host`` and ``port`` of a model's ``listen`` field (a ``HostPort``)."""
+
+    if TYPE_CHECKING:
+        listen: str
+
+    @property
+    def host(self) -> str:
+        return parse_host_port(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return parse_host_port(self.listen)[1]

@@ -10,14 +10,14 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from soakd.config.base import (
     Bytes,
     Duration,
+    HostPort,
+    ListensOn,
     Logging,
     Strict,
     base_http_url,
-    host_port,
     http_url,
     parse_bytes,
 )
-from soakd.net import parse_host_port
 
 
 class GpuConfig(Strict):
@@ -156,18 +156,13 @@ class GatewayModes(Strict):
     adaptive: bool | None = None  # adaptive concurrency on or off
 
 
-class GatewayConfig(GatewaySettings):
+class GatewayConfig(GatewaySettings, ListensOn):
     """``soakd gateway --config FILE``: one upstream, one listening address."""
 
-    listen: str = "127.0.0.1:8080"  # HOST:PORT the gateway serves on
+    listen: HostPort = "127.0.0.1:8080"  # HOST:PORT the gateway serves on
     upstream: str  # the model server's base URL
     admin_token_env: str | None = None  # enables PUT /gateway/modes with this bearer token
     logging: Logging = Field(default_factory=lambda: Logging())
-
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        return host_port(value)
 
     @field_validator("upstream")
     @classmethod
@@ -175,11 +170,3 @@ class GatewayConfig(GatewaySettings):
         checked = base_http_url(value)
         assert checked is not None
         return checked.rstrip("/")
-
-    @property
-    def host(self) -> str:
-        return parse_host_port(self.listen)[0]
-
-    @property
-    def port(self) -> int:
-        return parse_host_port(self.listen)[1]

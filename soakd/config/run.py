@@ -15,16 +15,17 @@ from soakd.config.base import (
     MAX_CONCURRENCY,
     ConfigError,
     Duration,
+    HostPort,
+    ListensOn,
     Logging,
     Strict,
-    host_port,
     parse_bytes,
 )
 from soakd.config.gateway import GpuConfig, Probes
 from soakd.config.slo import AlertLimits, Compare, ReportConfig, Slo
 from soakd.config.targets import TargetConfig
 from soakd.config.workload import Load, PhaseConfig, Workload
-from soakd.net import TlsFileError, parse_host_port, server_ssl
+from soakd.net import TlsFileError, server_ssl
 
 
 class ExporterBasicAuth(Strict):
@@ -78,23 +79,10 @@ class ExporterTls(Strict):
             raise ConfigError(f"exporter.tls: {exc}") from None
 
 
-class Exporter(Strict):
-    listen: str = "127.0.0.1:9464"  # loopback: anything wider is an explicit choice
+class Exporter(Strict, ListensOn):
+    listen: HostPort = "127.0.0.1:9464"  # loopback: anything wider is an explicit choice
     basic_auth: ExporterBasicAuth | None = None
     tls: ExporterTls | None = None
-
-    @field_validator("listen")
-    @classmethod
-    def _host_port(cls, value: str) -> str:
-        return host_port(value)
-
-    @property
-    def host(self) -> str:
-        return parse_host_port(self.listen)[0]
-
-    @property
-    def port(self) -> int:
-        return parse_host_port(self.listen)[1]
 
 
 class JournalConfig(Strict):

@@ -21,6 +21,7 @@ from soakd.config.redact import config_doc
 from soakd.journal.integrity import Loss, check_whole, emptied, lost, read_mark
 from soakd.journal.records import EventKind
 from soakd.journal.schema import LOCK_FILE, JournalError, check_schema, connect
+from soakd.journal.stored import StoredRun, read_stored
 from soakd.model import Plan
 
 _UNCOMPARED = (
@@ -81,8 +82,11 @@ def _as_read_now(doc: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ResumeState:
-    """What a new session needs to continue a run (read before anything else starts)."""
+    """What a new session needs to continue a run (read before anything else starts).
+    ``stored`` is the run as its first session stored it, read (journal/stored.py);
+    ``config`` and ``plan`` are the same as documents, which ``check`` compares whole."""
 
+    stored: StoredRun
     run_id: str
     created_wall: float
     plan_start: datetime
@@ -184,7 +188,8 @@ def read_resume_state(path: Path) -> ResumeState | None:
         ]
     finally:
         conn.close()
-    run_id = meta["run_id"]
+    stored = read_stored(meta, path)
+    run_id = stored.run_id
     if finished:
         raise JournalError(
             f"run {run_id} in {path.parent} has finished; it is not restarted by accident "
@@ -197,18 +202,19 @@ def read_resume_state(path: Path) -> ResumeState | None:
         for name, n in mark.seqs.items():
             seqs[name] = max(seqs.get(name, 0), n)
     return ResumeState(
+        stored=stored,
         run_id=run_id,
-        created_wall=float(meta["created_wall"]),
-        plan_start=datetime.fromisoformat(meta["plan_start"]),
-        options=meta["options"],
+        created_wall=stored.created_wall,
+        plan_start=datetime.fromisoformat(stored.plan_start),
+        options=stored.options.model_dump(),
         config=meta["config"],
         plan=meta["plan"],
         sessions=len(rows),
         offset_ns=offset_ns,
-        last_wall=float(last[1]) if last else float(meta["created_wall"]),
+        last_wall=float(last[1]) if last else stored.created_wall,
         next_seq=seqs,
         finished=False,
-        written_by=meta["soakd_version"],
+        written_by=stored.soakd_version,
         calibrations=calibrations,
         loss=loss,
     )

@@ -21,8 +21,9 @@ only format it. Definitions (docs/journal.md has them in full):
 - Goodput, verdicts and the baseline comparison: soakd/goodput.py and soakd/verdicts.py
   (docs/slo.md); this package only wires and renders them.
 
-The rooms: ``build`` (journal -> ``Report``; ``samples`` places probe readings on plan
-time, ``plots`` bins the series), ``model`` (the dataclasses, the metric columns),
+The rooms: ``build`` (journal -> ``Report``; ``rows`` makes each row from values,
+``decisions`` judges them, ``samples`` places probe readings on plan time, ``plots`` bins
+the series), ``model`` (the dataclasses, the metric columns),
 ``tested`` (the head: what was tested, from the journal's config and plan), ``table``
 (the one table model every renderer draws), ``markdown``, ``html``, ``terminal``,
 ``write`` (JSON, files), ``names`` (every metric name read).
@@ -31,7 +32,8 @@ time, ``plots`` bins the series), ``model`` (the dataclasses, the metric columns
 from __future__ import annotations
 
 from soakd.analysis import Quantiles
-from soakd.report.build import build_report, decisions_from
+from soakd.report.build import build_report
+from soakd.report.decisions import decisions_from
 from soakd.report.html import render_html, svg_chart
 from soakd.report.markdown import render_markdown
 from soakd.report.model import (

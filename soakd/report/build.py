@@ -7,56 +7,51 @@ format what this returns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from soakd.analysis import (
-    JITTER_SLICES,
-    JITTER_WINDOW_S,
-    LATENCY_TIE,
-    GpuEnergy,
-    Quantiles,
-    TargetStats,
-    best_of,
-    energy_share,
-    fmt_ms,
-    ms,
-    slice_p99,
-    worst_window_jitter,
-)
-from soakd.config import Compare, Slo, TargetCost, format_duration
-from soakd.cost import cost_line
-from soakd.goodput import Tally, error_counts, journal_tallies
+from soakd.analysis import JITTER_SLICES, JITTER_WINDOW_S
+from soakd.config import format_duration
+from soakd.goodput import Tally, journal_tallies
 from soakd.journal import JournalReader, Loss, Rollup, records
+from soakd.journal.reader import Total
 from soakd.journal.records import Logged, each
-from soakd.model import NS_PER_S, MissReason
+from soakd.journal.stored import StoredRun, read_stored
+from soakd.model import NS_PER_S
 from soakd.notes import by_target, describe
 from soakd.report import names
-from soakd.report.failing import failing_notes
-from soakd.report.model import (
-    LATENCY_KINDS,
-    METRIC_COLUMNS,
-    NOT_RANKED,
-    Doc,
-    Downtime,
-    GpuRow,
-    Report,
-    Row,
-    value_of,
+from soakd.report.decisions import (
+    Judging,
+    best,
+    client_limits,
+    costs,
+    decisions_from,
+    judging,
+    verdicts,
+    with_goodput,
 )
+from soakd.report.failing import failing_notes
+from soakd.report.model import Downtime, PromptTokens, Report, Tested
 from soakd.report.plots import plots, slo_lines
 from soakd.report.prompt_tokens import prompt_notes, prompt_tokens
+from soakd.report.rows import (
+    Frame,
+    Rows,
+    energy_and_cost,
+    measured,
+    probe_counts,
+    request_rows,
+    unprojected,
+)
 from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
 from soakd.report.tested import served_tokens, what_was_tested
-from soakd.slowest import DEFAULT_N, slowest
-from soakd.verdicts import CompareVerdict, Verdict, compare, eligible_for_best, judge
+from soakd.slowest import DEFAULT_N, SlowRequest, slowest
+from soakd.verdicts import compare, eligible_for_best
 from soakd.verdicts import overall as overall_verdict
 
 HOUR_S = 3600.0
-JOULES_PER_KWH = 3.6e6
 
 
 def _rows_stopped_notes(events: list[Logged]) -> list[str]:
@@ -147,7 +142,7 @@ def build_report(
     run_dir: Path,
     *,
     energy_price_per_kwh: float | None = None,
-    judge_by: dict[str, Any] | None = None,
+    judge_by: Mapping[str, object] | None = None,
     slowest_n: int = DEFAULT_N,
     salvage: bool = False,
 ) -> Report:
@@ -155,128 +150,192 @@ def build_report(
     ``judge_by``: another config document whose slo, compare, costs and report sections
     replace the run's own (``soakd report --config``). ``salvage``: a damaged journal is
     read for what is readable (integrity.py), said in the report's first lines."""
+    read = _read(run_dir, judge_by, slowest_n, salvage=salvage)
+    frame, timeline = _frame(read)
+    config, targets = read.stored.config, frame.targets
+    requests = request_rows(frame, read.rollups, read.totals, read.missed)
+    probe = Samples(read.series, read.samples, timeline)
+    gpus, gpu_energy = probe.gpus(probe.charged(targets, config))
+    charged, cost_notes = costs(config)
+    price = energy_price_per_kwh
+    if price is None:
+        price = config.report.energy_price_per_kwh
+    money, money_notes = energy_and_cost(requests, targets, charged, gpu_energy, price)
+    counts, vrams = probe_counts(probe, frame), vram(targets, probe, gpus)
+    rehearsal = read.tested.rehearsal
+    shown = unprojected(gpus) if rehearsal else gpus
+    rows = requests.map(
+        lambda r: measured(
+            r,
+            counts[(r.target, r.phase)],
+            vrams.get(r.target) if r.phase is None else None,
+            money[(r.target, r.phase)],
+            rehearsal=rehearsal,
+        )
+    )
+    judged = verdicts(rows, targets, read.judging.slos, read.tallies)
+    rows = rows.map(lambda r: with_goodput(r, judged.of(r)))
+    spec = read.judging.spec
+    comparison = compare(spec, rows.overall, judged.whole) if spec is not None else None
+    eligible = {t for t in targets if eligible_for_best(rows.overall[t], judged.whole.get(t))}
+    notes = [
+        *failing_notes(read.events, rows.overall, targets, frame.active_s),  # the biggest news
+        *cost_notes,
+        *money_notes,
+        *_notes(read, rows, frame),
+    ]
+    plan = read.stored.plan
+    return Report(
+        run_id=read.stored.run_id,
+        created=read.stored.created,
+        versions=sorted({s["version"] for s in read.sessions}),
+        sessions=len(read.sessions),
+        completed=any(e.completed for _, e in each(read.events, records.RunStopped)),
+        active_s=frame.active_s,
+        plan_s=plan.end_s,
+        downtime_s=sum(d["seconds"] for d in read.downtimes),
+        downtimes=read.downtimes,
+        targets=targets,
+        phases=frame.phases,
+        overall=rows.overall,
+        by_phase=rows.by_phase,
+        gpus=shown,
+        guard=guard_rows(probe, requests.by_phase, targets, frame.phases, config, read.events),
+        best=best(rows.overall, targets, eligible),
+        plots=plots(read.rollups, targets, frame.window_s, probe, shown, frame.active_s),
+        notes=notes,
+        warnings=read.warnings,
+        currency=config.report.currency,
+        slice_s=frame.slice_s,
+        verdicts=judged.whole,
+        phase_verdicts=judged.phases,
+        comparison=comparison,
+        passed=overall_verdict(judged.whole.values(), comparison),
+        slowest=read.slowest,
+        tested=read.tested,
+        plot_phases=[
+            (p.start_ns / NS_PER_S / HOUR_S, p.name)
+            for p in plan.phases
+            if p.start_ns / NS_PER_S < frame.active_s
+        ],
+        plot_limits=slo_lines(read.judging.slos, targets),
+        answer_notes=read.answer_notes,
+        prompt_tokens=read.prompt_rows,
+        prompt_sizing=read.prompt_sizing,
+    )
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What the report reads of the journal, read once, the connection closed after."""
+
+    stored: StoredRun  # judged by ``judge_by`` when given
+    targets: list[str]  # the config's, then any the rollups name besides
+    sessions: list[dict[str, Any]]
+    events: list[Logged]
+    totals: list[Total]
+    window_s: float
+    rollups: list[Rollup]
+    missed: dict[tuple[str, str, str], int]
+    answer_notes: dict[str, dict[str, int]]
+    series: dict[int, tuple[str, dict[str, str]]]
+    samples: dict[int, list[tuple[float, float]]]
+    judging: Judging
+    tallies: dict[str, tuple[Tally, dict[str, Tally]]]
+    slowest: dict[str, dict[str, list[SlowRequest]]]
+    tested: Tested
+    prompt_rows: list[PromptTokens]
+    prompt_sizing: str | None
+    warnings: list[str]
+    downtimes: list[Downtime]
+
+
+def _read(
+    run_dir: Path, judge_by: Mapping[str, object] | None, slowest_n: int, *, salvage: bool
+) -> _Read:
     with JournalReader(run_dir, salvage=salvage) as reader:
-        meta = reader.meta
+        stored = read_stored(reader.meta, reader.path)
+        if judge_by is not None:
+            stored = stored.model_copy(update={"config": decisions_from(stored.config, judge_by)})
         sessions = reader.sessions()
         events = reader.events()
         totals = reader.totals()
         span_ns = reader.span_ns()  # long runs: 5-minute windows, merged as read (reader.py)
         rollups = reader.rollups(span_ns=span_ns)
-        missed = reader.missed()
-        answer_notes = by_target(reader.notes())  # usage not taken, off the stream...
-        series = reader.series()
-        samples = reader.samples(names.SAMPLE_NAMES)
-        window_s = span_ns / NS_PER_S
-        config: Doc = meta.get("config", {})
-        if judge_by is not None:
-            config = decisions_from(config, judge_by)
-        targets = [t["name"] for t in config.get("targets", [])]
-        for r in rollups:
-            if r.target not in targets:
-                targets.append(r.target)
-        slos, spec, slo_note = _decision_config(config, targets)
-        tallies = {t: journal_tallies(reader.conn, t, slos[t]) for t in targets}
-        slow = slowest(reader, slowest_n, rollups)
-        tested = what_was_tested(meta, sessions, events, served_tokens(reader.conn))
-        prompt_rows, prompt_sizing = prompt_tokens(reader.conn, config, events, targets)
+        targets = [t.name for t in stored.config.targets]
+        targets += list(dict.fromkeys(r.target for r in rollups if r.target not in targets))
+        judging_by = judging(stored.config, targets)
+        tallies = {t: journal_tallies(reader.conn, t, judging_by.slos[t]) for t in targets}
+        served = served_tokens(reader.conn)
+        prompt_rows, prompt_sizing = prompt_tokens(
+            reader.conn, stored.config.workload, events, targets
+        )
         measured = sum(t.requests for t in totals)
         in_windows = sum(r.stats.requests for r in rollups)
         rows = sum(_counted(tallies[t][0]) for t in targets)
-        warnings = _journal_warnings(reader, events, measured, in_windows, rows)
-    plan_phases = [
-        (p["name"], p["start_ns"] / NS_PER_S, p["end_ns"] / NS_PER_S)
-        for p in meta["plan"]["phases"]
-    ]
-    reached = max((s["offset_ns"] for s in sessions), default=0) / NS_PER_S
-    plan_s = plan_phases[-1][2] if plan_phases else 0.0
+        return _Read(
+            stored=stored,
+            targets=targets,
+            sessions=sessions,
+            events=events,
+            totals=totals,
+            window_s=span_ns / NS_PER_S,
+            rollups=rollups,
+            missed=reader.missed(),
+            answer_notes=by_target(reader.notes()),  # usage not taken, off the stream...
+            series=reader.series(),
+            samples=reader.samples(names.SAMPLE_NAMES),
+            judging=judging_by,
+            tallies=tallies,
+            slowest=slowest(reader, slowest_n, rollups),
+            tested=what_was_tested(stored, sessions, events, served),
+            prompt_rows=prompt_rows,
+            prompt_sizing=prompt_sizing,
+            warnings=_journal_warnings(reader, events, measured, in_windows, rows),
+            downtimes=[
+                Downtime(offset_h=row.offset_s / HOUR_S, seconds=e.seconds)
+                for row, e in each(events, records.Downtime)
+            ],
+        )
+
+
+def _frame(read: _Read) -> tuple[Frame, Timeline]:
+    """The plan time the run covered (active seconds, the phases it reached, the jitter's
+    slices) and the sessions that map wall-clock readings onto it."""
+    phases = [(p.name, p.start_ns / NS_PER_S, p.end_ns / NS_PER_S) for p in read.stored.plan.phases]
+    reached = max((s["offset_ns"] for s in read.sessions), default=0) / NS_PER_S
+    plan_s = read.stored.plan.end_s
     active_s = min(reached, plan_s) if plan_s else reached
-    phase_names = list(dict.fromkeys(name for name, start, _ in plan_phases if start < active_s))
-    for r in rollups:
-        if r.phase not in phase_names:
-            phase_names.append(r.phase)
+    names_ = list(dict.fromkeys(name for name, start, _ in phases if start < active_s))
+    names_ += list(dict.fromkeys(r.phase for r in read.rollups if r.phase not in names_))
     phase_active: dict[str, float] = {}
-    for name, start, end in plan_phases:
+    for name, start, end in phases:
         phase_active[name] = phase_active.get(name, 0.0) + max(0.0, min(end, active_s) - start)
-    timeline = Timeline(
-        [
-            Session(
-                s["started_wall"],
-                s["started_offset_ns"] / NS_PER_S,
-                s["wall"],
-                s["offset_ns"] / NS_PER_S,
-            )
-            for s in sessions
-        ],
-        plan_phases,
-    )
-    downtimes = [
-        Downtime(offset_h=row.offset_s / HOUR_S, seconds=e.seconds)
-        for row, e in each(events, records.Downtime)
-    ]
-    completed = any(e.completed for _, e in each(events, records.RunStopped))
+    window_s = read.window_s
     jitter_window_s = JITTER_WINDOW_S if active_s >= 2 * JITTER_WINDOW_S else active_s
     slice_s = max(window_s, jitter_window_s / JITTER_SLICES)
     slice_s = max(window_s, round(slice_s / window_s) * window_s)
+    sessions = [
+        Session(
+            s["started_wall"],
+            s["started_offset_ns"] / NS_PER_S,
+            s["wall"],
+            s["offset_ns"] / NS_PER_S,
+        )
+        for s in read.sessions
+    ]
+    frame = Frame(read.targets, names_, active_s, phase_active, slice_s, window_s)
+    return frame, Timeline(sessions, phases)
 
-    # requests: rollups merged per target, per (target, phase), per window
-    overall: dict[str, Row] = {}
-    by_phase: dict[str, dict[str, Row]] = {p: {} for p in phase_names}
-    oom_rows: dict[tuple[str, str], int] = {}
-    for counted in totals:
-        key = (counted.target, counted.phase)
-        oom_rows[key] = oom_rows.get(key, 0) + counted.oom
-    for target in targets:
-        mine = [r for r in rollups if r.target == target]
-        overall[target] = _row(target, None, mine, active_s, slice_s, window_s)
-        overall[target].oom_responses = sum(v for (t, _), v in oom_rows.items() if t == target)
-        for phase in phase_names:
-            row = _row(
-                target,
-                phase,
-                [r for r in mine if r.phase == phase],
-                phase_active.get(phase, 0.0),
-                slice_s,
-                window_s,
-            )
-            row.oom_responses = oom_rows.get((target, phase), 0)
-            by_phase[phase][target] = row
-        for (t, phase, reason), n in missed.items():
-            if t != target or not n:
-                continue
-            for hit in (overall[target], by_phase.get(phase, {}).get(target)):
-                if hit is not None:
-                    hit.missed += n
-                    hit.missed_by_reason[reason] = hit.missed_by_reason.get(reason, 0) + n
-        for row in (overall[target], *(by_phase[p][target] for p in phase_names)):
-            row.offered = row.requests + row.missed
 
-    # probes: restarts, OOM events, VRAM, energy
-    notes: list[str] = []
-    probe = Samples(series, samples, timeline)
-    for target in targets:
-        restarts = probe.increase(names.TARGET_RESTARTS, {"target": target})
-        ooms = probe.increase(names.TARGET_OOM_EVENTS, {"target": target})
-        for row in (overall[target], *(by_phase[p][target] for p in phase_names)):
-            row.restarts = _count(restarts, row.phase)
-            row.oom_events = _count(ooms, row.phase)
-    gpus, gpu_energy = probe.gpus(probe.charged(targets, config))
-    guard = guard_rows(probe, by_phase, targets, phase_names, config, events)
-    vram(overall, targets, probe, gpus)
-    price = energy_price_per_kwh
-    if price is None:
-        price = config.get("report", {}).get("energy_price_per_kwh")
-    currency = str(config.get("report", {}).get("currency", "$"))
-    _energy_and_cost(overall, by_phase, targets, config, gpu_energy, price, notes)
-    if tested.rehearsal:
-        _project_nothing(overall, by_phase, gpus)
-    if slo_note:
-        notes.append(slo_note)
-    verdicts, phase_verdicts = _verdicts(overall, by_phase, targets, slos, tallies)
-    comparison: CompareVerdict | None = (
-        compare(spec, overall, verdicts) if spec is not None else None
-    )
-    journaled = {t: tallies[t][0] for t in targets}
-    short = {t: n for t in targets if (n := overall[t].requests - _counted(journaled[t])) > 0}
+def _notes(read: _Read, rows: Rows, frame: Frame) -> list[str]:
+    """The notes after the failing targets' and the money's: what the figures rest on,
+    what qualifies them."""
+    targets, events = frame.targets, read.events
+    notes = [read.judging.note] if read.judging.note else []
+    short = {
+        t: n for t in targets if (n := rows.overall[t].requests - _counted(read.tallies[t][0])) > 0
+    }
     if short:
         notes.append(
             "goodput counts the journaled request rows: "
@@ -285,7 +344,7 @@ def build_report(
                 for t, n in short.items()
             )
         )
-    if not samples or not any(samples.values()):
+    if not read.samples or not any(read.samples.values()):
         notes.append(
             "no probe samples in the journal: OOM events, restarts, VRAM and "
             "energy are not measured"
@@ -295,291 +354,13 @@ def build_report(
             "retention deleted old rows; totals, percentiles and plots still cover "
             "the whole run (rollups are kept), the export does not"
         )
-
     notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
     notes += _no_reuse_notes(events)  # closes after answers, unannounced (targets/pool.py)
-    notes[:0] = failing_notes(events, overall, targets, active_s)  # first: the biggest news
-    notes += _client_limits(overall, targets, config)
-    notes += [f"{t}: {line}" for t in targets for line in describe(answer_notes.get(t, {}))]
-    notes += prompt_notes(prompt_rows, prompt_sizing)
-    eligible = {t for t in targets if eligible_for_best(overall[t], verdicts.get(t))}
-    return Report(
-        run_id=meta["run_id"],
-        created=str(meta.get("created", "")),
-        versions=sorted({s["version"] for s in sessions}),
-        sessions=len(sessions),
-        completed=completed,
-        active_s=active_s,
-        plan_s=plan_s,
-        downtime_s=sum(d["seconds"] for d in downtimes),
-        downtimes=downtimes,
-        targets=targets,
-        phases=phase_names,
-        overall=overall,
-        by_phase=by_phase,
-        gpus=gpus,
-        guard=guard,
-        best=best(overall, targets, eligible),
-        plots=plots(rollups, targets, window_s, probe, gpus, active_s),
-        notes=notes,
-        warnings=warnings,
-        currency=currency,
-        slice_s=slice_s,
-        verdicts=verdicts,
-        phase_verdicts=phase_verdicts,
-        comparison=comparison,
-        passed=overall_verdict(verdicts.values(), comparison),
-        slowest=slow,
-        tested=tested,
-        plot_phases=[(start / HOUR_S, name) for name, start, _ in plan_phases if start < active_s],
-        plot_limits=slo_lines(slos, targets),
-        answer_notes=answer_notes,
-        prompt_tokens=prompt_rows,
-        prompt_sizing=prompt_sizing,
-    )
-
-
-DECISION_KEYS = ("slo", "compare", "report")
-TARGET_DECISION_KEYS = ("slo", "cost")
-
-
-def decisions_from(stored: Doc, other: Doc) -> dict[str, Any]:
-    """The run's config with what decides (slo, compare, costs, report) taken from
-    ``other``; targets are matched by name, targets ``other`` lacks keep none of it."""
-    out = dict(stored)
-    for key in DECISION_KEYS:
-        out[key] = other.get(key)
-    theirs = {t.get("name"): t for t in other.get("targets", [])}
-    out["targets"] = [
-        {
-            **t,
-            **{k: (theirs.get(t.get("name")) or {}).get(k) for k in TARGET_DECISION_KEYS},
-        }
-        for t in stored.get("targets", [])
-    ]
-    return out
-
-
-REHEARSAL_NOTE = "a rehearsal: not projected"
-
-
-def _project_nothing(
-    overall: dict[str, Row], by_phase: dict[str, dict[str, Row]], gpus: list[GpuRow]
-) -> None:
-    """A rehearsal compresses the plan: a month at its load or a slope per hour of its
-    compressed time would be made up, so neither is given."""
-    for row in (*overall.values(), *(r for p in by_phase.values() for r in p.values())):
-        row.cost_per_month = None
-        if row.leak_bytes_per_hour is not None or row.leak_note is not None:
-            row.leak_bytes_per_hour, row.leak_note = None, REHEARSAL_NOTE
-    for g in gpus:
-        g.leak_bytes_per_hour, g.leak_note = None, REHEARSAL_NOTE
-
-
-def _count(per_phase: dict[str, float] | None, phase: str | None) -> int | None:
-    """A counter's increase over the run (``phase`` None) or one phase; None: no series."""
-    if per_phase is None:
-        return None
-    return round(sum(per_phase.values()) if phase is None else per_phase.get(phase, 0.0))
+    notes += client_limits(rows.overall, targets, read.stored.config)
+    notes += [f"{t}: {line}" for t in targets for line in describe(read.answer_notes.get(t, {}))]
+    notes += prompt_notes(read.prompt_rows, read.prompt_sizing)
+    return notes
 
 
 def _counted(t: Tally) -> int:
     return t.sent + t.excluded + t.unsent
-
-
-def _decision_config(
-    config: Doc, targets: list[str]
-) -> tuple[dict[str, Slo], Compare | None, str | None]:
-    """The stored config's slo (per target, overrides applied) and compare sections."""
-    try:
-        base = Slo.model_validate(config.get("slo") or {})
-        by_name = {t["name"]: t for t in config.get("targets", [])}
-        slos = {
-            t: Slo.model_validate(by_name.get(t, {}).get("slo") or {}).over(base) for t in targets
-        }
-        raw = config.get("compare")
-        spec = Compare.model_validate(raw) if raw else None
-    except ValidationError as exc:
-        return (
-            {t: Slo() for t in targets},
-            None,
-            f"the run's slo/compare config could not be read ({exc.error_count()} error(s)): "
-            "no verdicts",
-        )
-    if spec is not None and not {spec.baseline, spec.candidate} <= set(targets):
-        return slos, None, "compare names a target the run does not have: no comparison"
-    return slos, spec, None
-
-
-def _verdicts(
-    overall: dict[str, Row],
-    by_phase: dict[str, dict[str, Row]],
-    targets: list[str],
-    slos: dict[str, Slo],
-    tallies: dict[str, tuple[Tally, dict[str, Tally]]],
-) -> tuple[dict[str, Verdict], dict[str, dict[str, Verdict]]]:
-    """Goodput into the rows (the error ratios are there already: ``_row``), and each
-    target judged over the run and per phase."""
-    verdicts: dict[str, Verdict] = {}
-    phase_verdicts: dict[str, dict[str, Verdict]] = {p: {} for p in by_phase}
-    for t in targets:
-        whole, phases = tallies[t]
-        pairs = [(overall[t], whole)] + [(by_phase[p][t], phases.get(p, Tally())) for p in by_phase]
-        for row, tally in pairs:
-            v = judge(t, row.phase, slos[t], row, tally)
-            row.goodput, row.goodput_rps = v.goodput, v.goodput_rps
-            if row.phase is None:
-                verdicts[t] = v
-            else:
-                phase_verdicts[row.phase][t] = v
-    return verdicts, phase_verdicts
-
-
-def _row(
-    target: str,
-    phase: str | None,
-    rollups: list[Rollup],
-    active_s: float,
-    slice_s: float,
-    window_s: float,
-) -> Row:
-    stats = TargetStats()
-    slices: dict[int, TargetStats] = {}
-    per_slice = max(1, round(slice_s / window_s))
-    for r in rollups:
-        stats.merge(r.stats)
-        s = slices.get(r.window // per_slice)
-        if s is None:
-            s = slices[r.window // per_slice] = TargetStats()
-        s.merge(r.stats)
-    row = Row(target, phase, active_s=active_s, requests=stats.requests, ok=stats.ok)
-    row.errors_by_kind = dict(sorted(stats.errors.items()))
-    counted = error_counts(stats.requests, stats.errors)  # the one basis (goodput.py)
-    row.errors, row.server_errors = counted.failed, counted.server
-    row.shed, row.not_judged = counted.shed, counted.excluded
-    row.error_ratio, row.server_error_ratio = counted.error_ratio, counted.server_error_ratio
-    attempted = stats.requests - counted.excluded
-    row.success_rate = stats.ok / attempted if attempted else None
-    row.lag_p99_ms = ms(stats.lag.quantile(0.99))
-    row.output_tokens = stats.output_tokens
-    row.prompt_tokens = stats.prompt_tokens
-    if active_s > 0:
-        row.rps = stats.ok / active_s
-        row.attempt_rps = stats.requests / active_s
-        row.output_tps = stats.output_tokens / active_s
-    for kind in LATENCY_KINDS:
-        digest = getattr(stats, kind)
-        row.latency_ms[kind] = Quantiles(
-            p50=ms(digest.quantile(0.5)),
-            p95=ms(digest.quantile(0.95)),
-            p99=ms(digest.quantile(0.99)),
-        )
-    p99s = {i: v for i, s in slices.items() if (v := slice_p99(s)) is not None}
-    row.jitter, row.jitter_slices = worst_window_jitter(p99s, JITTER_SLICES)
-    return row
-
-
-DEFAULT_LAG_LIMIT_S = 0.1
-
-
-def _client_limits(overall: dict[str, Row], targets: list[str], config: Doc) -> list[str]:
-    """Say so when soakd itself was the bottleneck: its dispatch lag past the limit, or
-    planned sends it could not make in time. Those latency figures are the client's."""
-    limits = config.get("alert_limits") or {}
-    limit_s = float(limits.get("dispatch_lag") or DEFAULT_LAG_LIMIT_S)
-    notes = []
-    for t in targets:
-        row = overall[t]
-        late = row.missed_by_reason.get(MissReason.LATE, 0)
-        lagged = row.lag_p99_ms is not None and row.lag_p99_ms > limit_s * 1e3
-        if lagged or late:
-            why = []
-            if lagged:
-                lag = fmt_ms(row.lag_p99_ms or 0)
-                why.append(f"dispatch lag p99 {lag} (limit {fmt_ms(limit_s * 1e3)})")
-            if late:
-                why.append(f"{late:,} planned sends too late to make")
-            notes.append(
-                f"CLIENT-LIMITED: soakd could not keep up with {t}'s schedule "
-                f"({'; '.join(why)}): its latency and rate figures measure soakd as much as "
-                "the target (give soakd more CPU, or lower the load)"
-            )
-    for t in targets:
-        row = overall[t]
-        capped = row.missed_by_reason.get(MissReason.IN_FLIGHT_CAP)
-        if capped:
-            notes.append(
-                f"{t}: {capped:,} planned sends found "
-                "max_in_flight requests already out and were not made (the target could "
-                "not keep up with the offered rate)"
-            )
-    return notes
-
-
-def _energy_and_cost(
-    overall: dict[str, Row],
-    by_phase: dict[str, dict[str, Row]],
-    targets: list[str],
-    config: Doc,
-    gpus: Sequence[GpuEnergy],
-    price: float | None,
-    notes: list[str],
-) -> None:
-    """Each row's energy (``analysis.energy_share``) and cost (``cost.cost_line``)."""
-    costs: dict[str, TargetCost] = {}
-    for t in config.get("targets", []):
-        try:
-            costs[t["name"]] = TargetCost.model_validate(t.get("cost") or {})
-        except ValidationError:
-            costs[t["name"]] = TargetCost()
-            notes.append(f"targets[{t['name']}].cost could not be read: not costed")
-    shared = False
-    for target in targets:
-        for row in (overall[target], *(by_phase[p][target] for p in by_phase)):
-            scope = overall if row.phase is None else by_phase[row.phase]
-            share = energy_share(
-                target, gpus, {t: r.output_tokens for t, r in scope.items()}, row.phase
-            )
-            if share is not None:
-                row.energy_j, row.energy_shared = share.joules, share.shared
-                row.tokens_per_joule = share.tokens_per_joule
-                shared = shared or share.shared
-            energy = None
-            if price is not None and row.energy_j is not None and not row.energy_shared:
-                energy = (row.energy_j / JOULES_PER_KWH * price, f"energy at {price:g}/kWh")
-            line = cost_line(
-                costs.get(target, TargetCost()),
-                row.active_s,
-                row.prompt_tokens,
-                row.output_tokens,
-                energy,
-            )
-            row.cost, row.cost_basis = line.total, line.basis
-            row.cost_per_mtok, row.cost_per_month = line.per_mtok, line.per_month
-    if shared:
-        notes.append(
-            "targets sharing a GPU share its energy: their tokens per joule is the "
-            "pair's (set targets[].cost.gpus to charge GPUs explicitly)"
-        )
-
-
-def best(
-    overall: dict[str, Row], targets: list[str], eligible: set[str] | None = None
-) -> dict[str, list[str]]:
-    """Per metric, the target(s) with the better value, when there is a contest. Outside
-    NOT_RANKED only ``eligible`` targets compete (a target that failed most requests is
-    never best on latency); latencies within ``LATENCY_TIE`` of each other are a tie."""
-    out: dict[str, list[str]] = {}
-    for key, _, better in METRIC_COLUMNS:
-        if better is None:
-            continue
-        pool = (
-            targets
-            if eligible is None or key in NOT_RANKED
-            else [t for t in targets if t in eligible]
-        )
-        values = {t: v for t in pool if (v := value_of(overall[t], key)) is not None}
-        winners = best_of(values, better, LATENCY_TIE if "." in key else 0.0)
-        if winners:
-            out[key] = winners
-    return out

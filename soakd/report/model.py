@@ -7,17 +7,12 @@ report's keys and order: add at the end, rename never.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, TypedDict
+from typing import Literal, NamedTuple, TypedDict
 
 from soakd.analysis import Quantiles, quantile_of
 from soakd.slowest import SlowRequest
 from soakd.verdicts import CompareVerdict, Verdict
-
-Doc = Mapping[str, Any]
-"""A JSON document as the journal stores it: the run's config (``soakd.redact.config_doc``),
-an event's data. Read with ``.get``: a key an older soakd did not write is absent."""
 
 LatencyKind = Literal["ttft", "itl", "tpot", "e2e"]
 LATENCY_KINDS: tuple[LatencyKind, ...] = ("ttft", "itl", "tpot", "e2e")

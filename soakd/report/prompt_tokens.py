@@ -10,14 +10,15 @@ successful requests that report usage, paired one for one. The sizing soakd used
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from soakd.config import ConfigError, TokenLength
 from soakd.journal.records import Logged, PromptCalibration, each
-from soakd.report.model import Doc, PromptTokens, Report
+from soakd.journal.stored import StoredWorkload
+from soakd.report.model import PromptTokens, Report
 from soakd.report.table import Table, cells
 from soakd.workload.calibration import Calibration
 from soakd.workload.prompts import FilePrompts, SyntheticPrompts
@@ -25,11 +26,14 @@ from soakd.workload.sizing import WARN_SHARE, stored
 
 
 def prompt_tokens(
-    conn: sqlite3.Connection, config: Doc, events: Sequence[Logged], targets: list[str]
+    conn: sqlite3.Connection,
+    workload: StoredWorkload,
+    events: Sequence[Logged],
+    targets: list[str],
 ) -> tuple[list[PromptTokens], str | None]:
     """Per target, planned against served; and how the prompts were sized (None: no
     synthetic prompts, or a journal from before calibration)."""
-    planned = _planner(config)
+    planned = _planner(workload)
     docs = [e.doc for _, e in each(events, PromptCalibration)]
     at_start: dict[str, float] = {}
     for doc in docs:
@@ -48,7 +52,7 @@ def prompt_tokens(
                 at_start.get(target),
             )
         )
-    return rows, _sizing(config, docs)
+    return rows, _sizing(workload, docs)
 
 
 def _pairs(
@@ -74,30 +78,33 @@ def _pairs(
     return n, planned_sum, served_sum
 
 
-def _planner(config: Doc) -> Callable[[int], int] | None:
+def _planner(workload: StoredWorkload) -> Callable[[int], int] | None:
     """Planned tokens by seq, from the stored config (None: cannot be rebuilt, e.g. a
     prompt file no longer there)."""
-    workload = config.get("workload") or {}
-    prompts = workload.get("prompts") or {}
+    prompts = workload.prompts
+    if prompts.source == "file":
+        if prompts.file is None:
+            return None
+        try:
+            source = FilePrompts(Path(prompts.file))
+        except ConfigError:
+            return None
+        return lambda seq: source.spec_fields(seq)[1]
     try:
-        if prompts.get("source", "synthetic") == "file":
-            source = FilePrompts(Path(prompts["file"]))
-            return lambda seq: source.spec_fields(seq)[1]
-        lengths = TokenLength.model_validate(prompts.get("input_tokens") or {})
-    except (ConfigError, ValidationError, KeyError, TypeError):
+        lengths = TokenLength.model_validate(prompts.input_tokens.model_dump())
+    except ValidationError:
         return None
     if lengths.dist == "fixed":
         n = min(lengths.max, max(lengths.min, lengths.mean))
         return lambda _seq: n
-    return SyntheticPrompts(lengths, int(workload.get("seed", 0))).length
+    return SyntheticPrompts(lengths, workload.seed).length
 
 
-def _sizing(config: Doc, docs: Sequence[Doc]) -> str | None:
+def _sizing(workload: StoredWorkload, docs: Sequence[Mapping[str, object]]) -> str | None:
     """How the prompts were sized, in a line."""
-    workload = config.get("workload") or {}
-    if (workload.get("prompts") or {}).get("source", "synthetic") == "file":
+    if workload.prompts.source == "file":
         return None
-    if workload.get("calibrate") == "off":
+    if workload.calibrate == "off":
         return "not sized (workload.calibrate off): a word a token"
     if not docs:
         return None

@@ -18,8 +18,9 @@ from soakd.analysis import GpuEnergy, leak_note, leak_slope
 from soakd.goodput import guard_refusal
 from soakd.journal import records
 from soakd.journal.records import Logged
+from soakd.journal.stored import StoredConfig
 from soakd.report import names
-from soakd.report.model import Doc, GpuRow, GuardRow, Row
+from soakd.report.model import GpuRow, GuardRow, Row
 
 Points = list[tuple[float, float]]
 """(plan seconds, value), in time order."""
@@ -113,15 +114,13 @@ class Samples:
         found = (lbl for name in names.GPU_NAMES for lbl, _ in self.by_name.get(name, []))
         return sorted({lbl.get("gpu", "?") for lbl in found})
 
-    def charged(self, targets: list[str], config: Doc) -> dict[str, list[str]]:
+    def charged(self, targets: list[str], config: StoredConfig) -> dict[str, list[str]]:
         """GPU -> the targets charged with it: ``cost.gpus``, else the GPUs the target's
         process was seen on, else every GPU when there is one target (or it owns the DCGM
         page the readings came from)."""
         every = self.gpu_names()
         charged: dict[str, list[str]] = {g: [] for g in every}
-        configured = {
-            t["name"]: (t.get("cost") or {}).get("gpus") for t in config.get("targets", [])
-        }
+        configured = {t.name: t.charged_gpus for t in config.targets}
         for target in targets:
             gpus = configured.get(target)
             if gpus is None:
@@ -172,51 +171,59 @@ class Samples:
         return rows, energy
 
 
-def dcgm_owner(config: Doc) -> str | None:
+def dcgm_owner(config: StoredConfig) -> str | None:
     """The target whose own page the GPU readings came from: with ``gpu.source: dcgm`` and
     no ``dcgm_url``, the first simulator target (as the probe picks it); with a
     ``dcgm_url``, the target whose server answers on that host and port."""
-    gpu = config.get("gpu") or {}
-    if gpu.get("source") != "dcgm":
+    if config.gpu.source != "dcgm":
         return None
-    targets = config.get("targets") or []
-    url = gpu.get("dcgm_url")
+    url = config.gpu.dcgm_url
     if not url:
-        return next((t["name"] for t in targets if t.get("simulator")), None)
+        return next((t.name for t in config.targets if t.simulator), None)
     host = urlsplit(url).netloc
     return next(
         (
-            t["name"]
-            for t in targets
+            t.name
+            for t in config.targets
             if host
-            and host
-            in (
-                urlsplit(t.get("base_url") or "").netloc,
-                urlsplit(t.get("metrics_url") or "").netloc,
-            )
+            and host in (urlsplit(t.base_url or "").netloc, urlsplit(t.metrics_url or "").netloc)
         ),
         None,
     )
 
 
-def vram(overall: dict[str, Row], targets: list[str], probe: Samples, gpus: list[GpuRow]) -> None:
+@dataclass(frozen=True)
+class Vram:
+    """A target's VRAM over the run: its peak and leak slope (None: not measured)."""
+
+    peak_bytes: float | None
+    leak_bytes_per_hour: float | None
+    leak_note: str | None
+
+
+def vram(targets: list[str], probe: Samples, gpus: list[GpuRow]) -> dict[str, Vram]:
     """Each target's VRAM peak and leak slope: its process's memory, else its own GPUs'."""
+    out: dict[str, Vram] = {}
     for target in targets:
         found = probe.find(names.GPU_PROCESS_MEMORY, {"target": target})
         if found:
-            peaks = [max(v for _, v in pts) for _, pts in found]
-            overall[target].vram_peak_bytes = sum(peaks)
             longest = max(found, key=lambda f: len(f[1]))[1]
-            overall[target].leak_bytes_per_hour = leak_slope(longest)
-            overall[target].leak_note = leak_note(longest)
+            out[target] = Vram(
+                sum(max(v for _, v in pts) for _, pts in found),
+                leak_slope(longest),
+                leak_note(longest),
+            )
             continue
         mine = [g for g in gpus if g.targets == [target]]
         if mine:
             peaks = [g.peak_used_bytes for g in mine if g.peak_used_bytes is not None]
-            overall[target].vram_peak_bytes = sum(peaks) if peaks else None
             slopes = [g.leak_bytes_per_hour for g in mine if g.leak_bytes_per_hour is not None]
-            overall[target].leak_bytes_per_hour = sum(slopes) if slopes else None
-            overall[target].leak_note = next((g.leak_note for g in mine if g.leak_note), None)
+            out[target] = Vram(
+                sum(peaks) if peaks else None,
+                sum(slopes) if slopes else None,
+                next((g.leak_note for g in mine if g.leak_note), None),
+            )
+    return out
 
 
 def guard_rows(
@@ -224,12 +231,12 @@ def guard_rows(
     by_phase: dict[str, dict[str, Row]],
     targets: list[str],
     phases: list[str],
-    config: Doc,
+    config: StoredConfig,
     events: Sequence[Logged],
 ) -> list[GuardRow]:
     """Per phase and guarded target: the modes the phase set, breaker openings, the sheds
     soakd counted and the gateway's own rejections, the concurrency limit's range."""
-    guarded = [t["name"] for t in config.get("targets", []) if t.get("gateway") is not None]
+    guarded = [t.name for t in config.targets if t.guarded]
     guarded += [
         t
         for t in targets

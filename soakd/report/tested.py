@@ -19,8 +19,9 @@ from typing import Any
 from soakd.config import format_duration
 from soakd.config.redact import scrub_url
 from soakd.journal.records import Logged, RunResumed, RunStarted
+from soakd.journal.stored import StoredLoad, StoredPlan, StoredPrompts, StoredRun, StoredTarget
 from soakd.model import NS_PER_S
-from soakd.report.model import Doc, PhaseTested, Report, TargetTested, Tested
+from soakd.report.model import PhaseTested, Report, TargetTested, Tested
 from soakd.report.table import Table, cells, fmt_duration
 from soakd.workload.shapes import shape_of
 
@@ -46,97 +47,92 @@ def _iso(wall: float | None) -> str:
     return datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _prompt_plan(prompts: Doc) -> str:
+def _prompt_plan(prompts: StoredPrompts) -> str:
     """The workload's prompt lengths, as configured (``workload.prompts``)."""
-    if prompts.get("source") == "file":
-        name = str(prompts.get("file") or "?").rsplit("/", 1)[-1]
+    if prompts.source == "file":
+        name = str(prompts.file or "?").rsplit("/", 1)[-1]
         return f"file {name} (its own lengths)"
-    d = prompts.get("input_tokens") or {}
-    dist, mean = d.get("dist", "fixed"), d.get("mean", 256)
-    lo, hi = d.get("min", 1), d.get("max", 4096)
-    if dist == "uniform":
+    d = prompts.input_tokens
+    lo, hi = d.min, d.max
+    if d.dist == "uniform":
         return f"uniform {lo}-{hi}"
-    if dist == "normal":
-        return f"normal {mean} ± {d.get('stddev', 0):g} ({lo}-{hi})"
-    return f"fixed {max(lo, min(hi, mean))}"
+    if d.dist == "normal":
+        return f"normal {d.mean} ± {d.stddev:g} ({lo}-{hi})"
+    return f"fixed {max(lo, min(hi, d.mean))}"
 
 
-def _endpoint(t: Doc) -> str:
-    if t.get("simulator"):
-        return f"simulator {t['simulator']}"
-    url = scrub_url(str(t.get("base_url", "")))  # stored redacted already: twice is safe
-    if t.get("deployment"):
-        url += f" (deployment {t['deployment']})"
+def _endpoint(t: StoredTarget) -> str:
+    if t.simulator:
+        return f"simulator {t.simulator}"
+    url = scrub_url(t.base_url)  # stored redacted already: twice is safe
+    if t.deployment:
+        url += f" (deployment {t.deployment})"
     return url
 
 
-def _shape(load: Doc) -> str:
-    fields = ("mode", "concurrency", "rate", "rate_end", "max_in_flight")
-    return shape_of(**{k: load[k] for k in fields if k in load}).describe()
+def _shape(load: StoredLoad) -> str:
+    return shape_of(**load.model_dump(exclude_unset=True)).describe()  # as stored
 
 
-def _phases(plan: Doc, scale: float) -> list[PhaseTested]:
+def _phases(plan: StoredPlan) -> list[PhaseTested]:
     """The plan's phases, a looped plan's repeats of one phase folded into one row."""
     out: dict[str, PhaseTested] = {}
-    for p in plan.get("phases", []):
-        start, end = p["start_ns"] / NS_PER_S, p["end_ns"] / NS_PER_S
-        seen = out.get(p["name"])
+    for p in plan.phases:
+        start, end = p.start_ns / NS_PER_S, p.end_ns / NS_PER_S
+        seen = out.get(p.name)
         if seen is not None:
             seen.times += 1
             continue
-        loads = {t: _shape(load) for t, load in p.get("loads", {}).items()}
-        out[p["name"]] = PhaseTested(p["name"], start, end - start, (end - start) / scale, 1, loads)
+        loads = {t: _shape(load) for t, load in p.loads.items()}
+        out[p.name] = PhaseTested(p.name, start, end - start, (end - start) / plan.scale, 1, loads)
     return list(out.values())
 
 
 def what_was_tested(
-    meta: Doc, sessions: Sequence[Mapping[str, Any]], events: Sequence[Logged], served: Served
+    stored: StoredRun,
+    sessions: Sequence[Mapping[str, Any]],
+    events: Sequence[Logged],
+    served: Served,
 ) -> Tested:
-    """From the journal's ``meta`` (config, plan, options), its sessions and events."""
-    config: Doc = meta.get("config") or {}
-    plan: Doc = meta.get("plan") or {}
-    options: Doc = meta.get("options") or {}
-    workload: Doc = config.get("workload") or {}
-    scale = float(plan.get("scale") or 1.0)
-    phases = plan.get("phases") or []
-    plan_s = phases[-1]["end_ns"] / NS_PER_S if phases else 0.0
+    """From what the journal stored of the run (config, plan, flags), its sessions and
+    events."""
+    config, plan, workload = stored.config, stored.plan, stored.config.workload
     hosts = [
         e.host for row in events if isinstance(e := row.event, RunStarted | RunResumed) and e.host
     ]
-    prompts = _prompt_plan(workload.get("prompts") or {})
+    prompts = _prompt_plan(workload.prompts)
     targets = []
-    for t in config.get("targets", []):
-        mean_in, mean_out = served.get(t["name"], (None, None))
+    for t in config.targets:
+        mean_in, mean_out = served.get(t.name, (None, None))
         targets.append(
             TargetTested(
-                name=t["name"],
-                model=str(t.get("deployment") or t.get("model", "")),
+                name=t.name,
+                model=t.deployment or t.model,
                 endpoint=_endpoint(t),
-                api=f"{t.get('kind', 'openai')} {t.get('api', 'chat')}",
-                stream=bool(t.get("stream", True)),
-                gateway=t.get("gateway") is not None,
+                api=f"{t.kind} {t.api}",
+                stream=t.stream,
+                gateway=t.guarded,
                 prompt_tokens_planned=prompts,
-                max_tokens=int(workload.get("max_tokens", 512)),
+                max_tokens=workload.max_tokens,
                 prompt_tokens_served=mean_in,
                 output_tokens_served=mean_out,
             )
         )
-    source = (workload.get("prompts") or {}).get("source", "synthetic")
     return Tested(
-        run_name=str((config.get("run") or {}).get("name", "")),
-        node=str((config.get("run") or {}).get("node", "")),
-        site=(config.get("run") or {}).get("site"),
+        run_name=config.run.name,
+        node=config.run.node,
+        site=config.run.site,
         hosts=list(dict.fromkeys(hosts)),
-        started=_iso(meta.get("created_wall")),
+        started=_iso(stored.created_wall),
         ended=_iso(max((s["wall"] for s in sessions), default=None)),
-        rehearsal=options.get("rehearse_s") is not None or scale != 1.0,
-        scale=scale,
-        configured_plan_s=plan_s / scale,
-        duration_cap_s=options.get("duration_s"),
-        prompts=str(source),
-        temperature=workload.get("temperature"),
+        rehearsal=stored.options.rehearse_s is not None or plan.scale != 1.0,
+        scale=plan.scale,
+        configured_plan_s=plan.end_s / plan.scale,
+        duration_cap_s=stored.options.duration_s,
+        prompts=workload.prompts.source,
+        temperature=workload.temperature,
         targets=targets,
-        phases=_phases(plan, scale),
+        phases=_phases(plan),
     )
 
 

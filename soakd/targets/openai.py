@@ -488,6 +488,27 @@ class OpenAITarget:
         return text[:200]
 
 
+def target_headers(
+    cfg: TargetConfig, key: SecretStr | None, accept: dict[str, str] | None = None
+) -> dict[str, str]:
+    """What every request to a target carries, in the order sent: who soakd is, what it
+    accepts, the key (``api-key`` for Azure, else a bearer token), the OpenAI account
+    headers, then the config's own ``headers`` (which win). The client and the
+    calibration's /tokenize client both use it, so they present themselves alike."""
+    headers = {"User-Agent": f"soakd/{__version__}", "Content-Type": "application/json"}
+    headers.update(accept or {})
+    if key is not None and cfg.kind == "azure":
+        headers["api-key"] = key.get_secret_value()
+    elif key is not None:
+        headers["Authorization"] = f"Bearer {key.get_secret_value()}"
+    if cfg.organization:
+        headers["OpenAI-Organization"] = cfg.organization
+    if cfg.project:
+        headers["OpenAI-Project"] = cfg.project
+    headers.update(cfg.headers)
+    return headers
+
+
 async def open_target(
     cfg: TargetConfig, *, run_id: str | None = None, on_learn: OnLearn | None = None
 ) -> OpenAITarget:
@@ -501,22 +522,10 @@ async def open_target(
     proxy, proxy_auth = (
         (URL(cfg.proxy), None) if cfg.proxy is not None else await env_proxy(cfg.endpoint)
     )
-    headers = {
-        "User-Agent": f"soakd/{__version__}",
-        "Content-Type": "application/json",
-        "Accept": "text/event-stream" if cfg.stream else "application/json",
-    }
+    accept = {"Accept": "text/event-stream" if cfg.stream else "application/json"}
     if cfg.stream:
-        headers["Accept-Encoding"] = "identity"  # compression would batch tokens
-    if key is not None and cfg.kind == "azure":
-        headers["api-key"] = key.get_secret_value()
-    elif key is not None:
-        headers["Authorization"] = f"Bearer {key.get_secret_value()}"
-    if cfg.organization:
-        headers["OpenAI-Organization"] = cfg.organization
-    if cfg.project:
-        headers["OpenAI-Project"] = cfg.project
-    headers.update(cfg.headers)
+        accept["Accept-Encoding"] = "identity"  # compression would batch tokens
+    headers = target_headers(cfg, key, accept)
     refused = next(
         (p for p in (header_problem(k, v) for k, v in headers.items()) if p is not None),
         url_problem(cfg.endpoint),

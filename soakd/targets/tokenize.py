@@ -16,9 +16,9 @@ import aiohttp
 from aiohttp import BasicAuth, ClientSession, ClientTimeout, DummyCookieJar
 from yarl import URL
 
-from soakd import __version__
 from soakd.config import TargetConfig
 from soakd.net import env_proxy, header_problem
+from soakd.targets.openai import target_headers
 from soakd.workload.calibration import Tokenized, TokenizeError
 
 __all__ = ["BODY_LIMIT", "ServerTokenizer", "open_tokenizer"]
@@ -180,15 +180,7 @@ async def open_tokenizer(cfg: TargetConfig, base_url: str, timeout_s: float) -> 
         raise TokenizeError("Azure has no /tokenize")
     root = base_url.rstrip("/").removesuffix("/v1")
     proxy, proxy_auth = (URL(cfg.proxy), None) if cfg.proxy is not None else await env_proxy(root)
-    headers = {"User-Agent": f"soakd/{__version__}", "Content-Type": "application/json"}
-    key = cfg.api_key()
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key.get_secret_value()}"
-    if cfg.organization:
-        headers["OpenAI-Organization"] = cfg.organization
-    if cfg.project:
-        headers["OpenAI-Project"] = cfg.project
-    headers.update(cfg.headers)
+    headers = target_headers(cfg, cfg.api_key())
     if any(header_problem(k, v) for k, v in headers.items()):  # as the target's client
         raise TokenizeError("a header cannot go on the wire: not asked")
     session = ClientSession(headers=headers, trust_env=False, cookie_jar=DummyCookieJar())

@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from soakd import _malloc
+from soakd import runtime
 from soakd.config import TargetConfig
 from soakd.logs import setup_logging
 from soakd.model import ErrorKind, MissReason, Outcome, RequestSpec
@@ -163,8 +163,7 @@ def _tell_closes(writer: asyncio.StreamWriter, target: int, status: int, closes:
 
 
 def main() -> int:
-    _malloc.limit_arenas()  # as `soakd run` does, before any thread allocates
-    _malloc.start_trimming()
+    runtime.prepare_process()  # as `soakd run` does, before any thread allocates
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     fd = int(sys.argv[1])

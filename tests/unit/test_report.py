@@ -293,17 +293,27 @@ def test_json_carries_the_same_numbers(run_dir: Path) -> None:
 def test_cli_report_and_export(
     run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    for fmt in ("md", "html", "json"):
+    rows = rows_of(run_dir)
+    sent = {t: expected(rows, t, None)["requests"] for t in ("alpha", "beta")}
+    # every format says what the journal holds: each target's requests sent, in its row
+    sent_row = {
+        "md": f"| sent | {sent['alpha']} | {sent['beta']} |",
+        "html": f"sent</td><td>{sent['alpha']}</td><td>{sent['beta']}</td>",
+    }
+    for fmt, row in sent_row.items():
         out = tmp_path / f"report.{fmt}"
         assert main(["report", str(run_dir), "--format", fmt, "-o", str(out)]) == 0
-        assert "alpha" in out.read_text()
+        assert row in out.read_text()
+    out = tmp_path / "report.json"
+    assert main(["report", str(run_dir), "--format", "json", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert {t: doc["overall"][t]["requests"] for t in sent} == sent
     assert main(["report", str(run_dir), "--format", "text"]) == 0
     text = capsys.readouterr().out
-    assert "alpha" in text
-    assert "beta" in text
+    sent_line = next(line for line in text.splitlines() if " sent " in line)
+    assert [w for w in sent_line.split() if w.isdigit()] == [str(n) for n in sent.values()]
     assert "E2E p99" in text
 
-    rows = rows_of(run_dir)
     csv_out = tmp_path / "rows.csv"
     assert main(["export", str(run_dir), "--format", "csv", "-o", str(csv_out), "--itl"]) == 0
     lines = csv_out.read_text().splitlines()

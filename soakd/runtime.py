@@ -1,4 +1,6 @@
-"""Process set-up: cap glibc's malloc arenas before soakd starts its threads.
+"""Process set-up, in one place for ``soakd run``, its workers and the benchmarks: cap
+glibc's malloc arenas before soakd starts its threads, hand freed pages back, and give
+the event loop the GIL back sooner.
 
 glibc gives each new thread that allocates its own malloc arena, up to 8 per core, and an
 arena keeps the memory it once held. `soakd run` has several threads (journal writer,
@@ -82,3 +84,23 @@ def start_trimming(every_s: float = TRIM_EVERY_S) -> threading.Thread | None:
     thread = threading.Thread(target=loop, name="soakd-malloc-trim", daemon=True)
     thread.start()
     return thread
+
+
+GIL_SWITCH_S: Final = 0.0005
+"""``sys.setswitchinterval`` for ``soakd run``: how soon the event loop gets the GIL back.
+With the default 5 ms, a token read while another thread runs Python is stamped up to
+5 ms late; 0.5 ms cut the TTFT p99 error by ~30 % at 64 streams, same CPU
+(docs/benchmarks.md)."""
+
+
+def prepare_process(trim_every_s: float = TRIM_EVERY_S) -> None:
+    """What a process that sends requests does first, before any thread allocates: two
+    malloc arenas (RSS on many cores, docs/benchmarks.md) and the trimming thread
+    (freed heap pages back to the OS every minute, "Endurance")."""
+    limit_arenas()
+    start_trimming(trim_every_s)
+
+
+def favour_the_loop() -> None:
+    """The GIL switch interval of a process whose event loop times tokens."""
+    sys.setswitchinterval(GIL_SWITCH_S)

@@ -1,0 +1,250 @@
+"""Journal stored-run room: what the report and a resume read of the run the journal stored.
+
+A journal's ``meta`` holds the run as its first session started it: the redacted config
+(``soakd/config/redact.py``), the resolved plan (``resume.plan_doc``), the flags, the ids.
+It used to be read by dict paths (``config.get("targets", [])``), so a key renamed by a
+later soakd quietly became an empty list: no targets, no verdicts, no guard rows.
+``StoredRun`` is the one typed reading of it:
+
+- *Lenient where a newer soakd adds*: every model ignores keys it does not know
+  (``extra="ignore"``), so a journal a newer soakd wrote still reads.
+- *Strict where a reading would be wrong*: what the report cannot do without (the run id,
+  each target's name, the plan's phases, the config itself) is required, and a journal
+  that lacks it is a ``JournalError`` naming the key, not an empty report.
+- *Defaults said once, here*: a key an older soakd did not write takes the default written
+  beside its field (the same the config has, unless the comment says why not).
+- *The deciding sections stay documents* (``slo``, ``compare``, a target's ``slo`` and
+  ``cost``): they are read by the config's own strict models where they decide
+  (soakd/report/decisions.py), which say in a note when one cannot be read, and
+  ``soakd report --config`` replaces them (``decisions_from``, in the same module).
+
+Versions follow the journal schema's (schema.py): ``upgrade`` brings an older document to
+the shape read here, one step per change, as ``schema.migrate`` brings the tables. A
+journal continued by a newer soakd keeps the config its first session stored while its
+schema version moves on, so, like ``migrate`` (which looks for the columns), each step
+recognises its old shape instead of trusting the number. The document in the file is
+never rewritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from soakd.config import ReportConfig, TokenLength
+from soakd.journal.schema import JournalError
+from soakd.model import NS_PER_S
+
+JsonObject = dict[str, object]
+"""A section kept as the document it was stored as (read where it decides)."""
+
+
+class Lenient(BaseModel):
+    """A stored document's reading: keys this soakd does not know are ignored."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+# --- the config ------------------------------------------------------------------------------
+
+
+class StoredTarget(Lenient):
+    name: str  # required: every figure of the report is by target name
+    base_url: str = ""
+    simulator: str | None = None
+    metrics_url: str | None = None
+    deployment: str | None = None
+    model: str = ""  # the config's default is soakd-sim; absent, the report shows nothing
+    kind: str = "openai"
+    api: str = "chat"
+    stream: bool = True
+    gateway: JsonObject | None = None  # present: a guard gateway soakd started in front
+    slo: JsonObject | None = None  # its overrides of the run's slo (decisions.py reads them)
+    cost: JsonObject | None = None  # what it is charged (decisions.py reads it)
+
+    @property
+    def guarded(self) -> bool:
+        return self.gateway is not None
+
+    @property
+    def charged_gpus(self) -> list[str] | None:
+        """``cost.gpus``: the GPUs charged to it (None: where its process ran)."""
+        gpus = (self.cost or {}).get("gpus")
+        return [str(g) for g in gpus] if isinstance(gpus, list) else None
+
+
+_LENGTH = TokenLength()
+
+
+class StoredTokenLength(Lenient):
+    """``workload.prompts.input_tokens`` as written, with the config's defaults; unchecked
+    (a bound this soakd tightened since must not hide the rest of the report): the prompt
+    planner checks it with the config's model (``TokenLength``) before it uses it."""
+
+    dist: str = _LENGTH.dist
+    mean: int = _LENGTH.mean
+    stddev: float = _LENGTH.stddev
+    min: int = _LENGTH.min
+    max: int = _LENGTH.max
+
+
+class StoredPrompts(Lenient):
+    source: str = "synthetic"
+    file: str | None = None
+    input_tokens: StoredTokenLength = StoredTokenLength()
+
+
+class StoredWorkload(Lenient):
+    prompts: StoredPrompts = StoredPrompts()
+    max_tokens: int = 512
+    temperature: float | None = None  # absent: not said (the report shows none)
+    seed: int = 0
+    # absent: a soakd from before the prompts were sized; such a run goes on as it ran
+    # (not "auto", the config's default)
+    calibrate: str | None = None
+
+
+class StoredRunSection(Lenient):
+    """``run``: where the run was."""
+
+    name: str = ""
+    node: str = ""
+    site: str | None = None
+
+
+class StoredReport(ReportConfig):
+    """``report``: the config's own model (energy price, currency), lenient."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class StoredAlertLimits(Lenient):
+    dispatch_lag: float | None = None  # None: the default (report/decisions.py)
+
+
+class StoredGpu(Lenient):
+    source: str = "auto"
+    dcgm_url: str | None = None
+
+
+class StoredConfig(Lenient):
+    """The run's config as stored (redacted), as far as the report and a resume read it."""
+
+    targets: list[StoredTarget]  # required: without it nothing is by target
+    workload: StoredWorkload = StoredWorkload()
+    run: StoredRunSection = StoredRunSection()
+    report: StoredReport = StoredReport()
+    alert_limits: StoredAlertLimits = StoredAlertLimits()
+    gpu: StoredGpu = StoredGpu()
+    slo: JsonObject | None = None
+    compare: JsonObject | None = None
+
+    def target(self, name: str) -> StoredTarget | None:
+        return next((t for t in self.targets if t.name == name), None)
+
+
+# --- the plan, the flags, the run -------------------------------------------------------------
+
+
+class StoredLoad(Lenient):
+    """One target's load in one phase, as ``resume.plan_doc`` stored it. Read with
+    ``model_dump(exclude_unset=True)``: what was stored, for ``shape_of`` to default."""
+
+    mode: str | None = None
+    concurrency: int | None = None
+    rate: int | float | None = None  # as written (a describe() prints it)
+    rate_end: int | float | None = None
+    max_in_flight: int | None = None
+
+
+class StoredPhase(Lenient):
+    name: str
+    start_ns: int
+    end_ns: int
+    index: int = 0
+    loads: dict[str, StoredLoad] = Field(default_factory=dict)
+
+
+class StoredPlan(Lenient):
+    scale: float = 1.0  # run time per configured time (a rehearsal's is below 1)
+    phases: list[StoredPhase]  # required: a plan has at least one
+
+    @property
+    def end_s(self) -> float:
+        """Where the plan ends, in seconds of plan time (0: no phase)."""
+        return self.phases[-1].end_ns / NS_PER_S if self.phases else 0.0
+
+
+class StoredOptions(Lenient):
+    """The first session's flags (``--rehearse``, ``--duration``)."""
+
+    rehearse_s: float | None = None
+    duration_s: float | None = None
+
+
+class StoredRun(Lenient):
+    """What the journal's ``meta`` says of the run (read with ``read_stored``); every key
+    here has been written since the first journal schema."""
+
+    run_id: str
+    config: StoredConfig
+    plan: StoredPlan
+    options: StoredOptions = StoredOptions()
+    created_wall: float
+    created: str = ""
+    plan_start: str  # ISO (read with ``datetime.fromisoformat``, as it was written)
+    window_ns: int
+    schema_version: int
+    soakd_version: str
+
+
+# --- versions --------------------------------------------------------------------------------
+
+
+def _alert_limits_from_thresholds(config: JsonObject) -> None:
+    """v1 (before the slo block): the alert lines were ``exporter.thresholds``. Their one
+    the report reads, the dispatch lag that makes a target client-limited, is
+    ``alert_limits.dispatch_lag`` since. The others are not made an SLO: they were written
+    with their defaults whether anyone chose them or not, and a limit nobody chose passes
+    or fails no release (docs/slo.md), so such a run judges nothing unless
+    ``soakd report --config`` gives it an slo."""
+    exporter = config.get("exporter")
+    thresholds = exporter.get("thresholds") if isinstance(exporter, dict) else None
+    if not isinstance(thresholds, dict) or "alert_limits" in config:
+        return
+    lag = thresholds.get("dispatch_lag_seconds")
+    config["alert_limits"] = {} if lag is None else {"dispatch_lag": lag}
+
+
+UPGRADES: tuple[tuple[int, Callable[[JsonObject], None]], ...] = (
+    (1, _alert_limits_from_thresholds),
+)
+"""(the schema version whose stored config had the old shape, the step to the next), in
+order; each step changes only a document it recognises."""
+
+
+def upgrade(config: Mapping[str, object]) -> JsonObject:
+    """A stored config brought to the shape ``StoredConfig`` reads (a copy)."""
+    doc = dict(config)
+    for _, step in UPGRADES:
+        step(doc)
+    return doc
+
+
+def read_stored(meta: Mapping[str, object], where: object = "the journal") -> StoredRun:
+    """The run a journal's ``meta`` stored, upgraded; JournalError naming each key that
+    is missing or unreadable (``where``: the journal's path, for the message)."""
+    doc = dict(meta)
+    config = doc.get("config")
+    if isinstance(config, Mapping):
+        doc["config"] = upgrade(config)
+    try:
+        return StoredRun.model_validate(doc)
+    except ValidationError as exc:
+        keys = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'meta'}: {e['msg']}" for e in exc.errors()[:5]
+        )
+        raise JournalError(
+            f"{where}: the run it stored cannot be read by this soakd ({keys})"
+        ) from None
