@@ -32,6 +32,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from soakd import metric_names as mn
+from soakd import outcome_record
 from soakd.config import TargetConfig
 from soakd.model import ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.types import NotSent, SendGate
@@ -191,17 +192,23 @@ class Worker:
         self, payload: bytes, count: Callable[[int, str], None] | None, wake: Wakeups
     ) -> None:
         shift = self.shift
-        for rid, fields, detail, itl, keys in wire.unpack_outcomes(payload):
+        for rid, head, start, end in wire.unpack_outcomes(payload):
             got = self.pending.pop(rid, None)
             if got is None:
                 continue
             out, done, paced = got
-            if fields[8] == wire.NOT_SENT:  # the worker reached it past its deadline
-                wake.add(done, NotSent(MissReason(detail)), paced=paced)
+            if head.error == wire.NOT_SENT:  # the worker reached it past its deadline
+                why = outcome_record.detail(payload, start, head)
+                wake.add(done, NotSent(MissReason(why)), paced=paced)
                 continue
-            wall = out.wall_start
-            wire.apply(out, fields, detail, itl, keys, shift)
-            out.wall_start = out.wall_start or wall  # cut before it went out: unsent
+            if shift or not head.wall_start or not head.end_ns:
+                # instants to move, or a field soakd sets itself: unpacked, packed again
+                wall = out.wall_start
+                outcome_record.fill(out, head, payload, start, shift)
+                out.wall_start = out.wall_start or wall  # cut before it went out: unsent
+            else:  # the journal forwards the record as it came
+                outcome_record.fill(out, head, payload, start, tails=False)
+                out.packed = payload[start:end]
             if count is not None:
                 count(self.index, out.phase)
             wake.add(done, paced=paced)
