@@ -12,7 +12,7 @@ from soakd import outcome_record
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.types import NotSent
 from soakd.workers import wire
-from soakd.workers.pool import WAKE_SLICE, Wakeups, WorkerGate
+from soakd.workers.pool import WAKE_SLICE, Wakeups, Worker, WorkerGate
 from soakd.workers.senders import NoReuse
 from tests.waiting import until
 
@@ -263,3 +263,30 @@ def test_no_reuse_holds_a_status_while_any_sender_learned_it() -> None:
     no_reuse.forget(1)  # worker 1 died: its pools are gone
     assert no_reuse.status() == {}
     assert heard == [("a", 200, True), ("b", 503, True), ("a", 200, False), ("b", 503, False)]
+
+
+def test_a_frame_counts_what_it_woke_by_phase_even_when_it_breaks_halfway() -> None:
+    """The worker counter is added to once per phase per frame, and never loses a count:
+    a frame cut short still counts the outcomes it handed back before the cut."""
+    buf = bytearray()
+    for rid in (1, 2, 3):
+        wire.pack_outcome(buf, rid, filled(None))
+    wire.pack_not_sent(buf, 4, "late")  # not sent: counted as missed by the runner, not here
+    wire.pack_outcome(buf, 5, filled(None))
+    payload = bytes(buf[:-3])  # the last record cut short
+    counted: list[tuple[int, str, int]] = []
+
+    async def go() -> list[Outcome]:
+        w = Worker(3)
+        loop = asyncio.get_running_loop()
+        outs = [Outcome("t", phase, 7, 1_000) for phase in ("p", "q", "p", "p", "p")]
+        for rid, out in enumerate(outs, 1):
+            w.pending[rid] = (out, loop.create_future(), False)
+        with pytest.raises(wire.WireError):
+            w.finished(payload, lambda *c: counted.append(c), Wakeups())
+        assert sorted(w.pending) == [5]
+        return outs
+
+    outs = asyncio.run(go())
+    assert sorted(counted) == [(3, "p", 2), (3, "q", 1)]
+    assert [o.end_ns for o in outs] == [9_500, 9_500, 9_500, 0, 0]
