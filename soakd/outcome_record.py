@@ -265,7 +265,8 @@ def fill(
         pairs.frombytes(data[start : start + n_keys * _PAIR])
         if _BIG:
             pairs.byteswap()
-        o.itl_keys = dict(zip(pairs[::2], pairs[1::2], strict=True))
+        pair = iter(pairs)  # key, count, key, count...: one iterator zipped with itself
+        o.itl_keys = dict(zip(pair, pair))  # noqa: B905  # 2 * n_keys values, read above
     else:
         o.itl_keys = None
 
