@@ -191,6 +191,11 @@ class Outcome:
     # the ITL gaps' Digest buckets (key -> count): computed once, by the worker process that
     # timed the request or by the first reader (soakd.analysis.itl_keys), read by every other
     itl_keys: dict[int, int] | None = None
+    # the record this outcome came in from a sender worker (soakd/outcome_record.py), its
+    # instants already on soakd's clock: the journal copies it into its packet as it is.
+    # While it is set, soakd's own copy lacks the ITL gaps and buckets (nothing in soakd's
+    # process reads them: the journal's writer does, from the record). None: built here.
+    packed: bytes | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def planned(cls, spec: RequestSpec) -> Outcome:

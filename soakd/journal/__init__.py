@@ -4,7 +4,7 @@ One package, one concern per module (docs/architecture.md, "The journal's rooms"
 
 - ``schema``: the tables, the versions (v1 -> v2 -> v3 migration), opening and checking a file;
 - ``codec``: Outcome <-> row, ITL gaps as BLOBs (compact or exact), ``TargetStats`` blobs;
-- ``batch``: outcomes in columns, as they travel to the writer process;
+- ``batch``: outcomes as their records (soakd/outcome_record.py), as they travel to the writer;
 - ``link``: the frames between soakd and the writer process;
 - ``handoff``: the one queue between the event loop and the writer's link, both ways;
 - ``writer``: ``Journal``, the sink the run records to, and its link to the writer process;

@@ -1,17 +1,17 @@
 """Journal link room: the frames between soakd and its journal writer process. Pure.
 
 A frame is ``u32 length | u8 kind | payload`` (as between soakd and its sender workers).
-JSON where a frame is small or rare; the outcomes in columns (batch.py).
+JSON where a frame is small or rare; the outcomes as their records (batch.py).
 
 - ``HELLO`` (soakd -> writer, JSON): the journal's path, the run, ``journal:`` as dumped,
   what a resume continues from, and the session to rejoin (0: a new one).
 - ``READY`` (writer -> soakd, JSON): what the journal holds (``Restored``), the session, the
   last packet this session committed before (a restarted writer), the writer's pid; or
   ``FAILED`` with the one-line error (the journal cannot be used).
-- ``PACKET`` (soakd -> writer): ``u32 length | header (JSON) | columns``: the packet's
+- ``PACKET`` (soakd -> writer): ``u32 length | header (JSON) | records``: the packet's
   sequence number, the plan clock, samples, events, a tally of outcomes soakd could not
   queue, whether soakd already counted it (sent again to a restarted writer), and the
-  outcomes in columns.
+  outcomes' records (a batch).
 - ``FOLD`` (writer -> soakd, JSON): a batch's fold (soakd/fold.py), ``through`` the last
   packet in it, ``committed`` or not yet (the disk failing); ``COMMITTED``: packets up to
   ``through`` committed, their folds sent earlier.
@@ -47,14 +47,14 @@ def json_frame(kind: int, doc: dict[str, Any]) -> bytes:
     return frame(kind, json.dumps(doc, separators=(",", ":"), default=str).encode())
 
 
-def packet(header: dict[str, Any], columns: bytes) -> bytes:
+def packet(header: dict[str, Any], records: bytes) -> bytes:
     """A ``PACKET`` frame."""
     head = json.dumps(header, separators=(",", ":"), default=str).encode()
-    return frame(PACKET, _LEN.pack(len(head)) + head + columns)
+    return frame(PACKET, _LEN.pack(len(head)) + head + records)
 
 
 def unpack_packet(payload: bytes) -> tuple[dict[str, Any], bytes]:
-    """A ``PACKET``'s header and its columns (the bytes ``batch.Columns.decode`` reads)."""
+    """A ``PACKET``'s header and its records (the bytes ``batch.Batch.decode`` reads)."""
     try:
         (n,) = _LEN.unpack_from(payload, 0)
         header: dict[str, Any] = json.loads(payload[_LEN.size : _LEN.size + n])

@@ -1,7 +1,7 @@
 """Journal process room: ``python -m soakd.journal.process FD PARENT``, the journal's writer,
 a process of its own (docs/architecture.md, "The journal's writer is a process of its own").
 
-soakd sends it packets of outcomes in columns, samples and events on the socket ``FD``
+soakd sends it packets of outcome records (batch.py), samples and events on the socket ``FD``
 (link.py); it folds each packet at once and commits every ``journal.flush_interval``
 (store.py), then sends each committed batch's fold back: Metrics and RunStats count what the
 journal holds, and none of the writer's Python holds soakd's GIL. It imports the standard
@@ -33,7 +33,7 @@ from typing import Any
 from soakd.childlog import forward_to
 from soakd.fold import Fold
 from soakd.journal import link
-from soakd.journal.batch import Columns
+from soakd.journal.batch import Batch
 from soakd.journal.counts import WriterCounts
 from soakd.journal.progress import ClockState
 from soakd.journal.records import EventKind, EventRow
@@ -79,7 +79,7 @@ def die_with(parent: int) -> None:
 
 
 def add_packet(store: Store, payload: bytes) -> None:
-    header, columns = link.unpack_packet(payload)
+    header, records = link.unpack_packet(payload)
     if header.get("clock") is not None:
         store.clock = ClockState.from_doc(header["clock"])
     samples = [
@@ -88,7 +88,7 @@ def add_packet(store: Store, payload: bytes) -> None:
     ]
     events: list[EventRow] = [(w, o, EventKind(k), d) for w, o, k, d in header.get("events", ())]
     tally = Fold.from_doc(header["tally"]) if header.get("tally") else None
-    outcomes = Columns.decode(columns).outcomes() if columns else ()
+    outcomes = Batch.decode(records).outcomes() if records else []
     store.add(
         int(header["seq"]),
         outcomes,

@@ -3,12 +3,13 @@ the journal's writer process (process.py, store.py).
 
 The event loop only appends to a bounded deque (``record``, ``sample``, ``event``: a length
 check and an append, never IO, never a lock wait). A link thread takes what is queued every
-``SEND_EVERY_S``, packs the outcomes in columns (batch.py) and sends them, with the samples,
+``SEND_EVERY_S``, puts the outcomes' records in a batch (batch.py: a worker's record is
+copied as it came, soakd/outcome_record.py) and sends them, with the samples,
 the events and a snapshot of the plan clock, as one numbered packet (link.py); it reads what
 the writer sends back: each committed batch's fold (soakd/fold.py), applied to ``Metrics`` and
 ``RunStats`` in one callback on the loop, the writer's own counts (into ``JournalMetrics``) and
 its log events (logged here as soakd's own). The writer's Python (rows, folds, SQLite) never
-holds soakd's GIL; what soakd's process does per outcome is the append and its columns.
+holds soakd's GIL; what soakd's process does per outcome is the append and copying its record.
 
 What can go wrong, and what is counted (docs/journal.md):
 
@@ -55,7 +56,7 @@ from soakd.childlog import relog
 from soakd.config import JournalConfig
 from soakd.fold import Fold, fold
 from soakd.journal import link
-from soakd.journal.batch import Columns
+from soakd.journal.batch import Batch
 from soakd.journal.handoff import FoldSink, HandOff
 from soakd.journal.progress import ClockState, PlanClock
 from soakd.journal.records import Event, RunStopped, Stamped
@@ -97,7 +98,7 @@ class _Sent:
 
     seq: int
     header: dict[str, Any]
-    columns: bytes
+    records: bytes  # the packet's batch of outcome records (batch.py)
     outcomes: int
     counted: bool = False  # its fold came back (the disk failing): applied already
 
@@ -507,14 +508,14 @@ class Journal:
         """Take what is queued (up to MAX_PACKET records) and append it as one packet."""
         items = self._handoff.take(MAX_PACKET)
         tally = self._handoff.take_tallies()
-        cols = Columns()
+        batch = Batch()
         samples: list[list[Any]] = []
         events: list[list[Any]] = []
         every = YIELD_EVERY
         for i, item in enumerate(items, 1):
             kind = type(item)
             if kind is Outcome:
-                cols.add(item)
+                batch.add(item)
                 if not i % every:
                     os.sched_yield()  # the loop's turn (YIELD_EVERY)
             elif kind is Sample:
@@ -533,9 +534,9 @@ class Journal:
             header["events"] = events
         if tally is not None:
             header["tally"] = tally.to_doc()
-        columns = cols.encode() if len(cols) else b""
-        self._unacked.append(_Sent(self._seq, header, columns, len(cols)))
-        self._out += link.packet(header, columns)
+        records = batch.encode() if len(batch) else b""
+        self._unacked.append(_Sent(self._seq, header, records, len(batch)))
+        self._out += link.packet(header, records)
         self._last_packet = time.monotonic()
 
     def _died(self, why: str) -> None:
@@ -588,12 +589,12 @@ class Journal:
         ``committed``: their folds never came back (applied here), the others go again."""
         for sent in list(self._unacked):
             if sent.seq <= committed:
-                if not sent.counted and sent.columns:
-                    outcomes = Columns.decode(sent.columns).outcomes()
+                if not sent.counted and sent.records:
+                    outcomes = Batch.decode(sent.records).outcomes()
                     self._handoff.give_back(fold(outcomes))
                 self._unacked.popleft()
             else:
-                self._out += link.packet({**sent.header, "counted": sent.counted}, sent.columns)
+                self._out += link.packet({**sent.header, "counted": sent.counted}, sent.records)
         log.warning(
             "journal_writer_restarted",
             session=self.session,
@@ -606,8 +607,8 @@ class Journal:
         journaled), and the link ends."""
         lost = Fold()
         for sent in self._unacked:
-            if not sent.counted and sent.columns:
-                for o in Columns.decode(sent.columns).outcomes():
+            if not sent.counted and sent.records:
+                for o in Batch.decode(sent.records).outcomes():
                     lost.tally(o)
         self._unacked.clear()
         while self._q:

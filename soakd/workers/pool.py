@@ -32,6 +32,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from soakd import metric_names as mn
+from soakd import outcome_record
 from soakd.config import TargetConfig
 from soakd.model import ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.types import NotSent, SendGate
@@ -149,12 +150,12 @@ class WorkerMetrics:
             registry=registry,
         )
 
-    def count(self, worker: int, phase: str) -> None:
+    def count(self, worker: int, phase: str, n: int = 1) -> None:
         key = (worker, phase)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = self.requests.labels(str(worker), phase)
-        child.inc()
+        child.inc(n)
 
 
 class Worker:
@@ -188,25 +189,40 @@ class Worker:
             wire.pack_ids(self.outbox.buf(wire.CANCEL), rid)
 
     def finished(
-        self, payload: bytes, count: Callable[[int, str], None] | None, wake: Wakeups
+        self, payload: bytes, count: Callable[[int, str, int], None] | None, wake: Wakeups
     ) -> None:
+        """A worker's OUTCOMES frame: each record read into its Outcome, its waiter woken;
+        counted by phase once per frame (a counter's lock per outcome cost ~0.8 us), and
+        counted even when the frame breaks halfway (what was woken is counted)."""
         shift = self.shift
-        for rid, fields, detail, itl, keys in wire.unpack_outcomes(payload):
-            got = self.pending.pop(rid, None)
-            if got is None:
-                continue
-            out, done, paced = got
-            if fields[8] == wire.NOT_SENT:  # the worker reached it past its deadline
-                wake.add(done, NotSent(MissReason(detail)), paced=paced)
-                continue
-            wall = out.wall_start
-            wire.apply(out, fields, detail, itl, keys, shift)
-            out.wall_start = out.wall_start or wall  # cut before it went out: unsent
+        done_by: dict[str, int] = {}
+        try:
+            for rid, head, start, end in wire.unpack_outcomes(payload):
+                got = self.pending.pop(rid, None)
+                if got is None:
+                    continue
+                out, done, paced = got
+                if head.error == wire.NOT_SENT:  # the worker reached it past its deadline
+                    why = outcome_record.detail(payload, start, head)
+                    wake.add(done, NotSent(MissReason(why)), paced=paced)
+                    continue
+                if shift or not head.wall_start or not head.end_ns:
+                    # instants to move, or a field soakd sets itself: unpacked, packed again
+                    wall = out.wall_start
+                    outcome_record.fill(out, head, payload, start, shift)
+                    out.wall_start = out.wall_start or wall  # cut before it went out: unsent
+                else:  # the journal forwards the record as it came
+                    outcome_record.fill(out, head, payload, start, tails=False)
+                    out.packed = payload[start:end]
+                phase = out.phase
+                done_by[phase] = done_by.get(phase, 0) + 1
+                wake.add(done, paced=paced)
+        finally:
             if count is not None:
-                count(self.index, out.phase)
-            wake.add(done, paced=paced)
+                for phase, n in done_by.items():
+                    count(self.index, phase, n)
 
-    def lose_all(self, why: str, count: Callable[[int, str], None] | None) -> int:
+    def lose_all(self, why: str, count: Callable[[int, str, int], None] | None) -> int:
         """The worker is gone: what it held is recorded once, as lost."""
         lost = list(self.pending.values())
         self.pending.clear()
@@ -216,7 +232,7 @@ class Worker:
             out.error, out.error_detail = ErrorKind.WORKER_LOST, why
             out.end_ns = out.end_ns or end
             if count is not None:
-                count(self.index, out.phase)
+                count(self.index, out.phase, 1)
             _wake_one(done, None)
         return len(lost)
 

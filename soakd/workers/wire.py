@@ -13,10 +13,11 @@ could misread, since both ends are the same installed code.
   parent's clock; the worker converts them with the offset the parent measured.
 - ``CANCEL`` (parent -> worker): request ids to cut (the drain deadline passed).
 - ``PING`` / ``PONG``: the clock check (``t0`` from the parent, ``t1`` the worker's now).
-- ``OUTCOMES`` (worker -> parent): finished requests, each the id and every field of an
-  Outcome the worker filled (instants on the worker's clock, ITL gaps as raw int64), or
-  the id and why it was not sent (``NOT_SENT``: past its deadline when the worker got to
-  it).
+- ``OUTCOMES`` (worker -> parent): finished requests, each the id and the Outcome's record
+  (soakd/outcome_record.py, the one the journal's packets carry: instants on the worker's
+  clock, ITL gaps as raw int64 and their Digest buckets; the identity left to the parent),
+  or the id and a ``NOT_SENT`` record whose detail says why it was not sent (past its
+  deadline when the worker got to it).
 - ``CLOSES`` (worker -> parent): a target's server closes (or keeps again) its
   connections after answers with a status, as the worker's pool learned it
   (soakd/targets/pool.py): the target's index, the status, 1 or 0.
@@ -26,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import struct
-from array import array
 from collections.abc import Iterator
 from typing import Any, Final
 
+from soakd import outcome_record
 from soakd.analysis import itl_keys
-from soakd.model import USAGE_REJECTED_REASONS, ErrorKind, Outcome, RequestSpec
+from soakd.model import Outcome, RequestSpec
 
 HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES = range(1, 10)
 
@@ -44,27 +44,12 @@ MAX_FRAME: Final = 64 << 20
 
 _SPEC = struct.Struct("<IHqIdqqI")
 # id, target, seq, max_tokens, temperature, scheduled, deadline (0: none), len(prompt)
-_OUT = struct.Struct("<IqdqqqqHBBqqBqdBBqHIH")
-# id, sent, wall_start, first_byte, first_token, last_token, end, status, error, oom,
-# prompt_tokens, output_tokens, usage_reported, content_chunks, retry_after,
-# retry_after_unreadable, usage_rejected, usage_delta, len(error_detail), len(itl),
-# len(itl_keys): then the detail, the gaps (int64) and the gaps' Digest buckets (uint32
-# key, count pairs: counted here, not by the parent). Token counts are int64: the parser
-# bounds what a server says to that (soakd/targets/stream.py).
+_RID = struct.Struct("<I")  # an OUTCOMES entry: the request id, then its record
 _CLOCK = struct.Struct("<qq")
 _CLOSES = struct.Struct("<HHB")  # target, status, closes
 _IDS = struct.Struct("<I")
-_NONE = -1
-_NO_DELTA = -(2**63)  # usage_delta None (-1 is a delta)
-_NO_KIND = 255
-NOT_SENT: Final = 254
+NOT_SENT: Final = outcome_record.NOT_SENT
 """The error byte of a record that never went out (``NotSent``): its detail is the reason."""
-KINDS: Final = tuple(ErrorKind)
-_KIND_INDEX = {kind: i for i, kind in enumerate(KINDS)}
-_REJECTED = ("", *USAGE_REJECTED_REASONS)  # usage_rejected by its byte
-_REJECTED_INDEX = {reason: i for i, reason in enumerate(_REJECTED)}
-_ITL_SIZE = array("q").itemsize
-_KEY_SIZE = array("I").itemsize
 
 
 class WireError(Exception):
@@ -144,153 +129,35 @@ def unpack_closes(payload: bytes) -> tuple[int, int, bool]:
     return int(target), int(status), bool(closes)
 
 
-def _opt(value: int | None) -> int:
-    return _NONE if value is None else value
-
-
 def pack_outcome(buf: bytearray, rid: int, o: Outcome) -> None:
-    """Append one finished request to an OUTCOMES batch."""
-    detail = o.error_detail.encode()[:0xFFFF]
-    keys = itl_keys(o)
-    buf += _OUT.pack(
-        rid,
-        o.sent_ns,
-        o.wall_start,
-        _opt(o.first_byte_ns),
-        _opt(o.first_token_ns),
-        _opt(o.last_token_ns),
-        o.end_ns,
-        o.status,
-        _NO_KIND if o.error is None else _KIND_INDEX[o.error],
-        o.oom,
-        _opt(o.prompt_tokens),
-        o.output_tokens,
-        o.usage_reported,
-        o.content_chunks,
-        math.nan if o.retry_after_s is None else o.retry_after_s,
-        o.retry_after_unreadable,
-        _REJECTED_INDEX[o.usage_rejected],
-        _NO_DELTA if o.usage_delta is None else o.usage_delta,
-        len(detail),
-        len(o.itl_ns),
-        len(keys),
-    )
-    buf += detail
-    buf += o.itl_ns.tobytes()
-    if keys:
-        pairs = array("I")
-        for key, n in keys.items():
-            pairs.append(key)
-            pairs.append(n)
-        buf += pairs.tobytes()
+    """Append one finished request to an OUTCOMES batch: its id and its record, with its
+    ITL gaps' Digest buckets (counted here, by the worker that timed it, not by soakd)."""
+    itl_keys(o)
+    buf += _RID.pack(rid)
+    outcome_record.pack(buf, o)
 
 
 def pack_not_sent(buf: bytearray, rid: int, reason: str) -> None:
     """Append a request the worker did not send (``NotSent``) to an OUTCOMES batch."""
-    text = reason.encode()
-    buf += _OUT.pack(
-        rid,
-        0,
-        0.0,
-        _NONE,
-        _NONE,
-        _NONE,
-        0,
-        0,
-        NOT_SENT,
-        0,
-        _NONE,
-        0,
-        0,
-        0,
-        math.nan,
-        0,
-        0,
-        _NO_DELTA,
-        len(text),
-        0,
-        0,
-    )
-    buf += text
+    buf += _RID.pack(rid)
+    outcome_record.pack_not_sent(buf, reason)
 
 
-Record = tuple[int, tuple[Any, ...], str, "array[int]", dict[int, int]]
-
-
-def unpack_outcomes(payload: bytes) -> Iterator[Record]:
-    """``(id, fields, error_detail, itl_ns, itl_keys)`` per finished request; ``apply``
-    fills an Outcome with them."""
-    at, end, size = 0, len(payload), _OUT.size
+def unpack_outcomes(payload: bytes) -> Iterator[tuple[int, outcome_record.Head, int, int]]:
+    """``(id, head, start, end)`` per finished request: its record is ``payload[start:end]``
+    (``outcome_record.fill`` sets an Outcome's fields from it)."""
+    at, end, rid_size = 0, len(payload), _RID.size
     while at < end:
-        if at + size > end:
+        if at + rid_size + outcome_record.HEAD.size > end:
             raise WireError("OUTCOMES batch ends inside a request")
-        fields = _OUT.unpack_from(payload, at)
-        at += size
-        n_detail, n_itl, n_keys = fields[18], fields[19], fields[20]
-        if at + n_detail + n_itl * _ITL_SIZE + n_keys * 2 * _KEY_SIZE > end:
+        (rid,) = _RID.unpack_from(payload, at)
+        at += rid_size
+        head = outcome_record.head(payload, at)
+        stop = outcome_record.end_of(head, at)
+        if stop > end:
             raise WireError("OUTCOMES batch ends inside a request")
-        detail = payload[at : at + n_detail].decode(errors="replace")
-        at += n_detail
-        itl: array[int] = array("q")
-        itl.frombytes(payload[at : at + n_itl * _ITL_SIZE])
-        at += n_itl * _ITL_SIZE
-        pairs: array[int] = array("I")
-        pairs.frombytes(payload[at : at + n_keys * 2 * _KEY_SIZE])
-        at += n_keys * 2 * _KEY_SIZE
-        yield fields[0], fields, detail, itl, dict(zip(pairs[::2], pairs[1::2], strict=True))
-    if at != end:
-        raise WireError("OUTCOMES batch ends inside a request")
-
-
-def apply(
-    o: Outcome,
-    fields: tuple[Any, ...],
-    detail: str,
-    itl: array[int],
-    keys: dict[int, int],
-    shift: int,
-) -> None:
-    """Fill ``o`` from a worker's record; ``shift`` converts its instants to the parent's
-    clock (add it)."""
-    (
-        _,
-        sent,
-        o.wall_start,
-        first_byte,
-        first_token,
-        last_token,
-        end,
-        o.status,
-        kind,
-        oom,
-        prompt_tokens,
-        o.output_tokens,
-        usage,
-        o.content_chunks,
-        retry,
-        unreadable,
-        rejected,
-        delta,
-        _,
-        _,
-        _,
-    ) = fields
-    o.sent_ns = sent + shift if sent else 0
-    o.first_byte_ns = None if first_byte == _NONE else first_byte + shift
-    o.first_token_ns = None if first_token == _NONE else first_token + shift
-    o.last_token_ns = None if last_token == _NONE else last_token + shift
-    o.end_ns = end + shift if end else 0
-    o.error = None if kind == _NO_KIND else KINDS[kind]
-    o.error_detail = detail
-    o.oom = bool(oom)
-    o.prompt_tokens = None if prompt_tokens == _NONE else prompt_tokens
-    o.usage_reported = bool(usage)
-    o.retry_after_s = None if math.isnan(retry) else retry
-    o.retry_after_unreadable = bool(unreadable)
-    o.usage_rejected = _REJECTED[rejected]
-    o.usage_delta = None if delta == _NO_DELTA else delta
-    o.itl_ns = itl
-    o.itl_keys = keys or None
+        yield rid, head, at, stop
+        at = stop
 
 
 FRAME_SPLIT: Final = 8 << 20

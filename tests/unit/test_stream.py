@@ -17,9 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from soakd import outcome_record
 from soakd.fold import Fold
 from soakd.journal import schema
-from soakd.journal.batch import Columns
+from soakd.journal.batch import Batch
 from soakd.journal.codec import END_NS, outcome_row
 from soakd.metrics import Metrics
 from soakd.model import ErrorKind, Outcome
@@ -235,10 +236,10 @@ def test_any_json_in_usage_and_deltas_raises_only_fault_and_stores(
     journal_db().execute(schema.INSERT_REQUEST, row)
     folded = Fold()
     folded.add(out, row[0], row[END_NS], 10**9, ordered)
-    # the journal's columns carry it to its writer: the same row comes out
-    cols = Columns()
-    cols.add(out)
-    (again,) = Columns.decode(cols.encode()).outcomes()
+    # the journal's batch carries it to its writer: the same row comes out
+    batch = Batch()
+    batch.add(out)
+    (again,) = Batch.decode(batch.encode()).outcomes()
     assert outcome_row(again, row[0], 1, 0) == (row, ordered)
     # the metrics count it, and the worker wire carries it unchanged
     metrics = Metrics()
@@ -246,9 +247,9 @@ def test_any_json_in_usage_and_deltas_raises_only_fault_and_stores(
     metrics.apply(folded)
     buf = bytearray()
     wire.pack_outcome(buf, 1, out)
-    ((_, *record),) = wire.unpack_outcomes(bytes(buf))
+    ((_, head, start, _),) = wire.unpack_outcomes(bytes(buf))
     back = Outcome("t", "p", 0, 0)
-    wire.apply(back, *record, 0)
+    outcome_record.fill(back, head, bytes(buf), start)
     back.itl_keys = out.itl_keys = None  # the gaps' buckets: a cache, computed either side
     assert asdict(back) == asdict(out)
     # and what it says is one of the things it may say

@@ -8,10 +8,11 @@ from dataclasses import asdict
 
 import pytest
 
+from soakd import outcome_record
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.types import NotSent
 from soakd.workers import wire
-from soakd.workers.pool import WAKE_SLICE, Wakeups, WorkerGate
+from soakd.workers.pool import WAKE_SLICE, Wakeups, Worker, WorkerGate
 from soakd.workers.senders import NoReuse
 from tests.waiting import until
 
@@ -29,21 +30,26 @@ def filled(error: ErrorKind | None) -> Outcome:
     return o
 
 
+def through_the_wire(sent: Outcome, shift: int = 0) -> Outcome:
+    """``sent`` packed by a worker, unpacked by the parent into its planned Outcome."""
+    buf = bytearray()
+    wire.pack_outcome(buf, 41, sent)
+    payload = bytes(buf)
+    ((rid, head, start, end),) = wire.unpack_outcomes(payload)
+    assert (rid, end) == (41, len(payload))
+    got = Outcome(sent.target, sent.phase, sent.seq, sent.scheduled_ns)
+    outcome_record.fill(got, head, payload, start, shift)
+    return got
+
+
 @pytest.mark.parametrize("error", [None, ErrorKind.HTTP_5XX, ErrorKind.SHED_QUEUE_TIMEOUT])
 def test_outcome_round_trip_every_field(error: ErrorKind | None) -> None:
     sent = filled(error)
-    buf = bytearray()
-    wire.pack_outcome(buf, 41, sent)
-    wire.pack_outcome(buf, 42, Outcome("t", "p", 8, 0))  # the empty one: Nones stay None
-    (rid, *got1), (rid2, *got2) = wire.unpack_outcomes(bytes(buf))
-    got = Outcome("t", "p", 7, 1_000)
-    wire.apply(got, *got1, 0)
-    assert rid == 41
-    assert asdict(got) == asdict(sent)
-    empty = Outcome("t", "p", 8, 0)
-    wire.apply(empty, *got2, 0)
-    assert rid2 == 42
-    assert asdict(empty) == asdict(Outcome("t", "p", 8, 0))
+    assert asdict(through_the_wire(sent)) == asdict(sent)
+    empty = Outcome("t", "p", 8, 0)  # the empty one: Nones stay None
+    got = through_the_wire(empty)
+    empty.itl_keys = None  # no gaps, no buckets
+    assert asdict(got) == asdict(empty)
 
 
 def test_token_counts_past_32_bits_travel() -> None:
@@ -51,21 +57,12 @@ def test_token_counts_past_32_bits_travel() -> None:
     sent = filled(None)
     sent.output_tokens, sent.prompt_tokens, sent.content_chunks = 2**40, 2**33, 2**35
     sent.usage_delta = 2**40 - 2**35
-    buf = bytearray()
-    wire.pack_outcome(buf, 1, sent)
-    ((_, *record),) = wire.unpack_outcomes(bytes(buf))
-    got = Outcome("t", "p", 7, 1_000)
-    wire.apply(got, *record, 0)
-    assert asdict(got) == asdict(sent)
+    assert asdict(through_the_wire(sent)) == asdict(sent)
 
 
 def test_clock_shift_moves_every_instant_and_nothing_else() -> None:
     sent = filled(None)
-    buf = bytearray()
-    wire.pack_outcome(buf, 1, sent)
-    ((_, *record),) = wire.unpack_outcomes(bytes(buf))
-    got = Outcome("t", "p", 7, 1_000)
-    wire.apply(got, *record, 100)
+    got = through_the_wire(sent, 100)
     assert (got.sent_ns, got.first_byte_ns, got.first_token_ns) == (2_100, 3_100, 4_100)
     assert (got.last_token_ns, got.end_ns) == (9_100, 9_600)
     assert got.ttft_ns == sent.ttft_ns
@@ -91,10 +88,16 @@ def test_a_not_sent_record_carries_its_reason_and_nothing_else() -> None:
     buf = bytearray()
     wire.pack_not_sent(buf, 9, "late")
     wire.pack_outcome(buf, 10, filled(None))
-    (rid, fields, detail, itl, keys), (rid2, fields2, *_) = wire.unpack_outcomes(bytes(buf))
-    assert (rid, fields[8], detail, len(itl), keys) == (9, wire.NOT_SENT, "late", 0, {})
+    payload = bytes(buf)
+    (rid, head, start, _), (rid2, head2, *_) = wire.unpack_outcomes(payload)
+    assert (rid, head.error, outcome_record.detail(payload, start, head)) == (
+        9,
+        wire.NOT_SENT,
+        "late",
+    )
+    assert (head.n_gaps, head.n_keys) == (0, 0)
     assert rid2 == 10
-    assert fields2[8] != wire.NOT_SENT
+    assert head2.error != wire.NOT_SENT
 
 
 def test_a_cut_batch_is_a_wire_error() -> None:
@@ -260,3 +263,30 @@ def test_no_reuse_holds_a_status_while_any_sender_learned_it() -> None:
     no_reuse.forget(1)  # worker 1 died: its pools are gone
     assert no_reuse.status() == {}
     assert heard == [("a", 200, True), ("b", 503, True), ("a", 200, False), ("b", 503, False)]
+
+
+def test_a_frame_counts_what_it_woke_by_phase_even_when_it_breaks_halfway() -> None:
+    """The worker counter is added to once per phase per frame, and never loses a count:
+    a frame cut short still counts the outcomes it handed back before the cut."""
+    buf = bytearray()
+    for rid in (1, 2, 3):
+        wire.pack_outcome(buf, rid, filled(None))
+    wire.pack_not_sent(buf, 4, "late")  # not sent: counted as missed by the runner, not here
+    wire.pack_outcome(buf, 5, filled(None))
+    payload = bytes(buf[:-3])  # the last record cut short
+    counted: list[tuple[int, str, int]] = []
+
+    async def go() -> list[Outcome]:
+        w = Worker(3)
+        loop = asyncio.get_running_loop()
+        outs = [Outcome("t", phase, 7, 1_000) for phase in ("p", "q", "p", "p", "p")]
+        for rid, out in enumerate(outs, 1):
+            w.pending[rid] = (out, loop.create_future(), False)
+        with pytest.raises(wire.WireError):
+            w.finished(payload, lambda *c: counted.append(c), Wakeups())
+        assert sorted(w.pending) == [5]
+        return outs
+
+    outs = asyncio.run(go())
+    assert sorted(counted) == [(3, "p", 2), (3, "q", 1)]
+    assert [o.end_ns for o in outs] == [9_500, 9_500, 9_500, 0, 0]
