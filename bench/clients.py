@@ -153,9 +153,9 @@ async def bare_open(url: str, n: int, rate: float, mode: str, tokens: int, max_s
 async def soakd_hot(url: str, n: int, conc: int, tokens: int, max_s: float,
                     ttft: array[int], itl: array[int]) -> dict[str, object]:
     from soakd.config import TargetConfig, Workload
-    from soakd.metrics import Metrics
+    from soakd.metrics.run import Metrics
     from soakd.model import Phase, Plan
-    from soakd.stats import RunStats
+    from soakd.run.stats import RunStats
     from soakd.targets.openai import open_target
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner

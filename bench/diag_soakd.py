@@ -133,7 +133,7 @@ if __name__ == "__main__":
     pumps: list[int] = []
     if os.environ.get("DIAG_SLICED_PUMP"):  # the prototype became the journal's own hand-off
         sys.exit("diag: DIAG_SLICED_PUMP is gone: the journal hands each committed batch "
-                 "back as one fold (soakd/fold.py)")
+                 "back as one fold (soakd/measure/fold.py)")
     if os.environ.get("DIAG_PUMP"):  # time the application of each committed batch's fold
         from soakd.journal.handoff import HandOff
 

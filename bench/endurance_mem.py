@@ -37,7 +37,7 @@ from endurance import CONFIG, duration
 from suite import rss_anon_mb
 
 from soakd import runtime
-from soakd.app import RunOptions, Soak
+from soakd.run.app import RunOptions, Soak
 from soakd.config import config_from_dict
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from soakd.metrics import E2E_BUCKETS, Metrics
+from soakd.metrics.run import E2E_BUCKETS, Metrics
 from soakd.model import Outcome
 from soakd.tracing import trace_id, traceparent
 

@@ -30,13 +30,13 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from soakd.analysis import itl_keys
+from soakd.measure.analysis import itl_keys
 from soakd.config import JournalConfig
-from soakd.fold import Fold
+from soakd.measure.fold import Fold
 from soakd.journal import JOURNAL_FILE, Journal, RunInfo
-from soakd.metrics import JournalMetrics, Metrics
+from soakd.metrics.run import JournalMetrics, Metrics
 from soakd.model import ErrorKind, Outcome
-from soakd.stats import RunStats
+from soakd.run.stats import RunStats
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

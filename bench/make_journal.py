@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from soakd.analysis import TargetStats
-from soakd.buckets import Hist, add_hist
+from soakd.measure.analysis import TargetStats
+from soakd.measure.buckets import Hist, add_hist
 from soakd.config import JournalConfig, config_from_dict
 from soakd.journal import JOURNAL_FILE, Journal, RunInfo, config_doc, plan_doc, schema
 from soakd.journal.codec import outcome_row

@@ -55,9 +55,9 @@ def status() -> dict[str, float]:
 
 async def run(url: str, n: int, every: int, conc: int) -> list[dict[str, float]]:
     from soakd.config import TargetConfig, Workload
-    from soakd.metrics import Metrics
+    from soakd.metrics.run import Metrics
     from soakd.model import Phase, Plan
-    from soakd.stats import RunStats
+    from soakd.run.stats import RunStats
     from soakd.targets.openai import open_target
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner

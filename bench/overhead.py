@@ -93,9 +93,9 @@ async def bare(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
 async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
     """soakd's whole hot path: Runner + OpenAITarget + Metrics + RunStats."""
     from soakd.config import TargetConfig, Workload
-    from soakd.metrics import Metrics
+    from soakd.metrics.run import Metrics
     from soakd.model import Phase, Plan
-    from soakd.stats import RunStats
+    from soakd.run.stats import RunStats
     from soakd.targets.openai import open_target
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner

@@ -29,7 +29,7 @@ from pathlib import Path
 from soakd.config import JournalConfig
 from soakd.journal import JOURNAL_FILE, Journal, JournalReader, RunInfo
 from soakd.model import ErrorKind, Outcome
-from soakd.slowest import slowest
+from soakd.report.slowest import slowest
 
 TARGETS = ("local", "cloud")
 PHASES = ("warm", "steady", "spike")

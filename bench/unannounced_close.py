@@ -80,7 +80,7 @@ async def soak(base_url: str, args: argparse.Namespace, run_dir: Path) -> dict[s
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from soakd.app import RunOptions, Soak
+    from soakd.run.app import RunOptions, Soak
     from soakd.config import config_from_dict
 
     target: dict[str, Any] = {

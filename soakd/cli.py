@@ -241,7 +241,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_one(path: Path, args: argparse.Namespace) -> None:
-    from soakd.startcheck import check_start
+    from soakd.run.startcheck import check_start
     from soakd.workload.plan import build_plan, describe_plan
     from soakd.workload.sizing import plan_lines
 
@@ -259,7 +259,7 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
     n, why = senders_for(cfg.run.workers, plan, cfg.workload.max_tokens)
     print(f"senders: {n} worker processes ({why})" if n > 1 else f"senders: this process ({why})")
     if not cfg.slo.empty or any(not t.slo.empty for t in cfg.targets):
-        from soakd.verdicts import describe_slo
+        from soakd.measure.verdicts import describe_slo
 
         for target in cfg.targets:  # the effective SLO: run-wide with the target's overrides
             print(f"slo {target.name}: {describe_slo(cfg.slo_for(target.name))}")
@@ -297,11 +297,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     runtime.prepare_process()  # before any thread allocates
     from rich.console import Console
 
-    from soakd.app import RunOptions, Soak, StartError, StoppedBeforeStart
-    from soakd.live import errors_table, target_table
     from soakd.report import Report, build_report, final_verdict, terminal_summary
     from soakd.report.failing import never_succeeded as dead_row
-    from soakd.startcheck import check_start
+    from soakd.run.app import RunOptions, Soak, StartError, StoppedBeforeStart
+    from soakd.run.live import errors_table, target_table
+    from soakd.run.startcheck import check_start
 
     cfg = load_config(args.config)
     check_start(cfg)  # before the run dir is touched (`soakd check` says the same)
@@ -512,7 +512,7 @@ def _note(text: str) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from soakd.export import export
+    from soakd.report.export import export
 
     how = {"itl": args.itl, "salvage": args.salvage, "warn": _warn, "note": _note}
     if args.output is None:

@@ -189,7 +189,8 @@ class Outcome:
     retry_after_s: float | None = None  # a 429/503's Retry-After (or retry-after-ms), seconds
     retry_after_unreadable: bool = False  # it had one soakd could not read: the default pause
     # the ITL gaps' Digest buckets (key -> count): computed once, by the worker process that
-    # timed the request or by the first reader (soakd.analysis.itl_keys), read by every other
+    # timed the request or by the first reader (soakd.measure.analysis.itl_keys), read by every
+    # other
     itl_keys: dict[int, int] | None = None
     # the record this outcome came in from a sender worker (soakd/outcome_record.py), its
     # instants already on soakd's clock: the journal copies it into its packet as it is.

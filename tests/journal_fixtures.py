@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from soakd.config import Config, JournalConfig, config_from_dict
-from soakd.fold import Fold
 from soakd.journal import FoldSink, Journal, RunInfo, config_doc, plan_doc, rollup_window_ns
 from soakd.journal.counts import WriterCounts
 from soakd.journal.progress import ClockState
 from soakd.journal.store import Store, WriterConfig
-from soakd.metrics import JournalMetrics
+from soakd.measure.fold import Fold
+from soakd.metrics.run import JournalMetrics
 from soakd.model import ErrorKind, Outcome, Phase, Plan, Sample
 from soakd.workload.plan import build_plan
 

@@ -268,7 +268,7 @@ def soakd_sample_names() -> set[str]:
     (exported when their slo key is set), and the gateways it runs, re-exported
     (soakd/probes/gateways.py). No ``*_created``: soakd switches them off."""
     from soakd.gateway.metrics import GatewayMetrics
-    from soakd.metrics import (
+    from soakd.metrics.run import (
         LIMIT_HELP,
         GuardMetrics,
         JournalMetrics,

@@ -75,7 +75,7 @@ def golden_config() -> Config:
 
 
 def _noted(o: Outcome, rng: random.Random) -> Outcome:
-    """Some answers carry notes (soakd/notes.py)."""
+    """Some answers carry notes (soakd/measure/notes.py)."""
     roll = rng.random()
     if roll < 0.03:
         o.usage_rejected = "negative"

@@ -103,7 +103,8 @@ REGRESSION_KEYS = (
     "output_tps",
     "rps",
 )
-"""What ``compare.max_regression`` may bound (soakd/verdicts.py knows each one's direction)."""
+"""What ``compare.max_regression`` may bound (soakd/measure/verdicts.py knows each one's
+direction)."""
 
 
 def _regression(value: Any) -> Any:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from soakd.config import ErrorBreaker, VramBreaker
-from soakd.sliding import SlidingCount
+from soakd.measure.sliding import SlidingCount
 
 
 class State(enum.StrEnum):

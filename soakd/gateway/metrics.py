@@ -1,7 +1,7 @@
 """Gateway room, metrics: what ``soakd gateway`` exports on its own /metrics (its own
 registry, its own process): admission, breakers, concurrency, the upstream.
 
-The names are ``soakd/metric_names.py``'s; ``soakd run`` re-exports the families of the
+The names are ``soakd/metrics/names.py``'s; ``soakd run`` re-exports the families of the
 gateways it starts with a ``target`` label (``soakd/probes/gateways.py``).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from soakd import __version__
-from soakd import metric_names as mn
+from soakd.metrics import names as mn
 
 GATEWAY_BREAKERS = ("vram", "error_rate")
 GATEWAY_BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
-from soakd.analysis import TargetStats, digest_counts, digest_value, itl_keys
+from soakd.measure.analysis import TargetStats, digest_counts, digest_value, itl_keys
 from soakd.model import ErrorKind, Outcome
 
 _BIG = sys.byteorder == "big"

@@ -8,7 +8,7 @@ No lock on the loop's side:
   loop's own length check against ``limit`` (``Journal.record`` tallies beyond it); ``wake``
   rouses the writer early once ``wake_at`` records wait. ``tallies``: the folds of the
   outcomes the loop could not queue (counted, no row), for the journal's totals.
-- **writer -> loop**: ``give_back`` hands a batch's ``Fold`` (soakd/fold.py), once it is
+- **writer -> loop**: ``give_back`` hands a batch's ``Fold`` (soakd/measure/fold.py), once it is
   committed (or at once when the disk fails: measuring never waits for it), to the loop
   that opened the journal, where every ``forward`` sink applies it in one callback.
 """
@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from soakd.fold import Fold
+from soakd.measure.fold import Fold
 
 
 class FoldSink(Protocol):

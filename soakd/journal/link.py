@@ -12,7 +12,7 @@ JSON where a frame is small or rare; the outcomes as their records (batch.py).
   sequence number, the plan clock, samples, events, a tally of outcomes soakd could not
   queue, whether soakd already counted it (sent again to a restarted writer), and the
   outcomes' records (a batch).
-- ``FOLD`` (writer -> soakd, JSON): a batch's fold (soakd/fold.py), ``through`` the last
+- ``FOLD`` (writer -> soakd, JSON): a batch's fold (soakd/measure/fold.py), ``through`` the last
   packet in it, ``committed`` or not yet (the disk failing); ``COMMITTED``: packets up to
   ``through`` committed, their folds sent earlier.
 - ``STATS``, ``LOG`` (writer -> soakd, JSON): the writer's own counts (counts.py) after each

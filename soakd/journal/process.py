@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from soakd.childlog import forward_to
-from soakd.fold import Fold
 from soakd.journal import link
 from soakd.journal.batch import Batch
 from soakd.journal.counts import WriterCounts
@@ -39,6 +38,7 @@ from soakd.journal.progress import ClockState
 from soakd.journal.records import EventKind, EventRow
 from soakd.journal.schema import JournalError
 from soakd.journal.store import RunInfo, Store, WriterConfig
+from soakd.measure.fold import Fold
 from soakd.model import Sample
 
 PR_SET_PDEATHSIG = 1

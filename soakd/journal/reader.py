@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from soakd.analysis import JITTER_SLICES, JITTER_WINDOW_S, TargetStats
 from soakd.journal.codec import stats_from_blob
 from soakd.journal.integrity import (
     Loss,
@@ -40,6 +39,7 @@ from soakd.journal.schema import (
     connect,
     request_columns,
 )
+from soakd.measure.analysis import JITTER_SLICES, JITTER_WINDOW_S, TargetStats
 
 MERGE_SLICE_NS = round(JITTER_WINDOW_S / JITTER_SLICES * 1e9)
 """The report's jitter slices (5 minutes) on a run that reached 2 jitter windows (2 h)."""
@@ -145,7 +145,7 @@ class JournalReader:
             return {}
 
     def notes(self) -> list[tuple[str, str, int]]:
-        """(target, note, count) rows: what the targets' answers carried (soakd/notes.py);
+        """(target, note, count) rows: what the targets' answers carried (soakd/measure/notes.py);
         empty before v4."""
         try:
             return list(self.conn.execute("SELECT target, note, count FROM notes"))

@@ -1,7 +1,7 @@
 """Journal rollups room: what the writer keeps beside the rows, and how.
 
-Each batch's outcomes are folded once (``soakd.fold.Fold``): the totals Prometheus'
-counters restart from (and each target's notes, soakd/notes.py), the latency histograms'
+Each batch's outcomes are folded once (``soakd.measure.fold.Fold``): the totals Prometheus'
+counters restart from (and each target's notes, soakd/measure/notes.py), the latency histograms'
 bucket counts, and the ``TargetStats`` of each (target, phase, window) the batch's
 requests completed in. ``Aggregates`` holds the
 running values on the writer thread; it writes a batch's share inside the batch's
@@ -17,10 +17,10 @@ import json
 import sqlite3
 from dataclasses import dataclass
 
-from soakd.analysis import TargetStats
-from soakd.fold import Fold, Hist, HistKey, NoteKey, TotalsKey, Window, WindowKey, add_hist
 from soakd.journal.codec import copy_stats, outcome_from_row, stats_from_blob, stats_to_blob
 from soakd.journal.schema import request_columns
+from soakd.measure.analysis import TargetStats
+from soakd.measure.fold import Fold, Hist, HistKey, NoteKey, TotalsKey, Window, WindowKey, add_hist
 from soakd.model import Plan
 
 __all__ = ["Aggregates", "Staged", "rollup_window_ns", "store_window", "unfolded_rollups"]

@@ -3,7 +3,7 @@
 The version is in ``PRAGMA user_version`` and in ``meta``; ``PRAGMA application_id`` tells a
 soakd journal from any other SQLite file. v2 added the ``missed`` table; v3 the ``itl_hist``
 column of ``requests`` (compact ITL gaps, codec.py); v4 the ``usage_delta`` and
-``usage_rejected`` columns and the ``notes`` table (soakd/notes.py). An older journal is
+``usage_rejected`` columns and the ``notes`` table (soakd/measure/notes.py). An older journal is
 brought up to date when this soakd continues it (``migrate``: v1 -> v2 -> v3 -> v4, nothing
 rewritten; its old rows keep their exact gaps, and NULL usage columns) and read as it is
 (``request_columns``). docs/journal.md has the table list.
@@ -41,7 +41,7 @@ _NOTES_TABLE = """CREATE TABLE notes (
     target TEXT NOT NULL, note TEXT NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (target, note)
 ) WITHOUT ROWID"""
-"""v4: per target, how many answers carried each note (soakd/notes.py), dropped rows
+"""v4: per target, how many answers carried each note (soakd/measure/notes.py), dropped rows
 included: the counters a resume continues, and the report's notes."""
 APPLICATION_ID = 0x736F616B  # "soak": tells a soakd journal from any other SQLite file
 JOURNAL_FILE = "journal.db"

@@ -14,7 +14,7 @@ Durability (docs/journal.md has the long form):
   only at checkpoints (every ~1000 pages: minutes of a busy run), so soakd defaults to
   ``synchronous=FULL``, one fsync per commit, which at 2 commits/s costs nothing measurable.
 
-Each packet soakd sends (``add``) is folded at once (soakd/fold.py): its rows are built and
+Each packet soakd sends (``add``) is folded at once (soakd/measure/fold.py): its rows are built and
 every outcome is counted into the batch's ``Fold``. ``cycle`` commits the open batch (rows,
 samples, events, aggregates, heartbeat) in one transaction and then hands its fold to the
 sink, which sends it to soakd: Metrics never count what the journal does not hold. A commit
@@ -50,7 +50,6 @@ from typing import Any, Protocol
 
 from soakd import __version__
 from soakd.childlog import ChildLog
-from soakd.fold import Fold
 from soakd.journal import schema
 from soakd.journal.budget import Budget
 from soakd.journal.codec import END_NS, outcome_row
@@ -61,6 +60,7 @@ from soakd.journal.records import EventKind, EventRow, JournalWriteErrors, Reten
 from soakd.journal.retention import apply_retention
 from soakd.journal.rollups import Aggregates, store_window, unfolded_rollups
 from soakd.journal.schema import PAGE_SIZE, JournalError
+from soakd.measure.fold import Fold
 from soakd.model import Outcome, Sample
 
 log = ChildLog()

@@ -6,10 +6,11 @@ check and an append, never IO, never a lock wait). A link thread takes what is q
 ``SEND_EVERY_S``, puts the outcomes' records in a batch (batch.py: a worker's record is
 copied as it came, soakd/outcome_record.py) and sends them, with the samples,
 the events and a snapshot of the plan clock, as one numbered packet (link.py); it reads what
-the writer sends back: each committed batch's fold (soakd/fold.py), applied to ``Metrics`` and
-``RunStats`` in one callback on the loop, the writer's own counts (into ``JournalMetrics``) and
-its log events (logged here as soakd's own). The writer's Python (rows, folds, SQLite) never
-holds soakd's GIL; what soakd's process does per outcome is the append and copying its record.
+the writer sends back: each committed batch's fold (soakd/measure/fold.py), applied to
+``Metrics`` and ``RunStats`` in one callback on the loop, the writer's own counts (into
+``JournalMetrics``) and its log events (logged here as soakd's own). The writer's Python
+(rows, folds, SQLite) never holds soakd's GIL; what soakd's process does per outcome is the
+append and copying its record.
 
 What can go wrong, and what is counted (docs/journal.md):
 
@@ -54,7 +55,6 @@ import structlog
 
 from soakd.childlog import relog
 from soakd.config import JournalConfig
-from soakd.fold import Fold, fold
 from soakd.journal import link
 from soakd.journal.batch import Batch
 from soakd.journal.handoff import FoldSink, HandOff
@@ -63,7 +63,8 @@ from soakd.journal.records import Event, RunStopped, Stamped
 from soakd.journal.resume import ResumeState, take_lock
 from soakd.journal.schema import JOURNAL_FILE, JournalError
 from soakd.journal.store import MAX_BATCH, Restored, RunInfo
-from soakd.metrics import JournalMetrics
+from soakd.measure.fold import Fold, fold
+from soakd.metrics.run import JournalMetrics
 from soakd.model import Outcome, Sample
 
 log = structlog.get_logger()

@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 import structlog
 
-from soakd import metric_names as mn
 from soakd.config import Config, TargetConfig
-from soakd.metrics import ProbeMetrics
+from soakd.metrics import names as mn
+from soakd.metrics.run import ProbeMetrics
 from soakd.model import Outcome, Sample
 from soakd.probes._http import Endpoint, base_root, endpoint_for, resolve_proxy
 from soakd.probes._ticks import sleep_until_next

@@ -19,9 +19,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from soakd import metric_names as mn
-from soakd.analysis import Digest, theil_sen
-from soakd.metrics import ProbeMetrics
+from soakd.measure.analysis import Digest, theil_sen
+from soakd.metrics import names as mn
+from soakd.metrics.run import ProbeMetrics
 from soakd.model import Outcome, Sample
 from soakd.probes._ticks import sleep_until_next
 from soakd.probes.leak import HOUR_S

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Metric
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd import metric_names as mn
+from soakd.metrics import names as mn
 from soakd.model import Sample
 from soakd.probes._http import Endpoint, fetch
 from soakd.probes._ticks import sleep_until_next

@@ -25,8 +25,8 @@ from collections.abc import Callable
 import aiohttp
 import structlog
 
-from soakd import metric_names as mn
-from soakd.metrics import ProbeMetrics
+from soakd.metrics import names as mn
+from soakd.metrics.run import ProbeMetrics
 from soakd.model import ErrorKind, Outcome, Sample
 from soakd.probes._http import Endpoint, fetch
 from soakd.probes._ticks import sleep_until_next

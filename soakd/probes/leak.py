@@ -22,7 +22,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from soakd.analysis import theil_sen  # the one estimator: the report's leak slope uses it too
+from soakd.measure.analysis import (
+    theil_sen,  # the one estimator: the report's leak slope uses it too
+)
 
 HOUR_S = 3600.0
 

@@ -38,8 +38,8 @@ from pathlib import Path
 
 import structlog
 
-from soakd import metric_names as mn
-from soakd.metrics import OOM_SOURCES, ProbeMetrics
+from soakd.metrics import names as mn
+from soakd.metrics.run import OOM_SOURCES, ProbeMetrics
 from soakd.model import ErrorKind, Outcome, Sample
 
 log = structlog.get_logger()

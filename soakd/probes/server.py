@@ -27,8 +27,8 @@ import aiohttp
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd import metric_names as mn
-from soakd.metrics import ProbeMetrics
+from soakd.metrics import names as mn
+from soakd.metrics.run import ProbeMetrics
 from soakd.model import Sample
 from soakd.probes._http import Endpoint, fetch
 from soakd.probes._ticks import sleep_until_next

@@ -16,10 +16,10 @@ only format it. Definitions (docs/journal.md has them in full):
 - Energy: the increase of ``soakd_gpu_energy_joules_total`` (or power integrated) of the
   GPUs charged to a target (``analysis.energy_share``): ``cost.gpus``, else the GPUs its
   process was seen on, else every GPU when there is only one target.
-- Cost: soakd/cost.py (hourly price or energy, hardware amortisation, token prices);
+- Cost: soakd/measure/cost.py (hourly price or energy, hardware amortisation, token prices);
   per million output tokens and per month at the measured load.
-- Goodput, verdicts and the baseline comparison: soakd/goodput.py and soakd/verdicts.py
-  (docs/slo.md); this package only wires and renders them.
+- Goodput, verdicts and the baseline comparison: soakd/measure/goodput.py and
+  soakd/measure/verdicts.py (docs/slo.md); this package only wires and renders them.
 
 The rooms: ``build`` (journal -> ``Report``; ``rows`` makes each row from values,
 ``decisions`` judges them, ``samples`` places probe readings on plan time, ``plots`` bins
@@ -31,7 +31,7 @@ the series), ``model`` (the dataclasses, the metric columns),
 
 from __future__ import annotations
 
-from soakd.analysis import Quantiles
+from soakd.measure.analysis import Quantiles
 from soakd.report.build import build_report
 from soakd.report.decisions import decisions_from
 from soakd.report.html import render_html, svg_chart

@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from soakd.analysis import JITTER_SLICES, JITTER_WINDOW_S
 from soakd.config import format_duration
-from soakd.goodput import Tally, journal_tallies
 from soakd.journal import JournalReader, Loss, Rollup, records
 from soakd.journal.reader import Total
 from soakd.journal.records import Logged, each
 from soakd.journal.stored import StoredRun, read_stored
+from soakd.measure.analysis import JITTER_SLICES, JITTER_WINDOW_S
+from soakd.measure.goodput import Tally, journal_tallies
+from soakd.measure.notes import by_target, describe
+from soakd.measure.verdicts import compare, eligible_for_best
+from soakd.measure.verdicts import overall as overall_verdict
 from soakd.model import NS_PER_S
-from soakd.notes import by_target, describe
 from soakd.report import names
 from soakd.report.decisions import (
     Judging,
@@ -46,10 +48,8 @@ from soakd.report.rows import (
     unprojected,
 )
 from soakd.report.samples import Samples, Session, Timeline, guard_rows, vram
+from soakd.report.slowest import DEFAULT_N, SlowRequest, slowest
 from soakd.report.tested import served_tokens, what_was_tested
-from soakd.slowest import DEFAULT_N, SlowRequest, slowest
-from soakd.verdicts import compare, eligible_for_best
-from soakd.verdicts import overall as overall_verdict
 
 HOUR_S = 3600.0
 

@@ -15,14 +15,14 @@ from dataclasses import dataclass, replace
 
 from pydantic import Field, ValidationError
 
-from soakd.analysis import LATENCY_TIE, best_of, fmt_ms
 from soakd.config import Compare, Slo, TargetCost
-from soakd.goodput import Tally
 from soakd.journal.stored import JsonObject, Lenient, StoredConfig, StoredReport
+from soakd.measure.analysis import LATENCY_TIE, best_of, fmt_ms
+from soakd.measure.goodput import Tally
+from soakd.measure.verdicts import Verdict, judge
 from soakd.model import MissReason
 from soakd.report.model import METRIC_COLUMNS, NOT_RANKED, Row, value_of
 from soakd.report.rows import Rows
-from soakd.verdicts import Verdict, judge
 
 # --- what decides -----------------------------------------------------------------------------
 

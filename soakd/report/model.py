@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, TypedDict
 
-from soakd.analysis import Quantiles, quantile_of
-from soakd.slowest import SlowRequest
-from soakd.verdicts import CompareVerdict, Verdict
+from soakd.measure.analysis import Quantiles, quantile_of
+from soakd.measure.verdicts import CompareVerdict, Verdict
+from soakd.report.slowest import SlowRequest
 
 LatencyKind = Literal["ttft", "itl", "tpot", "e2e"]
 LATENCY_KINDS: tuple[LatencyKind, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -38,7 +38,7 @@ class Row:
     ok: int = 0
     shed: int = 0  # refused by the guard gateway (shed_* outcomes), not the server's failure
     success_rate: float | None = None  # ok / (requests - not_judged)
-    errors: int = 0  # failed: the error ratio's numerator (soakd/goodput.py)
+    errors: int = 0  # failed: the error ratio's numerator (soakd/measure/goodput.py)
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     oom_responses: int = 0
     oom_events: int | None = None
@@ -47,7 +47,8 @@ class Row:
     prompt_tokens: int = 0
     rps: float | None = None  # successes per second of active time
     output_tps: float | None = None
-    goodput: float | None = None  # share of sent requests within every SLO (soakd/goodput.py)
+    # share of sent requests within every SLO (soakd/measure/goodput.py)
+    goodput: float | None = None
     goodput_rps: float | None = None
     error_ratio: float | None = None  # errors / (requests - shed - not_judged)
     latency_ms: dict[str, Quantiles] = field(default_factory=dict)  # LatencyKind -> Quantiles
@@ -198,14 +199,14 @@ class Report:
     phase_verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)
     comparison: CompareVerdict | None = None
     passed: bool | None = None  # None: nothing judged (no slo, no compare)
-    # target -> phase -> its slowest requests, with trace ids (soakd/slowest.py)
+    # target -> phase -> its slowest requests, with trace ids (soakd/report/slowest.py)
     slowest: dict[str, dict[str, list[SlowRequest]]] = field(default_factory=dict)
     tested: Tested | None = None  # what was tested (soakd/report/tested.py)
     # what frames the plots: each phase's start (plan hours, name), each plot's SLO lines
     # (plot -> (label, value in the plot's unit)); soakd/report/plots.py
     plot_phases: list[tuple[float, str]] = field(default_factory=list)
     plot_limits: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
-    # target -> note -> answers that carried it (soakd/notes.py: usage not taken, usage off
+    # target -> note -> answers that carried it (soakd/measure/notes.py: usage not taken, usage off
     # the stream, unreadable Retry-After); each also a line of ``notes``
     answer_notes: dict[str, dict[str, int]] = field(default_factory=dict)
     prompt_tokens: list[PromptTokens] = field(default_factory=list)  # planned against served
@@ -310,7 +311,7 @@ NOT_RANKED = frozenset(
     }
 )
 """Rows where any target may be marked best; on every other row only targets that pass the
-error criterion and succeeded on most requests compete (soakd/verdicts.py)."""
+error criterion and succeeded on most requests compete (soakd/measure/verdicts.py)."""
 
 
 def value_of(row: Row, key: str) -> float | None:

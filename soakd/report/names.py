@@ -1,13 +1,13 @@
 """Report room, names: every metric name the report reads from the journal's samples.
 
-The report's one door to ``soakd.metric_names``: the rest of the package says
+The report's one door to ``soakd.metrics.names``: the rest of the package says
 ``names.GPU_ENERGY``. ``SAMPLE_NAMES`` lists them all (re-exported as
 ``soakd.report.SAMPLE_NAMES``; ``tests/unit/test_metric_names.py`` checks each is registered).
 """
 
 from __future__ import annotations
 
-from soakd import metric_names as mn
+from soakd.metrics import names as mn
 
 GPU_MEMORY_USED = mn.GPU_MEMORY_USED_BYTES
 GPU_PROCESS_MEMORY = mn.GPU_PROCESS_MEMORY_BYTES

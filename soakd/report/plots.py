@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from soakd.analysis import HOUR_S, TargetStats
 from soakd.config import Slo
-from soakd.goodput import ErrorCounts, error_counts
 from soakd.journal import Rollup
+from soakd.measure.analysis import HOUR_S, TargetStats
+from soakd.measure.goodput import ErrorCounts, error_counts
 from soakd.model import ErrorKind
 from soakd.report import names
 from soakd.report.model import GpuRow, LatencyKind, Series

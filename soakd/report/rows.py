@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from soakd.analysis import (
+from soakd.config import TargetCost
+from soakd.journal import Rollup
+from soakd.journal.reader import Total
+from soakd.measure.analysis import (
     JITTER_SLICES,
     GpuEnergy,
     Quantiles,
@@ -25,11 +28,8 @@ from soakd.analysis import (
     slice_p99,
     worst_window_jitter,
 )
-from soakd.config import TargetCost
-from soakd.cost import cost_line
-from soakd.goodput import error_counts
-from soakd.journal import Rollup
-from soakd.journal.reader import Total
+from soakd.measure.cost import cost_line
+from soakd.measure.goodput import error_counts
 from soakd.report import names
 from soakd.report.model import LATENCY_KINDS, GpuRow, Row
 from soakd.report.samples import Samples, Vram

@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from soakd.analysis import GpuEnergy, leak_note, leak_slope
-from soakd.goodput import guard_refusal
 from soakd.journal import records
 from soakd.journal.records import Logged
 from soakd.journal.stored import StoredConfig
+from soakd.measure.analysis import GpuEnergy, leak_note, leak_slope
+from soakd.measure.goodput import guard_refusal
 from soakd.report import names
 from soakd.report.model import GpuRow, GuardRow, Row
 

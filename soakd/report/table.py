@@ -11,8 +11,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from soakd.analysis import JITTER_MIN_OK, JITTER_MIN_SLICES, JITTER_SLICES, fmt_ms
-from soakd.goodput import classify
+from soakd.measure.analysis import JITTER_MIN_OK, JITTER_MIN_SLICES, JITTER_SLICES, fmt_ms
+from soakd.measure.goodput import classify
+from soakd.measure.verdicts import HIGHER_IS_WORSE, Criterion, Delta
 from soakd.report.model import (
     METRIC_COLUMNS,
     Column,
@@ -21,8 +22,7 @@ from soakd.report.model import (
     Row,
     value_of,
 )
-from soakd.slowest import slowest_sections
-from soakd.verdicts import HIGHER_IS_WORSE, Criterion, Delta
+from soakd.report.slowest import slowest_sections
 
 COUNTS = frozenset(
     {
@@ -479,7 +479,7 @@ def check_lines(rep: Report) -> list[str]:
 
 
 def slowest_tables(rep: Report) -> list[Table]:
-    """The slowest requests, one table per target (soakd/slowest.py), with trace ids."""
+    """The slowest requests, one table per target (soakd/report/slowest.py), with trace ids."""
     return [
         Table(title, header, [cells(row) for row in rows])
         for title, header, rows in slowest_sections(rep.slowest, rep.phases)

@@ -27,7 +27,7 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from soakd import metric_names as mn
+from soakd.metrics import names as mn
 from soakd.sim.gpu import GpuSample
 from soakd.sim.profiles import Profile
 

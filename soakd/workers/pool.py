@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Final
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from soakd import metric_names as mn
 from soakd import outcome_record
 from soakd.config import TargetConfig
+from soakd.metrics import names as mn
 from soakd.model import ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.types import NotSent, SendGate
 from soakd.workers import wire

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from soakd import outcome_record
-from soakd.analysis import itl_keys
+from soakd.measure.analysis import itl_keys
 from soakd.model import Outcome, RequestSpec
 
 HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES = range(1, 10)

@@ -23,8 +23,8 @@ import structlog
 
 from soakd.config import Failing, RateLimit, SpendGuard
 from soakd.journal.records import AuthFailed, Event, TargetPaused, TargetResumed
+from soakd.measure.sliding import SlidingCount
 from soakd.model import ErrorKind, MissReason, Outcome, PauseReason, SpendCap
-from soakd.sliding import SlidingCount
 from soakd.workload.failing import Change, FailingWatch
 
 log = structlog.get_logger()
@@ -40,7 +40,7 @@ EventFn = Callable[[Event], None]
 
 
 class GuardGauges(Protocol):
-    """Where a guard reports (``soakd.metrics.GuardMetrics`` for one target)."""
+    """Where a guard reports (``soakd.metrics.run.GuardMetrics`` for one target)."""
 
     def paused(self, reason: PauseReason, on: bool) -> None: ...
     def cap_hit(self, cap: SpendCap) -> None: ...

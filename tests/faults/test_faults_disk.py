@@ -23,9 +23,9 @@ import aiohttp
 import pytest
 from prometheus_client import generate_latest
 
-from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
 from soakd.report import build_report, terminal_summary
+from soakd.run.app import RunOptions, Soak
 from tests.faults.conftest import figure, samples
 from tests.hostile_server import HostileServer
 

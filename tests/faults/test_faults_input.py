@@ -161,7 +161,7 @@ def _start(*_: Any, **__: Any) -> None:
 @pytest.fixture(autouse=True)
 def no_real_runs() -> Iterator[None]:
     with (
-        mock.patch("soakd.app.Soak", side_effect=_start),
+        mock.patch("soakd.run.app.Soak", side_effect=_start),
         mock.patch("soakd.sim.server.run_sim", side_effect=_start),
     ):
         yield

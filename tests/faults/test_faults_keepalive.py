@@ -21,11 +21,11 @@ from typing import Any, Final, Self
 import pytest
 from prometheus_client import generate_latest
 
-from soakd.app import RunOptions, Soak
 from soakd.config import TargetConfig, config_from_dict
-from soakd.goodput import classify
+from soakd.measure.goodput import classify
 from soakd.model import ErrorKind, RequestSpec
 from soakd.report.build import build_report
+from soakd.run.app import RunOptions, Soak
 from soakd.targets import open_target, pool
 from tests.faults.conftest import figure, samples
 from tests.waiting import until

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from soakd.app import RunOptions, Soak
 from soakd.config import TargetConfig, config_from_dict
 from soakd.model import Outcome, RequestSpec
+from soakd.run.app import RunOptions, Soak
 from soakd.targets import open_target
 from soakd.targets.openai import OpenAITarget
 from tests.fault_proxy import FaultProxy, fault_proxy, syn_blackhole

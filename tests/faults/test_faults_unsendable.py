@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from soakd.app import RunOptions, Soak
 from soakd.config import Config, config_from_dict
 from soakd.model import RequestSpec
+from soakd.run.app import RunOptions, Soak
 from soakd.targets.openai import open_target
 from soakd.types import NotSent
 from tests.faults.conftest import figure, samples

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
+from soakd.run.app import RunOptions, Soak
 from tests.faults.conftest import figure, open_fds, samples, settle, tasks
 from tests.vllm_server import VllmServer
 

@@ -106,7 +106,7 @@ async def parent(args: argparse.Namespace) -> int:
 
     from soakd.config import config_from_dict
     from soakd.logs import setup_logging
-    from soakd.metrics import ProbeMetrics
+    from soakd.metrics.run import ProbeMetrics
     from soakd.model import Sample
     from soakd.probes import make_probes
 

@@ -4,7 +4,7 @@ a real Alertmanager with the shipped routes, alerts arriving at a webhook in the
 Two sources of soakd metrics:
 
 1. ``test_alerts_reach_the_webhook_and_resolve``: soakd's own metric families
-   (soakd.metrics.Metrics and ProbeMetrics on a fresh registry, and a gateway's families
+   (soakd.metrics.run.Metrics and ProbeMetrics on a fresh registry, and a gateway's families
    re-exported by soakd's own GatewayExport) served by a small aiohttp app whose values
    the test sets, next to a vLLM-like /metrics for the `targets` job. The test knows the
    instant a threshold is crossed, so the latencies are exact. GPU 0's VRAM surges the way
@@ -64,7 +64,7 @@ from prometheus_client import (
 
 from soakd.config import AlertLimits, Slo
 from soakd.gateway.metrics import GatewayMetrics
-from soakd.metrics import THROTTLE_REASONS, Metrics, ProbeMetrics
+from soakd.metrics.run import THROTTLE_REASONS, Metrics, ProbeMetrics
 from soakd.probes.gateways import GatewayExport
 from soakd.workers.pool import WorkerMetrics
 
@@ -365,7 +365,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     feeder = asyncio.create_task(feed())
     try:
         for handler, path in (
-            (soakd.metrics, "/metrics"),
+            (soakd.metrics.run, "/metrics"),
             (vllm.metrics, "/metrics"),
             (webhook.handle, "/alerts"),
         ):

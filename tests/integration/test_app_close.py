@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import yaml
 
-import soakd.app
+import soakd.run.app
 import soakd.workers.senders
-from soakd.app import RunOptions, Soak
-from soakd.assemble import Servers, Setup
 from soakd.config import TargetConfig, config_from_dict
 from soakd.journal import Journal
+from soakd.run.app import RunOptions, Soak
+from soakd.run.assemble import Servers, Setup
 from soakd.sim.spawn import free_port
 from soakd.targets.openai import open_target
 from soakd.types import Target
@@ -154,7 +154,7 @@ async def test_sigterm_while_the_journal_opens_stops_the_run_cleanly(
     import os
     import signal
 
-    real_open = soakd.app.start_journal
+    real_open = soakd.run.app.start_journal
 
     async def open_after_a_signal(setup: Setup, servers: Servers) -> Journal:
         os.kill(os.getpid(), signal.SIGTERM)  # delivered to the loop's handler, if any
@@ -165,7 +165,7 @@ async def test_sigterm_while_the_journal_opens_stops_the_run_cleanly(
         assert soak._signals == 1
         return await real_open(setup, servers)
 
-    monkeypatch.setattr(soakd.app, "start_journal", open_after_a_signal)
+    monkeypatch.setattr(soakd.run.app, "start_journal", open_after_a_signal)
     soak = Soak(
         config_from_dict(nowhere_config()),
         RunOptions(run_dir=tmp_path / "run", metrics_addr=f"127.0.0.1:{free_port()}"),

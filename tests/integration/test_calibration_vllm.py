@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from soakd.app import RunOptions, Soak
 from soakd.config import TargetConfig, TokenLength, config_from_dict
 from soakd.journal.records import EventKind
 from soakd.report import build_report, write_built
+from soakd.run.app import RunOptions, Soak
 from soakd.targets.tokenize import open_tokenizer
 from soakd.workload.prompts import SyntheticPrompts
 from soakd.workload.sizing import stored
@@ -138,7 +138,7 @@ async def test_a_planned_300_is_300_of_vllms_tokens(vllm: VllmServer, tmp_path: 
     assert "Prompt tokens: planned against served" in text
     assert any(n.startswith("sim: ") for n in report.notes)
     # no prompt-token note for vLLM (other notes may come: vLLM merges a slow reader's
-    # tokens into one chunk under load, named as usage_mismatch:above, soakd/notes.py)
+    # tokens into one chunk under load, named as usage_mismatch:above, soakd/measure/notes.py)
     assert not any(n.startswith("vllm: ") and "prompt tokens" in n for n in report.notes)
 
 

@@ -162,9 +162,9 @@ def test_retry_after_forms() -> None:
 async def test_spend_cap_in_a_real_run_is_exact_logged_journaled_exported(
     tmp_path: Path,
 ) -> None:
-    from soakd.app import RunOptions, Soak
     from soakd.config import config_from_dict
     from soakd.journal import JournalReader, records
+    from soakd.run.app import RunOptions, Soak
 
     cfg = config_from_dict({
         "run": {"name": "cap", "drain_timeout": "5s"},

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from soakd.app import RunOptions, Soak
 from soakd.cli import main
 from soakd.config import load_config
 from soakd.journal import JournalReader, records
+from soakd.run.app import RunOptions, Soak
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

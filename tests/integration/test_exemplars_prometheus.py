@@ -18,9 +18,9 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from soakd.fold import fold
 from soakd.http import start_http
-from soakd.metrics import Metrics
+from soakd.measure.fold import fold
+from soakd.metrics.run import Metrics
 from soakd.model import Outcome
 from soakd.tracing import trace_id
 from tests import observability as obs

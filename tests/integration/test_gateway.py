@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.app import RunOptions, Soak
 from soakd.config import GatewaySettings, config_from_dict
-from soakd.export import records
 from soakd.gateway.spawn import GatewayProcess, spawn_gateway
 from soakd.journal import JournalReader
+from soakd.report.export import records
+from soakd.run.app import RunOptions, Soak
 from soakd.sim.spawn import SimProcess, spawn_sim
 from tests.litellm_proxy import litellm_python
 

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
+from soakd.run.app import RunOptions, Soak
 from soakd.sim.spawn import spawn_sim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -18,10 +18,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
-from soakd.export import export
 from soakd.report import write_report
+from soakd.report.export import export
+from soakd.run.app import RunOptions, Soak
 from soakd.spawn import die_with_parent
 from tests.litellm_proxy import SETUP_HINT, LiteLLM, litellm_ready, run_litellm
 from tests.vllm_server import VllmServer, free_port, sum_samples

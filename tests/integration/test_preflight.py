@@ -23,11 +23,11 @@ import pytest_asyncio
 import yaml
 
 from soakd import cli
-from soakd.app import RunOptions, Soak, StoppedBeforeStart
 from soakd.config import TargetConfig, config_from_dict
 from soakd.journal import JournalReader, records
 from soakd.model import PauseReason
 from soakd.report import build_report
+from soakd.run.app import RunOptions, Soak, StoppedBeforeStart
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import SimServer, start_sim
 from soakd.sim.spawn import free_port

@@ -13,7 +13,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from soakd.config import Config, config_from_dict
-from soakd.metrics import ProbeMetrics
+from soakd.metrics.run import ProbeMetrics
 from soakd.model import ErrorKind, Outcome, Sample
 from soakd.probes import Probes, make_probes
 from tests.waiting import until

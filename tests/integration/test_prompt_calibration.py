@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from soakd.app import RunOptions, Soak
 from soakd.config import TargetConfig, TokenLength, config_from_dict
 from soakd.journal.records import EventKind
 from soakd.report import build_report
+from soakd.run.app import RunOptions, Soak
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import start_sim
 from soakd.targets.tokenize import open_tokenizer

@@ -192,7 +192,7 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
         assert status["run_id"] == run_id
         resumed_total = sum(counters(text, "soakd_requests_total").values())
         assert resumed_total >= rows_at_kill  # counters continued, not restarted at 0
-        # and the latency histograms (restored through a collector, soakd/buckets.py)
+        # and the latency histograms (restored through a collector, soakd/measure/buckets.py)
         e2e_count = sum(
             s.value
             for f in text_string_to_metric_families(text)

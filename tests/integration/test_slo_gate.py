@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
+from soakd.run.app import RunOptions, Soak
 from soakd.sim.spawn import free_port
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
+from soakd.run.app import RunOptions, Soak
 from tests.llama_server import LlamaServer, LlamaServerNotSetUp
 from tests.vllm_server import VllmServer, sum_samples
 from tests.waiting import until

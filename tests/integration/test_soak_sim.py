@@ -23,9 +23,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from soakd import __version__
-from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
 from soakd.journal import JournalReader, records
+from soakd.run.app import RunOptions, Soak
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import start_sim
 from soakd.sim.spawn import free_port

@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
 from soakd.model import ErrorKind
+from soakd.run.app import RunOptions, Soak
 from soakd.sim.spawn import free_port
 from tests.vllm_server import VllmServer, sum_samples
 

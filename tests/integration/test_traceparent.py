@@ -15,9 +15,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from soakd.config import TargetConfig
-from soakd.fold import fold
 from soakd.http import start_http
-from soakd.metrics import Metrics
+from soakd.measure.fold import fold
+from soakd.metrics.run import Metrics
 from soakd.model import Outcome, RequestSpec
 from soakd.targets import open_target
 from soakd.tracing import trace_id, traceparent

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from soakd.app import RunOptions, Soak
 from soakd.config import config_from_dict
-from soakd.export import records
 from soakd.journal import JournalReader
 from soakd.report import build_report
+from soakd.report.export import records
+from soakd.run.app import RunOptions, Soak
 from soakd.tracing import span_id
 from tests.vllm_server import VllmServer
 

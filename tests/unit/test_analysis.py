@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from soakd.analysis import Digest, TargetStats, Window, jitter, worst_window_jitter
+from soakd.measure.analysis import Digest, TargetStats, Window, jitter, worst_window_jitter
 from soakd.model import ErrorKind, Outcome
 
 

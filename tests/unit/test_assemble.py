@@ -1,4 +1,4 @@
-"""The run's stages: frozen values whose parts all exist (soakd/assemble.py)."""
+"""The run's stages: frozen values whose parts all exist (soakd/run/assemble.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from soakd.app import Soak
-from soakd.assemble import Parts, Servers, Setup
 from soakd.config import config_from_dict
-from soakd.session import RunOptions
+from soakd.run.app import Soak
+from soakd.run.assemble import Parts, Servers, Setup
+from soakd.run.session import RunOptions
 
 
 def config(**run: object) -> dict[str, object]:

@@ -1,5 +1,5 @@
-"""soakd's own latency histograms (soakd/buckets.py) fed by the journal's folds
-(soakd/fold.py): the same exposition as client_python's, a resumed run's stored counts plus
+"""soakd's own latency histograms (soakd/measure/buckets.py) fed by the journal's folds
+(soakd/measure/fold.py): the same exposition as client_python's, a resumed run's stored counts plus
 live folds equal a registry that counted it all, and a batch folded at once equals its
 outcomes folded one by one."""
 
@@ -10,9 +10,9 @@ import random
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.buckets import BucketHistogram
-from soakd.fold import HISTOGRAM_BUCKETS, ITL_BUCKETS, Buckets, Fold, fold
-from soakd.metrics import Metrics
+from soakd.measure.buckets import BucketHistogram
+from soakd.measure.fold import HISTOGRAM_BUCKETS, ITL_BUCKETS, Buckets, Fold, fold
+from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome
 from tests.journal_fixtures import FakeClock, outcome
 

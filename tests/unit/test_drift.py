@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from soakd.config import AlertLimits, Slo, config_from_dict
-from soakd.metrics import Metrics, ProbeMetrics
+from soakd.metrics.run import Metrics, ProbeMetrics
 from soakd.model import ErrorKind, Outcome, Sample
 from soakd.probes import make_probes
 from soakd.probes.drift import LatencyDrift

@@ -8,7 +8,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from soakd.gateway.metrics import GATEWAY_REJECTIONS, GatewayMetrics
-from soakd.metrics import GuardMetrics
+from soakd.metrics.run import GuardMetrics
 
 DOCS = Path(__file__).parents[2] / "docs" / "metrics.md"
 

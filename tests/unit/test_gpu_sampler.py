@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from soakd.config import TargetConfig
-from soakd.metrics import ProbeMetrics
+from soakd.metrics.run import ProbeMetrics
 from soakd.model import Sample
 from soakd.probes.gpu import GpuProbe, NvmlSampler
 from soakd.probes.gpu import nvml as sampler_mod
@@ -112,7 +112,7 @@ SCRIPT = """
 import asyncio, json, sys
 from prometheus_client import CollectorRegistry
 from soakd.config import config_from_dict
-from soakd.metrics import ProbeMetrics
+from soakd.metrics.run import ProbeMetrics
 from soakd.probes import make_probes
 
 async def main(source):

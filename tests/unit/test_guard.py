@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from soakd.config import Failing, RateLimit, SpendGuard
-from soakd.metrics import GuardMetrics
+from soakd.measure.sliding import SlidingCount
+from soakd.metrics.run import GuardMetrics
 from soakd.model import ErrorKind, Outcome, SpendCap
-from soakd.sliding import SlidingCount
 from soakd.workload.guard import TargetGuard
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from soakd.fold import Fold
 from soakd.journal.handoff import HandOff
+from soakd.measure.fold import Fold
 from soakd.model import ErrorKind, Outcome
 
 

@@ -17,7 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from soakd import journal as journal_mod
 from soakd.config import JournalConfig
-from soakd.fold import Fold
 from soakd.journal import (
     Journal,
     JournalError,
@@ -29,7 +28,8 @@ from soakd.journal import (
     unpack_itl,
 )
 from soakd.journal import store as store_mod
-from soakd.metrics import JournalMetrics, Metrics
+from soakd.measure.fold import Fold
+from soakd.metrics.run import JournalMetrics, Metrics
 from soakd.model import ErrorKind, Outcome, Sample
 from tests.journal_fixtures import (
     MS,

@@ -14,9 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from soakd.analysis import Digest, digest_key
 from soakd.config import JournalConfig
-from soakd.export import export
 from soakd.journal import (
     SCHEMA_VERSION,
     JournalReader,
@@ -28,8 +26,10 @@ from soakd.journal import (
     unpack_itl_hist,
 )
 from soakd.journal import budget as budget_mod
-from soakd.metrics import JournalMetrics
+from soakd.measure.analysis import Digest, digest_key
+from soakd.metrics.run import JournalMetrics
 from soakd.report import build_report, render_markdown
+from soakd.report.export import export
 from tests.journal_fixtures import FakeClock, StoreHarness, config, open_test_journal, outcome
 from tests.unit.test_journal import make_outcomes, wait_for
 

@@ -17,7 +17,7 @@ import pytest
 
 from soakd.config import JournalConfig
 from soakd.journal import Journal, JournalError, JournalReader, records
-from soakd.metrics import JournalMetrics, Metrics
+from soakd.metrics.run import JournalMetrics, Metrics
 from tests.journal_fixtures import FakeClock, config, open_test_journal, run_info
 from tests.unit.test_journal import make_outcomes, resumed_equals_live, scraped, written
 from tests.waiting import wait_until

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from soakd.analysis import theil_sen
+from soakd.measure.analysis import theil_sen
 from soakd.probes.leak import LeakSlope
 
 MB = 1e6

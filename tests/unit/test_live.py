@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from soakd.live import live_panel
+from soakd.run.live import live_panel
 
 
 def status(**extra: Any) -> dict[str, Any]:

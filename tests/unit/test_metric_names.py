@@ -2,9 +2,9 @@
 
 Readers: the probes (foreign pages; the samples they journal), the report (journaled
 samples), the alert and recording rules, and the Grafana dashboards. soakd's own names
-are the constants of ``soakd/metric_names.py``, registered by its metric classes; the
+are the constants of ``soakd/metrics/names.py``, registered by its metric classes; the
 foreign ones (vLLM, llama.cpp, DCGM, a process collector, Prometheus' own) are listed in
-``soakd/metric_names.py`` (what soakd's code reads) and ``prometheus/external-metrics.txt``
+``soakd/metrics/names.py`` (what soakd's code reads) and ``prometheus/external-metrics.txt``
 (what the rules and dashboards read), checked against reference captures.
 """
 
@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from soakd import metric_names as mn
+from soakd.metrics import names as mn
 
 try:
     from tests import observability as obs
@@ -55,10 +55,10 @@ def _foreign(name: str) -> bool:
 
 
 def _literals_in_soakd() -> dict[str, str]:
-    """Every string literal in soakd/ (but metric_names.py) shaped like a metric name."""
+    """Every string literal in soakd/ (but metrics/names.py) shaped like a metric name."""
     found: dict[str, str] = {}
     for path in sorted(SOAKD.rglob("*.py")):
-        if path.name == "metric_names.py" and path.parent == SOAKD:
+        if path == SOAKD / "metrics" / "names.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if (
@@ -86,7 +86,7 @@ def test_every_metric_name_read_is_registered_or_listed_foreign() -> None:
     ]
     named = set(own.values())
     problems += [
-        f"{n}: exported without a constant in metric_names.py"
+        f"{n}: exported without a constant in metrics/names.py"
         for n in sorted(registered)
         if n not in named and _family(n) not in named
     ]

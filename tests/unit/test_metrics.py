@@ -7,8 +7,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from soakd.fold import fold
-from soakd.metrics import JournalMetrics, Metrics, ProbeMetrics
+from soakd.measure.fold import fold
+from soakd.metrics.run import JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import ErrorKind, Outcome
 
 DOCS = Path(__file__).parents[2] / "docs" / "metrics.md"

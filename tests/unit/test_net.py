@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from soakd.cli import build_parser
 from soakd.config import ConfigError, config_from_dict
-from soakd.metrics import ProbeMetrics
+from soakd.metrics.run import ProbeMetrics
 from soakd.net import TlsFileError, client_ssl, parse_host_port
 from soakd.probes import make_probes
 

@@ -1,4 +1,4 @@
-"""Answer notes (soakd/notes.py): usage not taken, usage off the stream, an unreadable
+"""Answer notes (soakd/measure/notes.py): usage not taken, usage off the stream, an unreadable
 Retry-After. Each is counted per target the same in Metrics, the journal's notes table and
 /status, named once in the log, continued by a resume, and written in the report; a v3
 journal is read and continued as v4. And Retry-After is read as HTTP writes it."""
@@ -13,12 +13,12 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from soakd.config import JournalConfig
-from soakd.export import export
 from soakd.journal import SCHEMA_VERSION, Journal, JournalReader, read_resume_state
-from soakd.metrics import Metrics
+from soakd.measure.notes import NOTES, Notes, describe, notes_of
+from soakd.metrics.run import Metrics
 from soakd.model import Outcome
-from soakd.notes import NOTES, Notes, describe, notes_of
 from soakd.report import build_report
+from soakd.report.export import export
 from soakd.targets.errors import retry_after
 from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome, run_info
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from soakd import outcome_record
-from soakd.analysis import itl_keys
 from soakd.journal.batch import Batch
+from soakd.measure.analysis import itl_keys
 from soakd.model import ErrorKind, Outcome
 from soakd.workers import wire
 from soakd.workers.pool import Wakeups, Worker

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from soakd.config import TargetConfig
-from soakd.metrics import ProbeMetrics
+from soakd.metrics.run import ProbeMetrics
 from soakd.model import Sample
 from soakd.probes.gpu import GpuProbe, NvmlSource
 from soakd.probes.oom import OomWatch

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from soakd.metrics import ProbeMetrics
+from soakd.metrics.run import ProbeMetrics
 from soakd.model import ErrorKind, Outcome, Sample
 from soakd.probes.health import TargetState
 

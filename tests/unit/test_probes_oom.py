@@ -8,7 +8,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from soakd.metrics import ProbeMetrics
+from soakd.metrics.run import ProbeMetrics
 from soakd.model import ErrorKind, Outcome, Sample
 from soakd.probes.oom import OOM_LINE, LogTail, OomWatch, scrub
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from soakd.cli import main
-from soakd.export import export, records
 from soakd.journal import JournalReader, row_itl_ns
 from soakd.model import Sample
 from soakd.report import build_report, render_html, render_json, render_markdown
+from soakd.report.export import export, records
 from tests.journal_fixtures import (
     HOUR,
     FakeClock,

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from soakd.measure.verdicts import Delta
 from soakd.model import Sample
 from soakd.report import build_report, render_html, render_markdown
 from soakd.report.table import fmt_allowed, fmt_bytes, fmt_change
-from soakd.verdicts import Delta
 from tests.journal_fixtures import HOUR, FakeClock, config, open_test_journal, outcome
 
 PEAK = 3.62 * 2**30  # 3.89 GB: the example, once read as 3.62 GiB

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from soakd.goodput import Tally
 from soakd.journal import JournalReader
 from soakd.journal.stored import StoredConfig
+from soakd.measure.goodput import Tally
 from soakd.report.decisions import Verdicts, judging, verdicts, with_goodput
 from soakd.report.model import Row
 from soakd.report.rows import (

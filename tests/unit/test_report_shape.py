@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from soakd.analysis import SessionRow, SummaryRow
 from soakd.journal import records
+from soakd.measure.analysis import SessionRow, SummaryRow
 from soakd.model import ErrorKind, Sample
 from soakd.report import build_report, render_json
-from soakd.stats import RunStats
+from soakd.run.stats import RunStats
 from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome
 
 HOUR = 3600.0
@@ -46,11 +46,11 @@ REPORT_KEYS = [
     "phase_verdicts",
     "comparison",
     "passed",
-    "slowest",  # target -> phase -> slow requests (soakd/slowest.py)
+    "slowest",  # target -> phase -> slow requests (soakd/report/slowest.py)
     "tested",  # what was tested (soakd/report/tested.py)
     "plot_phases",
     "plot_limits",
-    "answer_notes",  # target -> note -> answers (soakd/notes.py)
+    "answer_notes",  # target -> note -> answers (soakd/measure/notes.py)
     "prompt_tokens",  # planned against served, per target (soakd/report/prompt_tokens.py)
     "prompt_sizing",
     "warnings",  # what the journal lost or could not keep: the report's first lines

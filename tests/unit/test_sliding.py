@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from soakd.sliding import SlidingCount
+from soakd.measure.sliding import SlidingCount
 
 
 def test_sums_over_the_span_never_less() -> None:

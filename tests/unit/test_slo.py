@@ -24,12 +24,12 @@ from soakd.config import (
     TokenPrice,
     config_from_dict,
 )
-from soakd.cost import MONTH_S, cost_line
-from soakd.goodput import GoodputWindow, Tally, classify, error_counts
-from soakd.metrics import Metrics
+from soakd.measure.cost import MONTH_S, cost_line
+from soakd.measure.goodput import GoodputWindow, Tally, classify, error_counts
+from soakd.measure.verdicts import compare, judge
+from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome
 from soakd.report import Row, build_report, render_html, render_json, render_markdown
-from soakd.verdicts import compare, judge
 from tests.journal_fixtures import MS, FakeClock, S, config, open_test_journal
 
 HOUR = 3600.0

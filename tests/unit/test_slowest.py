@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from soakd import slowest as slowest_mod
 from soakd.cli import main
 from soakd.journal import JournalReader
 from soakd.model import ErrorKind
 from soakd.report import build_report, render_html, render_json, render_markdown
-from soakd.slowest import slowest
+from soakd.report import slowest as slowest_mod
+from soakd.report.slowest import slowest
 from soakd.tracing import trace_id
 from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome
 

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from soakd import outcome_record
-from soakd.fold import Fold
 from soakd.journal import schema
 from soakd.journal.batch import Batch
 from soakd.journal.codec import END_NS, outcome_row
-from soakd.metrics import Metrics
+from soakd.measure.fold import Fold
+from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome
 from soakd.targets.stream import Bounds, Fault, StreamParser, apply_usage, settle_usage
 from soakd.workers import wire

@@ -13,8 +13,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 
 from soakd.config import ConfigError, TargetConfig, config_from_dict
 from soakd.config.redact import config_doc
-from soakd.fold import fold
-from soakd.metrics import Metrics
+from soakd.measure.fold import fold
+from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome
 from soakd.tracing import (
     is_local_url,

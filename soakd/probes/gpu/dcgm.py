@@ -14,7 +14,7 @@ from __future__ import annotations
 import aiohttp
 import structlog
 
-from soakd import metric_names as mn
+from soakd.metrics import names as mn
 from soakd.probes._http import Endpoint, fetch
 from soakd.probes.gpu.model import GpuReading, XidCallback
 from soakd.probes.server import parse_samples

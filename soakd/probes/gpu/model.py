@@ -16,7 +16,7 @@ from soakd.gpu.readings import ProcMem as ProcMem
 from soakd.gpu.readings import Vanished as Vanished
 from soakd.gpu.readings import XidCallback as XidCallback
 from soakd.gpu.readings import error_text as error_text
-from soakd.metrics import THROTTLE_REASONS
+from soakd.metrics.run import THROTTLE_REASONS
 
 # Clock event ("throttle") reason bits -> THROTTLE_REASONS labels; other bits -> "other".
 THROTTLE_BITS: tuple[tuple[int, str], ...] = (

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import structlog
 
-from soakd import metric_names as mn
-from soakd.metrics import ProbeMetrics
+from soakd.metrics import names as mn
+from soakd.metrics.run import ProbeMetrics
 from soakd.model import Sample
 from soakd.probes._ticks import sleep_until_next
 from soakd.probes.gpu.model import (

@@ -2,7 +2,7 @@
 
 The exported names (what Prometheus stores, so a counter's ``_total`` and an info's
 ``_info`` are part of them; a histogram's family name, without ``_bucket``) are defined by
-the metric classes of ``soakd/metrics.py`` through these constants, and read through them
+the metric classes of ``soakd/metrics/run.py`` through these constants, and read through them
 by the probes (the samples they journal), the gateway re-export and the simulator. The
 foreign names (vLLM's, llama.cpp's, DCGM's, a process collector's) are what the probes read
 and what the simulator serves in their place. ``tests/unit/test_metric_names.py`` checks

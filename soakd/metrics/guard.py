@@ -1,5 +1,5 @@
 """Metrics room, the spend guard's families (caps, pauses, Retry-After: soakd/workload/guard.py).
-Beside ``soakd/metrics.py``, which re-exports them.
+Beside ``soakd/metrics/run.py``, which re-exports them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from soakd import metric_names as mn
+from soakd.metrics import names as mn
 from soakd.model import PauseReason, SpendCap
 from soakd.workload.failing import CAUSES
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import structlog
 
-from soakd.analysis import SessionRow
+from soakd.measure.analysis import SessionRow
 
 log = structlog.get_logger()
 

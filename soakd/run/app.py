@@ -1,4 +1,4 @@
-"""Composition root: runs the parts ``soakd/assemble.py`` builds; owns the tasks, signals
+"""Composition root: runs the parts ``soakd/run/assemble.py`` builds; owns the tasks, signals
 and shutdown order.
 
 Shutdown order: stop arrivals -> drain in-flight requests (deadline) -> close targets
@@ -26,8 +26,15 @@ import aiohttp
 import structlog
 
 from soakd import __version__
-from soakd.analysis import SessionRow
-from soakd.assemble import (
+from soakd.config import Config
+from soakd.http import HttpServer, start_exporter
+from soakd.journal import Journal, ResumeState, records
+from soakd.logs import close_logging, flush_repeats, set_phase, setup_logging
+from soakd.measure.analysis import SessionRow
+from soakd.metrics.run import Metrics
+from soakd.model import Phase
+from soakd.probes import Probes
+from soakd.run.assemble import (
     Close,
     Hooks,
     Parts,
@@ -38,18 +45,11 @@ from soakd.assemble import (
     start_ledger,
     start_servers,
 )
-from soakd.config import Config
-from soakd.http import HttpServer, start_exporter
-from soakd.journal import Journal, ResumeState, records
-from soakd.logs import close_logging, flush_repeats, set_phase, setup_logging
-from soakd.metrics import Metrics
-from soakd.model import Phase
-from soakd.probes import Probes
-from soakd.rundir import prepare_dir, raise_fd_limit, write_summary
-from soakd.session import RunOptions, RunResult, StartError, StoppedBeforeStart, _close_all
+from soakd.run.rundir import prepare_dir, raise_fd_limit, write_summary
+from soakd.run.session import RunOptions, RunResult, StartError, StoppedBeforeStart, _close_all
+from soakd.run.stats import RunStats
+from soakd.run.status import progress_fields, vram_status
 from soakd.sim.spawn import SimProcess
-from soakd.stats import RunStats
-from soakd.status import progress_fields, vram_status
 from soakd.types import Target
 from soakd.workers.senders import Senders
 from soakd.workload.ledger import SendLedger
@@ -450,7 +450,7 @@ class Soak:
             from rich.console import Console
             from rich.live import Live
 
-            from soakd.live import live_panel
+            from soakd.run.live import live_panel
 
             console = Console(file=sys.stdout)
             live = Live(console=console, refresh_per_second=2, transient=True)

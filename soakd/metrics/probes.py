@@ -1,12 +1,12 @@
 """Metrics room, the probes' families: GPU (NVML, DCGM), the target's health, restarts,
-OOMs and server scrape. Beside ``soakd/metrics.py`` (the run's own), which re-exports them.
+OOMs and server scrape. Beside ``soakd/metrics/run.py`` (the run's own), which re-exports them.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from soakd import metric_names as mn
+from soakd.metrics import names as mn
 
 THROTTLE_REASONS = (
     "gpu_idle",

@@ -1,6 +1,6 @@
 """What ``/status``, the live view and the progress log show beside the outcome stats
-(soakd/stats.py): each GPU's VRAM against its line and whose it is, and the one-line
-progress fields. Pure: the run (soakd/app.py) hands in what it holds."""
+(soakd/run/stats.py): each GPU's VRAM against its line and whose it is, and the one-line
+progress fields. Pure: the run (soakd/run/app.py) hands in what it holds."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 ``Setup``: what a run is before anything opens (the plan, the resume state, the
 registry and the in-memory readers), made at once from the config. ``Servers``: the child
 servers soakd starts and the preflight's answers. ``Parts``: the journal and everything
-that sends or reads outcomes, with the runner last. ``soakd/app.py`` runs them.
+that sends or reads outcomes, with the runner last. ``soakd/run/app.py`` runs them.
 
 Each builder registers what it opened on the caller's exit stack (or list of closes) as it
 goes, so a start that fails half-way closes what it had opened, and what the builder
@@ -24,7 +24,6 @@ import structlog
 
 from soakd.config import Config, ConfigError, Slo, TargetConfig
 from soakd.gateway.fronts import Fronts
-from soakd.goodput import GoodputWindow
 from soakd.journal import (
     JOURNAL_FILE,
     Journal,
@@ -38,15 +37,16 @@ from soakd.journal import (
     rollup_window_ns,
 )
 from soakd.journal.store import Restored
-from soakd.metrics import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
+from soakd.measure.goodput import GoodputWindow
+from soakd.measure.notes import Notes
+from soakd.metrics.run import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
 from soakd.model import Phase, Plan, SpendCap
-from soakd.notes import Notes
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
-from soakd.rundir import new_run_id
-from soakd.session import RunOptions, StartError, _close_all
+from soakd.run.rundir import new_run_id
+from soakd.run.session import RunOptions, StartError, _close_all
+from soakd.run.stats import RunStats
 from soakd.sim.spawn import SimProcess, spawn_sim
-from soakd.stats import RunStats
 from soakd.targets.preflight import Preflight, preflight
 from soakd.targets.tokenize import open_tokenizer
 from soakd.types import Target

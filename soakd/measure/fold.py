@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from soakd.analysis import TargetStats
+from soakd.measure.analysis import TargetStats
+from soakd.measure.notes import notes_of
 from soakd.model import OK, S_PER_NS, Outcome, status_class
-from soakd.notes import notes_of
 
 # Buckets in seconds, chosen for LLM serving: a TTFT from 5 ms (a warm GPU, short prompt)
 # to a minute (a queue on a 4 GB card); an E2E of up to 10 minutes (long generations).
@@ -224,7 +224,7 @@ class Fold:
     tallied: dict[tuple[str, str], TargetStats] = field(default_factory=dict)
     """(target, phase) -> the counts (no digests) of the requests only tallied."""
     notes: dict[NoteKey, int] = field(default_factory=dict)
-    """(target, note) -> answers that carried it (soakd/notes.py)."""
+    """(target, note) -> answers that carried it (soakd/measure/notes.py)."""
     phases: dict[tuple[str, str], TargetStats] | None = None
     """``by_phase`` as the writer process sent it (``from_doc``: no windows travel)."""
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NotRequired, TypedDict, cast
 
-from soakd.goodput import classify, error_counts
+from soakd.measure.goodput import classify, error_counts
 from soakd.model import OK, Outcome
 
 _GAMMA = 1.02  # bucket width ratio: values are reported within +-1 % of the truth
@@ -326,7 +326,7 @@ def quantile_of(q: Quantiles, name: str) -> float | None:
 class SummaryRow(TypedDict):
     """One target's headline numbers (``summary_row``): the live view, ``/status``'s
     ``targets`` and ``summary.json``'s ``targets``; latencies in ms, None: no success.
-    ``errors`` and the ratios count as the report does (soakd/goodput.py): requests =
+    ``errors`` and the ratios count as the report does (soakd/measure/goodput.py): requests =
     ok + errors + shed + not_judged; ``rps`` counts successes, ``attempt_rps`` every send."""
 
     requests: int

@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from soakd.analysis import Quantiles, quantile_of
 from soakd.config import Compare, Slo
-from soakd.goodput import Tally
+from soakd.measure.analysis import Quantiles, quantile_of
+from soakd.measure.goodput import Tally
 
 MS_PER_S = 1000.0
 MAJORITY = 0.5
@@ -31,7 +31,7 @@ class RowLike(Protocol):
     ok: int
     not_judged: int  # cut by soakd at the stop or lost with a sender process
     success_rate: float | None
-    error_ratio: float | None  # every failure / judged requests (soakd/goodput.py)
+    error_ratio: float | None  # every failure / judged requests (soakd/measure/goodput.py)
     server_error_ratio: float | None  # 5xx / judged requests
     latency_ms: dict[str, Quantiles]  # "ttft", "itl", "tpot", "e2e"
     jitter: float | None

@@ -1,6 +1,6 @@
 """Metrics: every metric of ``soakd run``, in an injected registry.
 
-The names are ``soakd/metric_names.py``'s constants (``soakd gateway``'s metrics are in
+The names are ``soakd/metrics/names.py``'s constants (``soakd gateway``'s metrics are in
 ``soakd/gateway/metrics.py``); docs/metrics.md lists them; the dashboards and alert rules
 use exactly these names (``tests/unit/test_metric_names.py``).
 Labels are bounded: target and phase names come from config, outcome from ErrorKind.
@@ -24,24 +24,30 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from soakd import __version__
-from soakd import metric_names as mn
-from soakd.buckets import BucketChild, BucketHistogram, ExemplarClock
 from soakd.config import AlertLimits, Slo, TargetConfig
+from soakd.measure.buckets import BucketChild, BucketHistogram, ExemplarClock
 
 # the latency buckets live with the fold (the journal's writer counts them); imported from
 # here as before
-from soakd.fold import E2E_BUCKETS as E2E_BUCKETS
-from soakd.fold import HISTOGRAM_BUCKETS as HISTOGRAM_BUCKETS
-from soakd.fold import ITL_BUCKETS as ITL_BUCKETS
-from soakd.fold import LAG_BUCKETS as LAG_BUCKETS
-from soakd.fold import TTFT_BUCKETS as TTFT_BUCKETS
-from soakd.fold import Fold, Hist
-from soakd.goodput import SERVER_ERRORS, classify
+from soakd.measure.fold import E2E_BUCKETS as E2E_BUCKETS
+from soakd.measure.fold import HISTOGRAM_BUCKETS as HISTOGRAM_BUCKETS
+from soakd.measure.fold import ITL_BUCKETS as ITL_BUCKETS
+from soakd.measure.fold import LAG_BUCKETS as LAG_BUCKETS
+from soakd.measure.fold import TTFT_BUCKETS as TTFT_BUCKETS
+from soakd.measure.fold import Fold, Hist
+from soakd.measure.goodput import SERVER_ERRORS, classify
+from soakd.measure.notes import (
+    MISMATCH_DIRECTIONS,
+    RETRY_AFTER_UNREADABLE,
+    USAGE_MISMATCH,
+    USAGE_REJECTED,
+)
+from soakd.metrics import names as mn
 
 # the probes' and the guard's families live beside this module; imported from here as before
-from soakd.guard_metrics import GuardMetrics as GuardMetrics
-from soakd.guard_metrics import TargetGuardGauges as TargetGuardGauges
-from soakd.metric_names import (
+from soakd.metrics.guard import GuardMetrics as GuardMetrics
+from soakd.metrics.guard import TargetGuardGauges as TargetGuardGauges
+from soakd.metrics.names import (
     LIMIT_DRIFT,
     LIMIT_E2E,
     LIMIT_ERROR_RATIO,
@@ -53,16 +59,10 @@ from soakd.metric_names import (
     LIMIT_TTFT,
     LIMIT_VRAM,
 )
+from soakd.metrics.probes import OOM_SOURCES as OOM_SOURCES
+from soakd.metrics.probes import THROTTLE_REASONS as THROTTLE_REASONS
+from soakd.metrics.probes import ProbeMetrics as ProbeMetrics
 from soakd.model import OK, USAGE_REJECTED_REASONS, ErrorKind, MissReason, Phase, Plan
-from soakd.notes import (
-    MISMATCH_DIRECTIONS,
-    RETRY_AFTER_UNREADABLE,
-    USAGE_MISMATCH,
-    USAGE_REJECTED,
-)
-from soakd.probe_metrics import OOM_SOURCES as OOM_SOURCES
-from soakd.probe_metrics import THROTTLE_REASONS as THROTTLE_REASONS
-from soakd.probe_metrics import ProbeMetrics as ProbeMetrics
 from soakd.tracing import trace_id, traced_names
 
 # No `*_created` series: one per counter and histogram child, undocumented and unused by
@@ -128,7 +128,7 @@ class Metrics:
             ["target"],
             registry=r,
         )
-        # what the answers carried beyond their outcome (soakd/notes.py)
+        # what the answers carried beyond their outcome (soakd/measure/notes.py)
         self.usage_rejected = Counter(
             mn.USAGE_REJECTED_TOTAL,
             "Answers whose usage was not taken, by reason: not_integer, negative, "
@@ -240,7 +240,7 @@ class Metrics:
             registry=r,
         )
 
-        # the run's ratios on the report's basis (soakd/goodput.py): over the requests
+        # the run's ratios on the report's basis (soakd/measure/goodput.py): over the requests
         # judged, i.e. less the guard's sheds and the requests soakd cut or lost itself
         self.run_5xx_ratio = Gauge(
             mn.RUN_5XX_RATIO,
@@ -269,7 +269,7 @@ class Metrics:
 
         self._children: dict[str, _TargetChildren] = {}
         self._counters: dict[tuple[str, str, str, str], Counter] = {}
-        # target -> [judged, failed, 5xx] of the run (soakd/goodput.py's classes)
+        # target -> [judged, failed, 5xx] of the run (soakd/measure/goodput.py's classes)
         self._run_counts: dict[str, list[int]] = {}
         self._traced: dict[str, str] = {}  # target -> run id: exemplars carry the trace id
 
@@ -299,7 +299,7 @@ class Metrics:
         }
 
     def watch_goodput(self, ratio: Callable[[str], float], rate: Callable[[str], float]) -> None:
-        """Read each target's windowed goodput at scrape time (soakd/goodput.py)."""
+        """Read each target's windowed goodput at scrape time (soakd/measure/goodput.py)."""
         for target in self._children:
             self.goodput.labels(target).set_function(partial(ratio, target))
             self.goodput_rate.labels(target).set_function(partial(rate, target))
@@ -362,7 +362,7 @@ class Metrics:
 
     def apply(self, f: Fold) -> None:
         """A committed batch of outcomes, folded once by the journal's writer
-        (soakd/fold.py): counters by key, notes, histogram buckets in bulk, and the exemplar
+        (soakd/measure/fold.py): counters by key, notes, histogram buckets in bulk, and the exemplar
         candidates of the targets sending a traceparent (a bucket's at most once a second)."""
         counters, children, run_counts = self._counters, self._children, self._run_counts
         for key, (n, out_tokens, in_tokens, oom) in f.totals.items():
@@ -398,7 +398,7 @@ class Metrics:
                     child.set_exemplar(bucket, {"trace_id": trace_id(run, target, seq)}, value)
 
     def note(self, target: str, note: str, n: int = 1) -> None:
-        """Count ``n`` answers of ``target`` that carried ``note`` (soakd/notes.py)."""
+        """Count ``n`` answers of ``target`` that carried ``note`` (soakd/measure/notes.py)."""
         kind, _, value = note.partition(":")
         if kind == USAGE_REJECTED:
             self.usage_rejected.labels(target, value).inc(n)
@@ -421,7 +421,7 @@ class Metrics:
         sees no reset. ``totals``: (target, phase, outcome, status_class, requests,
         output_tokens, prompt_tokens, oom) rows; ``histograms``: (kind, target) -> (count per
         bucket, +Inf last; sum). Call once, after ``add_target``. Counters continue through
-        ``inc``; histogram buckets are added to soakd's own (soakd/buckets.py). Returns what
+        ``inc``; histogram buckets are added to soakd's own (soakd/measure/buckets.py). Returns what
         could not be restored (no such target, other buckets)."""
         missing: list[str] = []
         for target, phase, outcome, sclass, n, out_tokens, in_tokens, oom in totals:
@@ -450,7 +450,7 @@ def _count_of(busy: dict[str, int], target: str) -> float:
 
 
 def _count_run(counts: list[int], outcome: str, n: int) -> None:
-    """``n`` outcomes into a target's [judged, failed, 5xx] (soakd/goodput.py decides)."""
+    """``n`` outcomes into a target's [judged, failed, 5xx] (soakd/measure/goodput.py decides)."""
     cls = classify(None if outcome == OK else outcome)
     if cls in ("ok", "error"):
         counts[0] += n

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from soakd.analysis import Digest
 from soakd.journal import JournalReader, Rollup
+from soakd.measure.analysis import Digest
 from soakd.model import OK
 from soakd.tracing import trace_id, traced_targets
 

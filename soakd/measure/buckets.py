@@ -3,7 +3,7 @@ and exported with the same exposition (``_bucket`` with ``le``, ``_count``, ``_s
 exemplars in OpenMetrics).
 
 Every latency histogram is a ``BucketHistogram``. Its counts arrive in bulk: the journal's
-writer folds each committed batch into bucket counts (soakd/fold.py) and ``Metrics.apply``
+writer folds each committed batch into bucket counts (soakd/measure/fold.py) and ``Metrics.apply``
 adds them with ``BucketChild.add`` (a list add a bucket, no lock, not a Python walk over the
 buckets per value as ``Histogram.observe`` does). A resumed run adds the journal's stored
 counts the same way, once: no private field of prometheus_client is touched and no

@@ -1,6 +1,6 @@
 """Stats: the in-memory counts behind the live view, /status and the summary.
 
-Fed the journal's committed folds (soakd/fold.py: each outcome folded once, by the writer),
+Fed the journal's committed folds (soakd/measure/fold.py: each outcome folded once, by the writer),
 so it lags the requests by at most one flush, as the metrics do. Bounded memory: per
 target a whole-run TargetStats, one per phase, and a 60 s window.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from soakd.analysis import SessionRow, SummaryRow, TargetStats, Window, summary_row
-from soakd.fold import Fold
-from soakd.goodput import guard_refusal
+from soakd.measure.analysis import SessionRow, SummaryRow, TargetStats, Window, summary_row
+from soakd.measure.fold import Fold
+from soakd.measure.goodput import guard_refusal
 
 
 class RunStats:

@@ -6,7 +6,7 @@ keep the target, its successes per second, errors and error ratio, goodput and t
 time done and left; a value past the target's SLO is marked "!" (and red); the most
 frequent error of each failing target is named under the table; once stopping, it says a
 second Ctrl-C stops at once. Latencies use the one unit rule of every soakd surface
-(``fmt_ms``: ms below a second, s above); counts and ratios as soakd/goodput.py counts.
+(``fmt_ms``: ms below a second, s above); counts and ratios as soakd/measure/goodput.py counts.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from soakd.analysis import fmt_ms
 from soakd.config import format_duration
+from soakd.measure.analysis import fmt_ms
 from soakd.model import MissReason
 
 Row = Mapping[str, object]

@@ -1,0 +1,1 @@
+"""Metrics room: soakd's Prometheus families and their names (docs/metrics.md)."""
