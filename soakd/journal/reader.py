@@ -39,6 +39,7 @@ from soakd.journal.schema import (
     connect,
     request_columns,
 )
+from soakd.journal.stored import read_stored
 from soakd.measure.analysis import JITTER_SLICES, JITTER_WINDOW_S, TargetStats
 
 MERGE_SLICE_NS = round(JITTER_WINDOW_S / JITTER_SLICES * 1e9)
@@ -165,9 +166,9 @@ class JournalReader:
         journal's window divides it; else the journal's window."""
         window = self.window_ns
         two = round(2 * JITTER_WINDOW_S * 1e9)
-        phases = self.meta.get("plan", {}).get("phases") or [{"end_ns": 0}]
+        plan_end_ns = read_stored(self.meta, self.path).plan.end_ns
         reached = self.conn.execute("SELECT MAX(offset_ns) FROM progress").fetchone()[0] or 0
-        long_run = min(reached, phases[-1]["end_ns"]) >= two
+        long_run = min(reached, plan_end_ns) >= two
         return slice_ns if long_run and slice_ns % window == 0 else window
 
     def rollups(self, *, span_ns: int | None = None) -> list[Rollup]:

@@ -90,7 +90,6 @@ class ResumeState:
     run_id: str
     created_wall: float
     plan_start: datetime
-    options: dict[str, float | None]
     config: dict[str, Any]
     plan: dict[str, Any]
     sessions: int
@@ -206,7 +205,6 @@ def read_resume_state(path: Path) -> ResumeState | None:
         run_id=run_id,
         created_wall=stored.created_wall,
         plan_start=datetime.fromisoformat(stored.plan_start),
-        options=stored.options.model_dump(),
         config=meta["config"],
         plan=meta["plan"],
         sessions=len(rows),

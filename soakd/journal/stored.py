@@ -171,9 +171,14 @@ class StoredPlan(Lenient):
     phases: list[StoredPhase]  # required: a plan has at least one
 
     @property
+    def end_ns(self) -> int:
+        """Where the plan ends, on the plan clock (0: no phase)."""
+        return self.phases[-1].end_ns if self.phases else 0
+
+    @property
     def end_s(self) -> float:
         """Where the plan ends, in seconds of plan time (0: no phase)."""
-        return self.phases[-1].end_ns / NS_PER_S if self.phases else 0.0
+        return self.end_ns / NS_PER_S
 
 
 class StoredOptions(Lenient):

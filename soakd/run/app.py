@@ -20,7 +20,7 @@ import time
 from collections.abc import Coroutine
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import structlog
@@ -55,6 +55,9 @@ from soakd.workers.senders import Senders
 from soakd.workload.ledger import SendLedger
 from soakd.workload.runner import Runner
 from soakd.workload.sizing import PromptLengths
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 __all__ = ["RunOptions", "RunResult", "Soak", "StartError", "StoppedBeforeStart"]
 
@@ -445,7 +448,7 @@ class Soak:
             s.metrics.offered_rate.labels(name).set(rate)
 
     async def _tick(self) -> None:
-        live: Any = None
+        live: Live | None = None
         if self.setup.opts.live:
             from rich.console import Console
             from rich.live import Live

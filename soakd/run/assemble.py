@@ -37,6 +37,7 @@ from soakd.journal import (
     rollup_window_ns,
 )
 from soakd.journal.store import Restored
+from soakd.journal.stored import StoredOptions
 from soakd.measure.goodput import GoodputWindow
 from soakd.measure.notes import Notes
 from soakd.metrics.run import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
@@ -101,10 +102,12 @@ class Setup:
         resume = read_resume_state(opts.run_dir / JOURNAL_FILE) if opts.run_dir else None
         run_id = resume.run_id if resume else new_run_id(cfg.run.name)
         run_dir = opts.run_dir or Path("runs") / run_id
-        first = resume.options if resume else {}
-        given = {"rehearse_s": opts.rehearse_s, "duration_s": opts.duration_s}
+        first = resume.stored.options if resume else StoredOptions()
         # a resume keeps the first session's flags unless given again
-        plan_options = {k: v if v is not None else first.get(k) for k, v in given.items()}
+        plan_options = {
+            "rehearse_s": opts.rehearse_s if opts.rehearse_s is not None else first.rehearse_s,
+            "duration_s": opts.duration_s if opts.duration_s is not None else first.duration_s,
+        }
         plan_start = resume.plan_start if resume else datetime.now(UTC)
         plan = build_plan(
             cfg,
@@ -369,8 +372,8 @@ async def _size_prompts(s: Setup, journal: Journal, urls: dict[str, str]) -> Pro
     checks them against the first answers and tallies planned against served."""
     wl = s.cfg.workload
     # a run an older soakd started (no workload.calibrate stored) goes on as it ran
-    first = s.resume.config.get("workload", {}) if s.resume else {"calibrate": "auto"}
-    auto = wl.calibrate == "auto" and first.get("calibrate") == "auto"
+    first = s.resume.stored.config.workload.calibrate if s.resume else "auto"
+    auto = wl.calibrate == "auto" and first == "auto"
     try:
         done = stored(s.resume.calibrations if s.resume else [])
     except ValueError as exc:
