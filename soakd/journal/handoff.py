@@ -4,7 +4,8 @@ No lock on the loop's side:
 
 - **loop -> writer**: ``records``, a deque of ``Outcome``, ``Sample`` or an event tuple
   ``("event", wall, offset_ns, kind, data)``. Only the loop appends, only the writer pops
-  (``take``); a deque's append and popleft are atomic under the GIL. The bound is the
+  (``take``); a deque's append and popleft are thread-safe (the deque's documented
+  guarantee). The bound is the
   loop's own length check against ``limit`` (``Journal.record`` tallies beyond it); ``wake``
   rouses the writer early once ``wake_at`` records wait. ``tallies``: the folds of the
   outcomes the loop could not queue (counted, no row), for the journal's totals.

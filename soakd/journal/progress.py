@@ -34,7 +34,7 @@ MissedKey = tuple[str, str, str]
 
 
 class PlanClock(Protocol):
-    """What the journal reads from the runner (from its own thread: plain attribute reads)."""
+    """What the journal reads from the runner, on the loop the runner lives on."""
 
     @property
     def origin_ns(self) -> int: ...
@@ -53,8 +53,8 @@ class PlanClock(Protocol):
 @dataclass(frozen=True, slots=True)
 class ClockState:
     """The plan clock as the writer reads it: a snapshot of the runner (``PlanClock``), taken
-    by the parent each time it sends a batch. The writer reads the monotonic clock itself
-    (CLOCK_MONOTONIC is one clock for every process of the host)."""
+    on soakd's loop (``Journal.publish``) and sent with each batch. The writer reads the
+    monotonic clock itself (CLOCK_MONOTONIC is one clock for every process of the host)."""
 
     origin_ns: int = 0
     phase_index: int | None = None
@@ -65,7 +65,7 @@ class ClockState:
 
     @classmethod
     def of(cls, clock: PlanClock) -> ClockState:
-        """A snapshot (plain attribute reads and C-level copies: safe from another thread)."""
+        """A snapshot, taken on the loop that owns ``clock``: its dicts are copies."""
         phase = clock.phase
         return cls(
             clock.origin_ns,
@@ -278,5 +278,5 @@ class Progress:
         clock = self.clock
         if clock is None:
             return {}
-        counts = dict(clock.missed)  # one C-level copy: atomic under the GIL
+        counts = clock.missed
         return {k: n for k, n in counts.items() if self.missed.get(k) != n}

@@ -134,7 +134,9 @@ class Journal:
         self._tally = Fold()  # outcomes the queue could not take, not yet applied
         self._tally_due = False
         self._drop_logged = False
-        self._clock: PlanClock | None = None
+        self._clock: PlanClock | None = None  # the runner: read on the loop only
+        self._state: ClockState | None = None  # its last snapshot: what the link thread reads
+        self._publisher: asyncio.TimerHandle | None = None
         self.restored: Restored | None = None
         self.session = 0
         self.unwritten = 0  # records the journal could not write at all (set by close)
@@ -190,15 +192,35 @@ class Journal:
                 m.resumes.inc(restored.resumes + (self._resume is not None))
 
     def attach(self, clock: PlanClock) -> None:
-        """Read the plan clock from the runner: offsets of rows, heartbeats, seq numbers."""
+        """Read the plan clock from the runner: offsets of rows, heartbeats, seq numbers.
+
+        The runner is the loop's: only the loop reads it. The loop publishes a frozen
+        snapshot (``ClockState``) every ``SEND_EVERY_S``, at each event and at the close;
+        the link thread reads the last one published, and nothing else of the loop's."""
         self._clock = clock
+        self.publish()
+        with contextlib.suppress(RuntimeError):  # no loop (a script): at events and close
+            self._publisher = asyncio.get_running_loop().call_later(SEND_EVERY_S, self._republish)
+
+    def publish(self) -> None:
+        """Loop side: snapshot the plan clock for the link thread (one reference stored)."""
+        if self._clock is not None:
+            self._state = ClockState.of(self._clock)
+
+    def _republish(self) -> None:
+        if self._closed:
+            return
+        self.publish()
+        loop = asyncio.get_running_loop()
+        self._publisher = loop.call_later(SEND_EVERY_S, self._republish)
 
     def close(self, completed: bool = False) -> None:
         """Write everything still queued, the final heartbeat and the stop event; blocks."""
         if self._closed:
             return
         self._apply_tally()
-        self._shut(completed)
+        self._last_words(completed)
+        self._shut()
 
     async def aclose(self, completed: bool = False) -> None:
         """``close`` off the loop; the folds the writer hands back at its end are applied on
@@ -206,10 +228,17 @@ class Journal:
         if self._closed:
             return
         self._apply_tally()
-        await asyncio.to_thread(self._shut, completed)
+        self._last_words(completed)
+        await asyncio.to_thread(self._shut)
 
-    def _shut(self, completed: bool) -> None:
-        self.event(RunStopped(completed))
+    def _last_words(self, completed: bool) -> None:
+        """Loop side, before the link thread's last packet: the stop event and the plan
+        clock's final snapshot (it carries the last seq numbers and misses)."""
+        if self._publisher is not None:
+            self._publisher.cancel()
+        self.event(RunStopped(completed))  # publishes
+
+    def _shut(self) -> None:
         self._closed = True
         self._stopping.set()
         self._wake()
@@ -269,6 +298,7 @@ class Journal:
             return
         clock = self._clock
         offset = time.perf_counter_ns() - clock.origin_ns if clock and clock.origin_ns else None
+        self.publish()  # the packet that carries the event carries the clock as it is now
         self._q.append(Stamped(self._wall(), offset, event))
 
     def _drop(self, kind: str) -> None:
@@ -524,10 +554,10 @@ class Journal:
             else:
                 events.append(list(item.row()))
         self._seq += 1
-        clock = self._clock
+        state = self._state  # the loop's last snapshot (attach)
         header: dict[str, Any] = {
             "seq": self._seq,
-            "clock": ClockState.of(clock).to_doc() if clock is not None else None,
+            "clock": state.to_doc() if state is not None else None,
         }
         if samples:
             header["samples"] = samples

@@ -7,9 +7,10 @@ a spend cap, a target failing every request) is not made. Each is counted here, 
 target, phase and reason, like k6's ``dropped_iterations``: offered = sent + missed, and
 nothing is hidden.
 
-The counts are small (targets x phases x reasons); the journal reads them at each
-commit (``counts``, a plain dict read whole under the GIL), the exporter at scrape
-time, the live view and the summary at their tick.
+The counts are small (targets x phases x reasons) and only the loop reads them: the
+journal in the plan clock's snapshot the loop publishes (``Journal.publish``, every
+0.1 s and at the close), the live view and the summary at their tick; the exporter's
+counter hears each increment (``on_miss``).
 """
 
 from __future__ import annotations

@@ -144,6 +144,7 @@ def journal_with_wal(run: Path, n: int, checkpoint_at: int = 0) -> None:
     for i in range(n):
         target = ("alpha", "beta")[i % 2]
         clock.next_seq[target] = i // 2 + 1  # as the runner numbers its sends
+        j.publish()  # as soakd's loop does (every 0.1 s, here every send)
         j.record(outcome(rng, clock, target, "warm", i // 2, 1 + 590 * i / n))
         if i % 300 == 299:  # commits of a few hundred rows: many WAL frames
             wait_until(partial(committed, i + 1), 20, "the writer's commit")
