@@ -2,16 +2,16 @@
 
 No lock on the loop's side:
 
-- **loop -> writer**: ``records``, a deque of ``Outcome``, ``Sample`` or an event tuple
-  ``("event", wall, offset_ns, kind, data)``. Only the loop appends, only the writer pops
-  (``take``); a deque's append and popleft are thread-safe (the deque's documented
-  guarantee). The bound is the
-  loop's own length check against ``limit`` (``Journal.record`` tallies beyond it); ``wake``
-  rouses the writer early once ``wake_at`` records wait. ``tallies``: the folds of the
-  outcomes the loop could not queue (counted, no row), for the journal's totals.
-- **writer -> loop**: ``give_back`` hands a batch's ``Fold`` (soakd/measure/fold.py), once it is
-  committed (or at once when the disk fails: measuring never waits for it), to the loop
-  that opened the journal, where every ``forward`` sink applies it in one callback.
+- **loop -> writer**: ``records``, a deque of ``Outcome``, ``Sample`` or ``Stamped`` (an
+  event of records.py, stamped when it happened). Only the loop appends, only the writer
+  pops (``take``); a deque's append and popleft are thread-safe (the deque's documented
+  guarantee). The bound is the loop's own length check against ``limit``
+  (``Journal.record`` tallies beyond it); ``wake`` rouses the writer early once ``wake_at``
+  records wait. ``tallies``: the folds of the outcomes the loop could not queue (counted,
+  no row), for the journal's totals.
+- **writer -> loop**: ``give_back`` hands a batch's ``Fold`` (soakd/measure/fold.py), once
+  it is committed (or at once when the disk fails: measuring never waits for it), to the
+  loop that opened the journal, where every ``forward`` sink applies it in one callback.
 """
 
 from __future__ import annotations
@@ -21,9 +21,14 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
+from soakd.journal.records import Stamped
 from soakd.measure.fold import Fold
+from soakd.model import Outcome, Sample
+
+Queued = Outcome | Sample | Stamped
+"""What the loop queues for the journal: a request, a probe reading, an event."""
 
 
 class FoldSink(Protocol):
@@ -36,7 +41,7 @@ class HandOff:
     """The journal's queue, both ways (see the module's docstring)."""
 
     def __init__(self, limit: int, wake_at: int, forward: Sequence[FoldSink]) -> None:
-        self.records: deque[Any] = deque()
+        self.records: deque[Queued] = deque()
         self.tallies: deque[Fold] = deque()
         self.limit = limit
         self.wake_at = wake_at
@@ -44,7 +49,7 @@ class HandOff:
         self.forward = tuple(forward)
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def take(self, most: int) -> list[Any]:
+    def take(self, most: int) -> list[Queued]:
         """Writer: up to ``most`` records, oldest first."""
         q = self.records
         return [q.popleft() for _ in range(min(len(q), most))]

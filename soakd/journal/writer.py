@@ -544,12 +544,11 @@ class Journal:
         events: list[list[Any]] = []
         every = YIELD_EVERY
         for i, item in enumerate(items, 1):
-            kind = type(item)
-            if kind is Outcome:
+            if isinstance(item, Outcome):
                 batch.add(item)
                 if not i % every:
                     os.sched_yield()  # the loop's turn (YIELD_EVERY)
-            elif kind is Sample:
+            elif isinstance(item, Sample):
                 samples.append([item.wall, item.name, item.value, item.labels])
             else:
                 events.append(list(item.row()))
