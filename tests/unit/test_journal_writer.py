@@ -18,8 +18,16 @@ import pytest
 from soakd.config import JournalConfig
 from soakd.journal import Journal, JournalError, JournalReader, records
 from soakd.metrics.run import JournalMetrics, Metrics
-from tests.journal_fixtures import FakeClock, config, open_test_journal, run_info
-from tests.unit.test_journal import make_outcomes, resumed_equals_live, scraped, written
+from tests.journal_fixtures import (
+    FakeClock,
+    config,
+    make_outcomes,
+    open_test_journal,
+    resumed_equals_live,
+    run_info,
+    written,
+)
+from tests.scraping import scraped
 from tests.waiting import wait_until
 
 
@@ -94,8 +102,7 @@ def test_a_journal_the_writer_cannot_open_is_a_one_line_error(tmp_path: Path) ->
 
 SCRIPT = """
 import sys, time
-from tests.journal_fixtures import FakeClock, config, open_test_journal
-from tests.unit.test_journal import make_outcomes
+from tests.journal_fixtures import FakeClock, config, make_outcomes, open_test_journal
 
 clock = FakeClock(offset_s=5)
 j = open_test_journal(__import__("pathlib").Path(sys.argv[1]), config(), clock)
