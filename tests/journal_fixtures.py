@@ -1,4 +1,6 @@
-"""Synthetic runs for the journal and report tests: a fake plan clock and made-up outcomes."""
+"""Synthetic runs for the journal and report tests: a fake plan clock, made-up outcomes,
+and the checks the journal tests share (rows written, a resume that restores what soakd
+counted)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from soakd.config import Config, JournalConfig, config_from_dict
-from soakd.journal import FoldSink, Journal, RunInfo, config_doc, plan_doc, rollup_window_ns
+from soakd.journal import (
+    FoldSink,
+    Journal,
+    RunInfo,
+    config_doc,
+    plan_doc,
+    read_resume_state,
+    rollup_window_ns,
+)
 from soakd.journal.counts import WriterCounts
 from soakd.journal.progress import ClockState
 from soakd.journal.store import Store, WriterConfig
 from soakd.measure.fold import Fold
-from soakd.metrics.run import JournalMetrics
+from soakd.metrics.run import JournalMetrics, Metrics
 from soakd.model import ErrorKind, Outcome, Phase, Plan, Sample
 from soakd.workload.plan import build_plan
+from tests.scraping import scraped
 
 S = 1_000_000_000
 MS = 1_000_000
@@ -106,6 +119,24 @@ def outcome(
             o.itl_ns = array("q")
         o.oom = error is ErrorKind.HTTP_5XX and seq % 3 == 0
     return o
+
+
+MIXED_KINDS = [None] * 12 + [ErrorKind.HTTP_5XX, ErrorKind.HTTP_429, ErrorKind.TIMEOUT_CONNECT]
+"""``make_outcomes``' errors: one request in five fails (a 5xx, a 429, a connect timeout)."""
+
+
+def make_outcomes(clock: FakeClock, n: int, seed: int = 1) -> list[Outcome]:
+    """``n`` requests 10 ms apart from 10 s into the plan, alternating alpha and beta, the
+    first half in warm, the rest in hot."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        target = ("alpha", "beta")[i % 2]
+        phase = "warm" if i < n // 2 else "hot"
+        out.append(
+            outcome(rng, clock, target, phase, i // 2, 10 + i * 0.01, error=rng.choice(MIXED_KINDS))
+        )
+    return out
 
 
 def open_test_journal(
@@ -265,3 +296,33 @@ class StoreHarness:
     def _counts(self) -> None:
         if self.metrics is not None:
             self.metrics.add(self.counts.drain())
+
+
+def written(metrics: Metrics) -> float:
+    """Requests the journal's writer counted as written (soakd_journal_records_total)."""
+    value = metrics.registry.get_sample_value("soakd_journal_records_total", {"kind": "request"})
+    return value or 0.0
+
+
+def resumed_equals_live(tmp_path: Path, live: Metrics) -> None:
+    """A fresh registry restored from the journal exports what ``live`` counted: every
+    request counter and every latency bucket (nothing lost, nothing counted twice)."""
+    state = read_resume_state(tmp_path / "journal.db")
+    assert state is not None
+    j = Journal(tmp_path / "journal.db", run_info(config())[0], resume=state)
+    j.start()
+    j.close()
+    assert j.restored is not None
+    restored = Metrics()
+    for t in ("alpha", "beta"):
+        restored.add_target(t, ["warm", "hot"])
+    assert restored.restore(j.restored.totals, j.restored.histograms) == []
+    prefixes = ("soakd_requests", "soakd_output", "soakd_prompt", "soakd_oom", "soakd_request_d")
+    before = {k: v for k, v in scraped(live, "soakd_").items() if k[0].startswith(prefixes)}
+    after = {k: v for k, v in scraped(restored, "soakd_").items() if k[0].startswith(prefixes)}
+    for name in ("soakd_time_to_first", "soakd_inter_token", "soakd_dispatch_lag"):
+        before |= scraped(live, name)
+        after |= scraped(restored, name)
+    assert before.keys() == after.keys()
+    for key, value in before.items():
+        assert after[key] == pytest.approx(value, rel=1e-9), key

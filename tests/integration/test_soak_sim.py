@@ -20,7 +20,6 @@ import aiohttp
 import pytest
 import yaml
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from soakd import __version__
 from soakd.config import config_from_dict
@@ -29,6 +28,7 @@ from soakd.run.app import RunOptions, Soak
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import start_sim
 from soakd.sim.spawn import free_port
+from tests.scraping import samples, scrape, total
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -50,22 +50,6 @@ def sim_config(**run: object) -> dict:
             {"name": "open", "duration": "1.5s", "load": {"mode": "poisson", "rate": 20}},
         ],
     }
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def total(metrics: dict, name: str, **labels: str) -> float:
-    return sum(
-        v
-        for (n, lbl), v in metrics.items()
-        if n == name and all(dict(lbl).get(k) == x for k, x in labels.items())
-    )
 
 
 async def test_two_targets_side_by_side(tmp_path: Path) -> None:
@@ -155,11 +139,6 @@ def long_run_config(urls: dict[str, str]) -> dict[str, Any]:
         {"name": "long", "duration": "1h", "load": {"mode": "closed", "concurrency": 3}}
     ]
     return cfg
-
-
-async def scrape(session: aiohttp.ClientSession, url: str) -> str:
-    async with session.get(url) as resp:
-        return await resp.text()
 
 
 async def test_cli_run_sigterm_mid_run_drains_and_counts_what_the_server_served(

@@ -27,7 +27,7 @@ from soakd.journal import JournalReader, records
 from soakd.sim.profiles import get_profile
 from soakd.sim.server import SimServer, start_sim
 from soakd.sim.spawn import free_port
-from tests.integration.test_soak_sim import samples, scrape, total
+from tests.scraping import samples, scrape, total
 from tests.waiting import until
 
 pytestmark = pytest.mark.integration

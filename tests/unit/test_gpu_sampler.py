@@ -114,6 +114,7 @@ from prometheus_client import CollectorRegistry
 from soakd.config import config_from_dict
 from soakd.metrics.run import ProbeMetrics
 from soakd.probes import make_probes
+from tests.waiting import until
 
 async def main(source):
     cfg = config_from_dict({
@@ -122,12 +123,13 @@ async def main(source):
         "phases": [{"name": "p", "duration": "1s", "load": {"mode": "closed", "concurrency": 1}}],
     })
     reg = CollectorRegistry()
-    probes = make_probes(cfg, ProbeMetrics(reg), {}, lambda s: None)
+    emitted = []
+    probes = make_probes(cfg, ProbeMetrics(reg), {}, emitted.append)
     task = asyncio.create_task(probes.run())
-    for _ in range(100):
-        await asyncio.sleep(0.05)
-        if reg.get_sample_value("soakd_gpu_memory_used_bytes", {"gpu": "0"}):
-            break
+    # every probe loop started (the journal's sends its first samples at once) and, with a
+    # GPU probe, its first reading came through the sampler
+    await until(lambda: emitted and (probes.gpu is None or reg.get_sample_value(
+        "soakd_gpu_memory_used_bytes", {"gpu": "0"})), what="the probes' first readings")
     sampler = getattr(probes.gpu.source, "pid", None) if probes.gpu else None
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)

@@ -9,6 +9,7 @@ import threading
 from soakd.journal.handoff import HandOff
 from soakd.measure.fold import Fold
 from soakd.model import ErrorKind, Outcome
+from tests.waiting import until
 
 
 def outcome(seq: int, target: str = "t", error: ErrorKind | None = None) -> Outcome:
@@ -95,10 +96,7 @@ async def test_give_back_from_the_writer_thread_applies_on_the_loop() -> None:
     writer = threading.Thread(target=lambda: [h.give_back(f) for f in folds])
     writer.start()
     await asyncio.to_thread(writer.join)
-    for _ in range(100):
-        if len(sink.folds) == len(folds):
-            break
-        await asyncio.sleep(0.01)
+    await until(lambda: len(sink.folds) >= len(folds), what="every fold applied")
     assert sink.folds == folds
     assert set(sink.threads) == {threading.get_ident()}
     assert writer.ident not in sink.threads

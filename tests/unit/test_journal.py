@@ -8,12 +8,9 @@ import random
 import sqlite3
 import time
 from array import array
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from soakd import journal as journal_mod
 from soakd.config import JournalConfig
@@ -30,50 +27,20 @@ from soakd.journal import (
 from soakd.journal import store as store_mod
 from soakd.measure.fold import Fold
 from soakd.metrics.run import JournalMetrics, Metrics
-from soakd.model import ErrorKind, Outcome, Sample
+from soakd.model import ErrorKind, Sample
 from tests.journal_fixtures import (
     MS,
     FakeClock,
     StoreHarness,
     config,
+    make_outcomes,
     open_test_journal,
     outcome,
+    resumed_equals_live,
     run_info,
+    written,
 )
-from tests.waiting import wait_until
-
-KINDS = [None] * 12 + [ErrorKind.HTTP_5XX, ErrorKind.HTTP_429, ErrorKind.TIMEOUT_CONNECT]
-
-
-def make_outcomes(clock: FakeClock, n: int, seed: int = 1) -> list[Outcome]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        target = ("alpha", "beta")[i % 2]
-        phase = "warm" if i < n // 2 else "hot"
-        out.append(
-            outcome(rng, clock, target, phase, i // 2, 10 + i * 0.01, error=rng.choice(KINDS))
-        )
-    return out
-
-
-def scraped(metrics: Metrics, prefix: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = generate_latest(metrics.registry).decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for f in text_string_to_metric_families(text)
-        for s in f.samples
-        if s.name.startswith(prefix) and not s.name.endswith("_created")
-    }
-
-
-def written(metrics: Metrics) -> float:
-    value = metrics.registry.get_sample_value("soakd_journal_records_total", {"kind": "request"})
-    return value or 0.0
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    wait_until(cond, timeout)
+from tests.scraping import scraped
 
 
 def test_itl_packs_to_four_bytes_a_gap() -> None:
@@ -159,30 +126,6 @@ def test_prometheus_never_counts_what_the_journal_does_not_hold(tmp_path: Path) 
     j.close()
     assert seen[-1][0] == 200
     assert all(n <= committed for n, committed in seen)
-
-
-def resumed_equals_live(tmp_path: Path, live: Metrics) -> None:
-    """A fresh registry restored from the journal exports what ``live`` counted: every
-    request counter and every latency bucket (nothing lost, nothing counted twice)."""
-    state = read_resume_state(tmp_path / "journal.db")
-    assert state is not None
-    j = Journal(tmp_path / "journal.db", run_info(config())[0], resume=state)
-    j.start()
-    j.close()
-    assert j.restored is not None
-    restored = Metrics()
-    for t in ("alpha", "beta"):
-        restored.add_target(t, ["warm", "hot"])
-    assert restored.restore(j.restored.totals, j.restored.histograms) == []
-    prefixes = ("soakd_requests", "soakd_output", "soakd_prompt", "soakd_oom", "soakd_request_d")
-    before = {k: v for k, v in scraped(live, "soakd_").items() if k[0].startswith(prefixes)}
-    after = {k: v for k, v in scraped(restored, "soakd_").items() if k[0].startswith(prefixes)}
-    for name in ("soakd_time_to_first", "soakd_inter_token", "soakd_dispatch_lag"):
-        before |= scraped(live, name)
-        after |= scraped(restored, name)
-    assert before.keys() == after.keys()
-    for key, value in before.items():
-        assert after[key] == pytest.approx(value, rel=1e-9), key
 
 
 def test_full_queue_drops_are_counted_forwarded_and_totalled(tmp_path: Path) -> None:

@@ -30,8 +30,15 @@ from soakd.measure.analysis import Digest, digest_key
 from soakd.metrics.run import JournalMetrics
 from soakd.report import build_report, render_markdown
 from soakd.report.export import export
-from tests.journal_fixtures import FakeClock, StoreHarness, config, open_test_journal, outcome
-from tests.unit.test_journal import make_outcomes, wait_for
+from tests.journal_fixtures import (
+    FakeClock,
+    StoreHarness,
+    config,
+    make_outcomes,
+    open_test_journal,
+    outcome,
+)
+from tests.waiting import wait_until
 
 MS = 1_000_000
 
@@ -190,7 +197,7 @@ def test_near_the_budget_rows_stop_and_the_rollups_keep_the_report_whole(
         outcomes.append(o)
         j.record(o)
         if i % 200 == 199:  # batches of at most 200: the budget is checked before each
-            wait_for(lambda: not j._q)
+            wait_until(lambda: not j._q, what="the queue sent to the writer")
     j.close()
     with JournalReader(tmp_path) as r:
         kept = sum(1 for _ in r.request_rows(itl=False))

@@ -4,6 +4,7 @@ journal is a one-line error; soakd's SIGKILL ends it. Real processes, real SQLit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -18,8 +19,16 @@ import pytest
 from soakd.config import JournalConfig
 from soakd.journal import Journal, JournalError, JournalReader, records
 from soakd.metrics.run import JournalMetrics, Metrics
-from tests.journal_fixtures import FakeClock, config, open_test_journal, run_info
-from tests.unit.test_journal import make_outcomes, resumed_equals_live, scraped, written
+from tests.journal_fixtures import (
+    FakeClock,
+    config,
+    make_outcomes,
+    open_test_journal,
+    resumed_equals_live,
+    run_info,
+    written,
+)
+from tests.scraping import scraped
 from tests.waiting import wait_until
 
 
@@ -36,6 +45,18 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def committed_rows(run_dir: Path) -> int:
+    """Request rows the writer has committed, read as another process would (0 before
+    the journal or its table exists)."""
+    try:
+        with contextlib.closing(
+            sqlite3.connect(f"file:{run_dir / 'journal.db'}?mode=ro", uri=True)
+        ) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
 
 
 def test_a_killed_writer_is_started_again_and_loses_nothing_sent(tmp_path: Path) -> None:
@@ -94,8 +115,7 @@ def test_a_journal_the_writer_cannot_open_is_a_one_line_error(tmp_path: Path) ->
 
 SCRIPT = """
 import sys, time
-from tests.journal_fixtures import FakeClock, config, open_test_journal
-from tests.unit.test_journal import make_outcomes
+from tests.journal_fixtures import FakeClock, config, make_outcomes, open_test_journal
 
 clock = FakeClock(offset_s=5)
 j = open_test_journal(__import__("pathlib").Path(sys.argv[1]), config(), clock)
@@ -116,7 +136,7 @@ def test_soakds_sigkill_ends_its_writer_and_frees_the_run_dir(tmp_path: Path) ->
     assert proc.stdout is not None
     writer = int(proc.stdout.readline())
     assert alive(writer)
-    time.sleep(0.5)  # a commit or two
+    wait_until(lambda: committed_rows(tmp_path) == 100, 10, "the 100 rows committed")
     proc.kill()
     proc.wait()
     wait_until(lambda: not alive(writer), 5, "the writer's end")

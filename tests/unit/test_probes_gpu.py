@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from tests.fake_nvml import (
     FakeGpu,
     FakeNvml,
 )
+from tests.waiting import until
 
 GIB = 1 << 30
 
@@ -188,10 +188,9 @@ async def test_xid_events_are_counted_by_code() -> None:
     task = asyncio.create_task(probe.run())
     for gpu, xid in ((0, 79), (0, 79), (1, 31)):
         nvml.xids.put((gpu, xid))
-    deadline = time.monotonic() + 3
-    while not value(reg, "soakd_gpu_xid_errors_total", gpu="1", xid="31"):
-        assert time.monotonic() < deadline, "XID events never arrived"
-        await asyncio.sleep(0.02)
+    await until(
+        lambda: value(reg, "soakd_gpu_xid_errors_total", gpu="1", xid="31"), what="XID events"
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

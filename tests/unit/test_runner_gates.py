@@ -11,7 +11,7 @@ from soakd.types import NotSent
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.runner import Runner
 from soakd.workload.shapes import Closed, Constant, LoadShape
-from tests.unit.test_runner import FakeTarget, Prompts, Sink, plan_of
+from tests.fakes import FakeTarget, Prompts, Sink, plan_of
 
 
 class RateLimitedTarget(FakeTarget):

@@ -13,7 +13,7 @@ from soakd.workload.arrivals import arrivals
 from soakd.workload.runner import Runner
 from soakd.workload.shapes import Closed, Constant, LoadShape
 from soakd.workload.timer import sleep_until_ns
-from tests.unit.test_runner import MS, FakeTarget, Prompts, Sink, plan_of
+from tests.fakes import MS, FakeTarget, Prompts, Sink, plan_of
 
 
 def planned(shape: LoadShape, ms: int) -> int:
