@@ -157,6 +157,10 @@ class Strict(BaseModel):
 
 Count = Annotated[int, Field(ge=1)]
 
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"
+"""A name soakd puts in labels, file names and run ids: a target's, a phase's, a run's."""
+Name = Annotated[str, Field(pattern=rf"^{NAME_PATTERN}$")]
+
 Limit = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 """A latency limit: a duration above zero (``2s``, ``100ms``)."""
 

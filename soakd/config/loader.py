@@ -13,7 +13,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from soakd.config.base import ConfigError, TooLarge, _yaml_load
+from soakd.config.base import NAME_PATTERN, ConfigError, TooLarge, _yaml_load
 from soakd.config.gateway import GatewayConfig
 from soakd.config.run import Config
 from soakd.config.slo import THRESHOLDS_MOVED, Decisions, JudgedTarget
@@ -76,7 +76,7 @@ def _list_index(items: list[Any], part: str) -> int | None:
     return None
 
 
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_NAME_RE = re.compile(NAME_PATTERN)
 
 
 _KEY_RE = re.compile(r"[A-Za-z0-9_-]+")

@@ -18,6 +18,7 @@ from soakd.config.base import (
     HostPort,
     ListensOn,
     Logging,
+    Name,
     Strict,
     parse_bytes,
 )
@@ -114,9 +115,7 @@ Label = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1
 
 
 class RunConfig(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")] = (
-        "soak"  # starts the run id
-    )
+    name: Name = "soak"  # starts the run id
     # This box's name (the host's unless set): soakd_build_info{node}, the report,
     # summary.json; the edge Prometheus's external label `node` carries the same value.
     node: Label = Field(default_factory=lambda: os.uname().nodename)

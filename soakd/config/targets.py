@@ -17,6 +17,7 @@ from soakd.config.base import (
     ConfigError,
     Count,
     Duration,
+    Name,
     PositiveDuration,
     Strict,
     base_http_url,
@@ -97,7 +98,7 @@ class Failing(Strict):
 
 
 class TargetConfig(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]  # unique
+    name: Name  # unique
     # required unless `simulator` is set; http(s), a port within 1-65535, no user info, no
     # query or fragment (paths are appended to it)
     base_url: str = ""

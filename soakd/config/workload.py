@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 from soakd.config.base import (
     MAX_CONCURRENCY,
     Duration,
+    Name,
     PositiveDuration,
     PositiveRate,
     Strict,
@@ -88,7 +89,7 @@ class Load(Strict):
 
 
 class PhaseConfig(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]  # a label
+    name: Name  # a label
     duration: Duration | None = None  # or until (one of them)
     until: str | None = None  # an ISO datetime, or a cron expression: run until it next fires
     load: Load = Load()  # every target's, unless targets overrides it
