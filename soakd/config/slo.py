@@ -123,8 +123,11 @@ def _regression(value: Any) -> Any:
     return ("absolute", float(value))
 
 
+LimitKind = Literal["relative", "absolute"]
+"""How a regression limit reads: a share of the baseline (10 %) or the metric's own unit."""
+
 Regression = Annotated[
-    tuple[Literal["relative", "absolute"], Annotated[float, Field(ge=0, allow_inf_nan=False)]],
+    tuple[LimitKind, Annotated[float, Field(ge=0, allow_inf_nan=False)]],
     BeforeValidator(_regression),
 ]
 

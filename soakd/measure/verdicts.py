@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from soakd.config import Compare, Slo
+from soakd.config import Compare, LimitKind, Slo
 from soakd.measure.analysis import Quantiles, quantile_of
 from soakd.measure.goodput import Tally
 
@@ -186,7 +186,7 @@ class Delta:
     candidate: float | None
     delta: float | None  # candidate - baseline
     relative: float | None  # delta / baseline
-    limit_kind: str  # "relative" | "absolute"
+    limit_kind: LimitKind
     limit: float
     regression: float | None  # in the limit's terms (relative or absolute), > 0: worse
     passed: bool | None
