@@ -196,7 +196,7 @@ def sample(soakd: Soakd, t0: float, last: dict[str, Any] | None) -> dict[str, An
     row: dict[str, Any] = {
         "t_s": round(time.monotonic() - t0, 1),
         "utc": time.strftime("%H:%M:%S", time.gmtime()),
-        "session": soakd.run.session, "pid": pid,
+        "session": soakd.session, "pid": pid,
         "rss_mb": round(int(st["VmRSS"].split()[0]) / 1024, 1),
         "threads": int(st["Threads"]),
         "fds": len(os.listdir(f"/proc/{pid}/fd")),
@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> Path:
 
     t0 = time.monotonic()
     soakd.start()
-    note("started", session=soakd.run.session, pid=soakd.proc.pid if soakd.proc else None)
+    note("started", session=soakd.session, pid=soakd.proc.pid if soakd.proc else None)
     soakd.wait_ready()
     next_kill = args.kill_every
     next_sample = 0.0
@@ -268,11 +268,11 @@ def run(args: argparse.Namespace) -> Path:
                 break
             if now >= next_kill and now < args.duration - 30:
                 soakd.kill()
-                note("sigkill", session=soakd.run.session)
+                note("sigkill", session=soakd.session)
                 soakd.start()
                 ready_at = time.monotonic()
                 ok = soakd.wait_ready()
-                note("resumed", session=soakd.run.session, ready=ok,
+                note("resumed", session=soakd.session, ready=ok,
                      ready_s=round(time.monotonic() - ready_at, 2))
                 next_kill += args.kill_every
                 last = None

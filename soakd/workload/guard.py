@@ -40,7 +40,7 @@ EventFn = Callable[[Event], None]
 
 
 class GuardGauges(Protocol):
-    """Where a guard reports (``soakd.metrics.run.GuardMetrics`` for one target)."""
+    """Where a guard reports (``soakd.metrics.guard.GuardMetrics`` for one target)."""
 
     def paused(self, reason: PauseReason, on: bool) -> None: ...
     def cap_hit(self, cap: SpendCap) -> None: ...

@@ -365,7 +365,7 @@ async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
     feeder = asyncio.create_task(feed())
     try:
         for handler, path in (
-            (soakd.metrics.run, "/metrics"),
+            (soakd.metrics, "/metrics"),
             (vllm.metrics, "/metrics"),
             (webhook.handle, "/alerts"),
         ):
