@@ -40,6 +40,7 @@ RUN_ELAPSED_SECONDS: Final = "soakd_run_elapsed_seconds"
 RUN_REMAINING_SECONDS: Final = "soakd_run_remaining_seconds"
 EVENT_LOOP_DELAY_SECONDS: Final = "soakd_event_loop_delay_seconds"
 EVENT_LOOP_TASKS: Final = "soakd_event_loop_tasks"
+SINK_FAILURES_TOTAL: Final = "soakd_sink_failures_total"
 # --- sender worker processes (soakd/workers, run.workers > 1) -----------------------------
 WORKERS: Final = "soakd_workers"
 WORKERS_UP: Final = "soakd_workers_up"

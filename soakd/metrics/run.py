@@ -221,6 +221,13 @@ class Metrics:
             "asyncio tasks alive on soakd's run loop (its last tick).",
             registry=r,
         )
+        self.sink_failures = Counter(
+            mn.SINK_FAILURES_TOTAL,
+            "Outcomes one of soakd's own readers raised on and missed, by reader (the others "
+            "got them; soakd's log names the exception's type and place). Any is a soakd bug.",
+            ["sink"],
+            registry=r,
+        )
         self.run_start = Gauge(mn.RUN_START_TIME_SECONDS, "Unix time the run started.", registry=r)
 
         self.limits = _Limits()

@@ -337,6 +337,7 @@ async def assemble(
         gates=senders.gates(guards.by_target),
         ledger=ledger,
         lead_ns=senders.lead_ns,
+        on_sink_failure=lambda sink: s.metrics.sink_failures.labels(sink).inc(),
     )
     lengths.next_seq = lambda: max(runner.next_seq.values(), default=0)
     journal.attach(runner)

@@ -82,6 +82,7 @@ class Runner:
         gates: Mapping[str, SendGate] | None = None,
         ledger: SendLedger | None = None,
         lead_ns: int = 0,
+        on_sink_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.plan = plan
         self.targets = targets
@@ -89,6 +90,7 @@ class Runner:
         # (name, record): the guards first, then the sinks in the order given
         self._sinks = _named([guards, *sinks] if guards is not None else list(sinks))
         self.sink_failures: dict[str, int] = {}  # outcomes a sink raised on, by sink
+        self._on_sink_failure = on_sink_failure  # the exporter's counter
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.seed = seed
@@ -346,6 +348,8 @@ class Runner:
         sink that fails on every outcome must not flood the log). The exception's type and
         where it was raised, never its message: it may hold a request's data or a key."""
         n = self.sink_failures[name] = self.sink_failures.get(name, 0) + 1
+        if self._on_sink_failure is not None:
+            self._on_sink_failure(name)
         if n & (n - 1) == 0:
             log.error(
                 "sink_failed",

@@ -237,7 +237,16 @@ async def test_a_sink_that_raises_costs_only_itself() -> None:
     target = CountingTarget("a")
     plan = plan_of(("p", 300, {"a": Closed(4)}))
     broken, after = FailingSink(fail_at=8), Sink()
-    runner = Runner(plan, {"a": target}, Prompts(), [broken, after], max_tokens=8, temperature=0.7)
+    exported: list[str] = []
+    runner = Runner(
+        plan,
+        {"a": target},
+        Prompts(),
+        [broken, after],
+        max_tokens=8,
+        temperature=0.7,
+        on_sink_failure=exported.append,
+    )
     with structlog.testing.capture_logs() as logs:
         await runner.run()
         await runner.drain(5)
@@ -246,6 +255,7 @@ async def test_a_sink_that_raises_costs_only_itself() -> None:
     assert len(broken.outcomes) == sent - 1  # the one it raised on, only
     assert runner.failures == {}  # no worker died of it: the pool never shrank
     assert runner.sink_failures == {"FailingSink": 1}
+    assert exported == ["FailingSink"]  # soakd_sink_failures_total{sink}
     failed = [e for e in logs if e["event"] == "sink_failed"]
     assert [(e["sink"], e["failures"], e["error"]) for e in failed] == [
         ("FailingSink", 1, "RuntimeError")
