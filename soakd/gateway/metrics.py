@@ -24,30 +24,12 @@ GATEWAY_REJECTIONS = (
 )
 GATEWAY_UPSTREAM_ERRORS = ("connect", "timeout", "truncated", "protocol")
 GATEWAY_FEATURES = ("vram_breaker", "error_breaker", "adaptive")
+# fmt: off
 GATEWAY_LATENCY_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    1.5,
-    2.0,
-    3.0,
-    5.0,
-    10.0,
-    20.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-    600.0,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+    10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )
+# fmt: on
 
 
 class GatewayMetrics:

@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import structlog
 from aiohttp import web
@@ -299,14 +299,9 @@ async def _full_response(
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     rt = request.app[RUNTIME]
     try:
-        body = await request.json()
-    except ValueError:
-        return error_response(400, "BadRequestError", "JSON decode error")
-    try:
-        req = parse(body, chat, rt.profile, rt.model)
+        req = parse(await _json(request), chat, rt.profile, rt.model)
     except ApiError as exc:
         return exc.response()
-    del body
     refused = rt.refuse()
     if refused is not None:
         return refused
@@ -348,13 +343,17 @@ async def _tokenize(request: web.Request) -> web.Response:
     """vLLM's /tokenize (soakd calibrates its prompts with it): the simulator's count."""
     rt = request.app[RUNTIME]
     try:
-        body = await request.json()
-    except ValueError:
-        return error_response(400, "BadRequestError", "JSON decode error")
-    try:
-        return web.json_response(tokenize(body, rt.profile, rt.model))
+        return web.json_response(tokenize(await _json(request), rt.profile, rt.model))
     except ApiError as exc:
         return exc.response()
+
+
+async def _json(request: web.Request) -> Any:
+    """The request's JSON body, or vLLM's 400 for one that does not decode."""
+    try:
+        return await request.json()
+    except ValueError:
+        raise ApiError(400, "BadRequestError", "JSON decode error") from None
 
 
 async def _health(request: web.Request) -> web.Response:
