@@ -8,7 +8,8 @@ resume at the size of a real soak.
 The journal is created by ``Journal`` itself (its tables, meta, budget and first session),
 then filled the way the writer fills it: rows encoded by ``codec.outcome_row`` and inserted
 with ``schema.INSERT_REQUEST`` (into a pool table; see INSERT_BLOCK), rollup windows by
-``rollups.store_window``, totals and histogram buckets from ``rollups.Deltas``. Two
+``rollups.store_window``, totals, notes and histogram buckets from ``fold.Fold`` (each
+outcome folded once, as the writer folds a batch: ``Fold.add`` with the row's end). Two
 targets, a 72 h plan of five phases, evenly spread requests (1 % errors of three kinds),
 ITL gaps of 20 ms +-10 % with 2 % spikes, GPU samples every 10 s. To be fast it encodes a
 pool of outcomes once and reuses them: each row gets its own id, time, phase and seq
@@ -30,12 +31,12 @@ from typing import Any
 
 import yaml
 
-from soakd.measure.analysis import TargetStats
-from soakd.measure.buckets import Hist, add_hist
 from soakd.config import JournalConfig, config_from_dict
 from soakd.journal import JOURNAL_FILE, Journal, RunInfo, config_doc, plan_doc, schema
-from soakd.journal.codec import outcome_row
-from soakd.journal.rollups import Deltas, rollup_window_ns, store_window
+from soakd.journal.codec import END_NS, outcome_row
+from soakd.journal.rollups import rollup_window_ns, store_window
+from soakd.measure.analysis import TargetStats
+from soakd.measure.fold import Fold, Hist, add_hist
 from soakd.model import ErrorKind, Outcome
 from soakd.workload.plan import build_plan
 
@@ -69,6 +70,9 @@ SELECT ?1 + kk, 1, ?2 + COALESCE(sent_ns + e - end_ns, e) / 1e9, ?3, ?4, ?5 + kk
        scheduled_ns + e - end_ns, sent_ns + e - end_ns, e, {", ".join(_MOVED)}
 FROM (SELECT *, id - ?6 AS kk, ?7 + (?8 + id - ?6) * ?9 / ?10 AS e
       FROM temp.pool WHERE id BETWEEN ?6 AND ?6 + {BLOCK - 1} ORDER BY id)"""
+WINDOW_WALLS = (
+    "SELECT target, MIN(wall), MAX(wall) FROM requests WHERE id BETWEEN ? AND ? GROUP BY target"
+)
 ERRORS = (ErrorKind.HTTP_5XX, ErrorKind.HTTP_429, ErrorKind.TIMEOUT_CONNECT)
 
 
@@ -98,20 +102,22 @@ def pool_outcome(rng: random.Random, target: str, i: int, tokens: int) -> Outcom
 
 
 class Pool:
-    """Encoded rows and per-block deltas of a target's pool outcomes."""
+    """Encoded rows and per-block folds of a target's pool outcomes."""
 
     def __init__(self, target: str, tokens: int, itl: str, seed: int) -> None:
         rng = random.Random(seed)
         self.rows: list[tuple[Any, ...]] = []
-        self.blocks: list[Deltas] = []
+        self.blocks: list[Fold] = []
         for b in range(POOL_BLOCKS):
-            deltas = Deltas()
+            fold = Fold()
             for k in range(BLOCK):
                 o = pool_outcome(rng, target, b * BLOCK + k, tokens)
                 row, ordered = outcome_row(o, 0, 1, 0, itl=itl)
-                deltas.add(o, row, ordered, 1 << 62)  # one window: the block's stats
+                # as the writer folds a row (store.py): its end on the plan clock and its
+                # sorted gaps; one window of 2**62 ns holds the block's stats
+                fold.add(o, 0, row[END_NS], 1 << 62, ordered)
                 self.rows.append(row)
-            self.blocks.append(deltas)
+            self.blocks.append(fold)
 
 
 def make(run_dir: Path, requests: int, tokens: int, itl: str) -> dict[str, float]:
@@ -141,6 +147,7 @@ def make(run_dir: Path, requests: int, tokens: int, itl: str) -> dict[str, float
     wall0 = start.timestamp()
     totals: dict[tuple[str, str, str, str], list[int]] = {}
     hists: dict[tuple[str, str], Hist] = {}
+    notes: dict[tuple[str, str], int] = {}
     seqs = dict.fromkeys(TARGETS, 0)
     rid = 1
     pending = 0
@@ -160,12 +167,13 @@ def make(run_dir: Path, requests: int, tokens: int, itl: str) -> dict[str, float
         w_start = w * window_ns
         phase = next(name for s, name in reversed(phases) if s <= w_start)
         nblocks = blocks_total * (w + 1) // windows - blocks_total * w // windows
+        first_rid = rid
         den = nblocks * BLOCK + 1
         for b in range(nblocks):
             target = TARGETS[(w + b) % len(TARGETS)]
             pool = pools[target]
             pb = (w * 7 + b) % POOL_BLOCKS
-            deltas = pool.blocks[pb]
+            block_fold = pool.blocks[pb]
             # the block's 64 rows: each pool row moved to end at
             # w_start + (b * BLOCK + k) * window_ns // den, with its own id and seq
             conn.execute(
@@ -176,16 +184,20 @@ def make(run_dir: Path, requests: int, tokens: int, itl: str) -> dict[str, float
             rid += BLOCK
             seqs[target] += BLOCK
             key = (target, phase, w)
-            # totals and histograms: the blocks' own, summed
-            for tkey, t in deltas.totals.items():
+            # totals, notes and histograms: the blocks' own, summed
+            for tkey, t in block_fold.totals.items():
                 k4 = (tkey[0], phase, tkey[2], tkey[3])
                 acc = totals.setdefault(k4, [0, 0, 0, 0])
                 for i in range(4):
                     acc[i] += t[i]
-            for hkey, (counts, total) in deltas.hists.items():
-                hists[hkey] = add_hist(hists.get(hkey), counts, total)
+            for hkey, bk in block_fold.hists.items():
+                hists[hkey] = add_hist(hists.get(hkey), bk.counts, bk.total)
+            for nkey, n in block_fold.notes.items():
+                notes[nkey] = notes.get(nkey, 0) + n
             open_windows.setdefault(key, []).append(pb)
-        wall = wall0 + w_start / NS
+        # the wall range the writer stores: its rows' send walls (computed by SQLite above),
+        # per target; one rowid-range query per window
+        walls = {t: (lo, hi) for t, lo, hi in conn.execute(WINDOW_WALLS, (first_rid, rid - 1))}
         for key, used in open_windows.items():
             # the window's rollup: its blocks' stats merged. The block pattern repeats
             # every 64 windows, so most windows' merge has been made before.
@@ -195,7 +207,7 @@ def make(run_dir: Path, requests: int, tokens: int, itl: str) -> dict[str, float
                 for pb in used:
                     (block,) = (win.stats for win in pools[key[0]].blocks[pb].windows.values())
                     stats.merge(block)
-            store_window(conn, key, stats, wall, wall + window_ns / NS, rid - 1)
+            store_window(conn, key, stats, *walls[key[0]], rid - 1)
         open_windows.clear()
         pending += nblocks * BLOCK
         if pending >= 200_000:  # transactions of ~200k rows, as a long backlog would be
@@ -204,6 +216,8 @@ def make(run_dir: Path, requests: int, tokens: int, itl: str) -> dict[str, float
             pending = 0
     for key4, vals in totals.items():
         conn.execute("INSERT OR REPLACE INTO totals VALUES (?,?,?,?,?,?,?,?)", (*key4, *vals))
+    for nkey, n in notes.items():
+        conn.execute("INSERT OR REPLACE INTO notes VALUES (?,?,?)", (*nkey, n))
     for hkey, (counts, total) in hists.items():
         conn.execute(
             "INSERT OR REPLACE INTO histograms VALUES (?,?,?,?)",
