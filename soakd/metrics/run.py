@@ -8,6 +8,7 @@ Labels are bounded: target and phase names come from config, outcome from ErrorK
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -89,11 +90,38 @@ class _TargetChildren:
     ttft_exemplar: ExemplarClock
 
 
+class Continued(CollectorRegistry):
+    """The families a resumed run continues from the journal's totals (docs/metrics.md),
+    held out of every scrape until ``release``: until then a scrape finds them absent
+    (stale, to Prometheus), never at 0. A 0 followed by the restored totals reads as a
+    counter reset, and ``rate()``/``increase()`` would count the earlier sessions again.
+
+    Registered into the served registry as one collector; ``held=False`` serves at once
+    (a new run: 0 is the truth)."""
+
+    def __init__(self, *, held: bool) -> None:
+        super().__init__()
+        self._released = threading.Event()
+        if not held:
+            self._released.set()
+
+    def release(self) -> None:
+        """The families stand at the journal's totals: serve them from now on."""
+        self._released.set()
+
+    def collect(self) -> Iterator[Metric]:
+        if self._released.is_set():
+            yield from super().collect()
+
+
 class Metrics:
     """Owns the registry and every metric; applies the journal's committed folds."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, held: bool = False) -> None:
         self.registry = r = registry if registry is not None else CollectorRegistry()
+        # what a resume continues from the journal: served once it stands there (Continued)
+        self.continued = c = Continued(held=held)
+        r.register(c)
         self.build_info = Info(  # Info adds the "_info" to its name
             mn.BUILD_INFO.removesuffix("_info"), "soakd version and run identity.", registry=r
         )
@@ -103,16 +131,16 @@ class Metrics:
             mn.REQUESTS_TOTAL,
             "Finished requests by outcome (ok or the error kind).",
             ["target", "phase", "outcome", "status_class"],
-            registry=r,
+            registry=c,
         )
         self.output_tokens = Counter(
-            mn.OUTPUT_TOKENS_TOTAL, "Generated tokens received.", ["target"], registry=r
+            mn.OUTPUT_TOKENS_TOTAL, "Generated tokens received.", ["target"], registry=c
         )
         self.prompt_tokens = Counter(
             mn.PROMPT_TOKENS_TOTAL,
             "Prompt tokens sent (as the server counted them).",
             ["target"],
-            registry=r,
+            registry=c,
         )
         self.sends_missed = Counter(
             mn.SENDS_MISSED_TOTAL,
@@ -120,13 +148,13 @@ class Metrics:
             "instant was past max_lateness), in_flight_cap, spend_cap, rate_limited, failing, "
             "no_worker, invalid_request (the client refused to build it).",
             ["target", "phase", "reason"],
-            registry=r,
+            registry=c,
         )
         self.oom_errors = Counter(
             mn.OOM_ERRORS_TOTAL,
             "Requests whose error body said the device ran out of memory.",
             ["target"],
-            registry=r,
+            registry=c,
         )
         # what the answers carried beyond their outcome (soakd/measure/notes.py)
         self.usage_rejected = Counter(
@@ -134,21 +162,21 @@ class Metrics:
             "Answers whose usage was not taken, by reason: not_integer, negative, "
             "implausible (their output tokens are the streamed count).",
             ["target", "reason"],
-            registry=r,
+            registry=c,
         )
         self.usage_mismatch = Counter(
             mn.USAGE_MISMATCH_TOTAL,
             "Streamed answers whose usage, taken, is above or below the content chunks by "
             "more than one (above: legitimate for a server sending several tokens a chunk).",
             ["target", "direction"],
-            registry=r,
+            registry=c,
         )
         self.retry_after_unreadable = Counter(
             mn.RETRY_AFTER_UNREADABLE_TOTAL,
             "429/503 answers whose Retry-After soakd could not read (paused for "
             "rate_limit.default_pause instead).",
             ["target"],
-            registry=r,
+            registry=c,
         )
 
         self.e2e = BucketHistogram(
@@ -156,35 +184,35 @@ class Metrics:
             "End-to-end latency: send to last byte.",
             ["target"],
             E2E_BUCKETS,
-            registry=r,
+            registry=c,
         )
         self.ttft = BucketHistogram(
             mn.TIME_TO_FIRST_TOKEN_SECONDS,
             "Send to the first chunk carrying generated content.",
             ["target"],
             TTFT_BUCKETS,
-            registry=r,
+            registry=c,
         )
         self.itl = BucketHistogram(
             mn.INTER_TOKEN_LATENCY_SECONDS,
             "Gap between consecutive content chunks.",
             ["target"],
             ITL_BUCKETS,
-            registry=r,
+            registry=c,
         )
         self.tpot = BucketHistogram(
             mn.TIME_PER_OUTPUT_TOKEN_SECONDS,
             "(E2E - TTFT) / (output tokens - 1), per request.",
             ["target"],
             ITL_BUCKETS,
-            registry=r,
+            registry=c,
         )
         self.lag = BucketHistogram(
             mn.DISPATCH_LAG_SECONDS,
             "Actual minus scheduled send time: how far the load generator fell behind.",
             ["target"],
             LAG_BUCKETS,
-            registry=r,
+            registry=c,
         )
 
         self.in_flight = Gauge(
@@ -254,7 +282,7 @@ class Metrics:
             "Share of this run's judged requests answered with HTTP 5xx by the server "
             "(since the run started, across resumes); 0 before the first request.",
             ["target"],
-            registry=r,
+            registry=c,
         )
         self.run_error_ratio = Gauge(
             mn.RUN_ERROR_RATIO,
@@ -262,7 +290,7 @@ class Metrics:
             "transport, timeouts, bad answers; since the run started, across resumes); 0 "
             "before the first request.",
             ["target"],
-            registry=r,
+            registry=c,
         )
 
         self.no_reuse = Gauge(
@@ -505,8 +533,11 @@ JOURNAL_KINDS = ("request", "sample", "event")
 class JournalMetrics:
     """The journal's own health (soakd/journal/), and the run's downtime across resumes."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, continued: CollectorRegistry | None = None
+    ) -> None:
         r = registry
+        c = continued if continued is not None else r  # what a resume continues (Continued)
         self.records = Counter(
             mn.JOURNAL_RECORDS_TOTAL, "Records committed to the journal.", ["kind"], registry=r
         )
@@ -542,9 +573,9 @@ class JournalMetrics:
         self.downtime = Counter(
             mn.RUN_DOWNTIME_SECONDS_TOTAL,
             "Time the run was down between a stop or crash and its resume.",
-            registry=r,
+            registry=c,
         )
-        self.resumes = Counter(mn.RUN_RESUMES_TOTAL, "Times this run was resumed.", registry=r)
+        self.resumes = Counter(mn.RUN_RESUMES_TOTAL, "Times this run was resumed.", registry=c)
         # the disk budget (journal.max_bytes, soakd/journal/budget.py)
         self.max_bytes = Gauge(mn.JOURNAL_MAX_BYTES, "The journal's disk budget.", registry=r)
         self.disk_free = Gauge(

@@ -247,6 +247,7 @@ class Soak:
             self._recorded = True
             self._started = time.monotonic()
             ledger = start_ledger(s, journal)
+            s.metrics.continued.release()  # at the journal's totals: scrapes see them now
             stack.push_async_callback(self._finish, journal, ledger)
             closes: list[Close] = []
             stack.push_async_callback(close_clients, closes)

@@ -115,7 +115,7 @@ class Setup:
             rehearse_s=plan_options["rehearse_s"],
             duration_cap_s=plan_options["duration_s"],
         )
-        metrics = Metrics()
+        metrics = Metrics(held=resume is not None)  # until the journal's totals are in
         names = [t.name for t in cfg.targets]
         slos: dict[str, Slo] = {name: cfg.slo_for(name) for name in names}
         # prompts in the target's tokens (soakd/workload/sizing.py): a bad file fails here
@@ -213,7 +213,7 @@ async def start_journal(s: Setup, servers: Servers) -> Journal:
         s.run_dir,
         run,
         s.cfg.journal,
-        metrics=JournalMetrics(s.metrics.registry),
+        metrics=JournalMetrics(s.metrics.registry, s.metrics.continued),
         forward=(s.metrics, s.stats),  # each batch's fold, once committed
         resume=s.resume,
     )

@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -107,6 +108,44 @@ def children(pid: int) -> list[int]:
         return []
 
 
+CONTINUED = (
+    "soakd_requests_total",
+    "soakd_output_tokens_total",
+    "soakd_prompt_tokens_total",
+    "soakd_request_duration_seconds_count",
+    "soakd_run_resumes_total",
+)
+
+
+class Scraper(threading.Thread):
+    """Scrapes /metrics as fast as it answers, from before soakd listens until ``stop``:
+    each scrape's sum of every CONTINUED family it found (absent: not in that scrape)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port, self.scrapes = port, list[dict[str, float]]()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                text = get(self.port, "/metrics")
+            except OSError:
+                time.sleep(0.005)
+                continue
+            sums: dict[str, float] = {}
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name in CONTINUED:
+                        sums[s.name] = sums.get(s.name, 0.0) + s.value
+            self.scrapes.append(sums)
+
+    def stop(self) -> list[dict[str, float]]:
+        self.done.set()
+        self.join(timeout=10)
+        return self.scrapes
+
+
 def journal(run_dir: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{run_dir / 'journal.db'}?mode=ro", uri=True)
 
@@ -186,9 +225,21 @@ def test_sigkill_then_resume_continues_the_run(tmp_path: Path) -> None:
 
     # --- second session: the same command resumes -------------------------------------------
     port = free_port()
+    scraper = Scraper(port)
+    scraper.start()  # from before it listens: its very first answers are scraped too
     proc = start(cfg_path, run_dir, port)
     try:
         text, status = wait_until(port, lambda t, s: s.get("elapsed_s", 0) > offset_at_kill + 0.5)
+        scrapes = scraper.stop()
+        # the counters never go back: no scrape of the new session shows one below the
+        # journal's totals at the kill (a 0 first, then the totals, is a reset to Prometheus)
+        assert len(scrapes) > 10
+        for name in CONTINUED:
+            seen = [s[name] for s in scrapes if name in s]
+            assert seen, name
+            assert seen == sorted(seen), (name, seen[:5])
+        assert min(s["soakd_requests_total"] for s in scrapes if CONTINUED[0] in s) >= rows_at_kill
+        assert min(s["soakd_run_resumes_total"] for s in scrapes if CONTINUED[4] in s) == 1
         assert status["run_id"] == run_id
         resumed_total = sum(counters(text, "soakd_requests_total").values())
         assert resumed_total >= rows_at_kill  # counters continued, not restarted at 0

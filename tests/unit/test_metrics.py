@@ -142,3 +142,30 @@ def test_no_created_series() -> None:
     m.add_target("a", ["steady"])
     m.apply(fold([outcome()]))
     assert b"_created" not in generate_latest(m.registry)
+
+
+def test_a_resume_serves_the_continued_families_only_at_the_journals_totals() -> None:
+    """Until the journal's totals are restored, a resumed run's scrape has no request,
+    token, latency or resume series (absent is stale to Prometheus; 0 would be a reset)."""
+    held = Metrics(CollectorRegistry(), held=True)
+    jm = JournalMetrics(held.registry, held.continued)
+    held.add_target("a", ["steady"])
+    get = held.registry.get_sample_value
+    assert get("soakd_output_tokens_total", {"target": "a"}) is None
+    assert get("soakd_run_resumes_total") is None
+    assert get("soakd_in_flight_requests", {"target": "a"}) == 0  # the rest is served
+    held.restore([("a", "steady", "ok", "2xx", 10, 160, 500, 0)], {})
+    jm.resumes.inc(1)
+    held.continued.release()
+    assert get("soakd_output_tokens_total", {"target": "a"}) == 160
+    assert (
+        get(
+            "soakd_requests_total",
+            {"target": "a", "phase": "steady", "outcome": "ok", "status_class": "2xx"},
+        )
+        == 10
+    )
+    assert get("soakd_run_resumes_total") == 1
+    fresh = Metrics(CollectorRegistry())  # a new run: 0 is the truth, served at once
+    fresh.add_target("a", ["steady"])
+    assert fresh.registry.get_sample_value("soakd_output_tokens_total", {"target": "a"}) == 0
