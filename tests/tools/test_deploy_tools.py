@@ -9,7 +9,8 @@ holds the checks that need none):
 - the central Prometheus configs (remote_write and federation) and the edge snippet pass
   `promtool check config`, the central rules their unit tests for both paths.
 
-A missing tool skips its test, except in CI (``CI`` set), where it fails.
+A missing tool skips its test, except in CI (``CI`` set), where it fails
+(scripts/setup-tools.sh installs them all: make setup-tools).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import yaml
@@ -29,15 +30,21 @@ from tests import deploy as d
 BIN = Path(sys.executable).parent
 
 
-def tool(name: str, *, ci_required: bool = True) -> str:
-    """Path of a tool: next to this Python (the venv) or on PATH. Missing: skip, or in
-    CI fail when ``ci_required`` (CI never passes by skipping)."""
+def missing(what: str) -> NoReturn:
+    """Skip the test for a missing tool, or in CI (``CI`` set) fail it: CI never passes
+    by skipping."""
+    message = f"{what} (scripts/setup-tools.sh installs it)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI is set: a missing tool is a failure")
+    pytest.skip(message)
+
+
+def tool(name: str) -> str:
+    """Path of a tool: next to this Python (the venv) or on PATH; else ``missing``."""
     for candidate in (BIN / name, shutil.which(name)):
         if candidate and Path(candidate).exists():
             return str(candidate)
-    if ci_required and os.environ.get("CI"):
-        pytest.fail(f"{name} not found (CI is set: a missing tool is a failure)")
-    pytest.skip(f"{name} not found")
+    missing(f"{name} not found")
 
 
 def run(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -78,9 +85,7 @@ def test_docker_compose_config_resolves(profiles: str) -> None:
     secrets, volumes are all resolved by the real implementation, v2 or v1 (1.29)."""
     cli = d.compose_binary()
     if cli is None:
-        pytest.skip(
-            "no Docker Compose CLI (docker compose plugin, docker-compose, or $DOCKER_COMPOSE)"
-        )
+        missing("no Docker Compose CLI (docker compose plugin, docker-compose, or $DOCKER_COMPOSE)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")}
     env.update(d.env_example())
     env["COMPOSE_PROFILES"] = (
@@ -122,9 +127,7 @@ def test_hadolint_really_lints(tmp_path: Path) -> None:
 
 
 def test_systemd_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
-    exe = shutil.which("systemd-analyze")
-    if exe is None:
-        pytest.skip("systemd-analyze not installed (Debian/Ubuntu: package systemd)")
+    exe = tool("systemd-analyze")  # Debian/Ubuntu: package systemd
     # verify checks that ExecStart's binary exists: point it at this venv's soakd
     soakd = BIN / "soakd"
     assert soakd.exists()
