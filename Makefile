@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast test-tools test-docker lint setup setup-servers setup-system bench bench-manycore bench-workers clean
+.PHONY: demo test test-fast test-tools test-docker lint setup setup-servers setup-system setup-tools bench bench-answer-end bench-manycore bench-workers clean
 
 PIP_LOG := .cache/setup-venv-pip.log
 
@@ -35,12 +35,17 @@ setup-servers:
 	bash scripts/setup-vllm.sh
 	bash scripts/setup-litellm.sh
 
-## Debian packages the tests drive for real: Prometheus + Alertmanager, Chromium (HTML report),
-## libfaketime (the fault suite's wall-clock steps); and llama.cpp's llama-server, built
-## once from source (~10 min on 2 cores, then reused from .cache/ or /var/cache/soakd)
-setup-system:
-	bash scripts/setup-prometheus.sh
-	bash scripts/setup-chromium.sh
+## setup-tools: every tool tests/tools drives, from Debian (scripts/setup-tools.sh):
+## Prometheus + Alertmanager (promtool, amtool), docker.io + docker-compose (the compose
+## CLI; test-docker's engine too), Chromium (HTML report), systemd-analyze; then checks
+## that each one, and the venv's check-jsonschema and hadolint, is found
+setup-tools: $(STAMP)
+	bash scripts/setup-tools.sh
+
+## Debian packages the tests drive for real: setup-tools' above, libfaketime (the fault
+## suite's wall-clock steps); and llama.cpp's llama-server, built once from source
+## (~10 min on 2 cores, then reused from .cache/ or /var/cache/soakd)
+setup-system: setup-tools
 	bash scripts/setup-faults.sh
 	bash scripts/setup-llama-server.sh
 
@@ -55,9 +60,10 @@ test: $(STAMP) setup-servers setup-system
 	$(MAKE) --no-print-directory test-docker
 
 ## test-docker: the `sim` compose stack on a real Docker engine (tests/docker/): installs
-## Debian's docker.io + docker-compose when missing, starts dockerd when none runs (and
-## stops it after), builds stand-in images (cached in /var/cache/soakd/docker), the
-## soakd image, and runs, stops, kills and resumes the stack (~4 min warm, ~9 cold)
+## Debian's docker.io + docker-compose when missing (in make test, setup-tools already
+## has), starts dockerd when none runs (and stops it after), builds stand-in images
+## (cached in /var/cache/soakd/docker), the soakd image, and runs, stops, kills and
+## resumes the stack (~4 min warm, ~9 cold)
 test-docker: $(STAMP)
 	bash scripts/test-docker.sh
 
@@ -67,7 +73,8 @@ test-fast: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
 ## test-tools: the shipped files through their tools (promtool, amtool, check-jsonschema,
-## a compose CLI, hadolint, systemd-analyze, chromium); a missing tool skips (fails in CI)
+## a compose CLI, hadolint, systemd-analyze, chromium); installs none (make setup-tools
+## does): a missing tool skips, and fails when CI is set
 test-tools: $(STAMP)
 	$(BIN)/pytest -q tests/tools
 
@@ -81,6 +88,13 @@ lint: $(STAMP)
 bench: $(STAMP) setup-servers
 	bash bench/setup_peers.sh
 	$(BIN)/python bench/suite.py all
+	$(BIN)/python bench/answer_end.py --out .cache/bench/results/answer-end.json
+
+## bench-answer-end: soakd against `vllm bench serve`'s own request function on one vLLM CPU
+## server (~4 min): how long the usage chunk and [DONE] trail the answer, client minus
+## server TTFT and E2E in alternating rounds, and each read loop's CPU per chunk
+bench-answer-end: $(STAMP) setup-servers
+	$(BIN)/python bench/answer_end.py --out .cache/bench/results/answer-end.json
 
 ## bench-manycore: soakd run vs the bare loop with the client pinned to one core (taskset),
 ## the stub on the other cores, 64 streams; no peers (~3 min); prints the table and writes

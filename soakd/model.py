@@ -176,11 +176,14 @@ class Outcome:
     error_detail: str = ""  # short, secret-free, for logs only (never a label)
     oom: bool = False  # the error body said the device ran out of memory
     prompt_tokens: int | None = None
-    output_tokens: int = 0
+    # the server's usage when taken, else the content chunks streamed; None: unknown (a
+    # non-streamed answer with text whose usage was absent or not taken: one body is no
+    # count, and soakd never guesses one)
+    output_tokens: int | None = 0
     usage_reported: bool = False  # output_tokens came from the server's usage
     content_chunks: int = 0  # content chunks received: the streamed count
     # the server's usage was there and not taken (a USAGE_REJECTED_REASONS entry; "": none):
-    # output_tokens is then the streamed count
+    # output_tokens is then the streamed count (None, unknown, for a non-streamed answer)
     usage_rejected: str = ""
     # a streamed answer whose usage was taken: usage's completion tokens minus the content
     # chunks streamed (None: not a stream, or no usage taken)
@@ -235,11 +238,13 @@ class Outcome:
 
     @property
     def tpot_ns(self) -> int | None:
-        """(E2E - TTFT) / (output tokens - 1), as vLLM's benchmark defines it."""
+        """(E2E - TTFT) / (output tokens - 1), as vLLM's benchmark defines it (None: no
+        first token, fewer than two tokens, or their count unknown)."""
         ttft = self.ttft_ns
-        if ttft is None or self.output_tokens < 2:
+        n = self.output_tokens
+        if ttft is None or n is None or n < 2:
             return None
-        return (self.e2e_ns - ttft) // (self.output_tokens - 1)
+        return (self.e2e_ns - ttft) // (n - 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ FIELDS: Final = (
     ("error", "B"),  # index in ErrorKind; NO_KIND: ok; NOT_SENT: a worker did not send it
     ("flags", "B"),  # OOM | USAGE_REPORTED | RETRY_UNREADABLE
     ("prompt_tokens", "q"),  # NONE: None
-    ("output_tokens", "q"),
+    ("output_tokens", "q"),  # NONE: None (unknown)
     ("content_chunks", "q"),
     ("usage_rejected", "B"),  # 0: none, else 1 + index in USAGE_REJECTED_REASONS
     ("usage_delta", "q"),  # NO_DELTA: None (-1 is a delta)
@@ -154,7 +154,7 @@ def pack(buf: bytearray, o: Outcome, target: int = NO_NAME, phase: int = NO_NAME
         | o.usage_reported * USAGE_REPORTED
         | o.retry_after_unreadable * RETRY_UNREADABLE,
         _opt(o.prompt_tokens),
-        o.output_tokens,
+        _opt(o.output_tokens),
         o.content_chunks,
         _REJECTED_INDEX[o.usage_rejected],
         NO_DELTA if o.usage_delta is None else o.usage_delta,
@@ -225,7 +225,7 @@ def fill(
         kind,
         flags,
         prompt,
-        o.output_tokens,
+        output,
         o.content_chunks,
         rejected,
         delta,
@@ -244,6 +244,7 @@ def fill(
     o.usage_reported = bool(flags & USAGE_REPORTED)
     o.retry_after_unreadable = bool(flags & RETRY_UNREADABLE)
     o.prompt_tokens = None if prompt == NONE else prompt
+    o.output_tokens = None if output == NONE else output
     o.usage_rejected = _REJECTED[rejected]
     o.usage_delta = None if delta == NO_DELTA else delta
     o.retry_after_s = None if retry != retry else retry  # NaN: None

@@ -88,6 +88,8 @@ MODES: dict[str, str | None] = {
     "wrong_ctype": "bad_response",  # 200 text/html
     "error_200": "bad_response",  # 200 application/json with an error object
     "error_in_stream": "bad_response",  # an error object inside the SSE stream
+    "error_200_404": "bad_response",  # the same two with vLLM's unknown model (code 404)
+    "error_in_stream_404": "bad_response",
     "garbage": "protocol_error",  # not HTTP at all
     "s429": "http_429",
     "s429ra": "http_429",  # with Retry-After: 1
@@ -104,6 +106,7 @@ MODES: dict[str, str | None] = {
     "usage_float": None,  # 4.5
     "usage_high": None,  # 1000 for 5 streamed tokens (max_tokens 8)
     "usage_low": None,  # 1 for 5 streamed: taken, and a mismatch
+    "json_usage_negative": None,  # non-streamed: 8 tokens of text, completion_tokens -5
     "content_object": "bad_response",  # every delta's content is a JSON object
     "s429_bad_ra": "http_429",  # Retry-After: a digit Python reads and HTTP does not
     "s503_bad_ra": "http_5xx",  # Retry-After: a date that is not one
@@ -121,6 +124,10 @@ USAGE: dict[str, Any] = {
     "usage_low": 1,
 }
 """Mode -> the ``usage.completion_tokens`` it sends after ``tokens`` good tokens."""
+JSON_MODES = frozenset({"json_huge", "json_usage_negative"})
+"""Modes that answer a non-streamed request (``stream: false``): a JSON body, no SSE."""
+JSON_TEXT_TOKENS = 8
+"""The tokens of text in ``json_usage_negative``'s answer (one word each)."""
 BAD_RETRY_AFTER = {"s429_bad_ra": "\u00b2", "s503_bad_ra": "Mon, 32 Foo 2025 25:61:00 GMT"}
 
 
@@ -405,6 +412,12 @@ class HostileServer:
         err = json.dumps({"error": {"message": "boom", "type": "server_error", "code": 500}})
         await self._stream(w, "error_in_stream", [chunk("a"), f"data: {err}\n\n".encode()])
 
+    async def _m_error_200_404(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._send(w, "error_200_404", _response(200, _UNKNOWN_MODEL))
+
+    async def _m_error_in_stream_404(self, req: Request, w: asyncio.StreamWriter) -> None:
+        await self._stream(w, "error_in_stream_404", [b"data: " + _UNKNOWN_MODEL + b"\n\n"])
+
     async def _m_garbage(self, req: Request, w: asyncio.StreamWriter) -> None:
         await self._send(w, "garbage", b"\x00\x01SSH-2.0-what\r\n\r\n" * 10)
         w.close()
@@ -452,6 +465,25 @@ class HostileServer:
 
     async def _m_usage_low(self, req: Request, w: asyncio.StreamWriter) -> None:
         await self._usage("usage_low", w)
+
+    async def _m_json_usage_negative(self, req: Request, w: asyncio.StreamWriter) -> None:
+        mode = "json_usage_negative"
+        n = JSON_TEXT_TOKENS
+        body = {
+            "id": "h-1",
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": " ".join(["tok"] * n)},
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": -5, "total_tokens": -2},
+        }
+        self.stats.tokens[mode] += n
+        await self._send(w, mode, _response(200, json.dumps(body).encode()))
+        self.stats.completed[mode] += 1
 
     async def _m_content_object(self, req: Request, w: asyncio.StreamWriter) -> None:
         n = self.tokens
@@ -558,6 +590,18 @@ def _response(status: int, body: bytes, ctype: str = "application/json", **heade
     head = {"Content-Type": ctype, "Content-Length": str(len(body)), **headers}
     return _head(status, head) + body
 
+
+_UNKNOWN_MODEL = json.dumps(
+    {
+        "error": {
+            "message": "The model `m` does not exist.",
+            "type": "NotFoundError",
+            "param": None,
+            "code": 404,
+        }
+    }
+).encode()
+"""vLLM's answer for a model it does not serve, as an error object of a 200."""
 
 _BOMB: bytes | None = None
 

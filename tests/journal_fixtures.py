@@ -5,6 +5,8 @@ counted)."""
 from __future__ import annotations
 
 import random
+import re
+import sqlite3
 import time
 from array import array
 from collections.abc import Sequence
@@ -161,6 +163,28 @@ def open_test_journal(
     j.start()
     j.attach(clock)
     return j
+
+
+def output_not_null(db: Path) -> None:
+    """``requests.output_tokens`` as soakd before schema v5 made it: NOT NULL, as in every
+    v1-v4 journal on disk (for the tests that make an older journal of a new one)."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        (sql,) = conn.execute(
+            "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'requests'"
+        ).fetchone()
+        old, n = re.subn(r"output_tokens INTEGER,[^\n]*", "output_tokens INTEGER NOT NULL,", sql)
+        assert n == 1, sql
+        conn.execute("BEGIN")
+        version = conn.execute("PRAGMA schema_version").fetchone()[0]
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("UPDATE sqlite_schema SET sql = ? WHERE name = 'requests'", (old,))
+        conn.execute(f"PRAGMA schema_version = {version + 1}")
+        conn.execute("COMMIT")
+        conn.execute("PRAGMA writable_schema = OFF")
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
 
 
 HOUR = 3600.0

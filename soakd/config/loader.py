@@ -82,12 +82,17 @@ _NAME_RE = re.compile(NAME_PATTERN)
 _KEY_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def _error_lines(exc: ValidationError, raw: Any, model: type[BaseModel]) -> list[str]:
-    """Every pydantic error -> ``field.path: message (got VALUE)``, list items by name."""
-    return list(dict.fromkeys(_one_error(err, raw, model) for err in exc.errors(include_url=False)))
+def _error_lines(
+    exc: ValidationError, raw: Any, model: type[BaseModel], whole: str = "config"
+) -> list[str]:
+    """Every pydantic error -> ``field.path: message (got VALUE)``, list items by name. An
+    error of the whole config (names, compare...: no field path of its own) is ``whole:
+    message``: the file's path when it came from one."""
+    errors = exc.errors(include_url=False)
+    return list(dict.fromkeys(_one_error(err, raw, model, whole) for err in errors))
 
 
-def _one_error(err: Any, raw: Any, model: type[BaseModel]) -> str:
+def _one_error(err: Any, raw: Any, model: type[BaseModel], whole: str = "config") -> str:
     parts: list[str] = []
     node: Any = raw
     for loc in err["loc"]:
@@ -104,7 +109,7 @@ def _one_error(err: Any, raw: Any, model: type[BaseModel]) -> str:
         # a key that is not plain text (a CR, a space...) is shown quoted, on one line
         parts.append(str(loc) if _KEY_RE.fullmatch(str(loc)) else repr(loc))
         node = node.get(loc) if isinstance(node, dict) else None
-    where = ".".join(parts) or "config"
+    where = ".".join(parts) or whole
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         hint = _did_you_mean(model, err["loc"])
@@ -152,7 +157,7 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 def load_config(path: Path | str, environ: Mapping[str, str] | None = None) -> Config:
     """Read, overlay env, validate. Every problem is a ConfigError with one line."""
     raw = _read_yaml(Path(path))
-    return config_from_dict(raw, environ if environ is not None else os.environ)
+    return config_from_dict(raw, environ if environ is not None else os.environ, source=path)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -219,7 +224,12 @@ def _unknown(key: Any, model: type[BaseModel]) -> str:
     )
 
 
-def config_from_dict(raw: dict[str, Any], environ: Mapping[str, str] | None = None) -> Config:
+def config_from_dict(
+    raw: dict[str, Any],
+    environ: Mapping[str, str] | None = None,
+    source: Path | str | None = None,
+) -> Config:
+    """``source``: the file it was read from, named by the errors of the whole config."""
     raw = _apply_env(raw, environ or {})
     exporter = raw.get("exporter")
     if isinstance(exporter, dict) and "thresholds" in exporter:
@@ -227,7 +237,8 @@ def config_from_dict(raw: dict[str, Any], environ: Mapping[str, str] | None = No
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError.of(_error_lines(exc, raw, Config)) from None
+        whole = "config" if source is None else str(source)
+        raise ConfigError.of(_error_lines(exc, raw, Config, whole)) from None
 
 
 GATEWAY_ENV_PREFIX = "SOAKD_GATEWAY__"

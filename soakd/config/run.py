@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections import Counter
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -21,6 +20,7 @@ from soakd.config.base import (
     Name,
     Strict,
     parse_bytes,
+    repeated_name,
 )
 from soakd.config.gateway import GpuConfig, Probes
 from soakd.config.slo import AlertLimits, Compare, ReportConfig, Slo
@@ -162,10 +162,12 @@ class Config(Strict):
     @model_validator(mode="after")
     def _names(self) -> Config:
         names = [t.name for t in self.targets]
+        repeated = repeated_name("targets", names) or repeated_name(
+            "phases", (p.name for p in self.phases)
+        )
+        if repeated:  # a second phase of a name: the report and the journal merged them
+            raise ValueError(repeated)
         known = set(names)
-        if len(known) != len(names):
-            dupes = sorted(n for n, count in Counter(names).items() if count > 1)
-            raise ValueError(f"duplicate target names: {', '.join(dupes)}")
         gated = {t.name for t in self.targets if t.gateway is not None}
         if self.compare is not None:
             for role in ("baseline", "candidate"):

@@ -89,7 +89,7 @@ class Load(Strict):
 
 
 class PhaseConfig(Strict):
-    name: Name  # a label
+    name: Name  # unique: the report and the journal know a phase by it
     duration: Duration | None = None  # or until (one of them)
     until: str | None = None  # an ISO datetime, or a cron expression: run until it next fires
     load: Load = Load()  # every target's, unless targets overrides it

@@ -3,10 +3,12 @@
 The version is in ``PRAGMA user_version`` and in ``meta``; ``PRAGMA application_id`` tells a
 soakd journal from any other SQLite file. v2 added the ``missed`` table; v3 the ``itl_hist``
 column of ``requests`` (compact ITL gaps, codec.py); v4 the ``usage_delta`` and
-``usage_rejected`` columns and the ``notes`` table (soakd/measure/notes.py). An older journal is
-brought up to date when this soakd continues it (``migrate``: v1 -> v2 -> v3 -> v4, nothing
-rewritten; its old rows keep their exact gaps, and NULL usage columns) and read as it is
-(``request_columns``). docs/journal.md has the table list.
+``usage_rejected`` columns and the ``notes`` table (soakd/measure/notes.py); v5 lets
+``requests.output_tokens`` be NULL (unknown: a non-streamed answer with text whose usage was
+absent or not taken). An older journal is brought up to date when this soakd continues it
+(``migrate``: v1 -> v2 -> v3 -> v4 -> v5, nothing rewritten; its old rows keep their exact
+gaps, and NULL usage columns) and read as it is (``request_columns``). docs/journal.md has
+the table list.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from typing import Any
 
 from soakd import __version__
 
-SCHEMA_VERSION = 4
-READS_SCHEMAS = frozenset({1, 2, 3, 4})
-MIGRATES_FROM = frozenset({1, 2, 3})  # continued after ``migrate``
+SCHEMA_VERSION = 5
+READS_SCHEMAS = frozenset({1, 2, 3, 4, 5})
+MIGRATES_FROM = frozenset({1, 2, 3, 4})  # continued after ``migrate``
 _MISSED_TABLE = """CREATE TABLE missed (
     target TEXT NOT NULL, phase TEXT NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (target, phase, reason)
@@ -43,6 +45,10 @@ _NOTES_TABLE = """CREATE TABLE notes (
 ) WITHOUT ROWID"""
 """v4: per target, how many answers carried each note (soakd/measure/notes.py), dropped rows
 included: the counters a resume continues, and the report's notes."""
+_OUTPUT_NOT_NULL = "output_tokens INTEGER NOT NULL,"
+_OUTPUT_NULLABLE = "output_tokens INTEGER,          -- NULL: unknown (v5)"
+"""v5: ``requests.output_tokens`` NULL when the count is unknown. Before v5 the column was
+NOT NULL; ``migrate`` drops the constraint in place (``_drop_output_not_null``)."""
 APPLICATION_ID = 0x736F616B  # "soak": tells a soakd journal from any other SQLite file
 JOURNAL_FILE = "journal.db"
 LOCK_FILE = "journal.lock"
@@ -74,7 +80,7 @@ CREATE TABLE requests (
     error TEXT,                      -- NULL: ok
     oom INTEGER NOT NULL,
     prompt_tokens INTEGER,
-    output_tokens INTEGER NOT NULL,
+    output_tokens INTEGER,          -- NULL: unknown (v5)
     usage_reported INTEGER NOT NULL
 );
 CREATE TABLE series (id INTEGER PRIMARY KEY, name TEXT NOT NULL, labels TEXT NOT NULL,
@@ -191,7 +197,8 @@ def create(conn: sqlite3.Connection, meta: dict[str, Any]) -> None:
 def migrate(conn: sqlite3.Connection) -> None:
     """Bring a journal this soakd continues to SCHEMA_VERSION, in one transaction:
     v1 -> v2 the missed table, v2 -> v3 the itl_hist column, v3 -> v4 the usage columns
-    and the notes table (nothing else changed)."""
+    and the notes table, v4 -> v5 ``requests.output_tokens`` nullable (nothing else
+    changed). JournalError when the requests table is not one soakd made."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version not in MIGRATES_FROM:
         return  # current, or refused by check_schema
@@ -205,9 +212,36 @@ def migrate(conn: sqlite3.Connection) -> None:
         for stmt in _USAGE_COLUMNS:
             conn.execute(stmt)
         conn.execute(_NOTES_TABLE)
+    _drop_output_not_null(conn)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     conn.execute("COMMIT")
+
+
+def _drop_output_not_null(conn: sqlite3.Connection) -> None:
+    """v5: drop ``requests.output_tokens``' NOT NULL in place, inside the caller's
+    transaction, by SQLite's own procedure for removing a NOT NULL constraint (its ALTER
+    TABLE page, "Making Other Kinds Of Table Schema Changes"): the table's definition is
+    edited, no row is read or rewritten, whatever the journal's size."""
+    nullable = {c[1]: not c[3] for c in conn.execute("PRAGMA table_info(requests)")}
+    if nullable.get("output_tokens"):
+        return
+    (sql,) = conn.execute(
+        "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = 'requests'"
+    ).fetchone()
+    if sql.count(_OUTPUT_NOT_NULL) != 1:
+        conn.execute("ROLLBACK")
+        raise JournalError("the journal's requests table is not one soakd made: not continued")
+    version = conn.execute("PRAGMA schema_version").fetchone()[0]
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        conn.execute(
+            "UPDATE sqlite_schema SET sql = ? WHERE type = 'table' AND name = 'requests'",
+            (sql.replace(_OUTPUT_NOT_NULL, _OUTPUT_NULLABLE),),
+        )
+        conn.execute(f"PRAGMA schema_version = {version + 1}")
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
 
 
 def check_schema(conn: sqlite3.Connection, path: Path, *, writing: bool) -> dict[str, Any]:

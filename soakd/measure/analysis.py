@@ -157,7 +157,7 @@ class TargetStats:
 
     def add(self, o: Outcome) -> None:
         self.requests += 1
-        self.output_tokens += o.output_tokens
+        self.output_tokens += o.output_tokens or 0  # None: unknown, not counted
         self.prompt_tokens += o.prompt_tokens or 0
         if o.sent_ns:
             self.lag.add(o.dispatch_lag_ns)

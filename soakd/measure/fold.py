@@ -208,7 +208,7 @@ class Fold:
         if stats is None:
             stats = self.tallied[key] = TargetStats()
         stats.requests += 1
-        stats.output_tokens += o.output_tokens
+        stats.output_tokens += o.output_tokens or 0  # None: unknown, not counted
         stats.prompt_tokens += o.prompt_tokens or 0
         if o.error is None:
             stats.ok += 1
@@ -301,7 +301,7 @@ class Fold:
         if t is None:
             t = self.totals[key] = [0, 0, 0, 0]
         t[0] += 1
-        t[1] += o.output_tokens
+        t[1] += o.output_tokens or 0  # None: unknown, not counted
         t[2] += o.prompt_tokens or 0
         t[3] += o.oom
         if o.usage_rejected or o.usage_mismatch or o.retry_after_unreadable:

@@ -2,7 +2,7 @@
 
 - ``usage_rejected:<reason>``: the answer's ``usage`` was not taken (a count that is not an
   integer, negative, or more than the answer could hold: soakd/targets/stream.py); its
-  output tokens are the streamed count;
+  output tokens are the streamed count, unknown (None) for a non-streamed answer;
 - ``usage_mismatch:above`` / ``usage_mismatch:below``: a streamed answer's usage, taken,
   is above (below) the content chunks it streamed by more than one. Above is what a
   server that sends several tokens a chunk does, legitimately: vLLM does it under load
@@ -42,7 +42,8 @@ NOTES: Final = (
 
 _SAY: Final = {
     USAGE_REJECTED: "the server's usage is not taken for such answers: their output tokens "
-    "are the content chunks soakd counted",
+    "are the content chunks soakd counted (a stream), else unknown (a non-streamed answer: "
+    "not counted in the token totals)",
     f"{USAGE_MISMATCH}:above": "the server's usage.completion_tokens is above the content "
     "chunks streamed by more than one: a server that sends several tokens a chunk does "
     "so legitimately (vLLM under load); usage is the count used",
@@ -101,15 +102,21 @@ def by_target(counts: Iterable[tuple[str, str, int]]) -> dict[str, dict[str, int
     return out
 
 
-def describe(notes: Mapping[str, int]) -> list[str]:
-    """One target's notes in words, for the report (empty: nothing noticed)."""
+def describe(notes: Mapping[str, int], stream: bool = True) -> list[str]:
+    """One target's notes in words, for the report (empty: nothing noticed). ``stream``:
+    the target's answers were streamed (else a usage not taken leaves no count)."""
     lines = []
     rejected = {k.split(":", 1)[1]: n for k, n in notes.items() if k.startswith(USAGE_REJECTED)}
     if rejected:
         why = ", ".join(f"{n:,} {reason}" for reason, n in sorted(rejected.items()))
         lines.append(
             f"usage not taken for {sum(rejected.values()):,} answers ({why}): "
-            "their output tokens are the streamed count"
+            + (
+                "their output tokens are the streamed count"
+                if stream
+                else "their output tokens are unknown (not streamed: nothing counted), "
+                "left out of the token totals"
+            )
         )
     above = notes.get(f"{USAGE_MISMATCH}:above", 0)
     below = notes.get(f"{USAGE_MISMATCH}:below", 0)

@@ -160,7 +160,7 @@ class Metrics:
         self.usage_rejected = Counter(
             mn.USAGE_REJECTED_TOTAL,
             "Answers whose usage was not taken, by reason: not_integer, negative, "
-            "implausible (their output tokens are the streamed count).",
+            "implausible (their output tokens are the streamed count; not streamed: unknown).",
             ["target", "reason"],
             registry=c,
         )
@@ -181,7 +181,7 @@ class Metrics:
 
         self.e2e = BucketHistogram(
             mn.REQUEST_DURATION_SECONDS,
-            "End-to-end latency: send to last byte.",
+            "End-to-end latency: send to the answer's last chunk carrying a choice.",
             ["target"],
             E2E_BUCKETS,
             registry=c,

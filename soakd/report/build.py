@@ -16,7 +16,7 @@ from soakd.config import format_duration
 from soakd.journal import JournalReader, Loss, Rollup, records
 from soakd.journal.reader import Total
 from soakd.journal.records import Logged, each
-from soakd.journal.stored import StoredRun, read_stored
+from soakd.journal.stored import StoredRun, StoredTarget, read_stored
 from soakd.measure.analysis import JITTER_SLICES, JITTER_WINDOW_S
 from soakd.measure.goodput import Tally, journal_tallies
 from soakd.measure.notes import by_target, describe
@@ -168,7 +168,7 @@ def build_report(
         lambda r: measured(
             r,
             counts[(r.target, r.phase)],
-            vrams.get(r.target) if r.phase is None else None,
+            vrams[r.target].of(r.phase) if r.target in vrams else None,
             money[(r.target, r.phase)],
             rehearsal=rehearsal,
         )
@@ -357,9 +357,19 @@ def _notes(read: _Read, rows: Rows, frame: Frame) -> list[str]:
     notes += _rows_stopped_notes(events)  # journal.max_bytes (soakd/journal/budget.py)
     notes += _no_reuse_notes(events)  # closes after answers, unannounced (targets/pool.py)
     notes += client_limits(rows.overall, targets, read.stored.config)
-    notes += [f"{t}: {line}" for t in targets for line in describe(read.answer_notes.get(t, {}))]
+    config = read.stored.config
+    notes += [
+        f"{t}: {line}"
+        for t in targets
+        for line in describe(read.answer_notes.get(t, {}), _streamed(config.target(t)))
+    ]
     notes += prompt_notes(read.prompt_rows, read.prompt_sizing)
     return notes
+
+
+def _streamed(target: StoredTarget | None) -> bool:
+    """Were the target's answers streamed (a target the config lacks: as by default)?"""
+    return target is None or target.stream
 
 
 def _counted(t: Tally) -> int:

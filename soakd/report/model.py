@@ -297,8 +297,9 @@ TERMINAL_COLUMNS = (
     "cost_per_mtok",
     "cost_per_month",
 )
-# per phase: the same, less what only the whole run has (a GPU's VRAM peak, a monthly bill)
-PHASE_COLUMNS = frozenset(TERMINAL_COLUMNS) - {"vram_peak_bytes", "cost_per_month"}
+# per phase: the same, less what only the whole run has (a monthly bill); the VRAM peak is
+# the phase's own, its readings placed in phases as the counters' are (report/samples.py)
+PHASE_COLUMNS = frozenset(TERMINAL_COLUMNS) - {"cost_per_month"}
 NOT_RANKED = frozenset(
     {
         "goodput",

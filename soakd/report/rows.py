@@ -284,9 +284,10 @@ def energy_and_cost(
 
 
 def measured(row: Row, counts: Counts, vram: Vram | None, money: Money, *, rehearsal: bool) -> Row:
-    """The request row with what the probes, the energy and the money say. A rehearsal
-    compresses the plan: a month at its load or a slope per hour of its compressed time
-    would be made up, so neither is given."""
+    """The request row with what the probes, the energy and the money say (``vram``: over
+    the row's own time, the run or its phase: ``Vram.of``). A rehearsal compresses the
+    plan: a month at its load or a slope per hour of its compressed time would be made
+    up, so neither is given."""
     peak = vram.peak_bytes if vram is not None else None
     slope = vram.leak_bytes_per_hour if vram is not None else None
     note = vram.leak_note if vram is not None else None

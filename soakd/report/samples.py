@@ -2,16 +2,17 @@
 
 ``Timeline`` maps wall-clock readings onto plan time (through the sessions) and plan time
 onto phases; ``Samples`` answers what the report asks of the readings: a counter's
-increase per phase, energy per phase, the GPUs and whom they are charged to, the guard
-gateways' counts. Reading only: no figure here depends on another having been asked first.
+increase per phase, a gauge's peak per phase, energy per phase, the GPUs and whom they
+are charged to, the guard gateways' counts. Reading only: no figure here depends on
+another having been asked first.
 """
 
 from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from soakd.journal import records
@@ -50,6 +51,8 @@ class Timeline:
         return None
 
     def phase(self, offset_s: float) -> str | None:
+        """The phase whose window holds this plan time (a reading after the plan's end:
+        the last phase's; None: before the first phase, or no phases)."""
         for name, start, end in self.phases:
             if start <= offset_s < end:
                 return name
@@ -96,6 +99,20 @@ class Samples:
                     phase = self.timeline.phase(offset) or "?"
                     out[phase] = out.get(phase, 0.0) + inc
         return out
+
+    def peaks(self, points: Points) -> dict[str, float]:
+        """A gauge's highest reading in each phase it was read in ("?": outside every
+        phase), each reading in the phase ``Timeline.phase`` puts it in."""
+        out: dict[str, float] = {}
+        for offset, value in points:
+            phase = self.timeline.phase(offset) or "?"
+            if phase not in out or value > out[phase]:
+                out[phase] = value
+        return out
+
+    def gpu_used(self, gpu: str) -> Points:
+        """A GPU's memory-used readings, every series of it (a GPU row's peak and slope)."""
+        return [p for _, pts in self.find(names.GPU_MEMORY_USED, {"gpu": gpu}) for p in pts]
 
     def power_energy(self, gpu: str) -> dict[str, float] | None:
         """Joules per phase from power readings (trapezoids; gaps over 30 s skipped)."""
@@ -151,9 +168,8 @@ class Samples:
         """The GPU table's rows, and each GPU's energy for the attribution (``analysis``)."""
         rows, energy = [], []
         for g, targets in charged.items():
-            used = self.find(names.GPU_MEMORY_USED, {"gpu": g})
-            values = [v for _, pts in used for _, v in pts]
-            points = [p for _, pts in used for p in pts]
+            points = self.gpu_used(g)
+            values = [v for _, v in points]
             joules, by_phase = self.energy(g)
             power = [v for _, pts in self.find(names.GPU_POWER, {"gpu": g}) for _, v in pts]
             rows.append(
@@ -194,15 +210,27 @@ def dcgm_owner(config: StoredConfig) -> str | None:
 
 @dataclass(frozen=True)
 class Vram:
-    """A target's VRAM over the run: its peak and leak slope (None: not measured)."""
+    """A target's VRAM over the run: its peak and leak slope (None: not measured), and its
+    peak in each phase it was read in (``of``)."""
 
     peak_bytes: float | None
     leak_bytes_per_hour: float | None
     leak_note: str | None
+    phase_peaks: Mapping[str, float] = field(default_factory=dict)
+
+    def of(self, phase: str | None) -> Vram:
+        """Over the run (``phase`` None), or in one phase: that phase's peak alone (the
+        leak slope is the run's; None: no reading in the phase)."""
+        if phase is None:
+            return self
+        return Vram(self.phase_peaks.get(phase), None, None)
 
 
 def vram(targets: list[str], probe: Samples, gpus: list[GpuRow]) -> dict[str, Vram]:
-    """Each target's VRAM peak and leak slope: its process's memory, else its own GPUs'."""
+    """Each target's VRAM peak and leak slope: its process's memory, else its own GPUs'
+    (a GPU charged to it alone; a shared GPU's memory is no one target's). A peak is the
+    sum over the series (processes, GPUs) of each one's highest reading, over the run or
+    within a phase (``Samples.peaks``)."""
     out: dict[str, Vram] = {}
     for target in targets:
         found = probe.find(names.GPU_PROCESS_MEMORY, {"target": target})
@@ -212,6 +240,7 @@ def vram(targets: list[str], probe: Samples, gpus: list[GpuRow]) -> dict[str, Vr
                 sum(max(v for _, v in pts) for _, pts in found),
                 leak_slope(longest),
                 leak_note(longest),
+                _summed(probe.peaks(pts) for _, pts in found),
             )
             continue
         mine = [g for g in gpus if g.targets == [target]]
@@ -222,7 +251,17 @@ def vram(targets: list[str], probe: Samples, gpus: list[GpuRow]) -> dict[str, Vr
                 sum(peaks) if peaks else None,
                 sum(slopes) if slopes else None,
                 next((g.leak_note for g in mine if g.leak_note), None),
+                _summed(probe.peaks(probe.gpu_used(g.gpu)) for g in mine),
             )
+    return out
+
+
+def _summed(peaks: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Per phase, the sum of the series' peaks in it (a series not read there adds nothing)."""
+    out: dict[str, float] = {}
+    for per_phase in peaks:
+        for phase, value in per_phase.items():
+            out[phase] = out.get(phase, 0.0) + value
     return out
 
 

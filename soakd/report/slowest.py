@@ -53,7 +53,7 @@ class SlowRequest:
     ttft_s: float | None
     outcome: str
     status: int
-    output_tokens: int
+    output_tokens: int | None  # None: unknown (docs/journal.md)
     trace_id: str | None
 
 
@@ -136,7 +136,7 @@ def _slow(row: tuple[Any, ...], run_id: str | None) -> SlowRequest:
         ttft_s=None if ttft_ns is None else ttft_ns / NS_PER_S,
         outcome=error or OK,
         status=int(status),
-        output_tokens=int(tokens),
+        output_tokens=None if tokens is None else int(tokens),
         trace_id=None if run_id is None else trace_id(run_id, target, int(seq)),
     )
 
@@ -174,7 +174,7 @@ def slowest_sections(
                 "-" if s.ttft_s is None else _seconds(s.ttft_s),
                 s.outcome,
                 str(s.status) if s.status else "-",
-                str(s.output_tokens),
+                "-" if s.output_tokens is None else str(s.output_tokens),
                 str(s.seq),
                 s.trace_id or "-",
             ]

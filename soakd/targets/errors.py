@@ -24,7 +24,10 @@ from soakd.targets.pool import ClosedAfterAnswer
 
 __all__ = [
     "AUTH_ERROR_WORDS",
+    "ERROR_BODY",
     "REDACT_WINDOW",
+    "STREAM_ERROR",
+    "body_error",
     "clean",
     "client_error",
     "error_fields",
@@ -54,6 +57,37 @@ def error_fields(body: bytes) -> tuple[bool, str]:
     src = err if type(err) is dict else obj  # vLLM < 0.7 put type/code at the top level
     parts = [clean(src.get(k)) for k in ("type", "code")]
     return oom, " ".join(p for p in parts if p)
+
+
+ERROR_BODY: Final = "error body"
+"""A 200 whose JSON body is an error object: the ``bad_response`` detail's first words,
+then ``error_fields``'s "type code"."""
+STREAM_ERROR: Final = "stream error"
+"""An error object as an event of a stream (its headers said 200 before it came)."""
+SERVER_ERROR_TYPES: Final = frozenset({"server_error"})
+"""An error object's ``type`` that says the server failed when its ``code`` names no status:
+OpenAI's mid-stream error (``code`` null) and llama.cpp's."""
+
+
+def body_error(detail: str) -> tuple[ErrorKind, int] | None:
+    """An error object that came with a 200 (a ``bad_response`` detail starting with
+    ``ERROR_BODY`` or ``STREAM_ERROR``), read by its code as ``status_kind`` reads a
+    status: (kind, status). The status is its ``code`` when that is one (400-599), else
+    500 for a ``SERVER_ERROR_TYPES`` type. None: no error object, or one that names no
+    status (the run counts it ``bad_response`` either way)."""
+    for head in (ERROR_BODY, STREAM_ERROR):
+        if detail.startswith(head + " "):
+            fields = detail[len(head) + 1 :]
+            break
+    else:
+        return None
+    words = fields.split()
+    status = next(
+        (int(w) for w in words if w.isascii() and w.isdigit() and 400 <= int(w) < 600), None
+    )
+    if status is None and not SERVER_ERROR_TYPES.isdisjoint(words):
+        status = 500
+    return None if status is None else (status_kind(status, fields), status)
 
 
 REDACT_WINDOW: Final = 8

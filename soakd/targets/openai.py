@@ -37,6 +37,7 @@ from soakd.config import TargetConfig
 from soakd.model import GATEWAY_ORIGIN_HEADER, ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.net import env_proxy, header_problem, url_problem
 from soakd.targets.errors import (
+    ERROR_BODY,
     clean,
     client_error,
     error_fields,
@@ -328,16 +329,22 @@ class OpenAITarget:
                 for data in events:
                     event(data, now)
                 if p.done:
-                    out.end_ns = now
+                    out.end_ns = p.answer_end(now)
                     break
         except aiohttp.ClientError as exc:
-            out.end_ns = _perf_ns()
-            if not p.finished:  # after a finish_reason the answer is whole
+            now = _perf_ns()
+            if p.finished:  # after a finish_reason the answer is whole
+                out.end_ns = p.answer_end(now)
+            else:
+                out.end_ns = now
                 self._fail(out, ErrorKind.STREAM_TRUNCATED, f"{exc_name(exc)} mid-stream")
             return
         except HttpProcessingError as exc:  # the HTTP framing broke (framing.py)
-            out.end_ns = _perf_ns()
-            if not p.finished:
+            now = _perf_ns()
+            if p.finished:
+                out.end_ns = p.answer_end(now)
+            else:
+                out.end_ns = now
                 self._fail(out, ErrorKind.PROTOCOL_ERROR, f"{parse_error_name(exc)} mid-stream")
             return
         except (SSEError, Fault) as exc:
@@ -357,6 +364,7 @@ class OpenAITarget:
             if not p.done and not p.finished:
                 self._cut(resp, out, "ended before [DONE]")
                 return
+            out.end_ns = p.answer_end(now)
         if not p.choices_seen:
             self._fail(out, ErrorKind.BAD_RESPONSE, "stream had no choices")
             return
@@ -398,7 +406,7 @@ class OpenAITarget:
             return
         if obj.get("error") or obj.get("object") == "error":
             out.oom, detail = error_fields(body)
-            self._fail(out, ErrorKind.BAD_RESPONSE, f"error body {detail}".rstrip())
+            self._fail(out, ErrorKind.BAD_RESPONSE, f"{ERROR_BODY} {detail}".rstrip())
             return
         try:
             choices = obj.get("choices")
@@ -447,7 +455,7 @@ class OpenAITarget:
                 body = b""
             out.oom, fields = error_fields(body)
             if fields:
-                detail = f"error body {fields}"
+                detail = f"{ERROR_BODY} {fields}"
         out.end_ns = _perf_ns()
         self._fail(out, ErrorKind.BAD_RESPONSE, detail)
 

@@ -12,7 +12,11 @@ ends, exit 2): nothing listening, no connection (DNS, TLS, a connect timeout), t
 refused (401/403), an unknown model or path (404), any other 4xx, or an answer that is not
 OpenAI's (another content type, not JSON, no choices, not even HTTP). A 5xx, a 429, a
 timeout, a cut stream or more tokens than asked for is the server's own trouble, which a
-soak is there to measure: a *warning*, and the run goes on. The models list only words
+soak is there to measure: a *warning*, and the run goes on. An error object that comes
+with a 200 (the whole body, or an event of the stream: a server that already sent its
+headers has no other way to say it) is judged by its code as its status would be
+(``errors.body_error``): code 500 or type ``server_error`` is a warning, 401 the key, 404
+the model; one that names no status is not an OpenAI answer. The models list only words
 the lines: a model it lacks that still answers is a warning (aliases: Ollama's
 ``llama3`` for ``llama3:latest``, LiteLLM's wildcard routes, llama-server answering any
 name).
@@ -33,7 +37,7 @@ import aiohttp
 
 from soakd.config import TargetConfig, Timeouts
 from soakd.model import ErrorKind, Outcome, RequestSpec
-from soakd.targets.errors import client_error
+from soakd.targets.errors import body_error, client_error
 from soakd.targets.openai import open_target
 
 __all__ = ["PREFLIGHT_TIMEOUT_S", "Preflight", "preflight", "preflight_one"]
@@ -140,7 +144,10 @@ def _listed(cfg: TargetConfig, models: list[str]) -> str:
 def _judge(cfg: TargetConfig, o: Outcome, models: list[str] | None, started: float) -> Preflight:
     """The one line for what the preflight found."""
     seconds = time.monotonic() - started
-    name, error, detail = f"targets[{cfg.name}]", o.error, o.error_detail
+    name, error, detail, status = f"targets[{cfg.name}]", o.error, o.error_detail, o.status
+    coded = body_error(detail) if error is ErrorKind.BAD_RESPONSE else None
+    if coded is not None:  # an error object with a 200: as its code's status would be
+        error, status = coded
     unlisted = models is not None and cfg.model not in models
     listed = _listed(cfg, models or [])
 
@@ -175,7 +182,7 @@ def _judge(cfg: TargetConfig, o: Outcome, models: list[str] | None, started: flo
         if cfg.api_key_file:
             return problem(f"api_key_file: {post} refused the key in {cfg.api_key_file} ({detail})")
         return problem(f"api_key_env: {post} wants a key ({detail}); none is configured")
-    if error is ErrorKind.HTTP_4XX and o.status == 404:
+    if error is ErrorKind.HTTP_4XX and status == 404:
         if unlisted:
             return problem(f"model: unknown model {cfg.model!r} ({detail}); {listed}")
         if models is not None:

@@ -21,7 +21,7 @@ from json import loads
 from typing import Any, Final
 
 from soakd.model import ErrorKind, Outcome
-from soakd.targets.errors import error_fields
+from soakd.targets.errors import STREAM_ERROR, error_fields
 
 __all__ = [
     "Bounds",
@@ -90,6 +90,7 @@ class StreamParser:
         "done",
         "finished",
         "idle_s",
+        "last_choice_ns",
         "out",
         "resched_at",
         "total_at",
@@ -116,6 +117,14 @@ class StreamParser:
         self.done = False  # saw [DONE]
         self.finished = False  # saw a finish_reason
         self.choices_seen = False
+        self.last_choice_ns = 0  # when the last chunk carrying a choice arrived
+
+    def answer_end(self, now: int) -> int:
+        """Where a whole answer's E2E ends: the arrival of its last chunk that carried a
+        choice (its last content, or the finish_reason after it), not the usage chunk or
+        ``[DONE]`` that trail it: a busy server writes those a scheduler step later
+        (docs/metrics.md). ``now`` when no choice came."""
+        return self.last_choice_ns or now
 
     def _rearm(self, now_ns: int) -> None:
         """Move the idle deadline to ``now + idle``, capped by the total deadline.
@@ -150,6 +159,7 @@ class StreamParser:
             choices = obj.get("choices")
             if choices:
                 self.choices_seen = True
+                self.last_choice_ns = now
                 c0 = choices[0]
                 if self.chat:
                     d = c0.get("delta")
@@ -183,7 +193,7 @@ class StreamParser:
                     self.finished = True
             elif obj.get("error") or obj.get("object") == "error":
                 oom, detail = error_fields(payload.encode())
-                raise Fault(ErrorKind.BAD_RESPONSE, f"stream error {detail}".rstrip(), oom=oom)
+                raise Fault(ErrorKind.BAD_RESPONSE, f"{STREAM_ERROR} {detail}".rstrip(), oom=oom)
             usage = obj.get("usage")
             if usage:
                 apply_usage(self.out, usage, self.bounds)
@@ -242,11 +252,18 @@ def apply_usage(out: Outcome, usage: object, bounds: Bounds = NO_BOUNDS) -> None
 
 def settle_usage(out: Outcome, stream: bool) -> None:
     """At the answer's end: the count kept is the server's usage when it was taken, else
-    the content chunks counted; a stream keeps both (their difference, ``usage_delta``)."""
-    if not out.usage_reported:
+    the content chunks counted; a stream keeps both (their difference, ``usage_delta``).
+
+    A non-streamed answer is one chunk whatever its length: without a usage taken, its
+    text's count is unknown (None), never a guess; no text is 0 tokens."""
+    n = out.output_tokens
+    if out.usage_reported and n is not None:
+        if stream:
+            out.usage_delta = n - out.content_chunks
+    elif stream or not out.content_chunks:
         out.output_tokens = out.content_chunks
-    elif stream:
-        out.usage_delta = out.output_tokens - out.content_chunks
+    else:
+        out.output_tokens = None
 
 
 def _implausible(count: object, limit: int) -> str:

@@ -143,7 +143,7 @@ class TargetGuard:
 
     def record(self, outcome: Outcome) -> None:
         now = self._clock()
-        tokens = (outcome.prompt_tokens or 0) + outcome.output_tokens
+        tokens = (outcome.prompt_tokens or 0) + (outcome.output_tokens or 0)  # None: unknown
         if tokens:
             self.tokens += tokens
             self.hour.add(now, 0.0, tokens)

@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from soakd.config import TargetConfig
 from soakd.journal import JournalReader
+from soakd.metrics.run import Metrics
 from soakd.model import Outcome, RequestSpec
+from soakd.report import build_report
 from soakd.sim.spawn import free_port
 from soakd.targets import open_target
 from tests.faults.conftest import (
@@ -30,7 +33,16 @@ from tests.faults.conftest import (
     start_soakd,
     write_config,
 )
-from tests.hostile_server import BAD_RETRY_AFTER, HUGE_LINE_BYTES, MODES, USAGE, HostileServer
+from tests.hostile_server import (
+    BAD_RETRY_AFTER,
+    HUGE_LINE_BYTES,
+    JSON_MODES,
+    JSON_TEXT_TOKENS,
+    MODES,
+    USAGE,
+    HostileServer,
+)
+from tests.journal_fixtures import FakeClock, config, open_test_journal
 from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -55,7 +67,7 @@ REJECTED = {
 
 async def send_one(server: HostileServer, mode: str) -> tuple[Outcome, float, int]:
     cfg = TargetConfig(
-        name="h", base_url=server.url(mode), stream=mode != "json_huge", timeouts=TIMEOUTS
+        name="h", base_url=server.url(mode), stream=mode not in JSON_MODES, timeouts=TIMEOUTS
     )
     target = await open_target(cfg)
     spec = RequestSpec("h", "p", 0, "hello", 1, MAX_TOKENS, 0.0, 0)
@@ -86,6 +98,10 @@ async def test_each_misbehaviour_maps_to_its_kind(hostile: HostileServer, mode: 
         assert out.usage_mismatch == (mode == "usage_low")
     elif mode in ("bad_chunk_size", "long_body", "short_body"):
         assert out.output_tokens == sent  # what came before the break is kept
+    elif mode == "json_usage_negative":  # not streamed: one body, no count of its own
+        assert (out.content_chunks, out.usage_rejected) == (1, "negative")
+        assert out.output_tokens is None  # unknown, never a made-up 1
+        assert out.tpot_ns is None
     elif mode == "content_object":
         assert (sent, out.output_tokens) == (hostile.tokens, 0)  # no text came: no token
     elif mode == "runaway":
@@ -166,6 +182,59 @@ async def test_random_resets_never_raise(hostile: HostileServer) -> None:
     assert {"ok", "stream_truncated"} <= kinds
 
 
+async def test_a_non_streamed_answer_whose_usage_is_not_taken_has_no_made_up_count(
+    hostile: HostileServer, tmp_path: Path
+) -> None:
+    """stream: false, 8 tokens of text, usage.completion_tokens -5 (issue 39): the usage is
+    not taken and counted so, and with nothing streamed to count the answer's output tokens
+    are unknown: NULL in its row, nothing in the token counter and totals, no TPOT (the old
+    code made up 1 token)."""
+    mode = "json_usage_negative"
+    clock = FakeClock(offset_s=30)  # the plan started 30 s ago: the row's offsets
+    target = await open_target(
+        TargetConfig(name="alpha", base_url=hostile.url(mode), stream=False, timeouts=ROOMY)
+    )
+    try:
+        spec = RequestSpec("alpha", "warm", 0, "hello", 1, MAX_TOKENS, 0.0, time.perf_counter_ns())
+        out = await target.send(spec)
+    finally:
+        await target.aclose()
+    assert out.ok, out.error_detail
+    assert (out.content_chunks, out.usage_rejected, out.usage_reported) == (1, "negative", False)
+    assert out.output_tokens is None
+    # what a user reads: the journal's row and notes, the exported counters, the report
+    live = Metrics(CollectorRegistry())
+    live.add_target("alpha", ["warm", "hot"])
+    cfg = config(targets=[{"name": "alpha", "base_url": hostile.url(mode), "stream": False}])
+    j = open_test_journal(tmp_path, cfg, clock, forward=[live])
+    j.record(out)
+    j.close()
+    with JournalReader(tmp_path) as journal:
+        (row,) = journal.request_rows(itl=False)
+        notes = list(journal.notes())
+        totals = list(journal.totals())
+    assert row["error"] is None
+    assert row["output_tokens"] is None  # unknown: not 1, not 0
+    assert row["tpot_ns"] is None
+    assert (row["usage_rejected"], row["usage_reported"]) == ("negative", 0)
+    assert notes == [("alpha", "usage_rejected:negative", 1)]
+    assert [(t.requests, t.output_tokens) for t in totals] == [(1, 0)]
+    value = live.registry.get_sample_value
+    # the journal hands its folds to the metrics on this loop: once the request is counted,
+    # its notes and tokens are too
+    ok = {"target": "alpha", "phase": "warm", "outcome": "ok", "status_class": "2xx"}
+    await until(lambda: value("soakd_requests_total", ok) == 1, what="the fold applied")
+    assert value("soakd_usage_rejected_total", {"target": "alpha", "reason": "negative"}) == 1
+    assert value("soakd_output_tokens_total", {"target": "alpha"}) == 0  # no guess counted
+    rep = build_report(tmp_path)
+    assert rep.overall["alpha"].output_tokens == 0
+    assert any(
+        n.startswith("alpha: usage not taken for 1 answers (1 negative)") and "unknown" in n
+        for n in rep.notes
+    )
+    assert hostile.stats.tokens[mode] >= JSON_TEXT_TOKENS  # the server did send 8 tokens
+
+
 # --- the whole daemon against every mode at once --------------------------------------------
 
 
@@ -174,6 +243,8 @@ SINGLE = (
     "usage_float",
     "usage_high",
     "content_object",
+    "error_200_404",
+    "error_in_stream_404",
     "s503_bad_ra",
     "bad_status",
     "long_body",
@@ -205,7 +276,7 @@ def hostile_config(server: HostileServer, seconds: float) -> dict[str, Any]:
                 "name": m.replace("_", "-"),
                 "base_url": server.url(m),
                 "model": "m",
-                "stream": m != "json_huge",
+                "stream": m not in JSON_MODES,
                 "timeouts": timeouts(m),
                 "scrape": False,
                 # every answer is recorded as it comes: the pauses are test_faults_storms'
@@ -307,7 +378,7 @@ def test_daemon_survives_every_misbehaviour_at_once(hostile: HostileServer, tmp_
         kept: dict[str, list[int]] = {}
         for r in journal.request_rows(itl=False):
             kept.setdefault(r["target"], []).append(r["output_tokens"])
-    for mode in (m for m in USAGE if m not in SINGLE):
+    for mode in (m for m in (*USAGE, "json_usage_negative") if m not in SINGLE):
         name = mode.replace("_", "-")
         rows = kept[name]
         answered = hostile.stats.requests[mode] - answers.get(mode, 0)
@@ -318,6 +389,12 @@ def test_daemon_survives_every_misbehaviour_at_once(hostile: HostileServer, tmp_
         figure(f"hostile.daemon.{mode}.server_answers", answered)
         figure(f"hostile.daemon.{mode}.journal_rows", len(rows))
     assert notes[("usage-low", "usage_mismatch:below")] == len(kept["usage-low"])
+    # not streamed, usage -5: each answer a row whose count is unknown (NULL), none made up
+    rows = kept["json-usage-negative"]
+    assert rows
+    assert rows == [None] * len(rows)
+    assert notes[("json-usage-negative", "usage_rejected:negative")] == len(rows)
+    assert samples(metrics, "soakd_output_tokens_total", target="json-usage-negative") == 0
     for mode in (m for m in BAD_RETRY_AFTER if m not in SINGLE):
         name = mode.replace("_", "-")
         assert notes[(name, "retry_after_unreadable")] == summary["targets"][name]["requests"]

@@ -158,6 +158,46 @@ async def test_the_servers_own_trouble_is_a_warning_not_a_problem(
     assert "the server's own trouble, not a setup problem" in r.line
 
 
+@pytest.mark.parametrize(
+    ("mode", "stream", "seen"),
+    [
+        ("error_200", False, "error body server_error 500"),
+        ("error_200", True, "error body server_error 500"),  # JSON where a stream was asked
+        ("error_in_stream", True, "stream error server_error 500"),  # after a first token
+    ],
+)
+async def test_an_error_object_coded_500_is_the_servers_own_trouble(
+    hostile: HostileServer, mode: str, stream: bool, seen: str
+) -> None:
+    """A server that sent its 200 before it failed can only say so in the body: code 500
+    is a warning, as a 500 status is (it was "not an OpenAI answer", exit 2)."""
+    r = await preflight_one(target(hostile.url(mode), stream=stream))
+    assert r.ok, r.line
+    assert r.warning
+    assert r.line == f"targets[t]: {seen}: the server's own trouble, not a setup problem"
+
+
+@pytest.mark.parametrize(
+    ("mode", "stream", "seen"),
+    [
+        ("error_200_404", False, "error body NotFoundError 404"),
+        ("error_200_404", True, "error body NotFoundError 404"),
+        ("error_in_stream_404", True, "stream error NotFoundError 404"),
+    ],
+)
+async def test_an_error_object_coded_404_is_an_unknown_model(
+    hostile: HostileServer, mode: str, stream: bool, seen: str
+) -> None:
+    """Coded 404, it is what a 404 status is: a problem naming the model."""
+    r = await preflight_one(target(hostile.url(mode), stream=stream))
+    assert not r.ok
+    url = hostile.url(mode) + "/v1/chat/completions"
+    assert r.line == (
+        f"targets[t].model: POST {url} answered {seen}: an unknown model 'real-model', or a "
+        "wrong path in base_url (the server has no models list to tell which)"
+    )
+
+
 def run_cli(cfg: dict[str, Any], tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "soak.yaml"
     path.write_text(yaml.safe_dump(cfg))

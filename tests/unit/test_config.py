@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from soakd.cli import main
 from soakd.config import ConfigError, config_from_dict, load_config, parse_duration
 
 
@@ -205,8 +207,45 @@ def test_a_config_of_forty_thousand_targets_is_checked_in_linear_time() -> None:
     cfg = config_from_dict(raw)
     assert len(cfg.targets) == 40_000
     raw["targets"].append({**template, "name": "t7"})
-    with pytest.raises(ConfigError, match=r"duplicate target names: t7$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^config: targets\[40000\]: duplicate name 't7' \(targets\[7\] has it\)$",
+    ):
         config_from_dict(raw)
+
+
+def test_two_phases_of_one_name_name_the_second_and_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They passed `check` and ran, and the report merged them: one line naming the second
+    by its place in phases, exit 2 from `check` and from `run` (before any run directory)."""
+    raw = base()
+    steady = raw["phases"][0]
+    raw["phases"] = [steady, {**steady, "name": "peak"}, {**steady, "duration": "2h"}]
+    path = tmp_path / "soak.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    line = f"soakd: error: {path}: phases[2]: duplicate name 'steady' (phases[0] has it)"
+    assert main(["check", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(path), "--run-dir", str(run_dir), "--no-live"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+    assert not run_dir.exists()
+    # the same rule as the targets', and without a file the whole config is named
+    assert error_of(raw) == "config: phases[2]: duplicate name 'steady' (phases[0] has it)"
+    raw["phases"][2]["name"] = "cool"
+    assert config_from_dict(raw).phases[2].name == "cool"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["check", str(path)]) == 0
+    capsys.readouterr()
+    raw["targets"].append(raw["targets"][0])
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["check", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"soakd: error: {path}: targets[1]: duplicate name 'local' (targets[0] has it)"
+    ]
 
 
 @pytest.mark.parametrize("value", [0, -1, 257, 2.5, True, "x", ""])

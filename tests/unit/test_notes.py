@@ -1,10 +1,12 @@
 """Answer notes (soakd/measure/notes.py): usage not taken, usage off the stream, an unreadable
 Retry-After. Each is counted per target the same in Metrics, the journal's notes table and
 /status, named once in the log, continued by a resume, and written in the report; a v3
-journal is read and continued as v4. And Retry-After is read as HTTP writes it."""
+journal is read and continued as v5. And Retry-After is read as HTTP writes it."""
 
 from __future__ import annotations
 
+import random
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -13,14 +15,21 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from soakd.config import JournalConfig
-from soakd.journal import SCHEMA_VERSION, Journal, JournalReader, read_resume_state
+from soakd.journal import SCHEMA_VERSION, Journal, JournalReader, read_resume_state, schema
 from soakd.measure.notes import NOTES, Notes, describe, notes_of
 from soakd.metrics.run import Metrics
 from soakd.model import Outcome
 from soakd.report import build_report
 from soakd.report.export import export
 from soakd.targets.errors import retry_after
-from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome, run_info
+from tests.journal_fixtures import (
+    FakeClock,
+    config,
+    open_test_journal,
+    outcome,
+    output_not_null,
+    run_info,
+)
 
 
 def noted(o: Outcome, i: int) -> Outcome:
@@ -160,6 +169,7 @@ def test_a_note_of_a_dropped_record_is_still_counted(tmp_path: Path) -> None:
 
 def _as_v3(db: Path) -> None:
     """The journal as soakd before the usage columns (schema v3) would have left it."""
+    output_not_null(db)
     with sqlite3.connect(db) as conn:
         for column in ("usage_delta", "usage_rejected"):
             conn.execute(f"ALTER TABLE requests DROP COLUMN {column}")
@@ -168,7 +178,7 @@ def _as_v3(db: Path) -> None:
         conn.execute("PRAGMA user_version = 3")
 
 
-def test_a_v3_journal_is_read_exported_and_continued_as_v4(tmp_path: Path) -> None:
+def test_a_v3_journal_is_read_exported_and_continued_as_v5(tmp_path: Path) -> None:
     cfg, clock = config(), FakeClock(offset_s=20)
     j = open_test_journal(tmp_path, cfg, clock)
     old = outcomes(clock, 100, seed=4)
@@ -191,7 +201,7 @@ def test_a_v3_journal_is_read_exported_and_continued_as_v4(tmp_path: Path) -> No
         j.record(o)
     j.close()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     with JournalReader(tmp_path) as r:
         rows = list(r.request_rows(itl=False))
         assert {(t, n): c for t, n, c in r.notes()} == expected(new)  # counted from v4 on
@@ -203,6 +213,76 @@ def test_a_v3_journal_is_read_exported_and_continued_as_v4(tmp_path: Path) -> No
     assert sum(",negative," in line for line in lines) == sum(
         o.usage_rejected == "negative" for o in new
     )
+
+
+def _as_v4(db: Path) -> None:
+    """The journal as soakd before unknown output counts (schema v4) would have left it."""
+    output_not_null(db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+        conn.execute("PRAGMA user_version = 4")
+
+
+def _output_nullable(db: Path) -> bool:
+    with sqlite3.connect(db) as conn:
+        (notnull,) = (
+            c[3] for c in conn.execute("PRAGMA table_info(requests)") if c[1] == "output_tokens"
+        )
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    return not notnull
+
+
+def test_a_v4_journal_is_continued_as_v5_and_keeps_an_unknown_count(tmp_path: Path) -> None:
+    cfg, clock = config(), FakeClock(offset_s=20)
+    j = open_test_journal(tmp_path, cfg, clock)
+    old = outcomes(clock, 50, seed=6)
+    for o in old:
+        j.record(o)
+    j.close()
+    db = tmp_path / "journal.db"
+    _as_v4(db)
+    assert not _output_nullable(db)
+    with JournalReader(tmp_path) as r:
+        assert r.version == 4
+    # continued: the NOT NULL dropped in place, and a count soakd does not know is NULL
+    j = open_test_journal(tmp_path, cfg, FakeClock(offset_s=40))
+    unknown = outcome(random.Random(1), clock, "alpha", "hot", 99, 30.0)
+    unknown.output_tokens, unknown.usage_reported = None, False
+    unknown.usage_rejected = "negative"
+    j.record(unknown)
+    j.close()
+    assert _output_nullable(db)
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    with JournalReader(tmp_path) as r:
+        rows = list(r.request_rows(itl=False))
+    assert [row["output_tokens"] for row in rows] == [o.output_tokens for o in old] + [None]
+    rep = build_report(tmp_path)
+    assert rep.overall["alpha"].output_tokens == sum(
+        o.output_tokens or 0 for o in old if o.target == "alpha"
+    )
+    with (tmp_path / "v5.csv").open("w") as f:
+        assert export(tmp_path, "csv", f) == 51
+
+
+def test_the_golden_v4_journal_migrates_without_a_row_rewritten(tmp_path: Path) -> None:
+    """A journal v4 soakd wrote (tests/data/report-golden): migrated in place, its rows and
+    pages as they were, its output_tokens column now taking NULL."""
+    db = tmp_path / "journal.db"
+    shutil.copyfile(Path(__file__).parent.parent / "data/report-golden/journal.db", db)
+    with sqlite3.connect(db) as conn:
+        before = conn.execute("SELECT * FROM requests ORDER BY id").fetchall()
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+    assert not _output_nullable(db)
+    conn = schema.connect(db, readonly=False)
+    try:
+        schema.migrate(conn)
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert conn.execute("SELECT * FROM requests ORDER BY id").fetchall() == before
+        assert conn.execute("PRAGMA page_count").fetchone()[0] == pages
+    finally:
+        conn.close()
+    assert _output_nullable(db)
 
 
 def test_describe_says_what_a_target_had() -> None:

@@ -421,3 +421,71 @@ def test_a_short_rehearsal_has_no_leak_finding_and_a_dcgm_page_has_an_owner(
     assert rep.gpus[0].leak_bytes_per_hour is None
     assert rep.overall["edge"].leak_note == "too short to tell"
     assert "too short to tell" in render_markdown(rep)
+
+
+def test_each_phase_shows_its_own_vram_peak(tmp_path: Path) -> None:
+    """A staged plan is run to compare its stages' memory: each phase's table shows the
+    peak read within that phase (the readings placed in phases by plan time, as the
+    counters are), by the run-wide rule of whose VRAM it is: alpha's process memory; beta's
+    own GPU (cost.gpus). alpha peaks in warm, beta in hot; the run's peak is the higher."""
+    cfg = config(
+        targets=[
+            {"name": "alpha", "base_url": "http://127.0.0.1:1"},
+            {"name": "beta", "base_url": "http://127.0.0.1:2", "cost": {"gpus": ["1"]}},
+        ],
+        slo={"vram_peak": "3.5GB"},
+    )
+    clock = FakeClock(offset_s=HOUR + 1)
+    base_wall = time.time() - (time.perf_counter_ns() - clock.origin_ns) / 1e9
+    j = open_test_journal(tmp_path, cfg, clock)
+    rng = random.Random(5)
+    for i, end in enumerate((600.0, 1200.0, 2400.0, 3000.0)):
+        for target in ("alpha", "beta"):
+            j.record(outcome(rng, clock, target, "warm" if end < 1800 else "hot", i, end))
+    for t in range(0, 3600, 30):
+        warm = t < 1800
+        alpha = (3.2e9 if t == 600 else 2.0e9) if warm else 2.5e9  # a spike in warm
+        beta = 1.0e9 if warm else 3.9e9  # a step up in hot
+        j.sample(
+            Sample(
+                base_wall + t + 0.5,
+                "soakd_gpu_process_memory_bytes",
+                alpha,
+                (("gpu", "0"), ("target", "alpha")),
+            )
+        )
+        j.sample(Sample(base_wall + t + 0.5, "soakd_gpu_memory_used_bytes", beta, (("gpu", "1"),)))
+    j.close(completed=True)
+
+    rep = build_report(tmp_path)
+    peaks = {p: {t: rep.by_phase[p][t].vram_peak_bytes for t in rep.targets} for p in rep.phases}
+    assert peaks == {
+        "warm": {"alpha": 3.2e9, "beta": 1.0e9},
+        "hot": {"alpha": 2.5e9, "beta": 3.9e9},
+    }
+    assert {t: rep.overall[t].vram_peak_bytes for t in rep.targets} == {
+        "alpha": 3.2e9,
+        "beta": 3.9e9,
+    }
+    # judged per phase too: beta's VRAM passes in warm and fails in hot
+    judged = {p: rep.phase_verdicts[p]["beta"].passed for p in rep.phases}
+    assert judged == {"warm": True, "hot": False}
+
+    md = render_markdown(rep)
+    warm_md, hot_md = md.split("## Phase warm")[1], md.split("## Phase hot")[1]
+    assert "| VRAM peak | 3.20 GB | 1.00 GB |" in warm_md.split("## Phase hot")[0]
+    assert "| VRAM peak | 2.50 GB | 3.90 GB |" in hot_md
+
+    parser = _Tables()
+    parser.feed(render_html(rep))
+    # the side-by-side table (the lower peak marked better), then one per phase
+    vram_rows = [r for t in parser.tables for r in t if r and r[0] == "VRAM peak"]
+    assert vram_rows == [
+        ["VRAM peak", "3.20 GB ✓", "3.90 GB"],
+        ["VRAM peak", "3.20 GB", "1.00 GB"],
+        ["VRAM peak", "2.50 GB", "3.90 GB"],
+    ]
+
+    doc = json.loads(render_json(rep))
+    assert doc["by_phase"]["warm"]["alpha"]["vram_peak_bytes"] == 3.2e9
+    assert doc["by_phase"]["hot"]["beta"]["vram_peak_bytes"] == 3.9e9

@@ -24,6 +24,7 @@ from soakd.journal.codec import END_NS, outcome_row
 from soakd.measure.fold import Fold
 from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome
+from soakd.targets.errors import body_error
 from soakd.targets.stream import Bounds, Fault, StreamParser, apply_usage, settle_usage
 from soakd.workers import wire
 
@@ -173,7 +174,30 @@ def test_apply_usage_on_a_non_streamed_answer() -> None:
     assert (out.output_tokens, out.prompt_tokens, out.usage_delta) == (40, 9, None)
     apply_usage(out, {"completion_tokens": 2**64}, BOUNDS)
     settle_usage(out, stream=False)
-    assert (out.output_tokens, out.usage_rejected) == (1, "implausible")
+    # one body is no count: without a usage taken, the answer's tokens are unknown
+    assert (out.output_tokens, out.usage_rejected) == (None, "implausible")
+    assert out.tpot_ns is None
+
+
+@pytest.mark.parametrize("usage", [None, {"completion_tokens": -5}, {"prompt_tokens": 2}])
+def test_a_non_streamed_answer_without_usage_taken_has_no_count_made_up(usage: Any) -> None:
+    out = Outcome("t", "p", 0, 0)
+    out.content_chunks = 1  # text came, in one body
+    if usage is not None:
+        apply_usage(out, usage, BOUNDS)
+    settle_usage(out, stream=False)
+    assert out.output_tokens is None
+    assert not out.usage_reported
+    assert out.usage_delta is None
+    empty = Outcome("t", "p", 0, 0)  # no text: no token, a count
+    apply_usage(empty, {"completion_tokens": -5}, BOUNDS)
+    settle_usage(empty, stream=False)
+    assert empty.output_tokens == 0
+    streamed = Outcome("t", "p", 0, 0)  # a stream's chunks are a count: kept
+    streamed.content_chunks = 8
+    apply_usage(streamed, {"completion_tokens": -5}, BOUNDS)
+    settle_usage(streamed, stream=True)
+    assert (streamed.output_tokens, streamed.usage_rejected) == (8, "negative")
 
 
 # --- whatever the JSON: only Fault, and an outcome every reader takes ---------------------
@@ -218,9 +242,9 @@ def journal_db() -> sqlite3.Connection:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(chunks=st.lists(CHUNK, max_size=6), chat=st.booleans())
+@given(chunks=st.lists(CHUNK, max_size=6), chat=st.booleans(), streamed=st.booleans())
 def test_any_json_in_usage_and_deltas_raises_only_fault_and_stores(
-    chunks: list[dict[str, Any]], chat: bool
+    chunks: list[dict[str, Any]], chat: bool, streamed: bool
 ) -> None:
     p = parser(chat)
     out = p.out
@@ -230,7 +254,8 @@ def test_any_json_in_usage_and_deltas_raises_only_fault_and_stores(
             p.event(json.dumps(chunk), 10 + i)
         except Fault:
             break
-    settle_usage(out, stream=True)
+    # settled as a non-streamed answer too: its count may then be unknown (None)
+    settle_usage(out, stream=streamed)
     # the journal stores it (64-bit integers, its row shape) and aggregates it
     row, ordered = outcome_row(out, next(_IDS), 1, 0)
     journal_db().execute(schema.INSERT_REQUEST, row)
@@ -255,5 +280,33 @@ def test_any_json_in_usage_and_deltas_raises_only_fault_and_stores(
     # and what it says is one of the things it may say
     assert out.usage_rejected in ("", "not_integer", "negative", "implausible")
     assert not (out.usage_reported and out.usage_rejected)
-    assert out.output_tokens >= 0
+    assert out.output_tokens is None or out.output_tokens >= 0
+    assert out.output_tokens is not None or not (streamed or out.usage_reported)
     assert out.prompt_tokens is None or 0 <= out.prompt_tokens <= BOUNDS.prompt
+
+
+@pytest.mark.parametrize(
+    ("error", "read"),
+    [
+        ({"type": "InternalServerError", "code": 500}, (ErrorKind.HTTP_5XX, 500)),  # vLLM
+        ({"type": "server_error", "code": None}, (ErrorKind.HTTP_5XX, 500)),  # OpenAI's
+        ({"type": "rate_limit", "code": "429"}, (ErrorKind.HTTP_429, 429)),
+        ({"type": "NotFoundError", "code": 404}, (ErrorKind.HTTP_4XX, 404)),
+        ({"type": "authentication_error", "code": 401}, (ErrorKind.HTTP_AUTH, 401)),
+        ({"type": "invalid_api_key", "code": 400}, (ErrorKind.HTTP_AUTH, 400)),
+        ({"type": "api_error", "code": None}, None),  # names no status
+        ({"type": "moved", "code": 302}, None),
+        ({"type": "odd", "code": 5000}, None),
+    ],
+)
+def test_an_error_event_is_read_by_its_code_as_its_status(
+    error: dict[str, Any], read: tuple[ErrorKind, int] | None
+) -> None:
+    """The parser's detail for an error event is what the preflight reads by its code
+    (``body_error``, with ``status_kind``'s rule); the run counts it bad_response."""
+    p = parser()
+    with pytest.raises(Fault) as info:
+        p.event(event({"error": {"message": "no", **error}}), 1)
+    assert info.value.kind is ErrorKind.BAD_RESPONSE
+    assert body_error(info.value.detail) == read
+    assert body_error(f"http 302 {error['code']}") is None  # a status's detail: not a body's
