@@ -82,12 +82,17 @@ def prompt(words: int, salt: int) -> str:
 
 
 def load_reference() -> types.ModuleType:
-    """vLLM's request functions, from its file (not through ``vllm/__init__``): its
-    imports (aiohttp, regex, tqdm) come from soakd's venv first, then .venv-vllm's."""
-    if VLLM_SITE is None or not (VLLM_SITE / REF_FILE).exists():
-        raise SystemExit(".venv-vllm has no vLLM benchmarks (run scripts/setup-vllm.sh)")
-    sys.path.append(str(VLLM_SITE))
-    spec = importlib.util.spec_from_file_location("vllm_ref_request", VLLM_SITE / REF_FILE)
+    """vLLM's request functions, from its file (not through ``vllm/__init__``): from
+    .venv-vllm, else from the vLLM this interpreter finds (a GPU machine's); its imports
+    (aiohttp, regex, tqdm) come from soakd's venv first."""
+    site = VLLM_SITE
+    if site is None or not (site / REF_FILE).exists():
+        found = importlib.util.find_spec("vllm")  # finds the package, imports nothing
+        if found is None or found.origin is None:
+            raise SystemExit("no vLLM to take the reference from (run scripts/setup-vllm.sh)")
+        site = Path(found.origin).parents[1]
+    sys.path.append(str(site))
+    spec = importlib.util.spec_from_file_location("vllm_ref_request", site / REF_FILE)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -334,17 +339,22 @@ class _NoTimeout:
 
 
 @contextlib.contextmanager
-def soakd_at(rev: str) -> Iterator[tuple[type, type]]:
-    """soakd's StreamParser and SSEDecoder as they were at git revision ``rev``."""
+def soakd_at(rev: str) -> Iterator[tuple[type, type] | None]:
+    """soakd's StreamParser and SSEDecoder as they were at git revision ``rev`` (None
+    without git, or with ``rev`` empty)."""
     with tempfile.TemporaryDirectory() as tmp:
         mods = []
         for name in ("sse", "stream"):
-            src = subprocess.run(
+            shown = subprocess.run(
                 ["git", "-C", str(ROOT), "show", f"{rev}:soakd/targets/{name}.py"],
                 capture_output=True,
                 text=True,
-                check=True,
-            ).stdout
+                check=False,
+            )
+            if not rev or shown.returncode != 0:
+                yield None
+                return
+            src = shown.stdout
             path = Path(tmp) / f"before_{name}.py"
             path.write_text(src)
             spec = importlib.util.spec_from_file_location(f"before_{name}", path)
@@ -359,12 +369,10 @@ def soakd_at(rev: str) -> Iterator[tuple[type, type]]:
 
 def chunk_cost(ref: types.ModuleType, reads: list[bytes], a: argparse.Namespace) -> dict[str, Any]:
     chunks = sum(r.count(b"\n\n") for r in reads)
-    with soakd_at(a.before) as (parser_before, decoder_before):
-        loops = {
-            "soakd": soakd_loop(StreamParser, SSEDecoder),
-            f"soakd@{a.before}": soakd_loop(parser_before, decoder_before),
-            "reference": reference_loop(ref),
-        }
+    loops = {"soakd": soakd_loop(StreamParser, SSEDecoder), "reference": reference_loop(ref)}
+    with soakd_at(a.before) as before_parts:
+        if before_parts is not None:
+            loops[f"soakd@{a.before}"] = soakd_loop(*before_parts)
         ns: dict[str, list[float]] = {k: [] for k in loops}
         reps = max(1, a.chunk_events // max(chunks, 1))
         for _ in range(a.chunk_rounds):
@@ -374,7 +382,7 @@ def chunk_cost(ref: types.ModuleType, reads: list[bytes], a: argparse.Namespace)
                     loop(reads)
                 ns[name].append((time.process_time_ns() - t0) / (reps * chunks))
     ratios = [s / r for s, r in zip(ns["soakd"], ns["reference"], strict=True)]
-    before = [s / b for s, b in zip(ns["soakd"], ns[f"soakd@{a.before}"], strict=True)]
+    before = [s / b for s, b in zip(ns["soakd"], ns.get(f"soakd@{a.before}", []), strict=False)]
     result = {
         "events_per_answer": chunks,
         "ns_per_chunk": {k: summary(v) for k, v in ns.items()},
@@ -385,10 +393,11 @@ def chunk_cost(ref: types.ModuleType, reads: list[bytes], a: argparse.Namespace)
         print(f"  {name:18} {statistics.median(v):7.0f} ns a chunk (median of {len(v)} rounds)")
     print(
         f"  soakd / reference: {statistics.median(ratios):.2f}x "
-        f"({min(ratios):.2f}-{max(ratios):.2f}); soakd now / before: "
-        f"{statistics.median(before):.2f}x",
+        f"({min(ratios):.2f}-{max(ratios):.2f})",
         flush=True,
     )
+    if before:
+        print(f"  soakd now / before: {statistics.median(before):.2f}x", flush=True)
     return result
 
 
