@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -43,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# SOAKD_TREE: another soakd (an older one, for --before-tree's client) is imported instead
+sys.path.insert(0, os.environ.get("SOAKD_TREE") or str(ROOT))
 
 import aiohttp  # noqa: E402
 
@@ -231,6 +233,18 @@ async def reference_round(
     return [o.ttft for o in ok], [o.latency for o in ok], len(outs) - len(ok)
 
 
+async def tree_round(tree: str, url: str, model: str, a: argparse.Namespace) -> Any:
+    """soakd's round, run by the soakd in ``tree`` (a subprocess importing it)."""
+    argv = [sys.executable, __file__, "--one-round", "--base-url", url, "--model", model]
+    argv += ["--concurrency", str(a.concurrency), "--requests", str(a.requests)]
+    argv += ["--words", str(a.words), "--tokens", str(a.tokens)]
+    env = {**os.environ, "SOAKD_TREE": tree}
+    done = await asyncio.to_thread(
+        subprocess.run, argv, env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def gap(ref: types.ModuleType, url: str, model: str, a: argparse.Namespace) -> list[dict[str, Any]]:
     rounds: list[dict[str, Any]] = []
     clients: dict[str, Callable[..., Any]] = {
@@ -239,11 +253,13 @@ def gap(ref: types.ModuleType, url: str, model: str, a: argparse.Namespace) -> l
             ref, url, model, a.concurrency, a.requests, a.words, a.tokens
         ),
     }
+    if a.before_tree:  # an older soakd, whole, as a third client
+        clients["soakd-before"] = lambda: tree_round(a.before_tree, url, model, a)
     # a warm-up of each, then alternating rounds
     for name in clients:
         asyncio.run(clients[name]())
     for rep in range(a.rounds):
-        for name in clients if rep % 2 == 0 else reversed(list(clients)):
+        for name in list(clients) if rep % 2 == 0 else reversed(list(clients)):
             before = scrape(url)
             ttft, e2e, failed = asyncio.run(clients[name]())
             after = scrape(url)
@@ -401,6 +417,10 @@ def chunk_cost(ref: types.ModuleType, reads: list[bytes], a: argparse.Namespace)
     return result
 
 
+def clients_of(rounds: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["client"] for r in rounds))
+
+
 def summary(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
@@ -442,7 +462,15 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=512)
     ap.add_argument("--omp-threads", type=int, default=1)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--before-tree", help="a directory holding an older soakd/: a third client")
+    ap.add_argument("--one-round", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.one_round:  # the subprocess of --before-tree: one soakd round, as JSON
+        ttft, e2e, failed = asyncio.run(
+            soakd_round(a.base_url, a.model, a.concurrency, a.requests, a.words, a.tokens)
+        )
+        print(json.dumps([ttft, e2e, failed]))
+        return
     ref = load_reference()
     doc: dict[str, Any] = {"args": {k: str(v) for k, v in vars(a).items()}}
     with server(a) as (url, model):
@@ -457,7 +485,7 @@ def main() -> None:
         print(f"2. gap: client minus server, {a.concurrency} streams, {a.tokens}-token answers")
         rounds = gap(ref, url, model, a) if a.rounds else []
         doc["gap"] = rounds
-        for name in ("soakd", "reference") if rounds else ():
+        for name in clients_of(rounds):
             mine = [r for r in rounds if r["client"] == name]
             doc[f"{name}_median"] = {
                 k: statistics.median(r[k] for r in mine) for k in ("ttft_gap_ms", "e2e_gap_ms")
