@@ -159,7 +159,7 @@ async def soakd_hot(url: str, n: int, conc: int, tokens: int, max_s: float,
     from soakd.targets.openai import open_target
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner
-    from soakd.workload.shapes import Closed
+    from soakd.shapes import Closed
 
     target = await open_target(TargetConfig(name="t", base_url=url, model="tiny-llama"))
     metrics = Metrics()

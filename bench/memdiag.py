@@ -61,7 +61,7 @@ async def run(url: str, n: int, every: int, conc: int) -> list[dict[str, float]]
     from soakd.targets.openai import open_target
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner
-    from soakd.workload.shapes import Closed
+    from soakd.shapes import Closed
 
     target = await open_target(TargetConfig(name="t", base_url=url, model="tiny-llama"))
     metrics = Metrics()

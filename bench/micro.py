@@ -37,7 +37,7 @@ from soakd.config import JournalConfig  # noqa: E402
 from soakd.model import Outcome, Phase, Plan, RequestSpec  # noqa: E402
 from soakd.workload.prompts import SyntheticPrompts, TokenLength  # noqa: E402
 from soakd.workload.runner import Runner  # noqa: E402
-from soakd.workload.shapes import Constant  # noqa: E402
+from soakd.shapes import Constant  # noqa: E402
 from soakd.workload.timer import sleep_until_ns  # noqa: E402
 
 US = 1_000

@@ -536,7 +536,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from soakd.logs import setup_logging
-    from soakd.sim.profiles import PROFILES
+    from soakd.profiles import PROFILES
     from soakd.sim.server import run_sim
 
     if args.profile not in PROFILES:

@@ -13,12 +13,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from soakd.workload.shapes import LoadShape  # its own module: one class per mode
+    from soakd.shapes import LoadShape  # its own module: one class per mode
 
 NS_PER_S: Final = 1_000_000_000
 """Nanoseconds in a second, an int: seconds -> ns (``round(s * NS_PER_S)``), ns -> s (``/``)."""
 S_PER_NS: Final = 1e-9
 """Seconds in a nanosecond, a float: the hot path's ns -> s is one multiplication."""
+
+
+FAILING_CAUSES: Final = (
+    "connect_refused",
+    "connect_error",
+    "timeout_connect",
+    "http_auth",
+    "http_404",
+)
+"""What a failing target failed with (soakd/workload/failing.py decides which): a bounded
+set, safe as a metric label."""
 
 
 class ErrorKind(enum.StrEnum):

@@ -11,8 +11,8 @@ import asyncio
 import time
 
 from soakd.model import Outcome, Phase, Plan, RequestSpec
+from soakd.shapes import LoadShape
 from soakd.workload.prompts import PromptSource
-from soakd.workload.shapes import LoadShape
 
 MS = 1_000_000
 

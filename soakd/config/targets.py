@@ -27,7 +27,7 @@ from soakd.config.gateway import GatewaySettings
 from soakd.config.slo import Slo, TargetCost
 from soakd.model import SpendCap
 from soakd.net import TlsFileError, client_ssl, header_problem, value_problem
-from soakd.sim.profiles import PROFILES
+from soakd.profiles import PROFILES
 
 MAX_MODEL_NAME = 1024
 """Longest model name accepted: a repository id or a local path, not a pasted file."""

@@ -17,7 +17,7 @@ from soakd.config.base import (
 )
 from soakd.config.gateway import GatewayModes
 from soakd.model import NS_PER_S
-from soakd.workload.shapes import LoadShape, check_load, shape_of
+from soakd.shapes import LoadShape, check_load, shape_of
 
 MAX_TOKENS = 1 << 20
 """The longest prompt and the longest answer a config may ask for (1,048,576 tokens): the

@@ -11,8 +11,7 @@ from functools import partial
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from soakd.metrics import names as mn
-from soakd.model import PauseReason, SpendCap
-from soakd.workload.failing import CAUSES
+from soakd.model import FAILING_CAUSES, PauseReason, SpendCap
 
 
 class GuardMetrics:
@@ -71,7 +70,7 @@ class GuardMetrics:
         for reason in PauseReason:
             self.paused.labels(target, reason).set(0)
             self.pauses.labels(target, reason)
-        for cause in CAUSES:
+        for cause in FAILING_CAUSES:
             self.failing.labels(target, cause).set(0)
         for cap in SpendCap:
             limit = limits.get(cap)
@@ -104,5 +103,5 @@ class TargetGuardGauges:
 
     def failing(self, cause: str, on: bool) -> None:
         """``cause`` at 1 while on, every other cause at 0 (one cause at a time)."""
-        for c in CAUSES:
+        for c in FAILING_CAUSES:
             self.m.failing.labels(self.target, c).set(1 if on and c == cause else 0)

@@ -23,7 +23,7 @@ from soakd.journal.stored import StoredLoad, StoredPlan, StoredPrompts, StoredRu
 from soakd.model import NS_PER_S
 from soakd.report.model import PhaseTested, Report, TargetTested, Tested
 from soakd.report.table import Table, cells, fmt_duration
-from soakd.workload.shapes import shape_of
+from soakd.shapes import shape_of
 
 Served = Mapping[str, tuple[float | None, float | None]]
 """target -> (mean prompt tokens, mean output tokens) of its successful requests."""

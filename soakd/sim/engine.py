@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from soakd.sim.profiles import Profile
+from soakd.profiles import Profile
 
 FinishReason = Literal["stop", "length"]
 

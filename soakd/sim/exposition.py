@@ -28,8 +28,8 @@ from prometheus_client import (
 )
 
 from soakd.metrics import names as mn
+from soakd.profiles import Profile
 from soakd.sim.gpu import GpuSample
-from soakd.sim.profiles import Profile
 
 # Buckets as vLLM defines them (identical in the 0.26 and 0.32 captures).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from soakd.sim.profiles import MIB, Profile
+from soakd.profiles import MIB, Profile
 
 _UTIL_WINDOW_S = 1.0
 

@@ -22,6 +22,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import generate_latest
 
+from soakd.profiles import Profile, get_profile
 from soakd.sim.engine import Engine, TokenEvent
 from soakd.sim.exposition import (
     CardIdentity,
@@ -31,7 +32,6 @@ from soakd.sim.exposition import (
     render_dcgm,
 )
 from soakd.sim.gpu import GpuModel
-from soakd.sim.profiles import Profile, get_profile
 from soakd.sim.wire import (
     DONE,
     SSE_CONTENT_TYPE,

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from soakd.sim.profiles import Profile
+from soakd.profiles import Profile
 
 # Output text: short words, one a token, each with its leading space (as BPE tokens).
 # fmt: off

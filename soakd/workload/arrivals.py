@@ -22,7 +22,7 @@ import math
 import random
 
 from soakd.model import NS_PER_S
-from soakd.workload.shapes import LoadShape, OpenLoad
+from soakd.shapes import LoadShape, OpenLoad
 
 
 def arrivals(shape: LoadShape, duration_ns: int, rng: random.Random) -> Arrivals:

@@ -24,14 +24,12 @@ from typing import Final
 from soakd.config import Failing
 from soakd.model import ErrorKind, Outcome
 
-__all__ = ["CAUSES", "Change", "FailingWatch", "failing_cause"]
+__all__ = ["Change", "FailingWatch", "failing_cause"]
 
 FIRST_PAUSE_S: Final = 2.0
 PROBE_WAIT_S: Final = 1.0
 """While the probe is out: how soon a waiting sender looks again."""
 
-CAUSES: Final = ("connect_refused", "connect_error", "timeout_connect", "http_auth", "http_404")
-"""What a failing target failed with: a bounded set, safe as a metric label."""
 _BY_KIND: Final = {
     ErrorKind.CONNECT_REFUSED: "connect_refused",
     ErrorKind.CONNECT_ERROR: "connect_error",

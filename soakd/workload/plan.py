@@ -18,7 +18,7 @@ from apscheduler.triggers.cron import CronTrigger
 
 from soakd.config import Config, ConfigError, PhaseConfig, format_duration
 from soakd.model import NS_PER_S, Phase, Plan
-from soakd.workload.shapes import LoadShape
+from soakd.shapes import LoadShape
 
 MAX_PHASES = 100_000  # a looped plan of tiny phases would otherwise fill memory
 _DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")

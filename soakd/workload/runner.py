@@ -26,12 +26,12 @@ from typing import Any, Final
 import structlog
 
 from soakd.model import ErrorKind, MissReason, Outcome, Phase, Plan, RequestSpec
+from soakd.shapes import LoadShape, OpenLoad
 from soakd.types import NotSent, OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
 from soakd.workload.failing import failing_cause
 from soakd.workload.ledger import SendLedger
 from soakd.workload.prompts import PromptSource
-from soakd.workload.shapes import LoadShape, OpenLoad
 from soakd.workload.timer import sleep_until_ns
 
 log = structlog.get_logger()

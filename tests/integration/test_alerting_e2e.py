@@ -637,7 +637,7 @@ def _sim_profile() -> Any:
     (1 running: 3.87 GB; 5 or more: above 3.9 GB, so the batch shrinking for a moment
     between requests does not restart the 5 s `for`). A shipped profile that does this
     already is preferred."""
-    from soakd.sim.profiles import MIB, PROFILES, get_profile
+    from soakd.profiles import MIB, PROFILES, get_profile
 
     def vram(p: Any, running: int) -> float:
         return (p.vram_used_mib + p.vram_mib_per_running_seq * running) * MIB
@@ -697,7 +697,7 @@ async def test_real_soakd_against_the_simulator(tmp_path: Path) -> None:
     DCGM metrics: its VRAM crosses 3.9 GB in the surge phase (and it OOMs), then falls;
     the second one is stopped for a while. The webhook gets VramAboveLimit (firing and
     resolved), TargetOOM and TargetDown (firing and resolved) with soakd's labels."""
-    from soakd.sim.profiles import get_profile
+    from soakd.profiles import get_profile
     from soakd.sim.server import start_sim
     from soakd.sim.spawn import free_port
 

@@ -51,8 +51,8 @@ import pytest
 import yaml
 from aiohttp import web
 
+from soakd.profiles import get_profile
 from soakd.report.fleet import build_fleet
-from soakd.sim.profiles import get_profile
 from soakd.sim.server import SimServer, start_sim
 
 try:

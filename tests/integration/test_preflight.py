@@ -26,9 +26,9 @@ from soakd import cli
 from soakd.config import TargetConfig, config_from_dict
 from soakd.journal import JournalReader, records
 from soakd.model import PauseReason
+from soakd.profiles import get_profile
 from soakd.report import build_report
 from soakd.run.app import RunOptions, Soak, StoppedBeforeStart
-from soakd.sim.profiles import get_profile
 from soakd.sim.server import SimServer, start_sim
 from soakd.sim.spawn import free_port
 from soakd.targets.preflight import preflight_one

@@ -289,7 +289,7 @@ async def test_dcgm_text_drives_the_gpu_gauges() -> None:
 
 async def test_the_simulator_drives_the_gpu_and_server_gauges() -> None:
     """End to end with the embedded simulator: its DCGM and vllm:* names, soakd's gauges."""
-    from soakd.sim.profiles import get_profile
+    from soakd.profiles import get_profile
     from soakd.sim.server import start_sim
 
     profile = get_profile("edge-4gb")

@@ -16,9 +16,9 @@ import pytest
 
 from soakd.config import TargetConfig, TokenLength, config_from_dict
 from soakd.journal.records import EventKind
+from soakd.profiles import get_profile
 from soakd.report import build_report
 from soakd.run.app import RunOptions, Soak
-from soakd.sim.profiles import get_profile
 from soakd.sim.server import start_sim
 from soakd.targets.tokenize import open_tokenizer
 from soakd.workload.calibration import TokenizeError

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.sim.profiles import Profile, get_profile
+from soakd.profiles import Profile, get_profile
 from soakd.sim.server import RUNTIME, SimServer, run_sim, start_sim
 from tests.waiting import eventually
 

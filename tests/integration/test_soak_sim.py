@@ -24,8 +24,8 @@ from prometheus_client import generate_latest
 from soakd import __version__
 from soakd.config import config_from_dict
 from soakd.journal import JournalReader, records
+from soakd.profiles import get_profile
 from soakd.run.app import RunOptions, Soak
-from soakd.sim.profiles import get_profile
 from soakd.sim.server import start_sim
 from soakd.sim.spawn import free_port
 from tests.scraping import samples, scrape, total

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from soakd.journal import JournalReader, records
-from soakd.sim.profiles import get_profile
+from soakd.profiles import get_profile
 from soakd.sim.server import SimServer, start_sim
 from soakd.sim.spawn import free_port
 from tests.scraping import samples, scrape, total

@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
+from soakd.shapes import Constant, LoadShape, Poisson, Ramp, shape_of
 from soakd.workload.arrivals import arrivals
-from soakd.workload.shapes import Constant, LoadShape, Poisson, Ramp, shape_of
 
 NS = 1_000_000_000
 

@@ -94,9 +94,9 @@ def test_every_metric_name_read_is_registered_or_listed_foreign() -> None:
     # the probes read foreign pages by these names; the simulator serves them
     from soakd.probes.gpu.dcgm import WANTED as DCGM_WANTED
     from soakd.probes.server import FIELDS
+    from soakd.profiles import get_profile
     from soakd.sim.exposition import CardIdentity, render_dcgm
     from soakd.sim.gpu import GpuModel
-    from soakd.sim.profiles import get_profile
 
     read = {n for names in FIELDS.values() for n in names} | set(DCGM_WANTED)
     problems += [f"{n}: read by the probes, not listed foreign" for n in read if not _foreign(n)]

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from soakd.config import Config, ConfigError, config_from_dict
+from soakd.shapes import Closed, Poisson, Ramp
 from soakd.workload.plan import build_plan, describe_plan, plan_start
-from soakd.workload.shapes import Closed, Poisson, Ramp
 
 NS = 1_000_000_000
 H = 3600 * NS

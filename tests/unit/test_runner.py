@@ -10,8 +10,8 @@ import pytest
 import structlog
 
 from soakd.model import ErrorKind, Outcome, Plan, RequestSpec
+from soakd.shapes import Closed, Constant, Idle
 from soakd.workload.runner import Runner
-from soakd.workload.shapes import Closed, Constant, Idle
 from tests.fakes import MS, FakeTarget, Prompts, Sink, plan_of
 from tests.waiting import until
 

@@ -7,10 +7,10 @@ import structlog
 
 from soakd.config import RateLimit, SpendGuard
 from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.shapes import Closed, Constant, LoadShape
 from soakd.types import NotSent
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.runner import Runner
-from soakd.workload.shapes import Closed, Constant, LoadShape
 from tests.fakes import FakeTarget, Prompts, Sink, plan_of
 
 

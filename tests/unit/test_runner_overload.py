@@ -9,9 +9,9 @@ import gc
 import random
 
 from soakd.model import Outcome, RequestSpec
+from soakd.shapes import Closed, Constant, LoadShape
 from soakd.workload.arrivals import arrivals
 from soakd.workload.runner import Runner
-from soakd.workload.shapes import Closed, Constant, LoadShape
 from soakd.workload.timer import sleep_until_ns
 from tests.fakes import MS, FakeTarget, Prompts, Sink, plan_of
 

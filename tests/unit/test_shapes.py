@@ -6,7 +6,7 @@ import pytest
 
 from soakd.config import Load
 from soakd.model import NS_PER_S
-from soakd.workload.shapes import (
+from soakd.shapes import (
     Closed,
     Constant,
     Curve,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from soakd.profiles import PROFILES, Profile, get_profile
 from soakd.sim.engine import Engine, Step
-from soakd.sim.profiles import PROFILES, Profile, get_profile
 
 EDGE = get_profile("edge-4gb")
 

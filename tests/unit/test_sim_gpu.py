@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from soakd.profiles import MIB, get_profile
 from soakd.sim.exposition import CardIdentity, render_dcgm
 from soakd.sim.gpu import GpuModel
-from soakd.sim.profiles import MIB, get_profile
 
 EDGE = get_profile("edge-4gb")
 
