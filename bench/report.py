@@ -268,8 +268,8 @@ def ab_table(rows: list[dict[str, Any]], lines: list[str]) -> None:
         "`soakd run` with the runner's `sleep_until_ns` (soakd/workload/timer.py: a "
         "timerfd armed at the instant) against the `asyncio.sleep` it replaced (patched "
         "back in by bench/diag_soakd.py), interleaved, 15 s each, stub TTFT 50 ms / ITL "
-        "5 ms. Reproduce: `.venv/bin/python bench/ab_dispatch.py` (then "
-        "`bench/report.py`).",
+        "5 ms. Made by bench/ab_dispatch.py and bench/diag_soakd.py "
+        "(scripts removed; in git history before 63d0eb7).",
         "",
         "| load | sleep | round | lag p50 (ms) | lag p99 (ms) | lag max (ms) | CV at the "
         "stub | max gap (ms) | load avg |",
@@ -290,7 +290,7 @@ def switch_table(rows: list[dict[str, Any]], lines: list[str]) -> None:
         "",
         "`soakd run` (journal on) with `sys.setswitchinterval(0.0005)` (soakd/cli.py, as "
         "shipped) against Python's default 0.005, interleaved, closed loop, stub TTFT 50 "
-        "ms / ITL 5 ms. Reproduce: `.venv/bin/python bench/ab_switch.py`.",
+        "ms / ITL 5 ms. Made by bench/ab_switch.py (script removed; in git history before 63d0eb7).",
         "",
         "| streams | switch interval | round | CPU / request (ms) | TTFT err mean | TTFT "
         "err p99 | ITL err p99 | stub late p99 |",
