@@ -44,13 +44,20 @@ def rss_mb() -> float:
     return 0.0
 
 
-async def bare(url: str, n: int, conc: int, tokens: int, max_s: float,
-               ttft: array[int], itl: array[int]) -> dict[str, object]:
+async def bare(
+    url: str, n: int, conc: int, tokens: int, max_s: float, ttft: array[int], itl: array[int]
+) -> dict[str, object]:
     import aiohttp
 
-    body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hello " * 20}],
-                       "max_tokens": tokens, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "model": "tiny-llama",
+            "messages": [{"role": "user", "content": "hello " * 20}],
+            "max_tokens": tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     state = {"done": 0, "tokens": 0, "errors": 0}
     deadline = time.monotonic() + max_s
     endpoint = url.rstrip("/") + "/v1/chat/completions"
@@ -64,8 +71,9 @@ async def bare(url: str, n: int, conc: int, tokens: int, max_s: float,
                 t0 = _perf_ns()
                 last = 0
                 try:
-                    async with session.post(endpoint, data=body,
-                                            headers={"Content-Type": "application/json"}) as resp:
+                    async with session.post(
+                        endpoint, data=body, headers={"Content-Type": "application/json"}
+                    ) as resp:
                         buf = b""
                         async for chunk in resp.content.iter_any():
                             now = _perf_ns()
@@ -89,16 +97,31 @@ async def bare(url: str, n: int, conc: int, tokens: int, max_s: float,
     return {"requests": state["done"], "tokens": state["tokens"], "errors": state["errors"]}
 
 
-async def bare_open(url: str, n: int, rate: float, mode: str, tokens: int, max_s: float,
-                    ttft: array[int], itl: array[int], lag: array[int]) -> dict[str, object]:
+async def bare_open(
+    url: str,
+    n: int,
+    rate: float,
+    mode: str,
+    tokens: int,
+    max_s: float,
+    ttft: array[int],
+    itl: array[int],
+    lag: array[int],
+) -> dict[str, object]:
     """The floor for an open loop: sleep until each planned instant (absolute, from one
     start), then start the request as a task; lag = actual minus planned send."""
     import random
 
     import aiohttp
 
-    body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hello " * 20}],
-                       "max_tokens": tokens, "stream": True}).encode()
+    body = json.dumps(
+        {
+            "model": "tiny-llama",
+            "messages": [{"role": "user", "content": "hello " * 20}],
+            "max_tokens": tokens,
+            "stream": True,
+        }
+    ).encode()
     endpoint = url.rstrip("/") + "/v1/chat/completions"
     rng = random.Random(0)
     state = {"tokens": 0, "errors": 0}
@@ -109,8 +132,9 @@ async def bare_open(url: str, n: int, rate: float, mode: str, tokens: int, max_s
             t0 = _perf_ns()
             last = 0
             try:
-                async with session.post(endpoint, data=body,
-                                        headers={"Content-Type": "application/json"}) as resp:
+                async with session.post(
+                    endpoint, data=body, headers={"Content-Type": "application/json"}
+                ) as resp:
                     buf = b""
                     async for chunk in resp.content.iter_any():
                         now = _perf_ns()
@@ -150,8 +174,9 @@ async def bare_open(url: str, n: int, rate: float, mode: str, tokens: int, max_s
     return {"requests": len(lag), "tokens": state["tokens"], "errors": state["errors"]}
 
 
-async def soakd_hot(url: str, n: int, conc: int, tokens: int, max_s: float,
-                    ttft: array[int], itl: array[int]) -> dict[str, object]:
+async def soakd_hot(
+    url: str, n: int, conc: int, tokens: int, max_s: float, ttft: array[int], itl: array[int]
+) -> dict[str, object]:
     from soakd.config import TargetConfig, Workload
     from soakd.metrics.run import Metrics
     from soakd.model import Phase, Plan
@@ -181,20 +206,30 @@ async def soakd_hot(url: str, n: int, conc: int, tokens: int, max_s: float,
 
     plan = Plan((Phase(0, "p", 0, int(max_s * 1e9), {"t": Closed(conc)}),))
     workload = Workload(max_tokens=tokens, prompts={"input_tokens": {"mean": 20}})
-    runner = Runner(plan, {"t": target}, make_prompt_source(workload),
-                    [metrics, stats, Timings()], max_tokens=tokens, temperature=0.0)
+    runner = Runner(
+        plan,
+        {"t": target},
+        make_prompt_source(workload),
+        [metrics, stats, Timings()],
+        max_tokens=tokens,
+        temperature=0.0,
+    )
     metrics.watch_in_flight(runner.in_flight)
     await runner.run()
     await runner.drain(30)
     await target.aclose()
     total = stats.total["t"]
-    return {"requests": total.requests, "tokens": state["tokens"],
-            "errors": total.requests - total.ok}
+    return {
+        "requests": total.requests,
+        "tokens": state["tokens"],
+        "errors": total.requests - total.ok,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("mode", choices=["bare", "soakd"])
     ap.add_argument("--url", required=True, help="base URL (http://127.0.0.1:PORT)")
     ap.add_argument("--requests", type=int, default=5000)
@@ -215,8 +250,9 @@ def main() -> None:
     lag: array[int] = array("q")
     c0, t0 = cpu_s(), time.perf_counter()
     if a.rate and a.mode == "bare":
-        coro = bare_open(a.url, a.requests, a.rate, a.arrival, a.tokens, a.max_seconds, ttft, itl,
-                         lag)
+        coro = bare_open(
+            a.url, a.requests, a.rate, a.arrival, a.tokens, a.max_seconds, ttft, itl, lag
+        )
     else:
         coro = fn(a.url, a.requests, a.concurrency, a.tokens, a.max_seconds, ttft, itl)
     if a.uvloop:
@@ -225,8 +261,12 @@ def main() -> None:
         result = uvloop.run(coro)
     else:
         result = asyncio.run(coro)
-    result.update(cpu_s=cpu_s() - c0, wall_s=time.perf_counter() - t0, rss_mb=rss_mb(),
-                  peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    result.update(
+        cpu_s=cpu_s() - c0,
+        wall_s=time.perf_counter() - t0,
+        rss_mb=rss_mb(),
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    )
     if a.out:
         a.out.write_text(json.dumps(result))
         if a.timings:

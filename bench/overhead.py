@@ -50,9 +50,15 @@ async def bare(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
     """The floor: aiohttp, iter_any, split lines, json.loads each data line."""
     import aiohttp
 
-    body = json.dumps({"model": "soakd-sim", "messages": [{"role": "user", "content": "hello " * 20}],
-                       "max_tokens": tokens, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "model": "soakd-sim",
+            "messages": [{"role": "user", "content": "hello " * 20}],
+            "max_tokens": tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     done = 0
     got_tokens = 0
     marks: dict[str, float] = {}
@@ -64,8 +70,9 @@ async def bare(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
         async def worker() -> None:
             nonlocal done, got_tokens, start_cpu
             while done < n + WARMUP:
-                async with session.post(url, data=body,
-                                        headers={"Content-Type": "application/json"}) as resp:
+                async with session.post(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                ) as resp:
                     buf = b""
                     async for chunk in resp.content.iter_any():
                         buf += chunk
@@ -86,8 +93,14 @@ async def bare(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(conc)))
         wall = time.perf_counter() - t0
-    return {"cpu_s": cpu_s() - start_cpu, "requests": done - WARMUP, "tokens": got_tokens,
-            "wall_s": wall, "rss_mb": marks, "rss_final_mb": rss_mb()}
+    return {
+        "cpu_s": cpu_s() - start_cpu,
+        "requests": done - WARMUP,
+        "tokens": got_tokens,
+        "wall_s": wall,
+        "rss_mb": marks,
+        "rss_final_mb": rss_mb(),
+    }
 
 
 async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
@@ -125,8 +138,14 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
 
     plan = Plan((Phase(0, "p", 0, 10**15, {"t": Closed(conc)}),))
     workload = Workload(max_tokens=tokens, prompts={"input_tokens": {"mean": 20}})
-    runner = Runner(plan, {"t": target}, make_prompt_source(workload), [metrics, stats, Counter()],
-                    max_tokens=tokens, temperature=0.7)
+    runner = Runner(
+        plan,
+        {"t": target},
+        make_prompt_source(workload),
+        [metrics, stats, Counter()],
+        max_tokens=tokens,
+        temperature=0.7,
+    )
     metrics.watch_in_flight(runner.in_flight)
     t0 = time.perf_counter()
     await runner.run()
@@ -134,9 +153,15 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
     wall = time.perf_counter() - t0
     await target.aclose()
     errors = stats.total["t"].requests - stats.total["t"].ok
-    return {"cpu_s": cpu_s() - state["start_cpu"], "requests": state["done"] - WARMUP,
-            "tokens": state["tokens"], "wall_s": wall, "rss_mb": marks,
-            "rss_final_mb": rss_mb(), "errors": errors}
+    return {
+        "cpu_s": cpu_s() - state["start_cpu"],
+        "requests": state["done"] - WARMUP,
+        "tokens": state["tokens"],
+        "wall_s": wall,
+        "rss_mb": marks,
+        "rss_final_mb": rss_mb(),
+        "errors": errors,
+    }
 
 
 def child(mode: str, url: str, n: int, conc: int, tokens: int) -> None:
@@ -150,9 +175,11 @@ def start_sim(profile: str) -> tuple[subprocess.Popen[bytes], str]:
     from soakd.sim.spawn import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "soakd", "sim", "--port", str(port),
-                             "--profile", profile], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "soakd", "sim", "--port", str(port), "--profile", profile],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     import urllib.request
 
     for _ in range(100):
@@ -183,24 +210,42 @@ def main() -> None:
     results = {}
     try:
         for mode in [args.only] if args.only else ["bare", "soakd"]:
-            out = subprocess.run([sys.executable, __file__, "--child", mode, "--url",
-                                  base if mode == "soakd" else url,
-                                  "--requests", str(args.requests), "--concurrency",
-                                  str(args.concurrency), "--tokens", str(args.tokens)],
-                                 capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    mode,
+                    "--url",
+                    base if mode == "soakd" else url,
+                    "--requests",
+                    str(args.requests),
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--tokens",
+                    str(args.tokens),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         sim.terminate()
         sim.wait()
-    print(f"server: soakd sim --profile {args.profile}; {args.requests} requests after "
-          f"{WARMUP} warm-up, concurrency {args.concurrency}, {args.tokens} tokens each; "
-          f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
+    print(
+        f"server: soakd sim --profile {args.profile}; {args.requests} requests after "
+        f"{WARMUP} warm-up, concurrency {args.concurrency}, {args.tokens} tokens each; "
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cores"
+    )
     print(f"{'client':8} {'req/s':>8} {'CPU/req':>10} {'CPU/token':>10} {'peak RSS':>9}  RSS at")
     for mode, r in results.items():
         per_req = r["cpu_s"] / r["requests"] * 1e3
         per_tok = r["cpu_s"] / max(1, r["tokens"]) * 1e6
-        print(f"{mode:8} {r['requests'] / r['wall_s']:8.0f} {per_req:8.3f}ms {per_tok:8.1f}us "
-              f"{r['peak_rss_mb']:7.1f}MB  {r['rss_mb']}")
+        print(
+            f"{mode:8} {r['requests'] / r['wall_s']:8.0f} {per_req:8.3f}ms {per_tok:8.1f}us "
+            f"{r['peak_rss_mb']:7.1f}MB  {r['rss_mb']}"
+        )
     if len(results) == 2:
         b, s = results["bare"], results["soakd"]
         ratio_req = (s["cpu_s"] / s["requests"]) / (b["cpu_s"] / b["requests"])

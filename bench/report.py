@@ -369,8 +369,11 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
         splits = [r["cpu_ms_per_req_by"] for r in by[tool] if r.get("cpu_ms_per_req_by")]
         if tool == "bare" or not splits:
             return "–"
-        keys = [k for k in ("loop", "threads", "writer", "sampler", "workers", "other")
-                if any(k in s for s in splits)]
+        keys = [
+            k
+            for k in ("loop", "threads", "writer", "sampler", "workers", "other")
+            if any(k in s for s in splits)
+        ]
         return ", ".join(f"{k} {_f(_med([s.get(k, 0.0) for s in splits]), 3)}" for k in keys)
 
     loads = [r["loadavg"][0] for r in runs if r.get("loadavg")]

@@ -931,8 +931,9 @@ def section_manycore(a: argparse.Namespace) -> None:
         "stub_workers": workers,
         "command": "python bench/suite.py " + " ".join(sys.argv[1:]),
         "goals": "issue 28",
-        "experiments": {t: EXPERIMENTS[t].replace("\n", "; ") for t in a.manycore_tools
-                        if EXPERIMENTS.get(t)},
+        "experiments": {
+            t: EXPERIMENTS[t].replace("\n", "; ") for t in a.manycore_tools if EXPERIMENTS.get(t)
+        },
     }
     name = a.name or f"manycore-{len(cpus)}c"
     save(name, doc)
