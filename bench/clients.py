@@ -6,7 +6,8 @@
 ``bare`` is the floor for a Python asyncio client: aiohttp, ``iter_any``, split lines,
 ``json.loads`` each data line, one ``perf_counter_ns`` per read, TTFT and every gap
 kept. ``soakd`` is soakd's whole per-request path without the journal and the HTTP
-exporter: Runner + OpenAITarget + SSEDecoder + Metrics (Prometheus) + RunStats.
+exporter: Runner + OpenAITarget + SSEDecoder + Metrics (Prometheus) + RunStats, the last
+two fed folds of the outcomes as the journal's writer feeds them (``Folding``).
 
 Both run closed loop until ``--requests`` have finished (or ``--max-seconds``), and
 write ``--out`` (JSON: counts, CPU, RSS) and, with ``--timings``, the per-request TTFT
@@ -24,11 +25,45 @@ import sys
 import time
 from array import array
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from soakd.measure.fold import Fold
+    from soakd.model import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 _perf_ns = time.perf_counter_ns
+
+
+class Applies(Protocol):
+    def apply(self, f: Fold) -> None: ...
+
+
+class Folding:
+    """An outcome sink for ``Metrics`` and ``RunStats``, which take folds, not outcomes: in
+    `soakd run` the journal's writer folds each batch once and hands the fold on after its
+    commit (soakd/measure/fold.py). With no journal, this folds the outcomes here,
+    ``batch`` at a time (the rest at ``flush``), and applies each fold to every sink."""
+
+    def __init__(self, *sinks: Applies, batch: int = 256) -> None:
+        from soakd.measure.fold import fold
+
+        self._fold, self._sinks, self._batch = fold, sinks, batch
+        self._pending: list[Outcome] = []
+
+    def record(self, o: Outcome) -> None:
+        self._pending.append(o)
+        if len(self._pending) >= self._batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            f = self._fold(self._pending)
+            self._pending = []
+            for sink in self._sinks:
+                sink.apply(f)
 
 
 def cpu_s() -> float:
@@ -177,7 +212,7 @@ async def bare_open(
 async def soakd_hot(
     url: str, n: int, conc: int, tokens: int, max_s: float, ttft: array[int], itl: array[int]
 ) -> dict[str, object]:
-    from soakd.config import TargetConfig, Workload
+    from soakd.config import Prompts, TargetConfig, TokenLength, Workload
     from soakd.metrics.run import Metrics
     from soakd.model import Phase, Plan
     from soakd.run.stats import RunStats
@@ -194,29 +229,31 @@ async def soakd_hot(
     runner: Runner
 
     class Timings:
-        def record(self, o: object) -> None:
+        def record(self, o: Outcome) -> None:
             state["done"] += 1
-            state["tokens"] += o.output_tokens  # type: ignore[attr-defined]
-            t = o.ttft_ns  # type: ignore[attr-defined]
+            state["tokens"] += o.output_tokens or 0
+            t = o.ttft_ns
             if t is not None:
                 ttft.append(t)
-            itl.extend(o.itl_ns)  # type: ignore[attr-defined]
+            itl.extend(o.itl_ns)
             if state["done"] >= n:
                 runner.stop()
 
     plan = Plan((Phase(0, "p", 0, int(max_s * 1e9), {"t": Closed(conc)}),))
-    workload = Workload(max_tokens=tokens, prompts={"input_tokens": {"mean": 20}})
+    workload = Workload(max_tokens=tokens, prompts=Prompts(input_tokens=TokenLength(mean=20)))
+    folding = Folding(metrics, stats)
     runner = Runner(
         plan,
         {"t": target},
         make_prompt_source(workload),
-        [metrics, stats, Timings()],
+        [folding, Timings()],
         max_tokens=tokens,
         temperature=0.0,
     )
     metrics.watch_in_flight(runner.in_flight)
     await runner.run()
     await runner.drain(30)
+    folding.flush()
     await target.aclose()
     total = stats.total["t"]
     return {

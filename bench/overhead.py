@@ -21,6 +21,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from soakd.model import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -104,8 +108,11 @@ async def bare(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
 
 
 async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
-    """soakd's whole hot path: Runner + OpenAITarget + Metrics + RunStats."""
-    from soakd.config import TargetConfig, Workload
+    """soakd's whole hot path: Runner + OpenAITarget + Metrics + RunStats (fed folds of the
+    outcomes, as the journal's writer feeds them: bench/clients.py's Folding)."""
+    from clients import Folding
+
+    from soakd.config import Prompts, TargetConfig, TokenLength, Workload
     from soakd.metrics.run import Metrics
     from soakd.model import Phase, Plan
     from soakd.run.stats import RunStats
@@ -124,9 +131,9 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
     runner: Runner
 
     class Counter:
-        def record(self, o: object) -> None:
+        def record(self, o: Outcome) -> None:
             state["done"] += 1
-            state["tokens"] += o.output_tokens  # type: ignore[attr-defined]
+            state["tokens"] += o.output_tokens or 0
             d = state["done"]
             if d == WARMUP:
                 state["start_cpu"] = cpu_s()
@@ -137,12 +144,13 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
                 runner.stop()
 
     plan = Plan((Phase(0, "p", 0, 10**15, {"t": Closed(conc)}),))
-    workload = Workload(max_tokens=tokens, prompts={"input_tokens": {"mean": 20}})
+    workload = Workload(max_tokens=tokens, prompts=Prompts(input_tokens=TokenLength(mean=20)))
+    folding = Folding(metrics, stats)
     runner = Runner(
         plan,
         {"t": target},
         make_prompt_source(workload),
-        [metrics, stats, Counter()],
+        [folding, Counter()],
         max_tokens=tokens,
         temperature=0.7,
     )
@@ -150,6 +158,7 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
     t0 = time.perf_counter()
     await runner.run()
     await runner.drain(30)
+    folding.flush()
     wall = time.perf_counter() - t0
     await target.aclose()
     errors = stats.total["t"].requests - stats.total["t"].ok
@@ -185,9 +194,10 @@ def start_sim(profile: str) -> tuple[subprocess.Popen[bytes], str]:
     for _ in range(100):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health").close()
-            return proc, f"http://127.0.0.1:{port}"
         except OSError:
             time.sleep(0.1)
+        else:
+            return proc, f"http://127.0.0.1:{port}"
     proc.kill()
     raise SystemExit("simulator did not start")
 
