@@ -37,8 +37,8 @@ from endurance import CONFIG, duration
 from suite import rss_anon_mb
 
 from soakd import runtime
-from soakd.run.app import RunOptions, Soak
 from soakd.config import config_from_dict
+from soakd.run.app import RunOptions, Soak
 
 
 class MallInfo2(ctypes.Structure):
@@ -143,7 +143,8 @@ def main() -> None:
     )
     args = p.parse_args()
     if args.compare:
-        compare(*args.compare, args.docs)
+        without, with_trim = args.compare
+        compare(without, with_trim, args.docs)
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,20 +28,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import heapq
 import json
 import mmap
 import os
-import struct
 import signal
 import socket
+import struct
 import sys
 import time
 from array import array
 from collections.abc import Callable
 from itertools import count
+from typing import Any
 
 _now = time.perf_counter_ns  # CLOCK_MONOTONIC, the clock of timerfd below
 TOKEN = " the"
@@ -98,7 +100,7 @@ class Timers:
 
     def _fire(self) -> None:
         if self.fd >= 0:
-            try:
+            try:  # noqa: SIM105 (every timer's wake-up: no context manager on this path)
                 os.read(self.fd, 8)
             except BlockingIOError:
                 pass
@@ -340,9 +342,9 @@ class Conn(asyncio.Protocol):
         now = _now()
         try:
             req = json.loads(body)
-            if type(req) is not dict:
-                raise ValueError
         except ValueError:
+            req = None
+        if type(req) is not dict:
             self._simple(400, b'{"error":{"type":"BadRequestError","message":"not JSON"}}')
             return
         cfg = self.cfg
@@ -495,7 +497,7 @@ def _emit(due: int, s: Stream) -> None:
             "completion_tokens": s.n,
             "total_tokens": s.prompt_tokens + s.n,
         }
-        doc = {
+        doc: dict[str, Any] = {
             "id": "chatcmpl-stub" if s.chat else "cmpl-stub",
             "object": "chat.completion.chunk" if s.chat else "text_completion",
             "created": int(time.time()),
@@ -544,11 +546,16 @@ async def _serve(
                 "late": st.late.doc(),
                 "ttft_late": st.ttft_late.doc(),
             }
-            if st.arrivals is not None:
-                with open(stats_path[:-5] + ".arrivals", "wb") as f:
-                    st.arrivals.tofile(f)
-            with open(stats_path, "w") as f:
-                json.dump(doc, f)
+            _write_stats(stats_path, doc, st.arrivals)
+
+
+def _write_stats(path: str, doc: dict[str, Any], arrivals: array[int] | None) -> None:
+    """A worker's stats at exit, once its server has closed (nothing left to delay)."""
+    if arrivals is not None:
+        with open(path[:-5] + ".arrivals", "wb") as f:
+            arrivals.tofile(f)
+    with open(path, "w") as f:
+        json.dump(doc, f)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -643,10 +650,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("the stub listens on loopback only")
     cfg = Config(a)
     if a.nice:
-        try:
+        with contextlib.suppress(OSError):
             os.nice(a.nice)
-        except OSError:
-            pass
     first = _listen(a.host, a.port)
     port = first.getsockname()[1]
     if a.stats_dir:
@@ -656,8 +661,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.counter_file:
         with open(a.counter_file, "wb") as f:
             f.write(bytes(16 * a.workers))
-        with open(a.counter_file, "r+b") as f:
-            counter = mmap.mmap(f.fileno(), 16 * a.workers)
+        with open(a.counter_file, "r+b") as rw:
+            counter = mmap.mmap(rw.fileno(), 16 * a.workers)
     print(
         f"stub listening on http://{a.host}:{port} (ttft {a.ttft * 1e3:g} ms, "
         f"itl {a.itl * 1e3:g} ms, {a.workers} worker(s), {a.framing})",
@@ -687,10 +692,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def forward(sig: int, _frame: object) -> None:
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)

@@ -37,8 +37,9 @@ import sys
 import time
 import urllib.request
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
@@ -59,6 +60,17 @@ from suite import (  # noqa: E402
 
 MODEL = "tiny-llama"
 WARMUP_S = 3.0
+
+
+class Case(TypedDict):
+    """One case of the plan: the stub's timing, the load, and which clients run it."""
+
+    ttft: float  # the stub's, seconds
+    itl: float
+    tokens: int
+    load: dict[str, Any]  # soakd's `load:` of the measured phase
+    bare: bool  # the bare loops run it too
+    w1: bool  # soakd with `workers: 1` too
 
 
 def scrape_total(port: int, name: str) -> float:
@@ -314,9 +326,9 @@ def main() -> None:
     }
     closed = {"mode": "closed", "concurrency": a.streams}
     plan = {
-        "t16": dict(ttft=0.005, itl=0.001, tokens=16, load=closed, bare=True, w1=True),
-        "t512": dict(ttft=0.005, itl=0.001, tokens=512, load=closed, bare=True, w1=False),
-        "poisson": dict(
+        "t16": Case(ttft=0.005, itl=0.001, tokens=16, load=closed, bare=True, w1=True),
+        "t512": Case(ttft=0.005, itl=0.001, tokens=512, load=closed, bare=True, w1=False),
+        "poisson": Case(
             ttft=0.010,
             itl=0.001,
             tokens=16,
@@ -324,7 +336,7 @@ def main() -> None:
             w1=False,
             load={"mode": "poisson", "rate": a.rate},
         ),
-        "ttft": dict(
+        "ttft": Case(
             ttft=0.050,
             itl=0.005,
             tokens=16,
@@ -344,21 +356,21 @@ def main() -> None:
             workers=n_stub,
             cpus=stub_cpus,
         )
-        rows = []
+        rows: list[dict[str, Any]] = []
         try:
             runs = [a.workers] + ([1] if case["w1"] else [])
-            for w in runs:
-                rows.append(
-                    soakd_case(
-                        work,
-                        stub.url,
-                        client_cpus,
-                        workers=w,
-                        load=case["load"],
-                        tokens=case["tokens"],
-                        seconds=a.seconds,
-                    )
+            rows.extend(
+                soakd_case(
+                    work,
+                    stub.url,
+                    client_cpus,
+                    workers=w,
+                    load=case["load"],
+                    tokens=case["tokens"],
+                    seconds=a.seconds,
                 )
+                for w in runs
+            )
             if case["bare"]:
                 streams = case["load"]["concurrency"]
                 rows.append(
@@ -395,7 +407,7 @@ def _rows(results: dict[str, Any], case: str, tool: str) -> list[dict[str, Any]]
     return [r for r in results["cases"].get(case, []) if r["tool"] == tool]
 
 
-def _spread(values: list[float | None], fmt: str = "{:,.0f}") -> str:
+def _spread(values: Sequence[float | None], fmt: str = "{:,.0f}") -> str:
     vals = sorted(v for v in values if v is not None)
     if not vals:
         return "-"
