@@ -7,6 +7,8 @@ STAMP   := $(VENV)/.installed
 .PHONY: demo test test-fast test-tools test-docker lint setup setup-servers setup-system setup-tools bench bench-answer-end bench-manycore bench-workers clean
 
 PIP_LOG := .cache/setup-venv-pip.log
+# what ruff checks and formats; mypy's files are pyproject.toml's (soakd, bench, grafana)
+LINTED  := soakd tests bench grafana
 
 $(STAMP): pyproject.toml
 	@mkdir -p .cache
@@ -53,8 +55,8 @@ setup-system: setup-tools
 ## then lint, check the format, type-check and run every test (tests/unit, tests/tools,
 ## tests/integration, tests/faults); the Docker tests last (test-docker)
 test: $(STAMP) setup-servers setup-system
-	$(BIN)/ruff check soakd tests
-	$(BIN)/ruff format --check soakd tests
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 	$(BIN)/pytest -q -m "not docker"
 	$(MAKE) --no-print-directory test-docker
@@ -79,8 +81,8 @@ test-tools: $(STAMP)
 	$(BIN)/pytest -q tests/tools
 
 lint: $(STAMP)
-	$(BIN)/ruff check soakd tests
-	$(BIN)/ruff format --check soakd tests
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy
 
 ## bench: soakd vs GuideLLM, AIPerf and vllm bench serve (~40 min, not part of test);

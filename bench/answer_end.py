@@ -49,7 +49,7 @@ sys.path.insert(0, os.environ.get("SOAKD_TREE") or str(ROOT))
 
 import aiohttp  # noqa: E402
 
-from soakd.config import TargetConfig  # noqa: E402
+from soakd.config import TargetConfig, Timeouts  # noqa: E402
 from soakd.model import Outcome, RequestSpec  # noqa: E402
 from soakd.targets import open_target  # noqa: E402
 from soakd.targets.sse import SSEDecoder  # noqa: E402
@@ -186,7 +186,7 @@ async def soakd_round(url: str, model: str, conc: int, n: int, words: int, token
         base_url=url,
         model=model,
         extra_body={"ignore_eos": True},
-        timeouts={"ttft": "120s", "total": "300s"},
+        timeouts=Timeouts(ttft=120.0, total=300.0),
     )
     target = await open_target(cfg)
     outs: list[Outcome] = []

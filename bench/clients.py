@@ -6,7 +6,8 @@
 ``bare`` is the floor for a Python asyncio client: aiohttp, ``iter_any``, split lines,
 ``json.loads`` each data line, one ``perf_counter_ns`` per read, TTFT and every gap
 kept. ``soakd`` is soakd's whole per-request path without the journal and the HTTP
-exporter: Runner + OpenAITarget + SSEDecoder + Metrics (Prometheus) + RunStats.
+exporter: Runner + OpenAITarget + SSEDecoder + Metrics (Prometheus) + RunStats, the last
+two fed folds of the outcomes as the journal's writer feeds them (``Folding``).
 
 Both run closed loop until ``--requests`` have finished (or ``--max-seconds``), and
 write ``--out`` (JSON: counts, CPU, RSS) and, with ``--timings``, the per-request TTFT
@@ -24,11 +25,45 @@ import sys
 import time
 from array import array
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from soakd.measure.fold import Fold
+    from soakd.model import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 _perf_ns = time.perf_counter_ns
+
+
+class Applies(Protocol):
+    def apply(self, f: Fold) -> None: ...
+
+
+class Folding:
+    """An outcome sink for ``Metrics`` and ``RunStats``, which take folds, not outcomes: in
+    `soakd run` the journal's writer folds each batch once and hands the fold on after its
+    commit (soakd/measure/fold.py). With no journal, this folds the outcomes here,
+    ``batch`` at a time (the rest at ``flush``), and applies each fold to every sink."""
+
+    def __init__(self, *sinks: Applies, batch: int = 256) -> None:
+        from soakd.measure.fold import fold
+
+        self._fold, self._sinks, self._batch = fold, sinks, batch
+        self._pending: list[Outcome] = []
+
+    def record(self, o: Outcome) -> None:
+        self._pending.append(o)
+        if len(self._pending) >= self._batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            f = self._fold(self._pending)
+            self._pending = []
+            for sink in self._sinks:
+                sink.apply(f)
 
 
 def cpu_s() -> float:
@@ -44,13 +79,20 @@ def rss_mb() -> float:
     return 0.0
 
 
-async def bare(url: str, n: int, conc: int, tokens: int, max_s: float,
-               ttft: array[int], itl: array[int]) -> dict[str, object]:
+async def bare(
+    url: str, n: int, conc: int, tokens: int, max_s: float, ttft: array[int], itl: array[int]
+) -> dict[str, object]:
     import aiohttp
 
-    body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hello " * 20}],
-                       "max_tokens": tokens, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "model": "tiny-llama",
+            "messages": [{"role": "user", "content": "hello " * 20}],
+            "max_tokens": tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     state = {"done": 0, "tokens": 0, "errors": 0}
     deadline = time.monotonic() + max_s
     endpoint = url.rstrip("/") + "/v1/chat/completions"
@@ -64,8 +106,9 @@ async def bare(url: str, n: int, conc: int, tokens: int, max_s: float,
                 t0 = _perf_ns()
                 last = 0
                 try:
-                    async with session.post(endpoint, data=body,
-                                            headers={"Content-Type": "application/json"}) as resp:
+                    async with session.post(
+                        endpoint, data=body, headers={"Content-Type": "application/json"}
+                    ) as resp:
                         buf = b""
                         async for chunk in resp.content.iter_any():
                             now = _perf_ns()
@@ -89,16 +132,31 @@ async def bare(url: str, n: int, conc: int, tokens: int, max_s: float,
     return {"requests": state["done"], "tokens": state["tokens"], "errors": state["errors"]}
 
 
-async def bare_open(url: str, n: int, rate: float, mode: str, tokens: int, max_s: float,
-                    ttft: array[int], itl: array[int], lag: array[int]) -> dict[str, object]:
+async def bare_open(
+    url: str,
+    n: int,
+    rate: float,
+    mode: str,
+    tokens: int,
+    max_s: float,
+    ttft: array[int],
+    itl: array[int],
+    lag: array[int],
+) -> dict[str, object]:
     """The floor for an open loop: sleep until each planned instant (absolute, from one
     start), then start the request as a task; lag = actual minus planned send."""
     import random
 
     import aiohttp
 
-    body = json.dumps({"model": "tiny-llama", "messages": [{"role": "user", "content": "hello " * 20}],
-                       "max_tokens": tokens, "stream": True}).encode()
+    body = json.dumps(
+        {
+            "model": "tiny-llama",
+            "messages": [{"role": "user", "content": "hello " * 20}],
+            "max_tokens": tokens,
+            "stream": True,
+        }
+    ).encode()
     endpoint = url.rstrip("/") + "/v1/chat/completions"
     rng = random.Random(0)
     state = {"tokens": 0, "errors": 0}
@@ -109,8 +167,9 @@ async def bare_open(url: str, n: int, rate: float, mode: str, tokens: int, max_s
             t0 = _perf_ns()
             last = 0
             try:
-                async with session.post(endpoint, data=body,
-                                        headers={"Content-Type": "application/json"}) as resp:
+                async with session.post(
+                    endpoint, data=body, headers={"Content-Type": "application/json"}
+                ) as resp:
                     buf = b""
                     async for chunk in resp.content.iter_any():
                         now = _perf_ns()
@@ -150,9 +209,10 @@ async def bare_open(url: str, n: int, rate: float, mode: str, tokens: int, max_s
     return {"requests": len(lag), "tokens": state["tokens"], "errors": state["errors"]}
 
 
-async def soakd_hot(url: str, n: int, conc: int, tokens: int, max_s: float,
-                    ttft: array[int], itl: array[int]) -> dict[str, object]:
-    from soakd.config import TargetConfig, Workload
+async def soakd_hot(
+    url: str, n: int, conc: int, tokens: int, max_s: float, ttft: array[int], itl: array[int]
+) -> dict[str, object]:
+    from soakd.config import Prompts, TargetConfig, TokenLength, Workload
     from soakd.metrics.run import Metrics
     from soakd.model import Phase, Plan
     from soakd.run.stats import RunStats
@@ -169,32 +229,44 @@ async def soakd_hot(url: str, n: int, conc: int, tokens: int, max_s: float,
     runner: Runner
 
     class Timings:
-        def record(self, o: object) -> None:
+        def record(self, o: Outcome) -> None:
             state["done"] += 1
-            state["tokens"] += o.output_tokens  # type: ignore[attr-defined]
-            t = o.ttft_ns  # type: ignore[attr-defined]
+            state["tokens"] += o.output_tokens or 0
+            t = o.ttft_ns
             if t is not None:
                 ttft.append(t)
-            itl.extend(o.itl_ns)  # type: ignore[attr-defined]
+            itl.extend(o.itl_ns)
             if state["done"] >= n:
                 runner.stop()
 
     plan = Plan((Phase(0, "p", 0, int(max_s * 1e9), {"t": Closed(conc)}),))
-    workload = Workload(max_tokens=tokens, prompts={"input_tokens": {"mean": 20}})
-    runner = Runner(plan, {"t": target}, make_prompt_source(workload),
-                    [metrics, stats, Timings()], max_tokens=tokens, temperature=0.0)
+    workload = Workload(max_tokens=tokens, prompts=Prompts(input_tokens=TokenLength(mean=20)))
+    folding = Folding(metrics, stats)
+    runner = Runner(
+        plan,
+        {"t": target},
+        make_prompt_source(workload),
+        [folding, Timings()],
+        max_tokens=tokens,
+        temperature=0.0,
+    )
     metrics.watch_in_flight(runner.in_flight)
     await runner.run()
     await runner.drain(30)
+    folding.flush()
     await target.aclose()
     total = stats.total["t"]
-    return {"requests": total.requests, "tokens": state["tokens"],
-            "errors": total.requests - total.ok}
+    return {
+        "requests": total.requests,
+        "tokens": state["tokens"],
+        "errors": total.requests - total.ok,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("mode", choices=["bare", "soakd"])
     ap.add_argument("--url", required=True, help="base URL (http://127.0.0.1:PORT)")
     ap.add_argument("--requests", type=int, default=5000)
@@ -215,8 +287,9 @@ def main() -> None:
     lag: array[int] = array("q")
     c0, t0 = cpu_s(), time.perf_counter()
     if a.rate and a.mode == "bare":
-        coro = bare_open(a.url, a.requests, a.rate, a.arrival, a.tokens, a.max_seconds, ttft, itl,
-                         lag)
+        coro = bare_open(
+            a.url, a.requests, a.rate, a.arrival, a.tokens, a.max_seconds, ttft, itl, lag
+        )
     else:
         coro = fn(a.url, a.requests, a.concurrency, a.tokens, a.max_seconds, ttft, itl)
     if a.uvloop:
@@ -225,8 +298,12 @@ def main() -> None:
         result = uvloop.run(coro)
     else:
         result = asyncio.run(coro)
-    result.update(cpu_s=cpu_s() - c0, wall_s=time.perf_counter() - t0, rss_mb=rss_mb(),
-                  peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    result.update(
+        cpu_s=cpu_s() - c0,
+        wall_s=time.perf_counter() - t0,
+        rss_mb=rss_mb(),
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    )
     if a.out:
         a.out.write_text(json.dumps(result))
         if a.timings:

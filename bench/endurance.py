@@ -68,9 +68,26 @@ logging:
 """
 
 FIELDS = [
-    "t_s", "utc", "session", "pid", "rss_mb", "fds", "threads", "tasks", "cpu_s",
-    "requests", "cpu_ms_per_req", "req_per_s", "scrape_ms", "scrape_kb", "journal_mb",
-    "wal_mb", "log_kb", "sim_rss_mb", "loop_delay_ms", "load1",
+    "t_s",
+    "utc",
+    "session",
+    "pid",
+    "rss_mb",
+    "fds",
+    "threads",
+    "tasks",
+    "cpu_s",
+    "requests",
+    "cpu_ms_per_req",
+    "req_per_s",
+    "scrape_ms",
+    "scrape_kb",
+    "journal_mb",
+    "wal_mb",
+    "log_kb",
+    "sim_rss_mb",
+    "loop_delay_ms",
+    "load1",
 ]
 FIGURES = [  # (column, title, unit): what the table and the plots show
     ("rss_mb", "soakd RSS", "MB"),
@@ -160,9 +177,22 @@ class Soakd:
         self.session += 1
         console = (self.out / f"console-{self.session}.log").open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "soakd", "run", str(self.config), "--run-dir",
-             str(self.run_dir), "--metrics-addr", f"127.0.0.1:{self.port}", "--no-live"],
-            stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "soakd",
+                "run",
+                str(self.config),
+                "--run-dir",
+                str(self.run_dir),
+                "--metrics-addr",
+                f"127.0.0.1:{self.port}",
+                "--no-live",
+            ],
+            stdout=console,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         console.close()
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -196,7 +226,8 @@ def sample(soakd: Soakd, t0: float, last: dict[str, Any] | None) -> dict[str, An
     row: dict[str, Any] = {
         "t_s": round(time.monotonic() - t0, 1),
         "utc": time.strftime("%H:%M:%S", time.gmtime()),
-        "session": soakd.session, "pid": pid,
+        "session": soakd.session,
+        "pid": pid,
         "rss_mb": round(int(st["VmRSS"].split()[0]) / 1024, 1),
         "threads": int(st["Threads"]),
         "fds": len(os.listdir(f"/proc/{pid}/fd")),
@@ -204,7 +235,8 @@ def sample(soakd: Soakd, t0: float, last: dict[str, Any] | None) -> dict[str, An
     }
     took, nbytes, figures = scrape(f"http://127.0.0.1:{soakd.port}/metrics")
     row |= {
-        "scrape_ms": round(took * 1e3, 1), "scrape_kb": round(nbytes / 1024, 1),
+        "scrape_ms": round(took * 1e3, 1),
+        "scrape_kb": round(nbytes / 1024, 1),
         "requests": int(figures["requests"]),
         "tasks": int(figures.get("soakd_event_loop_tasks", -1)),
         "loop_delay_ms": round(figures.get("soakd_event_loop_delay_seconds", 0) * 1e3, 1),
@@ -241,9 +273,17 @@ def run(args: argparse.Namespace) -> Path:
     events = (out / "events.jsonl").open("a")
 
     def note(kind: str, **data: Any) -> None:
-        events.write(json.dumps({"utc": time.strftime("%H:%M:%S", time.gmtime()),
-                                 "t_s": round(time.monotonic() - t0, 1), "kind": kind,
-                                 **data}) + "\n")
+        events.write(
+            json.dumps(
+                {
+                    "utc": time.strftime("%H:%M:%S", time.gmtime()),
+                    "t_s": round(time.monotonic() - t0, 1),
+                    "kind": kind,
+                    **data,
+                }
+            )
+            + "\n"
+        )
         events.flush()
         print(kind, data, flush=True)
 
@@ -272,8 +312,12 @@ def run(args: argparse.Namespace) -> Path:
                 soakd.start()
                 ready_at = time.monotonic()
                 ok = soakd.wait_ready()
-                note("resumed", session=soakd.session, ready=ok,
-                     ready_s=round(time.monotonic() - ready_at, 2))
+                note(
+                    "resumed",
+                    session=soakd.session,
+                    ready=ok,
+                    ready_s=round(time.monotonic() - ready_at, 2),
+                )
                 next_kill += args.kill_every
                 last = None
                 continue
@@ -340,23 +384,30 @@ def warm(rows: list[dict[str, str]], warm_s: float = WARM_S) -> list[dict[str, s
 COLOURS = ("#1f5fa8", "#d9822b", "#2e8b57", "#8e44ad")
 
 
-def svg(xs: list[float], ys: list[float], title: str, unit: str,
-        kills: list[float]) -> str:
+def svg(xs: list[float], ys: list[float], title: str, unit: str, kills: list[float]) -> str:
     """One polyline, axes with min/max labels, dashed lines at the SIGKILLs."""
     return svg_lines(xs, [("", ys)], title, unit, kills)
 
 
-def svg_lines(xs: list[float], series: list[tuple[str, list[float]]], title: str, unit: str,
-              kills: list[float]) -> str:
+def svg_lines(
+    xs: list[float],
+    series: list[tuple[str, list[float]]],
+    title: str,
+    unit: str,
+    kills: list[float],
+) -> str:
     """A polyline per series (labelled when there are several) on one scale."""
     w, h, left, right, top, bottom = 640, 220, 60, 15, 28, 30
     x1 = max(xs[-1], 1.0)
     every = [y for _, ys in series for y in ys]
     lo, hi = min(0.0, min(every)), max(every) * 1.1 or 1.0
+
     def px(x: float) -> float:
         return left + (w - left - right) * x / x1
+
     def py(y: float) -> float:
         return h - bottom - (h - top - bottom) * (y - lo) / (hi - lo)
+
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
         f'font-family="sans-serif" font-size="11">',
@@ -369,16 +420,23 @@ def svg_lines(xs: list[float], series: list[tuple[str, list[float]]], title: str
         f'<text x="{left}" y="{h - 10}">0</text>',
         f'<text x="{w - right}" y="{h - 10}" text-anchor="end">{x1 / 60:.0f} min</text>',
     ]
-    parts += [f'<line x1="{px(k):.1f}" y1="{top}" x2="{px(k):.1f}" y2="{h - bottom}" '
-              f'stroke="#c33" stroke-dasharray="4 3"/>' for k in kills if k <= x1]
+    parts += [
+        f'<line x1="{px(k):.1f}" y1="{top}" x2="{px(k):.1f}" y2="{h - bottom}" '
+        f'stroke="#c33" stroke-dasharray="4 3"/>'
+        for k in kills
+        if k <= x1
+    ]
     for n, (label, ys) in enumerate(series):
         colour = COLOURS[n % len(COLOURS)]
         points = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xs, ys, strict=True))
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
-                     f'points="{points}"/>')
+        parts.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{points}"/>'
+        )
         if label:
-            parts.append(f'<text x="{w - right - 150}" y="{top + 12 + 13 * n}" '
-                         f'fill="{colour}">{label}</text>')
+            parts.append(
+                f'<text x="{w - right - 150}" y="{top + 12 + 13 * n}" '
+                f'fill="{colour}">{label}</text>'
+            )
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
@@ -387,12 +445,18 @@ def render_mem(mem: Path, docs: Path) -> None:
     """bench/endurance_mem.py's mem.csv: RSS and the allocators' split on one plot."""
     rows = list(csv.DictReader(mem.open()))
     xs = [float(r["t_s"]) for r in rows]
-    series = [(label, [float(r[col]) for r in rows]) for col, label in (
-        ("rss_anon_mb", "RssAnon"), ("in_use_mb", "glibc in use"),
-        ("free_mb", "glibc free (kept)"))]
+    series = [
+        (label, [float(r[col]) for r in rows])
+        for col, label in (
+            ("rss_anon_mb", "RssAnon"),
+            ("in_use_mb", "glibc in use"),
+            ("free_mb", "glibc free (kept)"),
+        )
+    ]
     docs.mkdir(parents=True, exist_ok=True)
-    (docs / "mem.svg").write_text(svg_lines(xs, series, "never killed: RssAnon and glibc",
-                                            "MB", []))
+    (docs / "mem.svg").write_text(
+        svg_lines(xs, series, "never killed: RssAnon and glibc", "MB", [])
+    )
 
 
 def render(samples: Path, docs: Path, warm_s: float = WARM_S) -> str:
@@ -400,8 +464,7 @@ def render(samples: Path, docs: Path, warm_s: float = WARM_S) -> str:
     events = samples.with_name("events.jsonl")
     kills = []
     if events.exists():
-        kills = [float(e["t_s"]) for e in map(json.loads, events.open())
-                 if e["kind"] == "sigkill"]
+        kills = [float(e["t_s"]) for e in map(json.loads, events.open()) if e["kind"] == "sigkill"]
     docs.mkdir(parents=True, exist_ok=True)
     lines = [
         "| figure | start | middle | end | min - max | slope per hour (within sessions) |",
@@ -434,15 +497,27 @@ def main() -> None:
     p.add_argument("--duration", type=duration, default=7200.0, help="e.g. 2h, 5m")
     p.add_argument("--kill-every", type=duration, default=1800.0)
     p.add_argument("--sample-every", type=duration, default=60.0)
-    p.add_argument("--grace", type=duration, default=300.0,
-                   help="after --duration plus the resumes' downtime, SIGTERM")
-    p.add_argument("--warm", type=duration, default=WARM_S,
-                   help="the start of each session left out of the table (default 3m)")
+    p.add_argument(
+        "--grace",
+        type=duration,
+        default=300.0,
+        help="after --duration plus the resumes' downtime, SIGTERM",
+    )
+    p.add_argument(
+        "--warm",
+        type=duration,
+        default=WARM_S,
+        help="the start of each session left out of the table (default 3m)",
+    )
     p.add_argument("--out", default="/tmp/endure/run")
     p.add_argument("--docs", default=None, help="write table.md and the SVGs here")
     p.add_argument("--render", default=None, metavar="CSV", help="only render these samples")
-    p.add_argument("--mem", default=None, metavar="CSV",
-                   help="also plot bench/endurance_mem.py's mem.csv (mem.svg)")
+    p.add_argument(
+        "--mem",
+        default=None,
+        metavar="CSV",
+        help="also plot bench/endurance_mem.py's mem.csv (mem.svg)",
+    )
     args = p.parse_args()
     samples = Path(args.render) if args.render else run(args)
     docs = Path(args.docs) if args.docs else samples.parent / "docs"

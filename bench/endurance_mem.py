@@ -37,25 +37,39 @@ from endurance import CONFIG, duration
 from suite import rss_anon_mb
 
 from soakd import runtime
-from soakd.run.app import RunOptions, Soak
 from soakd.config import config_from_dict
+from soakd.run.app import RunOptions, Soak
 
 
 class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 async def run(args: argparse.Namespace, out: Path) -> None:
     cfg = config_from_dict(yaml.safe_load(CONFIG.format(duration_s=int(args.duration))))
-    soak = Soak(cfg, RunOptions(run_dir=out / "run", metrics_addr="127.0.0.1:0",
-                                console_logs=False))
+    soak = Soak(
+        cfg, RunOptions(run_dir=out / "run", metrics_addr="127.0.0.1:0", console_logs=False)
+    )
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = MallInfo2
     sink = (out / "mem.csv").open("w")
-    sink.write("t_s,requests,rss_anon_mb,arena_mb,in_use_mb,free_mb,mmap_mb,blocks,gc_objects,"
-              "fds\n")
+    sink.write(
+        "t_s,requests,rss_anon_mb,arena_mb,in_use_mb,free_mb,mmap_mb,blocks,gc_objects,fds\n"
+    )
 
     async def watch() -> None:
         t0 = time.monotonic()
@@ -63,11 +77,18 @@ async def run(args: argparse.Namespace, out: Path) -> None:
             await asyncio.sleep(args.every)
             mi = libc.mallinfo2()
             done = sum(s.requests for s in soak.stats.total.values())
-            row = [round(time.monotonic() - t0), done, round(rss_anon_mb(), 1),
-                   round(mi.arena / 2**20, 1), round(mi.uordblks / 2**20, 1),
-                   round(mi.fordblks / 2**20, 1), round(mi.hblkhd / 2**20, 1),
-                   sys.getallocatedblocks(), len(gc.get_objects()),
-                   len(os.listdir("/proc/self/fd"))]
+            row = [
+                round(time.monotonic() - t0),
+                done,
+                round(rss_anon_mb(), 1),
+                round(mi.arena / 2**20, 1),
+                round(mi.uordblks / 2**20, 1),
+                round(mi.fordblks / 2**20, 1),
+                round(mi.hblkhd / 2**20, 1),
+                sys.getallocatedblocks(),
+                len(gc.get_objects()),
+                len(os.listdir("/proc/self/fd")),
+            ]
             sink.write(",".join(map(str, row)) + "\n")
             sink.flush()
             print(*row, flush=True)
@@ -94,24 +115,36 @@ def compare(without: Path, with_trim: Path, docs: Path) -> None:
         ("rss_anon_mb", "trim_rss.svg", "RssAnon, without and with malloc_trim", "MB"),
         ("fds", "trim_fds.svg", "open fds (the pool shrinks after each burst)", "fds"),
     ):
-        series = [(label, [float(r[col]) for r in run[:n]])
-                  for label, run in zip(labels, runs, strict=True)]
+        series = [
+            (label, [float(r[col]) for r in run[:n]])
+            for label, run in zip(labels, runs, strict=True)
+        ]
         (docs / name).write_text(svg_lines(xs, series, title, unit, []))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--compare", nargs=2, type=Path, metavar=("WITHOUT_CSV", "WITH_CSV"),
-                   help="only plot two runs' mem.csv into --docs (trim_rss.svg, trim_fds.svg)")
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("WITHOUT_CSV", "WITH_CSV"),
+        help="only plot two runs' mem.csv into --docs (trim_rss.svg, trim_fds.svg)",
+    )
     p.add_argument("--docs", type=Path, default=Path("docs/endurance"))
     p.add_argument("--duration", type=duration, default=3600.0)
     p.add_argument("--every", type=duration, default=30.0)
     p.add_argument("--out", default="/tmp/endure/mem")
-    p.add_argument("--trim-every", type=duration, default=runtime.TRIM_EVERY_S,
-                   help="malloc_trim(0) period, as `soakd run` does; 0: never (the baseline)")
+    p.add_argument(
+        "--trim-every",
+        type=duration,
+        default=runtime.TRIM_EVERY_S,
+        help="malloc_trim(0) period, as `soakd run` does; 0: never (the baseline)",
+    )
     args = p.parse_args()
     if args.compare:
-        compare(*args.compare, args.docs)
+        without, with_trim = args.compare
+        compare(without, with_trim, args.docs)
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

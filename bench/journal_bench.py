@@ -30,10 +30,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from soakd.measure.analysis import itl_keys
 from soakd.config import JournalConfig
-from soakd.measure.fold import Fold
 from soakd.journal import JOURNAL_FILE, Journal, RunInfo
+from soakd.measure.analysis import itl_keys
+from soakd.measure.fold import Fold
 from soakd.metrics.run import JournalMetrics, Metrics
 from soakd.model import ErrorKind, Outcome
 from soakd.run.stats import RunStats
@@ -125,7 +125,7 @@ def bench(n: int, tokens: int, itl: str, sync: str, gaps: str = "wide") -> dict[
         sinks = Timed()
         j = Journal(Path(tmp) / JOURNAL_FILE, info, cfg, metrics=jm, forward=[sinks])
         j.start()
-        j.attach(Clock())  # type: ignore[arg-type]
+        j.attach(Clock())
         assert j._thread is not None
         assert j._thread.ident is not None
         assert j._proc is not None

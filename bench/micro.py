@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from soakd.config import JournalConfig  # noqa: E402
+from soakd.config import JournalConfig, TokenLength  # noqa: E402
 from soakd.model import Outcome, Phase, Plan, RequestSpec  # noqa: E402
-from soakd.workload.prompts import SyntheticPrompts, TokenLength  # noqa: E402
+from soakd.workload.prompts import SyntheticPrompts  # noqa: E402
 from soakd.workload.runner import Runner  # noqa: E402
 from soakd.shapes import Constant  # noqa: E402
 from soakd.workload.timer import sleep_until_ns  # noqa: E402
@@ -147,7 +147,7 @@ class _Sink:
 async def _dispatch() -> list[float]:
     plan = Plan((Phase(0, "steady", 0, 1000 * MS, {"a": Constant(rate=200)}),))
     sink = _Sink()
-    runner = Runner(plan, {"a": _Target()}, _Prompts(), [sink], max_tokens=8, temperature=0.7)  # type: ignore[arg-type, dict-item]
+    runner = Runner(plan, {"a": _Target()}, _Prompts(), [sink], max_tokens=8, temperature=0.7)  # type: ignore[dict-item]
     await runner.run()
     await runner.drain(5)
     return [o.dispatch_lag_ns / US for o in sink.outcomes]

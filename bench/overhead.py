@@ -21,6 +21,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from soakd.model import Outcome
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -50,9 +54,15 @@ async def bare(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
     """The floor: aiohttp, iter_any, split lines, json.loads each data line."""
     import aiohttp
 
-    body = json.dumps({"model": "soakd-sim", "messages": [{"role": "user", "content": "hello " * 20}],
-                       "max_tokens": tokens, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "model": "soakd-sim",
+            "messages": [{"role": "user", "content": "hello " * 20}],
+            "max_tokens": tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     done = 0
     got_tokens = 0
     marks: dict[str, float] = {}
@@ -64,8 +74,9 @@ async def bare(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
         async def worker() -> None:
             nonlocal done, got_tokens, start_cpu
             while done < n + WARMUP:
-                async with session.post(url, data=body,
-                                        headers={"Content-Type": "application/json"}) as resp:
+                async with session.post(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                ) as resp:
                     buf = b""
                     async for chunk in resp.content.iter_any():
                         buf += chunk
@@ -86,13 +97,22 @@ async def bare(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(conc)))
         wall = time.perf_counter() - t0
-    return {"cpu_s": cpu_s() - start_cpu, "requests": done - WARMUP, "tokens": got_tokens,
-            "wall_s": wall, "rss_mb": marks, "rss_final_mb": rss_mb()}
+    return {
+        "cpu_s": cpu_s() - start_cpu,
+        "requests": done - WARMUP,
+        "tokens": got_tokens,
+        "wall_s": wall,
+        "rss_mb": marks,
+        "rss_final_mb": rss_mb(),
+    }
 
 
 async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, object]:
-    """soakd's whole hot path: Runner + OpenAITarget + Metrics + RunStats."""
-    from soakd.config import TargetConfig, Workload
+    """soakd's whole hot path: Runner + OpenAITarget + Metrics + RunStats (fed folds of the
+    outcomes, as the journal's writer feeds them: bench/clients.py's Folding)."""
+    from clients import Folding
+
+    from soakd.config import Prompts, TargetConfig, TokenLength, Workload
     from soakd.metrics.run import Metrics
     from soakd.model import Phase, Plan
     from soakd.run.stats import RunStats
@@ -111,9 +131,9 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
     runner: Runner
 
     class Counter:
-        def record(self, o: object) -> None:
+        def record(self, o: Outcome) -> None:
             state["done"] += 1
-            state["tokens"] += o.output_tokens  # type: ignore[attr-defined]
+            state["tokens"] += o.output_tokens or 0
             d = state["done"]
             if d == WARMUP:
                 state["start_cpu"] = cpu_s()
@@ -124,19 +144,33 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
                 runner.stop()
 
     plan = Plan((Phase(0, "p", 0, 10**15, {"t": Closed(conc)}),))
-    workload = Workload(max_tokens=tokens, prompts={"input_tokens": {"mean": 20}})
-    runner = Runner(plan, {"t": target}, make_prompt_source(workload), [metrics, stats, Counter()],
-                    max_tokens=tokens, temperature=0.7)
+    workload = Workload(max_tokens=tokens, prompts=Prompts(input_tokens=TokenLength(mean=20)))
+    folding = Folding(metrics, stats)
+    runner = Runner(
+        plan,
+        {"t": target},
+        make_prompt_source(workload),
+        [folding, Counter()],
+        max_tokens=tokens,
+        temperature=0.7,
+    )
     metrics.watch_in_flight(runner.in_flight)
     t0 = time.perf_counter()
     await runner.run()
     await runner.drain(30)
+    folding.flush()
     wall = time.perf_counter() - t0
     await target.aclose()
     errors = stats.total["t"].requests - stats.total["t"].ok
-    return {"cpu_s": cpu_s() - state["start_cpu"], "requests": state["done"] - WARMUP,
-            "tokens": state["tokens"], "wall_s": wall, "rss_mb": marks,
-            "rss_final_mb": rss_mb(), "errors": errors}
+    return {
+        "cpu_s": cpu_s() - state["start_cpu"],
+        "requests": state["done"] - WARMUP,
+        "tokens": state["tokens"],
+        "wall_s": wall,
+        "rss_mb": marks,
+        "rss_final_mb": rss_mb(),
+        "errors": errors,
+    }
 
 
 def child(mode: str, url: str, n: int, conc: int, tokens: int) -> None:
@@ -150,17 +184,20 @@ def start_sim(profile: str) -> tuple[subprocess.Popen[bytes], str]:
     from soakd.sim.spawn import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "soakd", "sim", "--port", str(port),
-                             "--profile", profile], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "soakd", "sim", "--port", str(port), "--profile", profile],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     import urllib.request
 
     for _ in range(100):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health").close()
-            return proc, f"http://127.0.0.1:{port}"
         except OSError:
             time.sleep(0.1)
+        else:
+            return proc, f"http://127.0.0.1:{port}"
     proc.kill()
     raise SystemExit("simulator did not start")
 
@@ -183,24 +220,42 @@ def main() -> None:
     results = {}
     try:
         for mode in [args.only] if args.only else ["bare", "soakd"]:
-            out = subprocess.run([sys.executable, __file__, "--child", mode, "--url",
-                                  base if mode == "soakd" else url,
-                                  "--requests", str(args.requests), "--concurrency",
-                                  str(args.concurrency), "--tokens", str(args.tokens)],
-                                 capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    mode,
+                    "--url",
+                    base if mode == "soakd" else url,
+                    "--requests",
+                    str(args.requests),
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--tokens",
+                    str(args.tokens),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         sim.terminate()
         sim.wait()
-    print(f"server: soakd sim --profile {args.profile}; {args.requests} requests after "
-          f"{WARMUP} warm-up, concurrency {args.concurrency}, {args.tokens} tokens each; "
-          f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
+    print(
+        f"server: soakd sim --profile {args.profile}; {args.requests} requests after "
+        f"{WARMUP} warm-up, concurrency {args.concurrency}, {args.tokens} tokens each; "
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cores"
+    )
     print(f"{'client':8} {'req/s':>8} {'CPU/req':>10} {'CPU/token':>10} {'peak RSS':>9}  RSS at")
     for mode, r in results.items():
         per_req = r["cpu_s"] / r["requests"] * 1e3
         per_tok = r["cpu_s"] / max(1, r["tokens"]) * 1e6
-        print(f"{mode:8} {r['requests'] / r['wall_s']:8.0f} {per_req:8.3f}ms {per_tok:8.1f}us "
-              f"{r['peak_rss_mb']:7.1f}MB  {r['rss_mb']}")
+        print(
+            f"{mode:8} {r['requests'] / r['wall_s']:8.0f} {per_req:8.3f}ms {per_tok:8.1f}us "
+            f"{r['peak_rss_mb']:7.1f}MB  {r['rss_mb']}"
+        )
     if len(results) == 2:
         b, s = results["bare"], results["soakd"]
         ratio_req = (s["cpu_s"] / s["requests"]) / (b["cpu_s"] / b["requests"])

@@ -6,6 +6,7 @@ import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +30,18 @@ def _f(v: Any, nd: int = 2, unit: str = "") -> str:
     return f"{v}{unit}"
 
 
-def _med(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+def _med(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
 
 
-def _spread(values: list[float], nd: int = 2) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
+def _spread(values: Sequence[float | None], nd: int = 2) -> str:
+    vals = [v for v in values if v is not None]
+    if not vals:
         return "–"
-    if len(values) == 1:
-        return f"{values[0]:.{nd}f}"
-    return f"{statistics.median(values):.{nd}f} ({min(values):.{nd}f}–{max(values):.{nd}f})"
+    if len(vals) == 1:
+        return f"{vals[0]:.{nd}f}"
+    return f"{statistics.median(vals):.{nd}f} ({min(vals):.{nd}f}–{max(vals):.{nd}f})"
 
 
 def versions() -> dict[str, str]:
@@ -179,7 +180,7 @@ def closed_tables(doc: dict[str, Any], lines: list[str], goals: list[str]) -> No
             if not rs:
                 continue
 
-            def m(key: str, stat: str, rs: list[dict[str, Any]] = rs) -> list[float]:
+            def m(key: str, stat: str, rs: list[dict[str, Any]] = rs) -> list[float | None]:
                 return [r.get(key, {}).get(stat) for r in rs]
 
             late = [r.get("stub", {}).get("ttft_late", {}) for r in rs]
@@ -195,13 +196,13 @@ def closed_tables(doc: dict[str, Any], lines: list[str], goals: list[str]) -> No
             )
     lines.append("")
     for tool in ("soakd-hot", "soakd"):
-        rs, bs = by.get((tool, 8), []), by.get(("bare", 8), [])
-        if not rs:
+        runs8, bare8 = by.get((tool, 8), []), by.get(("bare", 8), [])
+        if not runs8:
             continue
-        mean = _med([r["ttft_err"].get("mean") for r in rs])
-        p99 = _med([r["ttft_err"].get("p99") for r in rs])
-        bp99 = _med([r["ttft_err"].get("p99") for r in bs])
-        itl99 = _med([r["itl_err"].get("p99") for r in rs])
+        mean = _med([r["ttft_err"].get("mean") for r in runs8])
+        p99 = _med([r["ttft_err"].get("p99") for r in runs8])
+        bp99 = _med([r["ttft_err"].get("p99") for r in bare8])
+        itl99 = _med([r["itl_err"].get("p99") for r in runs8])
         goals.append(
             f"| {LABEL[tool]}: TTFT error mean under 1 ms, 8 streams | {_f(mean)} ms | "
             f"{'met' if mean is not None and mean < 1 else 'missed'} |"
@@ -268,8 +269,8 @@ def ab_table(rows: list[dict[str, Any]], lines: list[str]) -> None:
         "`soakd run` with the runner's `sleep_until_ns` (soakd/workload/timer.py: a "
         "timerfd armed at the instant) against the `asyncio.sleep` it replaced (patched "
         "back in by bench/diag_soakd.py), interleaved, 15 s each, stub TTFT 50 ms / ITL "
-        "5 ms. Reproduce: `.venv/bin/python bench/ab_dispatch.py` (then "
-        "`bench/report.py`).",
+        "5 ms. Made by bench/ab_dispatch.py and bench/diag_soakd.py "
+        "(scripts removed; in git history before 63d0eb7).",
         "",
         "| load | sleep | round | lag p50 (ms) | lag p99 (ms) | lag max (ms) | CV at the "
         "stub | max gap (ms) | load avg |",
@@ -290,7 +291,8 @@ def switch_table(rows: list[dict[str, Any]], lines: list[str]) -> None:
         "",
         "`soakd run` (journal on) with `sys.setswitchinterval(0.0005)` (soakd/cli.py, as "
         "shipped) against Python's default 0.005, interleaved, closed loop, stub TTFT 50 "
-        "ms / ITL 5 ms. Reproduce: `.venv/bin/python bench/ab_switch.py`.",
+        "ms / ITL 5 ms. Made by bench/ab_switch.py (script removed; in git history before "
+        "63d0eb7).",
         "",
         "| streams | switch interval | round | CPU / request (ms) | TTFT err mean | TTFT "
         "err p99 | ITL err p99 | stub late p99 |",
@@ -357,10 +359,10 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
                 out.append(r["cpu_ms_per_req"] / b["cpu_ms_per_req"])
         return out
 
-    def col(tool: str, key: str, stat: str | None = None) -> list[float]:
+    def col(tool: str, key: str, stat: str | None = None) -> list[float | None]:
         return [(r.get(key) or {}).get(stat) if stat else r.get(key) for r in by[tool]]
 
-    def peak(tool: str, key: str) -> list[float]:
+    def peak(tool: str, key: str) -> list[float | None]:
         return [r.get("at_peak", {}).get(key) for r in by[tool]]
 
     def by_process(tool: str) -> str:
@@ -369,8 +371,11 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
         splits = [r["cpu_ms_per_req_by"] for r in by[tool] if r.get("cpu_ms_per_req_by")]
         if tool == "bare" or not splits:
             return "–"
-        keys = [k for k in ("loop", "threads", "writer", "sampler", "workers", "other")
-                if any(k in s for s in splits)]
+        keys = [
+            k
+            for k in ("loop", "threads", "writer", "sampler", "workers", "other")
+            if any(k in s for s in splits)
+        ]
         return ", ".join(f"{k} {_f(_med([s.get(k, 0.0) for s in splits]), 3)}" for k in keys)
 
     loads = [r["loadavg"][0] for r in runs if r.get("loadavg")]
@@ -389,7 +394,7 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
         "| | " + " | ".join(label(t) for t in tools) + " |",
         "|---|" + "---:|" * len(tools),
     ]
-    rows = [
+    rows: list[tuple[str, Callable[[str], str]]] = [
         ("CPU / request (ms)", lambda t: _spread(col(t, "cpu_ms_per_req"), 3)),
         ("× bare (same round)", lambda t: "1" if t == "bare" else _spread(ratio(t))),
         ("of which, by process (ms)", by_process),
@@ -413,8 +418,8 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
             ),
         ),
     ]
-    for label, fn in rows:
-        lines.append(f"| {label} | " + " | ".join(fn(t) for t in tools) + " |")
+    for name, fn in rows:
+        lines.append(f"| {name} | " + " | ".join(fn(t) for t in tools) + " |")
     lines.append("")
     if "soakd" in by and bare:
         rq = _med(ratio("soakd"))
@@ -456,7 +461,8 @@ def manycore_table(doc: dict[str, Any], lines: list[str]) -> None:
             f"| CPU per request at most 1.2× bare (per round) | {_f(rq)}× | 1× | "
             f"{v(rq is not None and rq <= 1.2)} |",
             f"| TTFT error mean under 1 ms | {_f(mean)} ms | "
-            f"{_f(_med(col('bare', 'ttft_err', 'mean')))} ms | {vt(mean is not None and mean < 1)} |",
+            f"{_f(_med(col('bare', 'ttft_err', 'mean')))} ms | "
+            f"{vt(mean is not None and mean < 1)} |",
             f"| TTFT error p99 no worse than bare (within 5 %) | {_f(p99)} ms | {_f(bp99)} ms "
             f"| {vt(p99 is not None and bp99 is not None and p99 <= bp99 * 1.05)} |",
             f"| peak RSS under 80 MB, whole tree (largest round; soakd's own process) "
@@ -559,7 +565,7 @@ def render(results: Path, dest: Path, notes: Path | None = None) -> None:
     closed = _load(results, "closed")
     openloop = _load(results, "openloop")
     endurance = _load(results, "endurance")
-    machine = next((d["machine"] for d in (closed, openloop, endurance) if d), {})
+    machine: dict[str, Any] = next((d["machine"] for d in (closed, openloop, endurance) if d), {})
     v = versions()
     lines = [
         "# Benchmarks: soakd against GuideLLM, AIPerf and `vllm bench serve`",

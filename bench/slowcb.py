@@ -53,13 +53,10 @@ def _gc_cb(phase: str, info: dict[str, int]) -> None:
 
 def _dump() -> None:
     out = os.environ.get("SLOWCB_OUT", f"/tmp/slowcb-{os.getpid()}.json")
-    slow = sorted(
-        (
-            {"what": k, "n": len(v), "total_ms": sum(v) / 1e6, "max_ms": max(v) / 1e6}
-            for k, v in _slow.items()
-        ),
-        key=lambda r: -r["total_ms"],
-    )
+    slow = [
+        {"what": k, "n": len(v), "total_ms": sum(v) / 1e6, "max_ms": max(v) / 1e6}
+        for k, v in sorted(_slow.items(), key=lambda kv: -sum(kv[1]))
+    ]
     gcs = {
         g: {
             "n": len(v),

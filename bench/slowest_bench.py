@@ -23,8 +23,10 @@ import resource
 import tempfile
 import time
 from array import array
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from soakd.config import JournalConfig
 from soakd.journal import JOURNAL_FILE, Journal, JournalReader, RunInfo
@@ -34,6 +36,8 @@ from soakd.report.slowest import slowest
 TARGETS = ("local", "cloud")
 PHASES = ("warm", "steady", "spike")
 S = 10**9
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class Clock:
@@ -80,7 +84,7 @@ def build(run_dir: Path, n: int, itl: bool) -> float:
     cfg = JournalConfig(synchronous="normal", itl_gaps=itl, queue_size=100_000)
     j = Journal(run_dir / JOURNAL_FILE, info, cfg)
     j.start()
-    j.attach(Clock())  # type: ignore[arg-type]
+    j.attach(Clock())
     t0 = time.perf_counter()
     queue = j._q
     for i in range(n):
@@ -119,9 +123,9 @@ def python_pass(reader: JournalReader, n: int) -> dict[tuple[str, str], list[flo
     return {k: [e2e / 1e9 for e2e, _ in sorted(h, reverse=True)] for k, h in heaps.items()}
 
 
-def timed(fn, *args):  # type: ignore[no-untyped-def]
+def timed(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> tuple[R, float]:
     t0 = time.perf_counter()
-    result = fn(*args)
+    result = fn(*args, **kwargs)
     return result, time.perf_counter() - t0
 
 

@@ -28,20 +28,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ctypes
 import ctypes.util
 import heapq
 import json
 import mmap
 import os
-import struct
 import signal
 import socket
+import struct
 import sys
 import time
 from array import array
 from collections.abc import Callable
 from itertools import count
+from typing import Any
 
 _now = time.perf_counter_ns  # CLOCK_MONOTONIC, the clock of timerfd below
 TOKEN = " the"
@@ -98,7 +100,7 @@ class Timers:
 
     def _fire(self) -> None:
         if self.fd >= 0:
-            try:
+            try:  # noqa: SIM105 (every timer's wake-up: no context manager on this path)
                 os.read(self.fd, 8)
             except BlockingIOError:
                 pass
@@ -148,8 +150,12 @@ class Lateness:
         return self.max_ns / 1e6
 
     def doc(self) -> dict[str, object]:
-        return {"n": self.n, "total_ns": self.total_ns, "max_ns": self.max_ns,
-                "buckets_10us": self.buckets}
+        return {
+            "n": self.n,
+            "total_ns": self.total_ns,
+            "max_ns": self.max_ns,
+            "buckets_10us": self.buckets,
+        }
 
 
 # --- the server ------------------------------------------------------------------------------
@@ -166,8 +172,9 @@ class Config:
 
 
 class State:
-    def __init__(self, counter: mmap.mmap | None = None, slot: int = 0,
-                 arrivals: bool = False) -> None:
+    def __init__(
+        self, counter: mmap.mmap | None = None, slot: int = 0, arrivals: bool = False
+    ) -> None:
         self.requests = 0
         self.tokens = 0
         self.connections = 0  # TCP connections accepted: keep-alive reuse shows here
@@ -180,8 +187,14 @@ class State:
         self.templates: dict[tuple[str, bool], tuple[bytes, bytes, bytes]] = {}
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            411: "Length Required", 413: "Payload Too Large"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    411: "Length Required",
+    413: "Payload Too Large",
+}
 
 
 def _framed(data: bytes, chunked: bool) -> bytes:
@@ -193,8 +206,16 @@ class Stream:
 
     __slots__ = ("chat", "conn", "due0", "i", "include_usage", "model", "n", "prompt_tokens")
 
-    def __init__(self, conn: Conn, model: str, chat: bool, n: int, due0: int,
-                 include_usage: bool, prompt_tokens: int) -> None:
+    def __init__(
+        self,
+        conn: Conn,
+        model: str,
+        chat: bool,
+        n: int,
+        due0: int,
+        include_usage: bool,
+        prompt_tokens: int,
+    ) -> None:
         self.conn = conn
         self.model = model
         self.chat = chat
@@ -257,7 +278,7 @@ class Conn(asyncio.Protocol):
             body_end = head_end + 4 + length
             if len(self.buf) < body_end:
                 return
-            body = self.buf[head_end + 4:body_end]
+            body = self.buf[head_end + 4 : body_end]
             self.buf = self.buf[body_end:]
             self.close_after = close
             self._handle(method, target.split("?", 1)[0], body)
@@ -269,9 +290,24 @@ class Conn(asyncio.Protocol):
             self._simple(200, b"{}")
         elif path == "/v1/models":
             m = self.cfg.model
-            self._simple(200, json.dumps({"object": "list", "data": [
-                {"id": m, "object": "model", "created": 0, "owned_by": "stub", "root": m,
-                 "max_model_len": 1 << 20}]}).encode())
+            self._simple(
+                200,
+                json.dumps(
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": m,
+                                "object": "model",
+                                "created": 0,
+                                "owned_by": "stub",
+                                "root": m,
+                                "max_model_len": 1 << 20,
+                            }
+                        ],
+                    }
+                ).encode(),
+            )
         elif path in ("/v1/chat/completions", "/v1/completions"):
             if method != "POST":
                 self._simple(405, b'{"error":"POST only"}')
@@ -280,15 +316,24 @@ class Conn(asyncio.Protocol):
         else:
             self._simple(404, b'{"error":"not found"}')
 
-    def _simple(self, status: int, body: bytes, *, close: bool = False,
-                ctype: bytes = b"application/json") -> None:
+    def _simple(
+        self, status: int, body: bytes, *, close: bool = False, ctype: bytes = b"application/json"
+    ) -> None:
         close = close or self.close_after
         t = self.transport
         if t is None or self.closed:
             return
-        t.write(b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n%s" % (
-            status, _REASONS.get(status, "OK").encode(), ctype, len(body),
-            b"connection: close\r\n" if close else b"", body))
+        t.write(
+            b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s\r\n%s"
+            % (
+                status,
+                _REASONS.get(status, "OK").encode(),
+                ctype,
+                len(body),
+                b"connection: close\r\n" if close else b"",
+                body,
+            )
+        )
         if close:
             self.closed = True
             t.close()
@@ -297,9 +342,9 @@ class Conn(asyncio.Protocol):
         now = _now()
         try:
             req = json.loads(body)
-            if type(req) is not dict:
-                raise ValueError
         except ValueError:
+            req = None
+        if type(req) is not dict:
             self._simple(400, b'{"error":{"type":"BadRequestError","message":"not JSON"}}')
             return
         cfg = self.cfg
@@ -323,18 +368,23 @@ class Conn(asyncio.Protocol):
             self.timers.at(due, self._json_due, model, chat, n, prompt_tokens)
             return
         opts = req.get("stream_options") or {}
-        s = Stream(self, model, chat, n, now + cfg.ttft_ns, bool(opts.get("include_usage")),
-                   prompt_tokens)
+        s = Stream(
+            self, model, chat, n, now + cfg.ttft_ns, bool(opts.get("include_usage")), prompt_tokens
+        )
         self.busy = True
         assert self.transport is not None
         if cfg.chunked:
-            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; "
-                                 b"charset=utf-8\r\ncache-control: no-cache\r\n"
-                                 b"transfer-encoding: chunked\r\n\r\n")
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; "
+                b"charset=utf-8\r\ncache-control: no-cache\r\n"
+                b"transfer-encoding: chunked\r\n\r\n"
+            )
         else:
-            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; "
-                                 b"charset=utf-8\r\ncache-control: no-cache\r\n"
-                                 b"connection: close\r\n\r\n")
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; "
+                b"charset=utf-8\r\ncache-control: no-cache\r\n"
+                b"connection: close\r\n\r\n"
+            )
         self.timers.at(s.due0, _emit, s)
 
     def _json_due(self, due: int, model: str, chat: bool, n: int, prompt_tokens: int) -> None:
@@ -346,10 +396,18 @@ class Conn(asyncio.Protocol):
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
-        doc = {"id": "cmpl-stub", "object": "chat.completion" if chat else "text_completion",
-               "created": int(time.time()), "model": model, "choices": [choice],
-               "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                         "total_tokens": prompt_tokens + n}}
+        doc = {
+            "id": "cmpl-stub",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": n,
+                "total_tokens": prompt_tokens + n,
+            },
+        }
         self.busy = False
         self._simple(200, json.dumps(doc).encode())
         _finished(self.st, n)
@@ -375,24 +433,32 @@ def _templates(st: State, model: str, chat: bool) -> tuple[bytes, bytes, bytes]:
         return t
     created = int(time.time())
     if chat:
-        obj, base = "chat.completion.chunk", {"id": "chatcmpl-stub", "created": created,
-                                               "model": model}
+        obj, base = (
+            "chat.completion.chunk",
+            {"id": "chatcmpl-stub", "created": created, "model": model},
+        )
 
         def ev(delta: dict[str, object], finish: str | None) -> bytes:
-            doc = {**base, "object": obj, "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            doc = {
+                **base,
+                "object": obj,
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
             return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
         role = ev({"role": "assistant", "content": ""}, None)
         tok = ev({"content": TOKEN}, None)
         last = ev({"content": TOKEN}, "length")
     else:
-        base = {"id": "cmpl-stub", "object": "text_completion", "created": created,
-                "model": model}
+        base = {"id": "cmpl-stub", "object": "text_completion", "created": created, "model": model}
 
         def evc(finish: str | None) -> bytes:
-            doc = {**base, "choices": [{"index": 0, "text": TOKEN, "logprobs": None,
-                                        "finish_reason": finish}]}
+            doc = {
+                **base,
+                "choices": [{"index": 0, "text": TOKEN, "logprobs": None, "finish_reason": finish}],
+            }
             return b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n"
 
         role, tok, last = b"", evc(None), evc("length")
@@ -426,11 +492,19 @@ def _emit(due: int, s: Stream) -> None:
     st.tokens += s.n
     _finished(st, s.n)
     if s.include_usage:
-        usage = {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.n,
-                 "total_tokens": s.prompt_tokens + s.n}
-        doc = {"id": "chatcmpl-stub" if s.chat else "cmpl-stub",
-               "object": "chat.completion.chunk" if s.chat else "text_completion",
-               "created": int(time.time()), "model": s.model, "choices": [], "usage": usage}
+        usage = {
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.n,
+            "total_tokens": s.prompt_tokens + s.n,
+        }
+        doc: dict[str, Any] = {
+            "id": "chatcmpl-stub" if s.chat else "cmpl-stub",
+            "object": "chat.completion.chunk" if s.chat else "text_completion",
+            "created": int(time.time()),
+            "model": s.model,
+            "choices": [],
+            "usage": usage,
+        }
         parts.append(b"data: " + json.dumps(doc, separators=(",", ":")).encode() + b"\n\n")
     parts.append(b"data: [DONE]\n\n")
     payload = b"".join(parts)
@@ -449,8 +523,9 @@ def _emit(due: int, s: Stream) -> None:
         t.close()
 
 
-async def _serve(cfg: Config, sock: socket.socket, stats_path: str | None,
-                 precise: bool, st: State) -> None:
+async def _serve(
+    cfg: Config, sock: socket.socket, stats_path: str | None, precise: bool, st: State
+) -> None:
     loop = asyncio.get_running_loop()
     timers = Timers(loop, precise)
     server = await loop.create_server(lambda: Conn(cfg, st, timers), sock=sock)
@@ -462,14 +537,25 @@ async def _serve(cfg: Config, sock: socket.socket, stats_path: str | None,
     finally:
         server.close()
         if stats_path:
-            doc = {"pid": os.getpid(), "timerfd": timers.fd >= 0, "requests": st.requests,
-                   "connections": st.connections,
-                   "tokens": st.tokens, "late": st.late.doc(), "ttft_late": st.ttft_late.doc()}
-            if st.arrivals is not None:
-                with open(stats_path[:-5] + ".arrivals", "wb") as f:
-                    st.arrivals.tofile(f)
-            with open(stats_path, "w") as f:
-                json.dump(doc, f)
+            doc = {
+                "pid": os.getpid(),
+                "timerfd": timers.fd >= 0,
+                "requests": st.requests,
+                "connections": st.connections,
+                "tokens": st.tokens,
+                "late": st.late.doc(),
+                "ttft_late": st.ttft_late.doc(),
+            }
+            _write_stats(stats_path, doc, st.arrivals)
+
+
+def _write_stats(path: str, doc: dict[str, Any], arrivals: array[int] | None) -> None:
+    """A worker's stats at exit, once its server has closed (nothing left to delay)."""
+    if arrivals is not None:
+        with open(path[:-5] + ".arrivals", "wb") as f:
+            arrivals.tofile(f)
+    with open(path, "w") as f:
+        json.dump(doc, f)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -512,43 +598,60 @@ def merge_stats(paths: list[str]) -> dict[str, object]:
             lat.buckets = [a + b for a, b in zip(lat.buckets, d[k]["buckets_10us"], strict=True)]
     out["requests"], out["tokens"], out["connections"] = req, tok, conns
     for k, lat in agg.items():
-        out[k] = {"n": lat.n, "mean_ms": lat.total_ns / lat.n / 1e6 if lat.n else None,
-                  "p50_ms": lat.quantile_ms(0.5), "p99_ms": lat.quantile_ms(0.99),
-                  "max_ms": lat.max_ns / 1e6}
+        out[k] = {
+            "n": lat.n,
+            "mean_ms": lat.total_ns / lat.n / 1e6 if lat.n else None,
+            "p50_ms": lat.quantile_ms(0.5),
+            "p99_ms": lat.quantile_ms(0.99),
+            "max_ms": lat.max_ns / 1e6,
+        }
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0, help="0: pick a free one (printed)")
     ap.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
     ap.add_argument("--itl", type=float, default=0.005, help="seconds between tokens")
     ap.add_argument("--tokens", type=int, default=16, help="when the request has no max_tokens")
-    ap.add_argument("--eos-after", type=int, default=0,
-                    help="stop after N tokens unless the request sets ignore_eos")
+    ap.add_argument(
+        "--eos-after",
+        type=int,
+        default=0,
+        help="stop after N tokens unless the request sets ignore_eos",
+    )
     ap.add_argument("--model", default="tiny-llama")
     ap.add_argument("--framing", choices=["chunked", "close"], default="chunked")
     ap.add_argument("--workers", type=int, default=1, help="processes (SO_REUSEPORT)")
     ap.add_argument("--stats-dir", help="each worker writes its lateness stats here on exit")
     ap.add_argument("--counter-file", help="live (done, tokens) per worker: u64 pairs, mmapped")
-    ap.add_argument("--arrivals", action="store_true",
-                    help="record every request's arrival (ns) to --stats-dir on exit")
-    ap.add_argument("--nice", type=int, default=0,
-                    help="lower (negative: raise) the stub's nice value, so it wakes on time "
-                         "on a busy machine; ignored when not permitted")
-    ap.add_argument("--imprecise", action="store_true",
-                    help="use asyncio's timers (about 1 ms late) instead of timerfd")
+    ap.add_argument(
+        "--arrivals",
+        action="store_true",
+        help="record every request's arrival (ns) to --stats-dir on exit",
+    )
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="lower (negative: raise) the stub's nice value, so it wakes on time "
+        "on a busy machine; ignored when not permitted",
+    )
+    ap.add_argument(
+        "--imprecise",
+        action="store_true",
+        help="use asyncio's timers (about 1 ms late) instead of timerfd",
+    )
     a = ap.parse_args(argv)
     if a.host not in ("127.0.0.1", "localhost", "::1"):
         ap.error("the stub listens on loopback only")
     cfg = Config(a)
     if a.nice:
-        try:
+        with contextlib.suppress(OSError):
             os.nice(a.nice)
-        except OSError:
-            pass
     first = _listen(a.host, a.port)
     port = first.getsockname()[1]
     if a.stats_dir:
@@ -558,10 +661,13 @@ def main(argv: list[str] | None = None) -> None:
     if a.counter_file:
         with open(a.counter_file, "wb") as f:
             f.write(bytes(16 * a.workers))
-        with open(a.counter_file, "r+b") as f:
-            counter = mmap.mmap(f.fileno(), 16 * a.workers)
-    print(f"stub listening on http://{a.host}:{port} (ttft {a.ttft * 1e3:g} ms, "
-          f"itl {a.itl * 1e3:g} ms, {a.workers} worker(s), {a.framing})", flush=True)
+        with open(a.counter_file, "r+b") as rw:
+            counter = mmap.mmap(rw.fileno(), 16 * a.workers)
+    print(
+        f"stub listening on http://{a.host}:{port} (ttft {a.ttft * 1e3:g} ms, "
+        f"itl {a.itl * 1e3:g} ms, {a.workers} worker(s), {a.framing})",
+        flush=True,
+    )
     if a.workers == 1:
         path = os.path.join(a.stats_dir, f"worker-{os.getpid()}.json") if a.stats_dir else None
         asyncio.run(_serve(cfg, first, path, not a.imprecise, State(counter, 0, a.arrivals)))
@@ -573,11 +679,11 @@ def main(argv: list[str] | None = None) -> None:
             for other in socks:
                 if other is not sock:
                     other.close()
-            path = (os.path.join(a.stats_dir, f"worker-{os.getpid()}.json")
-                    if a.stats_dir else None)
+            path = os.path.join(a.stats_dir, f"worker-{os.getpid()}.json") if a.stats_dir else None
             try:
-                asyncio.run(_serve(cfg, sock, path, not a.imprecise,
-                                   State(counter, slot, a.arrivals)))
+                asyncio.run(
+                    _serve(cfg, sock, path, not a.imprecise, State(counter, slot, a.arrivals))
+                )
             finally:
                 os._exit(0)
         pids.append(pid)
@@ -586,10 +692,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def forward(sig: int, _frame: object) -> None:
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)

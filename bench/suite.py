@@ -122,7 +122,8 @@ NICE_THREADS = (
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def proc_table() -> dict[int, tuple[int, float, int]]:
@@ -692,7 +693,7 @@ def run_case(case: Case) -> dict[str, Any]:
     splits: list[dict[str, float]] = []  # the client's CPU by role, at each sample
     roles: dict[int, str] = {}
     rc: int | None = None
-    at_peak: dict[str, float] = {}  # the client's /proc status and smaps split at its peak RSS
+    at_peak: dict[str, Any] = {}  # the client's /proc status and smaps split at its peak RSS
     try:
         argv, stop_rule = command(case, stub.url, out)
         argv = pinned(argv, case.extra.get("client_cpus"))
@@ -931,8 +932,9 @@ def section_manycore(a: argparse.Namespace) -> None:
         "stub_workers": workers,
         "command": "python bench/suite.py " + " ".join(sys.argv[1:]),
         "goals": "issue 28",
-        "experiments": {t: EXPERIMENTS[t].replace("\n", "; ") for t in a.manycore_tools
-                        if EXPERIMENTS.get(t)},
+        "experiments": {
+            t: EXPERIMENTS[t].replace("\n", "; ") for t in a.manycore_tools if EXPERIMENTS.get(t)
+        },
     }
     name = a.name or f"manycore-{len(cpus)}c"
     save(name, doc)

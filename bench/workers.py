@@ -37,8 +37,9 @@ import sys
 import time
 import urllib.request
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
@@ -61,13 +62,25 @@ MODEL = "tiny-llama"
 WARMUP_S = 3.0
 
 
+class Case(TypedDict):
+    """One case of the plan: the stub's timing, the load, and which clients run it."""
+
+    ttft: float  # the stub's, seconds
+    itl: float
+    tokens: int
+    load: dict[str, Any]  # soakd's `load:` of the measured phase
+    bare: bool  # the bare loops run it too
+    w1: bool  # soakd with `workers: 1` too
+
+
 def scrape_total(port: int, name: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith((name + "{", name + " ")) or (name.endswith("}") and line.startswith(name))
+        if line.startswith((name + "{", name + " "))
+        or (name.endswith("}") and line.startswith(name))
     )
 
 
@@ -85,16 +98,27 @@ def pct(values: list[float], q: float) -> float:
 
 
 def soakd_case(
-    work: Path, url: str, cpus: str, *, workers: int, load: dict[str, Any], tokens: int,
+    work: Path,
+    url: str,
+    cpus: str,
+    *,
+    workers: int,
+    load: dict[str, Any],
+    tokens: int,
     seconds: float,
 ) -> dict[str, Any]:
     run_dir = work / f"soakd-w{workers}-{load['mode']}-{tokens}-{int(time.time())}"
     cfg = {
         "run": {"name": "bench", "drain_timeout": "10s", "workers": workers},
-        "targets": [{
-            "name": "stub", "base_url": url, "model": MODEL, "scrape": False,
-            "max_connections": 4096,
-        }],
+        "targets": [
+            {
+                "name": "stub",
+                "base_url": url,
+                "model": MODEL,
+                "scrape": False,
+                "max_connections": 4096,
+            }
+        ],
         "workload": {"max_tokens": tokens, "prompts": {"input_tokens": {"mean": 20}}},
         "phases": [
             {"name": "warmup", "duration": f"{WARMUP_S}s", "load": load},
@@ -104,11 +128,20 @@ def soakd_case(
     path = work / f"{run_dir.name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     port = free_port()
-    argv = [*SOAKD, "run", str(path), "--no-live", "--metrics-addr", f"127.0.0.1:{port}",
-            "--run-dir", str(run_dir)]
+    argv = [
+        *SOAKD,
+        "run",
+        str(path),
+        "--no-live",
+        "--metrics-addr",
+        f"127.0.0.1:{port}",
+        "--run-dir",
+        str(run_dir),
+    ]
     # env: PYTHONPATH is this checkout, whatever soakd the venv has installed
-    proc = subprocess.Popen(pinned(argv, cpus), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=_env())
+    proc = subprocess.Popen(
+        pinned(argv, cpus), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env()
+    )
     root = proc.pid
     try:
         deadline = time.monotonic() + 120
@@ -150,9 +183,13 @@ def soakd_case(
         "SELECT COALESCE(SUM(output_tokens), 0), COALESCE(SUM(requests), 0) FROM totals"
         " WHERE phase = 'measure'"
     ).fetchone()
-    missed = con.execute(
-        "SELECT COALESCE(SUM(count), 0) FROM missed WHERE phase = 'measure'"
-    ).fetchone()[0] if _has_table(con, "missed") else 0
+    missed = (
+        con.execute(
+            "SELECT COALESCE(SUM(count), 0) FROM missed WHERE phase = 'measure'"
+        ).fetchone()[0]
+        if _has_table(con, "missed")
+        else 0
+    )
     con.close()
     lags = [r[0] / 1e6 for r in rows if r[0] is not None]
     ttfts = [r[1] / 1e6 for r in rows if r[1] is not None and r[2] is None]
@@ -184,22 +221,50 @@ def soakd_case(
 
 
 def _has_table(con: sqlite3.Connection, name: str) -> bool:
-    return con.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
-    ).fetchone() is not None
+    return (
+        con.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).fetchone()
+        is not None
+    )
 
 
 def bare_case(
-    work: Path, url: str, cpus: str, *, procs: int, streams: int, tokens: int, seconds: float,
+    work: Path,
+    url: str,
+    cpus: str,
+    *,
+    procs: int,
+    streams: int,
+    tokens: int,
+    seconds: float,
 ) -> dict[str, Any]:
     outs = [work / f"bare-{tokens}-{streams}-{i}-{int(time.time())}.json" for i in range(procs)]
     children = [
-        subprocess.Popen(pinned([
-            PY, str(ROOT / "bench" / "clients.py"), "bare", "--url", url,
-            "--concurrency", str(max(1, streams // procs)), "--tokens", str(tokens),
-            "--requests", str(10**9), "--max-seconds", str(seconds + WARMUP_S),
-            "--out", str(out), "--timings",
-        ], cpus), stdout=subprocess.DEVNULL)
+        subprocess.Popen(
+            pinned(
+                [
+                    PY,
+                    str(ROOT / "bench" / "clients.py"),
+                    "bare",
+                    "--url",
+                    url,
+                    "--concurrency",
+                    str(max(1, streams // procs)),
+                    "--tokens",
+                    str(tokens),
+                    "--requests",
+                    str(10**9),
+                    "--max-seconds",
+                    str(seconds + WARMUP_S),
+                    "--out",
+                    str(out),
+                    "--timings",
+                ],
+                cpus,
+            ),
+            stdout=subprocess.DEVNULL,
+        )
         for out in outs
     ]
     for child in children:
@@ -229,8 +294,9 @@ def ttft_error(values_ms: list[float], truth_ms: float) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "bench" / "results" / "workers")
     ap.add_argument("--cases", default="t16,t512,poisson,ttft")
     ap.add_argument("--seconds", type=float, default=15.0)
@@ -247,33 +313,77 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     work = a.out / "work"
     work.mkdir(exist_ok=True)
-    results: dict[str, Any] = {"cores": len(cores), "stub_cores": n_stub, "workers": a.workers,
-                               "seconds": a.seconds, "rounds": a.rounds, "rate": a.rate,
-                               "command": " ".join(sys.argv), "load": [], "cases": {}}
+    results: dict[str, Any] = {
+        "cores": len(cores),
+        "stub_cores": n_stub,
+        "workers": a.workers,
+        "seconds": a.seconds,
+        "rounds": a.rounds,
+        "rate": a.rate,
+        "command": " ".join(sys.argv),
+        "load": [],
+        "cases": {},
+    }
     closed = {"mode": "closed", "concurrency": a.streams}
     plan = {
-        "t16": dict(ttft=0.005, itl=0.001, tokens=16, load=closed, bare=True, w1=True),
-        "t512": dict(ttft=0.005, itl=0.001, tokens=512, load=closed, bare=True, w1=False),
-        "poisson": dict(ttft=0.010, itl=0.001, tokens=16, bare=False, w1=False,
-                        load={"mode": "poisson", "rate": a.rate}),
-        "ttft": dict(ttft=0.050, itl=0.005, tokens=16, bare=True, w1=True,
-                     load={"mode": "closed", "concurrency": 256}),
+        "t16": Case(ttft=0.005, itl=0.001, tokens=16, load=closed, bare=True, w1=True),
+        "t512": Case(ttft=0.005, itl=0.001, tokens=512, load=closed, bare=True, w1=False),
+        "poisson": Case(
+            ttft=0.010,
+            itl=0.001,
+            tokens=16,
+            bare=False,
+            w1=False,
+            load={"mode": "poisson", "rate": a.rate},
+        ),
+        "ttft": Case(
+            ttft=0.050,
+            itl=0.005,
+            tokens=16,
+            bare=True,
+            w1=True,
+            load={"mode": "closed", "concurrency": 256},
+        ),
     }
     for rnd, name in ((r, n) for r in range(a.rounds) for n in a.cases.split(",")):
         case = plan[name]
         results["load"].append(os.getloadavg()[0])
-        stub = Stub(work, ttft=case["ttft"], itl=case["itl"], tokens=case["tokens"],
-                    workers=n_stub, cpus=stub_cpus)
-        rows = []
+        stub = Stub(
+            work,
+            ttft=case["ttft"],
+            itl=case["itl"],
+            tokens=case["tokens"],
+            workers=n_stub,
+            cpus=stub_cpus,
+        )
+        rows: list[dict[str, Any]] = []
         try:
             runs = [a.workers] + ([1] if case["w1"] else [])
-            for w in runs:
-                rows.append(soakd_case(work, stub.url, client_cpus, workers=w, load=case["load"],
-                                       tokens=case["tokens"], seconds=a.seconds))
+            rows.extend(
+                soakd_case(
+                    work,
+                    stub.url,
+                    client_cpus,
+                    workers=w,
+                    load=case["load"],
+                    tokens=case["tokens"],
+                    seconds=a.seconds,
+                )
+                for w in runs
+            )
             if case["bare"]:
                 streams = case["load"]["concurrency"]
-                rows.append(bare_case(work, stub.url, client_cpus, procs=a.workers,
-                                      streams=streams, tokens=case["tokens"], seconds=a.seconds))
+                rows.append(
+                    bare_case(
+                        work,
+                        stub.url,
+                        client_cpus,
+                        procs=a.workers,
+                        streams=streams,
+                        tokens=case["tokens"],
+                        seconds=a.seconds,
+                    )
+                )
         finally:
             stub.stop()
         for row in rows:
@@ -284,8 +394,11 @@ def main() -> None:
         results["cases"].setdefault(name, []).extend(rows)
         print(f"\n## {name}, round {rnd + 1} of {a.rounds}", flush=True)
         for row in rows:
-            print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                              for k, v in row.items()}))
+            print(
+                json.dumps(
+                    {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}
+                )
+            )
     (a.out / "results.json").write_text(json.dumps(results, indent=1))
     print("\n" + "\n".join(issue_table(results)))
 
@@ -294,7 +407,7 @@ def _rows(results: dict[str, Any], case: str, tool: str) -> list[dict[str, Any]]
     return [r for r in results["cases"].get(case, []) if r["tool"] == tool]
 
 
-def _spread(values: list[float | None], fmt: str = "{:,.0f}") -> str:
+def _spread(values: Sequence[float | None], fmt: str = "{:,.0f}") -> str:
     vals = sorted(v for v in values if v is not None)
     if not vals:
         return "-"
@@ -343,57 +456,93 @@ def issue_table(results: dict[str, Any]) -> list[str]:
     t16, b16 = _rows(results, "t16", sk), _rows(results, "t16", bare)
     if t16:
         tps = _median([r["tokens_per_s"] for r in t16])
-        row(f"16-token answers, {w} workers: tokens/s", _spread([r["tokens_per_s"] for r in t16]),
-            _spread([r["tokens_per_s"] for r in b16]), ">= 250,000",
-            tps is not None and tps >= 250_000)
+        row(
+            f"16-token answers, {w} workers: tokens/s",
+            _spread([r["tokens_per_s"] for r in t16]),
+            _spread([r["tokens_per_s"] for r in b16]),
+            ">= 250,000",
+            tps is not None and tps >= 250_000,
+        )
         ratio = _ratios(t16, b16, "cpu_us_per_token")
-        row("CPU per token, 16-token answers (x bare, per round)",
-            _spread([r["cpu_us_per_token"] for r in t16], "{:.1f} us") + " ("
-            + _spread(ratio, "{:.2f}x") + ")",
-            _spread([r["cpu_us_per_token"] for r in b16], "{:.1f} us"), "<= 1.3x",
-            bool(ratio) and statistics.median(ratio) <= 1.3)
+        row(
+            "CPU per token, 16-token answers (x bare, per round)",
+            _spread([r["cpu_us_per_token"] for r in t16], "{:.1f} us")
+            + " ("
+            + _spread(ratio, "{:.2f}x")
+            + ")",
+            _spread([r["cpu_us_per_token"] for r in b16], "{:.1f} us"),
+            "<= 1.3x",
+            bool(ratio) and statistics.median(ratio) <= 1.3,
+        )
         kept = [r["journal_rows"] / r["sent"] * 100 for r in t16 if r["sent"]]
         rate = _median([r["rate"] for r in t16])
-        row("rows journaled of requests sent, 16-token answers",
+        row(
+            "rows journaled of requests sent, 16-token answers",
             _spread(kept, "{:.1f} %") + f" at {_spread([r['rate'] for r in t16])} req/s",
-            "", "100 % up to 15k req/s",
-            None if rate is None or rate > 15_000 else min(kept) == 100.0)
+            "",
+            "100 % up to 15k req/s",
+            None if rate is None or rate > 15_000 else min(kept) == 100.0,
+        )
         per = _median([r["parent_cpu_us_per_request"] for r in t16])
-        row("parent CPU: cores, us a request (16-token answers)",
-            _spread([r["parent_busy"] for r in t16], "{:.2f}") + ", "
+        row(
+            "parent CPU: cores, us a request (16-token answers)",
+            _spread([r["parent_busy"] for r in t16], "{:.2f}")
+            + ", "
             + _spread([r["parent_cpu_us_per_request"] for r in t16], "{:.0f} us"),
-            "", "< 0.6 cores at 10k req/s (< 60 us a request)", per is not None and per < 60)
+            "",
+            "< 0.6 cores at 10k req/s (< 60 us a request)",
+            per is not None and per < 60,
+        )
         tree = _ratios(t16, b16, "peak_rss_mb")
         parent = _median([r["parent_rss_mb"] for r in t16])
-        row(f"RSS, {w} workers: whole tree / parent (MB)",
-            _spread([r["peak_rss_mb"] for r in t16]) + " / "
-            + _spread([r["parent_rss_mb"] for r in t16]) + " (" + _spread(tree, "{:.2f}x") + ")",
-            _spread([r["peak_rss_mb"] for r in b16]), "tree <= 1.2x bare, parent < 100 MB",
-            bool(tree) and statistics.median(tree) <= 1.2 and parent is not None and parent < 100)
+        row(
+            f"RSS, {w} workers: whole tree / parent (MB)",
+            _spread([r["peak_rss_mb"] for r in t16])
+            + " / "
+            + _spread([r["parent_rss_mb"] for r in t16])
+            + " ("
+            + _spread(tree, "{:.2f}x")
+            + ")",
+            _spread([r["peak_rss_mb"] for r in b16]),
+            "tree <= 1.2x bare, parent < 100 MB",
+            bool(tree) and statistics.median(tree) <= 1.2 and parent is not None and parent < 100,
+        )
     t512, b512 = _rows(results, "t512", sk), _rows(results, "t512", bare)
     if t512:
         ratio = _ratios(t512, b512, "cpu_us_per_token")
-        row("512-token answers: tokens/s (CPU per token x bare)",
+        row(
+            "512-token answers: tokens/s (CPU per token x bare)",
             _spread([r["tokens_per_s"] for r in t512]) + " (" + _spread(ratio, "{:.2f}x") + ")",
-            _spread([r["tokens_per_s"] for r in b512]), "CPU per token <= 1.3x bare",
-            bool(ratio) and statistics.median(ratio) <= 1.3)
+            _spread([r["tokens_per_s"] for r in b512]),
+            "CPU per token <= 1.3x bare",
+            bool(ratio) and statistics.median(ratio) <= 1.3,
+        )
     poisson = _rows(results, "poisson", sk)
     if poisson:
         target = results.get("rate", 5000.0)
         rates_ok = all(abs(r["rate"] - target) <= 0.01 * target for r in poisson)
         lag_ok = all(r["lag_p99_ms"] < 2 for r in poisson)
-        row(f"Poisson {target:,.0f} req/s: rate, lag p99 (every round)",
-            _spread([r["rate"] for r in poisson], "{:,.1f}") + "/s, "
-            + ", ".join(f"{r['lag_p99_ms']:.2f}" for r in poisson) + " ms",
-            "", "rate within 1 %, lag p99 < 2 ms in every run", rates_ok and lag_ok)
+        row(
+            f"Poisson {target:,.0f} req/s: rate, lag p99 (every round)",
+            _spread([r["rate"] for r in poisson], "{:,.1f}")
+            + "/s, "
+            + ", ".join(f"{r['lag_p99_ms']:.2f}" for r in poisson)
+            + " ms",
+            "",
+            "rate within 1 %, lag p99 < 2 ms in every run",
+            rates_ok and lag_ok,
+        )
     ttft, bttft = _rows(results, "ttft", sk), _rows(results, "ttft", bare)
     if ttft:
         ours = _median([r["ttft_error_ms"]["p99"] for r in ttft])
         theirs = _median([r["ttft_error_ms"]["p99"] for r in bttft])
-        row("TTFT error at 256 streams, p99 (ms)",
+        row(
+            "TTFT error at 256 streams, p99 (ms)",
             _spread([r["ttft_error_ms"]["p99"] for r in ttft], "{:.2f}"),
-            _spread([r["ttft_error_ms"]["p99"] for r in bttft], "{:.2f}"), "<= bare",
-            None if ours is None or theirs is None else ours <= theirs)
+            _spread([r["ttft_error_ms"]["p99"] for r in bttft], "{:.2f}"),
+            "<= bare",
+            None if ours is None or theirs is None else ours <= theirs,
+        )
     lines.append("")
     return lines
 

@@ -10,12 +10,11 @@ import os
 import sqlite3
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
 from soakd import __version__
-from soakd.config import Config, ConfigError, load_config, load_decisions, parse_duration
+from soakd.config import ConfigError, load_config, load_decisions, parse_duration
 from soakd.journal import JournalError
 from soakd.net import parse_host_port
 
@@ -227,68 +226,9 @@ def _fail(message: str) -> NoReturn:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Check each file; every problem of every file is listed (exit 2 if any)."""
-    failed = 0
-    for path in args.config:
-        try:
-            _check_one(path, args)
-        except ConfigError as exc:
-            failed += 1
-            text = str(exc)
-            if len(args.config) > 1 and not text.startswith(str(path)):
-                text = f"{path}: {text}"
-            print(f"soakd: error: {text}", file=sys.stderr)
-    return EXIT_USAGE if failed else 0
+    from soakd.cli_check import check_configs
 
-
-def _check_one(path: Path, args: argparse.Namespace) -> None:
-    from soakd.run.startcheck import check_start
-    from soakd.workload.plan import build_plan, describe_plan
-    from soakd.workload.sizing import plan_lines
-
-    cfg = load_config(path)
-    check_start(cfg)  # what `soakd run` reads before it starts: the same lines
-    plan = build_plan(
-        cfg, datetime.now(UTC), rehearse_s=args.rehearse, duration_cap_s=args.duration
-    )
-    prompt_lines = asyncio.run(plan_lines(cfg))  # a bad tokenizer file: a ConfigError
-    print(f"{path}: ok")
-    print(describe_plan(plan, cfg))
-    print("\n".join(prompt_lines))
-    from soakd.workers.senders import senders_for
-
-    n, why = senders_for(cfg.run.workers, plan, cfg.workload.max_tokens)
-    print(f"senders: {n} worker processes ({why})" if n > 1 else f"senders: this process ({why})")
-    if not cfg.slo.empty or any(not t.slo.empty for t in cfg.targets):
-        from soakd.measure.verdicts import describe_slo
-
-        for target in cfg.targets:  # the effective SLO: run-wide with the target's overrides
-            print(f"slo {target.name}: {describe_slo(cfg.slo_for(target.name))}")
-    if cfg.compare is not None:
-        c = cfg.compare
-        print(f"compare: {c.candidate} against baseline {c.baseline}")
-    if args.probe:
-        _probe(cfg)
-
-
-def _probe(cfg: Config) -> None:
-    """``check --probe``: the preflight of ``run`` (a gateway's target: the server behind
-    it); a problem is a ConfigError (exit 2), a warning is printed."""
-    from soakd.logs import setup_logging
-    from soakd.targets.preflight import preflight
-
-    setup_logging(console=False)  # the lines below say it all: no client log on the screen
-    servers = [t for t in cfg.targets if not t.simulator]
-    for t in cfg.targets:
-        if t.simulator:
-            print(f"targets[{t.name}]: the simulator soakd starts: asked when `run` starts it")
-    problems = []
-    for r, t in zip(asyncio.run(preflight(servers)), servers, strict=True):
-        if r.ok or t.expect_failure:
-            print(("warning: " if not r.ok or r.warning else "") + r.line)
-        else:
-            problems.append(r.line)
-    if problems:
-        raise ConfigError.of(problems)
+    return EXIT_USAGE if check_configs(args) else 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:

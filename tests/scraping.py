@@ -26,7 +26,7 @@ def samples(text: str) -> dict[Key, float]:
     return out
 
 
-def total(metrics: dict, name: str, **labels: str) -> float:
+def total(metrics: dict[Key, float], name: str, **labels: str) -> float:
     return sum(
         v
         for (n, lbl), v in metrics.items()
