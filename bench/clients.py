@@ -216,10 +216,10 @@ async def soakd_hot(
     from soakd.metrics.run import Metrics
     from soakd.model import Phase, Plan
     from soakd.run.stats import RunStats
+    from soakd.shapes import Closed
     from soakd.targets.openai import open_target
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner
-    from soakd.shapes import Closed
 
     target = await open_target(TargetConfig(name="t", base_url=url, model="tiny-llama"))
     metrics = Metrics()

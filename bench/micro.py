@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 from soakd.config import JournalConfig, TokenLength  # noqa: E402
 from soakd.model import Outcome, Phase, Plan, RequestSpec  # noqa: E402
+from soakd.shapes import Constant  # noqa: E402
 from soakd.workload.prompts import SyntheticPrompts  # noqa: E402
 from soakd.workload.runner import Runner  # noqa: E402
-from soakd.shapes import Constant  # noqa: E402
 from soakd.workload.timer import sleep_until_ns  # noqa: E402
 
 US = 1_000

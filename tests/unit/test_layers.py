@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("probes", "workers", "report"),
     ("gateway",),
     ("run",),
+    ("cli_check",),
     ("cli",),
     ("__main__",),
 )
