@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from soakd.cli import main
+from soakd.config.slo import DISPATCH_LAG_S, AlertLimits
 from soakd.journal import JournalError, read_resume_state
 from soakd.journal.stored import StoredRun, read_stored, upgrade
 from soakd.report import build_report
-from soakd.report.decisions import DEFAULT_LAG_LIMIT_S
 from tests.journal_fixtures import FakeClock, config, open_test_journal
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "report-golden"
@@ -164,7 +164,7 @@ def test_a_missing_section_takes_its_documented_default(tmp_path: Path) -> None:
     meta = golden_meta()
     older(meta["config"])
     stored = read_stored(meta)
-    assert stored.config.alert_limits.dispatch_lag is None  # DEFAULT_LAG_LIMIT_S, 100 ms
+    assert stored.config.alert_limits.dispatch_lag is None  # DISPATCH_LAG_S, 100 ms
     assert stored.config.gpu.source == "auto"
     rep = build_report(copy_golden(tmp_path / "run", older))
     assert rep.currency == "$"
@@ -175,7 +175,7 @@ def test_a_missing_section_takes_its_documented_default(tmp_path: Path) -> None:
     golden = build_report(copy_golden(tmp_path / "golden"))
     assert rep.overall == golden.overall
     assert rep.notes == golden.notes  # no lag near 50 ms or 100 ms
-    assert DEFAULT_LAG_LIMIT_S == 0.1
+    assert DISPATCH_LAG_S == AlertLimits().dispatch_lag == 0.1
 
 
 def test_a_resume_reads_the_stored_run(tmp_path: Path) -> None:

@@ -1,0 +1,49 @@
+"""One home for each rule (issue 35, item 5): where two parts of soakd decided the same
+thing by their own copy of the logic, each now asks one function. These tests hold every
+caller to that home on the same inputs, so the copies cannot drift apart again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from soakd.config.slo import DISPATCH_LAG_S, AlertLimits, client_limited
+from soakd.journal.stored import StoredConfig
+from soakd.model import MissReason
+from soakd.report import decisions
+from soakd.report.model import Row
+from soakd.run import live
+
+# --- client-limited: the live view's line and the report's note ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lag_ms", "late", "dispatch_lag", "limited"),
+    [
+        (None, 0, None, False),  # no lag measured
+        (DISPATCH_LAG_S * 1e3, 0, None, False),  # at the default limit: not past it
+        (DISPATCH_LAG_S * 1e3 + 0.1, 0, None, True),  # past it
+        (0.4, 1, None, True),  # one planned send too late to make
+        (60.0, 0, 0.05, True),  # past a configured limit
+        (60.0, 0, 0.1, False),
+    ],
+)
+def test_client_limited_is_one_rule_for_the_live_view_and_the_report(
+    lag_ms: float | None, late: int, dispatch_lag: float | None, limited: bool
+) -> None:
+    assert AlertLimits().dispatch_lag == DISPATCH_LAG_S  # the config's default is the rule's
+    assert client_limited(lag_ms, late, dispatch_lag) is limited
+    missed = {"t": {MissReason.LATE: late}} if late else {}
+    status: dict[str, Any] = {
+        "lag_limit_s": dispatch_lag,
+        "missed": missed,
+        "targets": {"t": {"lag_p99_ms": lag_ms}},
+    }
+    assert live.client_limited(status) == (["t"] if limited else [])
+    row = Row("t", None, lag_p99_ms=lag_ms, missed_by_reason=dict(missed.get("t", {})))
+    config = StoredConfig.model_validate(
+        {"targets": [{"name": "t"}], "alert_limits": {"dispatch_lag": dispatch_lag}}
+    )
+    notes = decisions.client_limits({"t": row}, ["t"], config)
+    assert any(n.startswith("CLIENT-LIMITED") for n in notes) is limited
