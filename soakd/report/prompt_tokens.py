@@ -21,7 +21,7 @@ from soakd.journal.stored import StoredWorkload
 from soakd.report.model import PromptTokens, Report
 from soakd.report.table import Table, cells
 from soakd.workload.calibration import Calibration
-from soakd.workload.prompts import FilePrompts, SyntheticPrompts
+from soakd.workload.prompts import FilePrompts, SyntheticPrompts, fixed_length
 from soakd.workload.sizing import WARN_SHARE, stored
 
 
@@ -95,7 +95,7 @@ def _planner(workload: StoredWorkload) -> Callable[[int], int] | None:
     except ValidationError:
         return None
     if lengths.dist == "fixed":
-        n = min(lengths.max, max(lengths.min, lengths.mean))
+        n = fixed_length(lengths)
         return lambda _seq: n
     return SyntheticPrompts(lengths, workload.seed).length
 

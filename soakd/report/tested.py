@@ -23,6 +23,7 @@ from soakd.journal.stored import StoredLoad, StoredPlan, StoredPrompts, StoredRu
 from soakd.model import NS_PER_S
 from soakd.report.model import PhaseTested, Report, TargetTested, Tested
 from soakd.report.table import Table, cells, fmt_duration
+from soakd.workload.prompts import describe_lengths
 from soakd.workload.shapes import shape_of
 
 Served = Mapping[str, tuple[float | None, float | None]]
@@ -52,13 +53,7 @@ def _prompt_plan(prompts: StoredPrompts) -> str:
     if prompts.source == "file":
         name = str(prompts.file or "?").rsplit("/", 1)[-1]
         return f"file {name} (its own lengths)"
-    d = prompts.input_tokens
-    lo, hi = d.min, d.max
-    if d.dist == "uniform":
-        return f"uniform {lo}-{hi}"
-    if d.dist == "normal":
-        return f"normal {d.mean} ± {d.stddev:g} ({lo}-{hi})"
-    return f"fixed {max(lo, min(hi, d.mean))}"
+    return describe_lengths(prompts.input_tokens)
 
 
 def _endpoint(t: StoredTarget) -> str:

@@ -34,7 +34,13 @@ from soakd.workload.calibration import (
     TokenizeError,
     costs_from_pieces,
 )
-from soakd.workload.prompts import WORDS, PromptSource, SyntheticPrompts, make_prompt_source
+from soakd.workload.prompts import (
+    WORDS,
+    PromptSource,
+    SyntheticPrompts,
+    describe_lengths,
+    make_prompt_source,
+)
 
 log = structlog.get_logger()
 
@@ -251,13 +257,7 @@ async def plan_lines(cfg: Config) -> list[str]:
     wl = cfg.workload
     prompts = make_prompt_source(wl)
     if isinstance(prompts, SyntheticPrompts):
-        d = wl.prompts.input_tokens
-        if d.dist == "uniform":
-            shape = f"uniform {d.min}-{d.max}"
-        elif d.dist == "normal":
-            shape = f"normal {d.mean} ± {d.stddev:g} (min {d.min}, max {d.max})"
-        else:
-            shape = f"fixed {d.mean}"
+        shape = describe_lengths(wl.prompts.input_tokens)
         lines = [f"prompts: synthetic, {shape} tokens, seed {wl.seed}"]
     else:
         lines = [f"prompts: {wl.prompts.file}, planned at 4 characters a token"]

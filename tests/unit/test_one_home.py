@@ -4,16 +4,21 @@ caller to that home on the same inputs, so the copies cannot drift apart again."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from soakd.config.redact import config_doc
 from soakd.config.slo import DISPATCH_LAG_S, AlertLimits, client_limited
 from soakd.journal.stored import StoredConfig
 from soakd.model import MissReason
-from soakd.report import decisions
+from soakd.report import build_report, decisions
 from soakd.report.model import Row
 from soakd.run import live
+from soakd.workload.prompts import SyntheticPrompts, describe_lengths, fixed_length
+from soakd.workload.sizing import plan_lines
+from tests.journal_fixtures import FakeClock, config, open_test_journal
 
 # --- client-limited: the live view's line and the report's note ------------------------------
 
@@ -47,3 +52,33 @@ def test_client_limited_is_one_rule_for_the_live_view_and_the_report(
     )
     notes = decisions.client_limits({"t": row}, ["t"], config)
     assert any(n.startswith("CLIENT-LIMITED") for n in notes) is limited
+
+
+# --- the prompt lengths in words: soakd check and the report's "What was tested" -------------
+
+
+@pytest.mark.parametrize(
+    ("lengths", "words"),
+    [
+        ({"dist": "fixed", "mean": 300}, "fixed 300"),
+        ({"dist": "fixed", "mean": 5000, "max": 4096}, "fixed 4096"),  # clamped, as sent
+        ({"dist": "uniform", "min": 64, "max": 512}, "uniform 64-512"),
+        ({"dist": "normal", "mean": 200, "stddev": 50, "max": 400}, "normal 200 ± 50 (1-400)"),
+    ],
+)
+async def test_prompt_lengths_are_worded_once_for_check_and_the_report(
+    tmp_path: Path, lengths: dict[str, Any], words: str
+) -> None:
+    cfg = config(workload={"prompts": {"input_tokens": lengths}, "calibrate": "off"})
+    configured = cfg.workload.prompts.input_tokens
+    assert describe_lengths(configured) == words
+    if configured.dist == "fixed":  # what is said is what every prompt is planned at
+        prompts = SyntheticPrompts(configured)
+        assert {prompts.length(s) for s in range(20)} == {fixed_length(configured)}
+    assert (await plan_lines(cfg))[0] == f"prompts: synthetic, {words} tokens, seed 0"
+    stored = StoredConfig.model_validate(config_doc(cfg)).workload.prompts.input_tokens
+    assert describe_lengths(stored) == words
+    open_test_journal(tmp_path, cfg, FakeClock()).close()
+    tested = build_report(tmp_path).tested
+    assert tested is not None
+    assert {t.prompt_tokens_planned for t in tested.targets} == {words}
