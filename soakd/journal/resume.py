@@ -22,6 +22,7 @@ from soakd.journal.integrity import Loss, check_whole, emptied, lost, read_mark
 from soakd.journal.records import EventKind
 from soakd.journal.schema import LOCK_FILE, JournalError, check_schema, connect
 from soakd.journal.stored import StoredRun, read_stored
+from soakd.jsondiff import differences
 from soakd.model import Plan
 
 _UNCOMPARED = (
@@ -52,22 +53,11 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _diff(a: Any, b: Any, path: str = "") -> list[str]:
-    """Dotted paths where two JSON documents differ (list items by ``name`` when they have one)."""
-    if path.strip(".") in _UNCOMPARED:
-        return []
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: list[str] = []
-        for key in sorted(set(a) | set(b)):
-            out += _diff(a.get(key), b.get(key), f"{path}.{key}" if path else key)
-        return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        out = []
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            name = x.get("name") if isinstance(x, dict) else None
-            out += _diff(x, y, f"{path}[{name or i}]")
-        return out
-    return [] if a == b else [path or "config"]
+def _diff(stored: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The dotted paths where the stored config and this one differ, sorted, but for
+    what changes nothing of what is sent (``_UNCOMPARED``)."""
+    found = differences(stored, now, skip=_UNCOMPARED, sort_keys=True)
+    return [d.path or "config" for d in found]
 
 
 def _as_read_now(doc: dict[str, Any]) -> dict[str, Any]:

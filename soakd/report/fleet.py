@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from soakd.journal import JournalReader
+from soakd.jsondiff import differences
 from soakd.report.build import build_report
 from soakd.report.model import Report, value_of
 from soakd.report.table import (
@@ -110,24 +111,15 @@ def plan_identity(meta: Mapping[str, Any], *, with_slo: bool = True) -> dict[str
     return out
 
 
-def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
-    """The first place two JSON-like documents differ: (dotted path, a's value, b's)."""
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        for key in list(a) + [k for k in b if k not in a]:
-            found = first_difference(a.get(key), b.get(key), f"{path}.{key}" if path else key)
-            if found is not None:
-                return found
+def first_difference(a: object, b: object) -> tuple[str, object, object] | None:
+    """The first place two plan identities differ (``jsondiff.differences``): (dotted
+    path, a's value, b's); two lists of different lengths by their counts."""
+    d = next(differences(a, b), None)
+    if d is None:
         return None
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return (f"{path} (count)", len(a), len(b))
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            name = x.get("name") if isinstance(x, Mapping) else None
-            found = first_difference(x, y, f"{path}[{name or i}]")
-            if found is not None:
-                return found
-        return None
-    return None if a == b else (path, a, b)
+    if isinstance(d.a, list) and isinstance(d.b, list):
+        return (f"{d.path} (count)", len(d.a), len(d.b))
+    return (d.path, d.a, d.b)
 
 
 def _short(value: Any) -> str:

@@ -12,8 +12,10 @@ import pytest
 from soakd.config.redact import config_doc
 from soakd.config.slo import DISPATCH_LAG_S, AlertLimits, client_limited
 from soakd.journal.stored import StoredConfig
+from soakd.jsondiff import Difference, differences
 from soakd.model import MissReason
 from soakd.report import build_report, decisions
+from soakd.report.fleet import first_difference
 from soakd.report.model import Row
 from soakd.run import live
 from soakd.workload.prompts import SyntheticPrompts, describe_lengths, fixed_length
@@ -82,3 +84,36 @@ async def test_prompt_lengths_are_worded_once_for_check_and_the_report(
     tested = build_report(tmp_path).tested
     assert tested is not None
     assert {t.prompt_tokens_planned for t in tested.targets} == {words}
+
+
+# --- where two documents differ: a resume's config check and a fleet's plan check ------------
+
+
+def test_one_walk_finds_where_documents_differ_for_a_resume_and_a_fleet() -> None:
+    a: dict[str, Any] = {
+        "b": 1,
+        "a": {"x": [1, 2]},
+        "targets": [{"name": "alpha", "slo": {"e2e": 1}}, {"name": "beta"}],
+        "run": {"workers": 2},
+        "phases": [{"loads": 1}, {"loads": 2}],
+    }
+    b: dict[str, Any] = {
+        "b": 2,
+        "a": {"x": [1, 2, 3]},
+        "targets": [{"name": "alpha", "slo": {"e2e": 2}}, {"name": "beta"}],
+        "run": {"workers": 4},
+        "phases": [{"loads": 1}, {"loads": 3}],
+        "new": True,
+    }
+    walk = list(differences(a, b))
+    paths = ["b", "a.x", "targets[alpha].slo.e2e", "run.workers", "phases[1].loads", "new"]
+    assert [d.path for d in walk] == paths
+    assert walk[1] == Difference("a.x", [1, 2], [1, 2, 3])  # other lengths: whole
+    assert walk[-1] == Difference("new", None, True)  # absent: None
+    # a resume (journal/resume.py): every path, sorted, but what sends nothing different
+    resume = differences(a, b, skip={"run.workers"}, sort_keys=True)
+    assert [d.path for d in resume] == sorted(set(paths) - {"run.workers"})
+    # a fleet (report/fleet.py): the first, lists of other lengths by their counts
+    assert first_difference(a, b) == ("b", 1, 2)
+    assert first_difference(a["a"], b["a"]) == ("x (count)", 2, 3)
+    assert first_difference(a, a) is None
