@@ -4,6 +4,7 @@ caller to that home on the same inputs, so the copies cannot drift apart again."
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from soakd.config.redact import config_doc
 from soakd.config.slo import DISPATCH_LAG_S, AlertLimits, client_limited
 from soakd.journal.stored import StoredConfig
 from soakd.jsondiff import Difference, differences
+from soakd.measure.fold import fold
+from soakd.measure.notes import Notes, count_notes
 from soakd.model import MissReason
 from soakd.report import build_report, decisions
 from soakd.report.fleet import first_difference
@@ -20,7 +23,7 @@ from soakd.report.model import Row
 from soakd.run import live
 from soakd.workload.prompts import SyntheticPrompts, describe_lengths, fixed_length
 from soakd.workload.sizing import plan_lines
-from tests.journal_fixtures import FakeClock, config, open_test_journal
+from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome
 
 # --- client-limited: the live view's line and the report's note ------------------------------
 
@@ -117,3 +120,35 @@ def test_one_walk_finds_where_documents_differ_for_a_resume_and_a_fleet() -> Non
     assert first_difference(a, b) == ("b", 1, 2)
     assert first_difference(a["a"], b["a"]) == ("x (count)", 2, 3)
     assert first_difference(a, a) is None
+
+
+# --- the answers' notes: the writer's fold (journal, Metrics) and the /status sink ------------
+
+
+def test_notes_are_counted_once_for_the_fold_and_the_sink() -> None:
+    rng, clock = random.Random(3), FakeClock(offset_s=5)
+    outs = []
+    for i in range(60):
+        o = outcome(rng, clock, ("alpha", "beta")[i % 2], "warm", i, 5 + i * 0.01)
+        if i % 5 == 0:
+            o.usage_reported, o.usage_rejected = False, "negative"
+        if i % 7 == 0:
+            o.usage_delta = -3  # usage below the stream: a mismatch
+        if i % 11 == 0:
+            o.retry_after_unreadable = True
+        outs.append(o)
+    sink = Notes()
+    for o in outs:
+        sink.record(o)
+    assert fold(outs).notes == sink.counts  # the same count, made by count_notes
+    assert sink.counts[("alpha", "usage_rejected:negative")] == 6
+    counts: dict[tuple[str, str], int] = {}
+    first, again = outs[0], outs[10]  # both alpha, usage rejected (and more for the first)
+    assert count_notes(first, counts) == (
+        "usage_rejected:negative",
+        "usage_mismatch:below",
+        "retry_after_unreadable",
+    )
+    assert count_notes(again, counts) == ()  # counted, not new
+    assert counts[("alpha", "usage_rejected:negative")] == 2
+    assert count_notes(outs[1], counts) == ()  # most answers carry none
