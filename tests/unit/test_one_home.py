@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -14,10 +14,12 @@ from soakd.config.redact import config_doc
 from soakd.config.slo import DISPATCH_LAG_S, AlertLimits, client_limited
 from soakd.journal.stored import StoredConfig
 from soakd.jsondiff import Difference, differences
+from soakd.measure.analysis import SessionRow
 from soakd.measure.fold import fold
 from soakd.measure.notes import Notes, count_notes
 from soakd.model import MissReason
 from soakd.report import build_report, decisions
+from soakd.report.failing import failing_notes, never_answered, never_succeeded
 from soakd.report.fleet import first_difference
 from soakd.report.model import Row
 from soakd.run import live
@@ -152,3 +154,32 @@ def test_notes_are_counted_once_for_the_fold_and_the_sink() -> None:
     assert count_notes(again, counts) == ()  # counted, not new
     assert counts[("alpha", "usage_rejected:negative")] == 2
     assert count_notes(outs[1], counts) == ()  # most answers carry none
+
+
+# --- never succeeded: the report's note and soakd run's exit status ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("requests", "not_judged", "ok", "dead"),
+    [
+        (0, 0, 0, False),  # nothing sent
+        (5, 5, 0, False),  # all cut at the stop: nothing judged
+        (5, 2, 0, True),
+        (5, 0, 1, False),
+    ],
+)
+def test_never_succeeded_is_one_rule_for_the_report_and_the_exit_status(
+    requests: int, not_judged: int, ok: int, dead: bool
+) -> None:
+    assert never_succeeded(requests, not_judged, ok) is dead
+    kinds = {"http_5xx": 1, "timeout": 2} if requests > ok + not_judged else {}
+    row = Row("t", None, requests=requests, not_judged=not_judged, ok=ok, errors_by_kind=kinds)
+    summary = cast(
+        "SessionRow",
+        {"requests": requests, "not_judged": not_judged, "ok": ok, "errors_by_kind": kinds},
+    )
+    said = {"t": "timeout 2, http_5xx 1"} if dead else {}
+    assert never_answered({"t": row}) == said  # the exit status, from the report
+    assert never_answered({"t": summary}) == said  # from the session, without one
+    notes = failing_notes([], {"t": row}, ["t"], 0.0)
+    assert any("never answered a request successfully" in n for n in notes) is dead
