@@ -14,6 +14,7 @@ import sqlite3
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -39,7 +40,7 @@ from soakd.journal.schema import (
     connect,
     request_columns,
 )
-from soakd.journal.stored import read_stored
+from soakd.journal.stored import StoredRun, read_stored
 from soakd.measure.analysis import JITTER_SLICES, JITTER_WINDOW_S, TargetStats
 
 MERGE_SLICE_NS = round(JITTER_WINDOW_S / JITTER_SLICES * 1e9)
@@ -119,9 +120,14 @@ class JournalReader:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    @cached_property
+    def stored(self) -> StoredRun:
+        """The run its ``meta`` stored, typed (stored.py); JournalError when unreadable."""
+        return read_stored(self.meta, self.path)
+
     @property
     def window_ns(self) -> int:
-        return int(self.meta["window_ns"])
+        return self.stored.window_ns
 
     def sessions(self) -> list[dict[str, Any]]:
         cur = self.conn.execute("SELECT * FROM progress ORDER BY session")
@@ -166,7 +172,7 @@ class JournalReader:
         journal's window divides it; else the journal's window."""
         window = self.window_ns
         two = round(2 * JITTER_WINDOW_S * 1e9)
-        plan_end_ns = read_stored(self.meta, self.path).plan.end_ns
+        plan_end_ns = self.stored.plan.end_ns
         reached = self.conn.execute("SELECT MAX(offset_ns) FROM progress").fetchone()[0] or 0
         long_run = min(reached, plan_end_ns) >= two
         return slice_ns if long_run and slice_ns % window == 0 else window

@@ -16,7 +16,7 @@ from soakd.config import format_duration
 from soakd.journal import JournalReader, Loss, Rollup, records
 from soakd.journal.reader import Total
 from soakd.journal.records import Logged, each
-from soakd.journal.stored import StoredRun, StoredTarget, read_stored
+from soakd.journal.stored import StoredRun, StoredTarget
 from soakd.measure.analysis import JITTER_SLICES, JITTER_WINDOW_S
 from soakd.measure.goodput import Tally, journal_tallies
 from soakd.measure.notes import by_target, describe
@@ -254,7 +254,7 @@ def _read(
     run_dir: Path, judge_by: Mapping[str, object] | None, slowest_n: int, *, salvage: bool
 ) -> _Read:
     with JournalReader(run_dir, salvage=salvage) as reader:
-        stored = read_stored(reader.meta, reader.path)
+        stored = reader.stored
         if judge_by is not None:
             stored = stored.model_copy(update={"config": decisions_from(stored.config, judge_by)})
         sessions = reader.sessions()
