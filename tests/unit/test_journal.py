@@ -299,7 +299,9 @@ def test_a_key_a_newer_soakd_added_is_no_config_change(tmp_path: Path) -> None:
     j.close(completed=False)
     state = read_resume_state(tmp_path / "journal.db")
     assert state is not None
-    for target in state.config["targets"]:
+    targets = state.stored.config_document["targets"]
+    assert isinstance(targets, list)
+    for target in targets:
         del target["max_output_factor"]  # as an older soakd stored it
     _, plan = run_info(cfg)
     assert state.check(cfg, plan, force=False) == []
