@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from soakd.journal.codec import stats_from_blob
 from soakd.journal.integrity import (
@@ -59,6 +59,23 @@ class Total(NamedTuple):
     output_tokens: int
     prompt_tokens: int
     oom: int
+
+
+class StoredSession(NamedTuple):
+    """One row of the ``progress`` table: a session of the run, as its last heartbeat
+    (or its close) left it."""
+
+    session: int
+    version: str  # the soakd that ran it
+    pid: int
+    started_wall: float
+    started_offset_ns: int
+    wall: float
+    offset_ns: int  # the plan clock
+    phase_index: int | None
+    seqs: str  # JSON: target -> the next seq (a resume reads it)
+    rollup_from_id: int
+    stopped: int  # 1: closed cleanly
 
 
 @dataclass
@@ -129,10 +146,10 @@ class JournalReader:
     def window_ns(self) -> int:
         return self.stored.window_ns
 
-    def sessions(self) -> list[dict[str, Any]]:
-        cur = self.conn.execute("SELECT * FROM progress ORDER BY session")
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur]
+    def sessions(self) -> list[StoredSession]:
+        cols = ", ".join(StoredSession._fields)
+        query = f"SELECT {cols} FROM progress ORDER BY session"  # noqa: S608 (the fields)
+        return [StoredSession(*row) for row in self.conn.execute(query)]
 
     def events(self) -> list[Logged]:
         """Every event, typed (records.py), in the order it was journaled."""

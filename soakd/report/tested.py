@@ -14,10 +14,10 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from soakd.config import format_duration
 from soakd.config.redact import scrub_url
+from soakd.journal.reader import StoredSession
 from soakd.journal.records import Logged, RunResumed, RunStarted
 from soakd.journal.stored import StoredLoad, StoredPlan, StoredPrompts, StoredRun, StoredTarget
 from soakd.model import NS_PER_S
@@ -85,7 +85,7 @@ def _phases(plan: StoredPlan) -> list[PhaseTested]:
 
 def what_was_tested(
     stored: StoredRun,
-    sessions: Sequence[Mapping[str, Any]],
+    sessions: Sequence[StoredSession],
     events: Sequence[Logged],
     served: Served,
 ) -> Tested:
@@ -119,7 +119,7 @@ def what_was_tested(
         site=config.run.site,
         hosts=list(dict.fromkeys(hosts)),
         started=_iso(stored.created_wall),
-        ended=_iso(max((s["wall"] for s in sessions), default=None)),
+        ended=_iso(max((s.wall for s in sessions), default=None)),
         rehearsal=stored.options.rehearse_s is not None or plan.scale != 1.0,
         scale=plan.scale,
         configured_plan_s=plan.end_s / plan.scale,

@@ -404,7 +404,7 @@ def test_a_killed_writer_leaves_rows_the_reader_and_a_resume_fold_in(tmp_path: P
         conn.execute("UPDATE progress SET stopped = 1")
     with JournalReader(tmp_path) as r:  # persisted by the resume this time
         assert sum(x.stats.requests for x in r.rollups()) == 300
-        assert r.sessions()[-1]["session"] == 2
+        assert r.sessions()[-1].session == 2
 
 
 def test_retention_deletes_old_rows_but_keeps_the_aggregates(
