@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from soakd.config import Config
 from soakd.config.redact import config_doc
@@ -37,7 +36,7 @@ _UNCOMPARED = (
 )
 
 
-def plan_doc(plan: Plan) -> dict[str, Any]:
+def plan_doc(plan: Plan) -> dict[str, object]:
     """The resolved plan as stored in ``meta`` (and compared on resume)."""
     return {
         "scale": plan.scale,
