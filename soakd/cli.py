@@ -9,7 +9,7 @@ import contextlib
 import os
 import sqlite3
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
@@ -238,7 +238,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from soakd.report import Report, build_report, final_verdict, terminal_summary
-    from soakd.report.failing import never_succeeded as dead_row
+    from soakd.report.failing import never_answered
     from soakd.run.app import RunOptions, Soak, StartError, StoppedBeforeStart
     from soakd.run.live import errors_table, target_table
     from soakd.run.startcheck import check_start
@@ -284,24 +284,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             + " request(s); the figures below are what the journal holds",
             style="bold red",
         )
-    dead: dict[str, str] = {}  # targets that never succeeded, in the whole run
     rep: Report | None = None
     try:  # the report's summary: the whole run, every session, from the journal
         rep = build_report(result.run_dir, slowest_n=0)
         for part in terminal_summary(rep):
             console.print(part)
-        dead = {t: _kinds(row.errors_by_kind) for t, row in rep.overall.items() if dead_row(row)}
+        dead = never_answered(rep.overall)  # over the whole run
     except Exception as exc:  # the run's own numbers are still worth printing
         console.print(f"(no report from the journal: {type(exc).__name__}: {exc})")
         console.print(target_table(result.summary, "this session"))
         errors = errors_table(result.summary)
         if errors is not None:
             console.print(errors)
-        dead = {
-            t: _kinds(row["errors_by_kind"])
-            for t, row in result.summary.items()
-            if row["requests"] - row["not_judged"] > 0 and not row["ok"]
-        }
+        dead = never_answered(result.summary)
     console.print(f"report: soakd report {result.run_dir} --format html -o report.html")
     if result.cancelled:
         console.print(
@@ -319,10 +314,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return EXIT_NO_SUCCESS if failed else 0
-
-
-def _kinds(by_kind: Mapping[str, int]) -> str:
-    return ", ".join(f"{k} {n:,}" for k, n in sorted(by_kind.items(), key=lambda kv: -kv[1]))
 
 
 EXIT_FAILED = 1

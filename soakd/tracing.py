@@ -16,9 +16,9 @@ soakd's to join uninvited.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from hashlib import blake2b
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
@@ -27,10 +27,10 @@ if TYPE_CHECKING:
 __all__ = [
     "HEADER",
     "is_local_url",
+    "sends_traceparent",
     "span_id",
     "trace_id",
     "traced_names",
-    "traced_targets",
     "traceparent",
     "wants_traceparent",
 ]
@@ -78,7 +78,11 @@ def is_local_url(url: str) -> bool:
     return addr.is_loopback or addr.is_private or addr.is_link_local
 
 
-def _wants(setting: bool | None, base_url: str, simulator: object, gateway: object) -> bool:
+def sends_traceparent(
+    setting: bool | None, base_url: str, simulator: object, gateway: object
+) -> bool:
+    """The rule, for a target as configured (``wants_traceparent``) or as a journal stored
+    it (``soakd/journal/stored.py``): ``setting`` as asked, else a local target's do."""
     if setting is not None:
         return setting
     return simulator is not None or gateway is not None or is_local_url(base_url)
@@ -86,7 +90,7 @@ def _wants(setting: bool | None, base_url: str, simulator: object, gateway: obje
 
 def wants_traceparent(cfg: TargetConfig) -> bool:
     """Does this target get a ``traceparent`` on every request?"""
-    return _wants(cfg.traceparent, cfg.base_url, cfg.simulator, cfg.gateway)
+    return sends_traceparent(cfg.traceparent, cfg.base_url, cfg.simulator, cfg.gateway)
 
 
 def traced_names(targets: Iterable[TargetConfig | str]) -> list[str]:
@@ -96,16 +100,3 @@ def traced_names(targets: Iterable[TargetConfig | str]) -> list[str]:
         for t in targets
         if isinstance(t, str) or wants_traceparent(t)
     ]
-
-
-def traced_targets(config: Mapping[str, Any]) -> frozenset[str]:
-    """The targets that sent a ``traceparent``, from a run's stored config document (the
-    journal's ``meta``). A document without the ``traceparent`` key was written by a soakd
-    that sent none: its targets are not traced."""
-    names = set()
-    for t in config.get("targets", []):
-        if "traceparent" not in t:
-            continue
-        if _wants(t["traceparent"], t.get("base_url") or "", t.get("simulator"), t.get("gateway")):
-            names.add(str(t["name"]))
-    return frozenset(names)

@@ -157,20 +157,18 @@ def _events_first(j: Journal) -> None:
     j.event(records.Preflight("alpha", True, "alpha: ok", 0.01))
     j.event(
         records.PromptCalibration(
-            {
-                "stage": "start",
-                "source": "tokenize",
-                "reference": "alpha",
-                "costs": None,
-                "scale": 1.25,
-                "overhead": 7.0,
-                "from_seq": 0,
-                "planned": 120.0,
-                "served": {"alpha": 150.0, "beta": 151.0},
-                "failed": {},
-                "requests": 8,
-                "seconds": 0.2,
-            }
+            records.CalibrationStage.START,
+            source="tokenize",
+            reference="alpha",
+            costs=None,
+            scale=1.25,
+            overhead=7.0,
+            from_seq=0,
+            planned=120.0,
+            served={"alpha": 150.0, "beta": 151.0},
+            failed={},
+            requests=8,
+            seconds=0.2,
         )
     )
     j.event(records.Phase("warm", 0))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BeforeValidator, Field, field_validator
 
@@ -64,6 +64,10 @@ class Slo(Strict):
         return all(v is None for v in self.model_dump().values())
 
 
+DISPATCH_LAG_S: Final = 0.1
+"""``alert_limits.dispatch_lag``'s default, also where a stored config or ``/status`` has none."""
+
+
 class AlertLimits(Strict):
     """Limits that only alert rules read (no verdict judges them), exported as gauges.
     The SLO limits are in the ``slo`` block."""
@@ -71,8 +75,27 @@ class AlertLimits(Strict):
     vram_leak_per_hour: Annotated[
         float, BeforeValidator(lambda v: parse_bytes(v)), Field(gt=0, allow_inf_nan=False)
     ] = 50e6  # VramLeak: GPU memory growing faster than this
-    dispatch_lag: Limit = 0.1  # DispatchLagHigh: soakd sending later than this
+    dispatch_lag: Limit = DISPATCH_LAG_S  # DispatchLagHigh: soakd sending later than this
     e2e_p99_drift_per_hour: Limit = 1.0  # P99 E2E growing faster than this
+
+
+def lag_limit_s(dispatch_lag: float | None) -> float:
+    """The dispatch lag a target's P99 may reach before it is client-limited:
+    ``alert_limits.dispatch_lag`` (None: the default)."""
+    return float(dispatch_lag or DISPATCH_LAG_S)
+
+
+def lagged(lag_p99_ms: float | None, dispatch_lag: float | None) -> bool:
+    """soakd's dispatch lag P99 for a target past ``lag_limit_s``."""
+    return lag_p99_ms is not None and lag_p99_ms > lag_limit_s(dispatch_lag) * 1e3
+
+
+def client_limited(lag_p99_ms: float | None, late: int, dispatch_lag: float | None) -> bool:
+    """soakd itself could not keep a target's schedule: its dispatch lag P99 past the
+    limit (``lagged``), or planned sends it made too late to count (``late``: sends not
+    made, reason late). Such a target's latency and rate figures measure the client. The
+    one rule for the live view's CLIENT-LIMITED line and the report's note."""
+    return lagged(lag_p99_ms, dispatch_lag) or late > 0
 
 
 THRESHOLDS_MOVED = (

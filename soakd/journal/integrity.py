@@ -32,12 +32,12 @@ from soakd.journal.mark import MarkFile as MarkFile
 from soakd.journal.mark import read_mark as read_mark
 from soakd.journal.records import EventKind
 from soakd.journal.schema import APPLICATION_ID, JournalDamaged, connect
+from soakd.journal.stored import StoredCore, read_core
 
 SALVAGED_FILE = "journal.salvaged.db"
 GRAIN = 16
 """A range of row ids this short that cannot be read is counted lost without splitting it
 further (a damaged 16 KiB page holds ~100 request rows)."""
-_NEEDED = frozenset({"run_id", "config", "plan", "window_ns"})
 """The run record a report cannot do without."""
 NEAR_DAMAGE = 1000
 """Rows this close (in ids) to an unreadable range are decoded before they are kept: a
@@ -190,8 +190,7 @@ def salvage(src: Path, dst: Path) -> Salvaged:
             ).fetchall()
             meta = conn.execute("SELECT key, value FROM meta").fetchall()
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            doc = {str(k): json.loads(v) for k, v in meta}
-            _needed(doc)
+            run = read_core({str(k): json.loads(v) for k, v in meta})
         except (sqlite3.DatabaseError, ValueError, TypeError) as exc:
             raise JournalDamaged(
                 f"{src} is damaged beyond salvage: its table list or its run record (meta: "
@@ -224,7 +223,7 @@ def salvage(src: Path, dst: Path) -> Salvaged:
                     if name == "requests" and failed:
                         _drop_undecodable(out, result, failed)
                 elif name == "rollups":
-                    _copy_rollups(conn, out, doc, result)
+                    _copy_rollups(conn, out, run, result)
                 else:
                     _copy_whole(conn, out, name, result)
         finally:
@@ -245,12 +244,6 @@ def _copy_whole(src: sqlite3.Connection, out: sqlite3.Connection, name: str, s: 
         marks = ",".join("?" * len(rows[0]))
         out.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)  # noqa: S608
     s.read[name] = len(rows)
-
-
-def _needed(doc: dict[str, Any]) -> None:
-    missing = _NEEDED - set(doc)
-    if missing:
-        raise ValueError(f"missing {', '.join(sorted(missing))}")
 
 
 def _id_bound(conn: sqlite3.Connection, name: str, mark: Mark | None) -> int:
@@ -358,7 +351,7 @@ def _decodable(rows: list[Any]) -> tuple[list[Any], int]:
 
 
 def _copy_rollups(
-    src: sqlite3.Connection, out: sqlite3.Connection, doc: dict[str, Any], s: Salvaged
+    src: sqlite3.Connection, out: sqlite3.Connection, run: StoredCore, s: Salvaged
 ) -> None:
     """Rollup windows per (target, phase) of the run's config and plan, by window ranges
     (split in two when they fail, as rows are)."""
@@ -374,15 +367,11 @@ def _copy_rollups(
         if undecodable:
             s.whole_lost.append(f"{undecodable} rollup window(s) (undecodable)")
         return
-    config, plan = doc.get("config") or {}, doc.get("plan") or {}
-    targets = [str(t["name"]) for t in config.get("targets", [])]
-    window_ns = int(doc.get("window_ns") or 1_000_000_000)
+    targets = [t.name for t in run.config.targets]
+    window_ns = run.window_ns or 1_000_000_000
     # the windows each phase can have: its spans of plan time (a request may end a
     # little after its phase: one span's worth of late windows is searched too)
-    spans = [
-        (str(p["name"]), int(p["start_ns"]) // window_ns, int(p["end_ns"]) // window_ns)
-        for p in plan.get("phases", [])
-    ]
+    spans = [(p.name, p.start_ns // window_ns, p.end_ns // window_ns) for p in run.plan.phases]
     damaged = False
     for target in targets:
         for phase, first, end in spans:

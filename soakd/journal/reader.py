@@ -14,8 +14,9 @@ import sqlite3
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from soakd.journal.codec import stats_from_blob
 from soakd.journal.integrity import (
@@ -39,7 +40,7 @@ from soakd.journal.schema import (
     connect,
     request_columns,
 )
-from soakd.journal.stored import read_stored
+from soakd.journal.stored import StoredRun, read_stored
 from soakd.measure.analysis import JITTER_SLICES, JITTER_WINDOW_S, TargetStats
 
 MERGE_SLICE_NS = round(JITTER_WINDOW_S / JITTER_SLICES * 1e9)
@@ -58,6 +59,23 @@ class Total(NamedTuple):
     output_tokens: int
     prompt_tokens: int
     oom: int
+
+
+class StoredSession(NamedTuple):
+    """One row of the ``progress`` table: a session of the run, as its last heartbeat
+    (or its close) left it."""
+
+    session: int
+    version: str  # the soakd that ran it
+    pid: int
+    started_wall: float
+    started_offset_ns: int
+    wall: float
+    offset_ns: int  # the plan clock
+    phase_index: int | None
+    seqs: str  # JSON: target -> the next seq (a resume reads it)
+    rollup_from_id: int
+    stopped: int  # 1: closed cleanly
 
 
 @dataclass
@@ -119,14 +137,19 @@ class JournalReader:
     def __exit__(self, *_: object) -> None:
         self.close()
 
+    @cached_property
+    def stored(self) -> StoredRun:
+        """The run its ``meta`` stored, typed (stored.py); JournalError when unreadable."""
+        return read_stored(self.meta, self.path)
+
     @property
     def window_ns(self) -> int:
-        return int(self.meta["window_ns"])
+        return self.stored.window_ns
 
-    def sessions(self) -> list[dict[str, Any]]:
-        cur = self.conn.execute("SELECT * FROM progress ORDER BY session")
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row, strict=True)) for row in cur]
+    def sessions(self) -> list[StoredSession]:
+        cols = ", ".join(StoredSession._fields)
+        query = f"SELECT {cols} FROM progress ORDER BY session"  # noqa: S608 (the fields)
+        return [StoredSession(*row) for row in self.conn.execute(query)]
 
     def events(self) -> list[Logged]:
         """Every event, typed (records.py), in the order it was journaled."""
@@ -166,7 +189,7 @@ class JournalReader:
         journal's window divides it; else the journal's window."""
         window = self.window_ns
         two = round(2 * JITTER_WINDOW_S * 1e9)
-        plan_end_ns = read_stored(self.meta, self.path).plan.end_ns
+        plan_end_ns = self.stored.plan.end_ns
         reached = self.conn.execute("SELECT MAX(offset_ns) FROM progress").fetchone()[0] or 0
         long_run = min(reached, plan_end_ns) >= two
         return slice_ns if long_run and slice_ns % window == 0 else window

@@ -64,7 +64,11 @@ class Event:
             value = getattr(self, f.name)
             if value is None and f.name in self.OMIT_NONE:
                 continue
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+            if isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
         return out
 
     @classmethod
@@ -131,20 +135,54 @@ class Preflight(Event):
     warning: bool = False
 
 
+class CalibrationStage(enum.StrEnum):
+    """When the prompts' sizing was journaled (soakd/workload/sizing.py)."""
+
+    START = "start"  # the measurement at start
+    CHECK = "check"  # a check of the sizing against the first answers' usage
+
+
+_CALIBRATION = ("source", "reference", "costs", "scale", "overhead", "from_seq")
+_MEASURED = ("planned", "served", "failed", "requests", "seconds")
+_CHECKED = ("changed", "target", "answers", "estimated", "served", "off_pct")
+
+
 @dataclass(frozen=True, slots=True)
 class PromptCalibration(Event):
-    """The prompts' sizing: the document soakd/workload/sizing.py writes and reads (its
-    ``stage``, a ``Calibration``'s fields, the measurement)."""
+    """The prompts' sizing (soakd/workload/sizing.py). Each carries the calibration then
+    in use, a ``Calibration``'s fields (``source`` "none" at start: nothing could count,
+    and nothing else of it is written). At start, the measurement: the start prompts'
+    mean planned tokens, each target's own count of them (``served``) or why it could not
+    count, what it took. At a check, the first answers' usage read against it: whether
+    it ``changed``, whose answers and how many, the tokens estimated and served (sums),
+    how far off. Written as it always was (``to_data``), a key each stage never had
+    left out."""
 
     kind = EventKind.PROMPT_CALIBRATION
-    doc: Mapping[str, Json]
+    stage: CalibrationStage
+    source: str = "none"
+    reference: str = ""
+    costs: tuple[int, ...] | None = None
+    scale: float = 1.0
+    overhead: float = 0.0
+    from_seq: int = 0
+    planned: float | None = None
+    served: Mapping[str, float] | int | None = None  # start: per target; a check: a sum
+    failed: Mapping[str, str] | None = None  # target -> why it could not count
+    requests: int | None = None
+    seconds: float | None = None
+    changed: bool | None = None
+    target: str | None = None
+    answers: int | None = None
+    estimated: float | None = None
+    off_pct: float | None = None
 
     def to_data(self) -> dict[str, Json]:
-        return dict(self.doc)
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, object]) -> Self:
-        return cls(_json_object(data))
+        data = Event.to_data(self)
+        start = self.stage is CalibrationStage.START
+        calibration = ("source",) if start and self.source == "none" else _CALIBRATION
+        keys = ("stage", *calibration, *(_MEASURED if start else _CHECKED))
+        return {k: data[k] for k in keys}
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,16 +387,34 @@ class Logged:
 
 def read_event(kind: str, data: object) -> Event | Unreadable:
     """A stored event, typed: ``Unreadable`` when it is no event this soakd knows."""
-    doc = _json_object(data) if isinstance(data, Mapping) else {}
-    if isinstance(data, Mapping):
-        try:
-            return EVENTS[EventKind(kind)].from_data(doc)
-        except (ValueError, TypeError):  # not a kind this soakd knows, or not its data
-            pass
-    return Unreadable(kind, doc)
+    try:
+        cls = EVENTS[EventKind(kind)]
+    except ValueError:  # not a kind this soakd knows
+        return Unreadable(kind, _json_object(data) if isinstance(data, Mapping) else {})
+    return read_as(cls, data)
 
 
 E = TypeVar("E", bound=Event)
+
+
+def read_as(cls: type[E], data: object) -> E | Unreadable:
+    """A stored event of ``cls``'s kind, typed: ``Unreadable`` when its data is not one."""
+    doc = _json_object(data) if isinstance(data, Mapping) else {}
+    if isinstance(data, Mapping):
+        try:
+            return cls.from_data(doc)
+        except (ValueError, TypeError):  # not its data
+            pass
+    return Unreadable(cls.kind, doc)
+
+
+def of_kind(logged: Iterable[Logged], cls: type[E]) -> Iterator[E | Unreadable]:
+    """The events of one class and those of its kind this soakd could not read, in the
+    order they were journaled: for a reader that must not skip one unseen."""
+    for row in logged:
+        event = row.event
+        if isinstance(event, cls) or (isinstance(event, Unreadable) and event.kind == cls.kind):
+            yield event
 
 
 def each(logged: Iterable[Logged], cls: type[E]) -> Iterator[tuple[Logged, E]]:
@@ -383,7 +439,9 @@ def _hints(cls: type[Event]) -> dict[str, object]:
 
 def _read(hint: object, value: object, name: str) -> object:
     """``value`` (JSON) as the field's type: a bool, int, float or str as itself (an int for
-    a float), an enum by its value, a tuple of str from a list, None where the type allows."""
+    a float), an enum by its value, a tuple from a list (of str: each item as one), a
+    mapping of str from an object, each item as the type says, None where the type
+    allows."""
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     if value is None and type(None) in options:
         return None
@@ -398,8 +456,13 @@ def _read(hint: object, value: object, name: str) -> object:
             return value
         if isinstance(t, type) and issubclass(t, enum.Enum) and isinstance(value, str):
             return t(value)
-        if typing.get_origin(t) is tuple and isinstance(value, list):
-            return tuple(str(v) for v in value)
+        origin, args = typing.get_origin(t), typing.get_args(t)
+        if origin is tuple and isinstance(value, list):
+            if args[0] is str:
+                return tuple(str(v) for v in value)
+            return tuple(_read(args[0], v, name) for v in value)
+        if origin is Mapping and isinstance(value, dict):
+            return {str(k): _read(args[1], v, f"{name}.{k}") for k, v in value.items()}
     raise TypeError(f"{name}: {value!r} is not {hint}")
 
 

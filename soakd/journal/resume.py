@@ -11,17 +11,18 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from soakd.config import Config
 from soakd.config.redact import config_doc
 from soakd.journal.integrity import Loss, check_whole, emptied, lost, read_mark
-from soakd.journal.records import EventKind
+from soakd.journal.records import EventKind, PromptCalibration, Unreadable, read_as
 from soakd.journal.schema import LOCK_FILE, JournalError, check_schema, connect
-from soakd.journal.stored import StoredRun, read_stored
+from soakd.journal.stored import StoredPlan, StoredRun, read_stored
+from soakd.jsondiff import differences
 from soakd.model import Plan
 
 _UNCOMPARED = (
@@ -35,7 +36,7 @@ _UNCOMPARED = (
 )
 
 
-def plan_doc(plan: Plan) -> dict[str, Any]:
+def plan_doc(plan: Plan) -> dict[str, object]:
     """The resolved plan as stored in ``meta`` (and compared on resume)."""
     return {
         "scale": plan.scale,
@@ -52,25 +53,14 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _diff(a: Any, b: Any, path: str = "") -> list[str]:
-    """Dotted paths where two JSON documents differ (list items by ``name`` when they have one)."""
-    if path.strip(".") in _UNCOMPARED:
-        return []
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: list[str] = []
-        for key in sorted(set(a) | set(b)):
-            out += _diff(a.get(key), b.get(key), f"{path}.{key}" if path else key)
-        return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        out = []
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            name = x.get("name") if isinstance(x, dict) else None
-            out += _diff(x, y, f"{path}[{name or i}]")
-        return out
-    return [] if a == b else [path or "config"]
+def _diff(stored: Mapping[str, object], now: Mapping[str, object]) -> list[str]:
+    """The dotted paths where the stored config and this one differ, sorted, but for
+    what changes nothing of what is sent (``_UNCOMPARED``)."""
+    found = differences(stored, now, skip=_UNCOMPARED, sort_keys=True)
+    return [d.path or "config" for d in found]
 
 
-def _as_read_now(doc: dict[str, Any]) -> dict[str, Any]:
+def _as_read_now(doc: Mapping[str, object]) -> Mapping[str, object]:
     """The stored config as this soakd reads it: a key a newer soakd added takes its
     default, so an upgrade alone is no config change (a key set away from its default
     still is). A document this soakd cannot read is compared as it is."""
@@ -83,28 +73,27 @@ def _as_read_now(doc: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class ResumeState:
     """What a new session needs to continue a run (read before anything else starts).
-    ``stored`` is the run as its first session stored it, read (journal/stored.py);
-    ``config`` and ``plan`` are the same as documents, which ``check`` compares whole."""
+    ``stored`` is the run as its first session stored it, read (journal/stored.py):
+    ``check`` compares its config document whole, and its plan."""
 
     stored: StoredRun
     run_id: str
     created_wall: float
     plan_start: datetime
-    config: dict[str, Any]
-    plan: dict[str, Any]
     sessions: int
     offset_ns: int  # the plan clock at the last heartbeat
     last_wall: float
     next_seq: dict[str, int]
     finished: bool
     written_by: str
-    calibrations: list[dict[str, Any]] = field(default_factory=list)  # prompt_calibration events
+    # the prompts' sizing, reused as it was (soakd/workload/sizing.py)
+    calibrations: list[PromptCalibration | Unreadable] = field(default_factory=list)
     loss: Loss | None = None  # what a damaged write-ahead log took (integrity.py)
 
     def check(self, cfg: Config, plan: Plan, *, force: bool) -> list[str]:
         """Same config and plan as stored, or JournalError (``force``: the differences)."""
-        diffs = _diff(_as_read_now(self.config), config_doc(cfg))
-        if not diffs and plan_doc(plan) != self.plan:
+        diffs = _diff(_as_read_now(self.stored.config_document), config_doc(cfg))
+        if not diffs and StoredPlan.model_validate(plan_doc(plan)) != self.stored.plan:
             diffs = ["plan"]
         if diffs and not force:
             shown = ", ".join(diffs[:5]) + (f" and {len(diffs) - 5} more" if len(diffs) > 5 else "")
@@ -178,8 +167,8 @@ def read_resume_state(path: Path) -> ResumeState | None:
             ).fetchone()
             is not None
         )
-        calibrations = [  # the prompts' sizing, reused as it was (soakd/workload/sizing.py)
-            json.loads(data)
+        calibrations = [
+            read_as(PromptCalibration, json.loads(data))
             for (data,) in conn.execute(
                 "SELECT data FROM events WHERE kind = ? ORDER BY id",
                 (EventKind.PROMPT_CALIBRATION,),
@@ -205,8 +194,6 @@ def read_resume_state(path: Path) -> ResumeState | None:
         run_id=run_id,
         created_wall=stored.created_wall,
         plan_start=datetime.fromisoformat(stored.plan_start),
-        config=meta["config"],
-        plan=meta["plan"],
         sessions=len(rows),
         offset_ns=offset_ns,
         last_wall=float(last[1]) if last else stored.created_wall,

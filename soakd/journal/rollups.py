@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from soakd.journal.codec import copy_stats, outcome_from_row, stats_from_blob, stats_to_blob
 from soakd.journal.schema import request_columns
 from soakd.measure.analysis import TargetStats
-from soakd.measure.fold import Fold, Hist, HistKey, NoteKey, TotalsKey, Window, WindowKey, add_hist
+from soakd.measure.fold import Fold, Hist, HistKey, TotalsKey, Window, WindowKey, add_hist
+from soakd.measure.notes import NoteKey
 from soakd.model import Plan
 
 __all__ = ["Aggregates", "Staged", "rollup_window_ns", "store_window", "unfolded_rollups"]

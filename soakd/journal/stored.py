@@ -29,12 +29,14 @@ never rewritten.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from soakd.config import ReportConfig, TokenLength
+from soakd.config import JournalConfig, ReportConfig, TokenLength
 from soakd.journal.schema import JournalError
 from soakd.model import NS_PER_S
+from soakd.tracing import sends_traceparent
 
 JsonObject = dict[str, object]
 """A section kept as the document it was stored as (read where it decides)."""
@@ -49,6 +51,19 @@ class Lenient(BaseModel):
 # --- the config ------------------------------------------------------------------------------
 
 
+class StoredCost(Lenient):
+    """What the report's samples read of a target's ``cost`` (its prices are read where
+    they decide, by the config's own model: decisions.py)."""
+
+    gpus: list[str] | None = None  # the GPUs charged to it (None: where its process ran)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _listed(cls, value: object) -> list[str] | None:
+        """Any list, each item as its label (a GPU index written as a number too)."""
+        return [str(g) for g in value] if isinstance(value, list) else None
+
+
 class StoredTarget(Lenient):
     name: str  # required: every figure of the report is by target name
     base_url: str = ""
@@ -59,6 +74,8 @@ class StoredTarget(Lenient):
     kind: str = "openai"
     api: str = "chat"
     stream: bool = True
+    # None: decided by the address (soakd/tracing.py); absent: a soakd that sent none
+    traceparent: bool | None = None
     gateway: JsonObject | None = None  # present: a guard gateway soakd started in front
     slo: JsonObject | None = None  # its overrides of the run's slo (decisions.py reads them)
     cost: JsonObject | None = None  # what it is charged (decisions.py reads it)
@@ -70,8 +87,15 @@ class StoredTarget(Lenient):
     @property
     def charged_gpus(self) -> list[str] | None:
         """``cost.gpus``: the GPUs charged to it (None: where its process ran)."""
-        gpus = (self.cost or {}).get("gpus")
-        return [str(g) for g in gpus] if isinstance(gpus, list) else None
+        return StoredCost.model_validate(self.cost or {}).gpus
+
+    @property
+    def traced(self) -> bool:
+        """Its requests carried a ``traceparent`` (``tracing.sends_traceparent``); a config
+        stored without the key was written by a soakd that sent none."""
+        return "traceparent" in self.model_fields_set and sends_traceparent(
+            self.traceparent, self.base_url, self.simulator, self.gateway
+        )
 
 
 _LENGTH = TokenLength()
@@ -91,11 +115,14 @@ class StoredTokenLength(Lenient):
 
 class StoredPrompts(Lenient):
     source: str = "synthetic"
-    file: str | None = None
     input_tokens: StoredTokenLength = StoredTokenLength()
+    file: str | None = None
 
 
 class StoredWorkload(Lenient):
+    """``workload``, every key of the config's (``Workload``), in its order: a fleet report
+    compares it whole (``model_dump(exclude_unset=True)``: as stored)."""
+
     prompts: StoredPrompts = StoredPrompts()
     max_tokens: int = 512
     temperature: float | None = None  # absent: not said (the report shows none)
@@ -103,6 +130,7 @@ class StoredWorkload(Lenient):
     # absent: a soakd from before the prompts were sized; such a run goes on as it ran
     # (not "auto", the config's default)
     calibrate: str | None = None
+    tokenizer: str | None = None
 
 
 class StoredRunSection(Lenient):
@@ -128,6 +156,16 @@ class StoredGpu(Lenient):
     dcgm_url: str | None = None
 
 
+_JOURNAL = JournalConfig()
+
+
+class StoredJournal(Lenient):
+    """``journal``: how the rows kept each request's ITL gaps (the export says so)."""
+
+    itl: str = _JOURNAL.itl  # compact: 2 % buckets, their order lost; exact: every gap
+    itl_gaps: bool = _JOURNAL.itl_gaps  # false: no gaps at all
+
+
 class StoredConfig(Lenient):
     """The run's config as stored (redacted), as far as the report and a resume read it."""
 
@@ -137,11 +175,16 @@ class StoredConfig(Lenient):
     report: StoredReport = StoredReport()
     alert_limits: StoredAlertLimits = StoredAlertLimits()
     gpu: StoredGpu = StoredGpu()
+    journal: StoredJournal = StoredJournal()
     slo: JsonObject | None = None
     compare: JsonObject | None = None
 
     def target(self, name: str) -> StoredTarget | None:
         return next((t for t in self.targets if t.name == name), None)
+
+    def traced(self) -> frozenset[str]:
+        """The targets whose requests carried a ``traceparent`` (``StoredTarget.traced``)."""
+        return frozenset(t.name for t in self.targets if t.traced)
 
 
 # --- the plan, the flags, the run -------------------------------------------------------------
@@ -188,20 +231,29 @@ class StoredOptions(Lenient):
     duration_s: float | None = None
 
 
-class StoredRun(Lenient):
-    """What the journal's ``meta`` says of the run (read with ``read_stored``); every key
-    here has been written since the first journal schema."""
+class StoredCore(Lenient):
+    """What every reading of a journal needs of its ``meta``, all a salvage reads
+    (integrity.py): the run, its config and plan, the rollup window."""
 
     run_id: str
     config: StoredConfig
     plan: StoredPlan
+    window_ns: int
+
+
+class StoredRun(StoredCore):
+    """What the journal's ``meta`` says of the run (read with ``read_stored``); every key
+    here has been written since the first journal schema. ``config_document``: the config
+    as stored, whole and not upgraded, which a resume compares with its own
+    (resume.py)."""
+
     options: StoredOptions = StoredOptions()
     created_wall: float
     created: str = ""
     plan_start: str  # ISO (read with ``datetime.fromisoformat``, as it was written)
-    window_ns: int
     schema_version: int
     soakd_version: str
+    config_document: JsonObject = Field(default_factory=dict)
 
 
 # --- versions --------------------------------------------------------------------------------
@@ -240,16 +292,37 @@ def upgrade(config: Mapping[str, object]) -> JsonObject:
 def read_stored(meta: Mapping[str, object], where: object = "the journal") -> StoredRun:
     """The run a journal's ``meta`` stored, upgraded; JournalError naming each key that
     is missing or unreadable (``where``: the journal's path, for the message)."""
+    try:
+        return _read(StoredRun, meta)
+    except ValidationError as exc:
+        raise JournalError(
+            f"{where}: the run it stored cannot be read by this soakd ({unreadable(exc)})"
+        ) from None
+
+
+def read_core(meta: Mapping[str, object]) -> StoredCore:
+    """``StoredCore`` of a journal's ``meta``, upgraded; ValueError naming each key that
+    is missing or unreadable."""
+    try:
+        return _read(StoredCore, meta)
+    except ValidationError as exc:
+        raise ValueError(unreadable(exc)) from None
+
+
+def unreadable(exc: ValidationError) -> str:
+    """The keys a stored document lacks or holds unreadably, in a line (5 at most)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'meta'}: {e['msg']}" for e in exc.errors()[:5]
+    )
+
+
+Read = TypeVar("Read", bound=StoredCore)
+
+
+def _read(model: type[Read], meta: Mapping[str, object]) -> Read:
     doc = dict(meta)
     config = doc.get("config")
     if isinstance(config, Mapping):
         doc["config"] = upgrade(config)
-    try:
-        return StoredRun.model_validate(doc)
-    except ValidationError as exc:
-        keys = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'meta'}: {e['msg']}" for e in exc.errors()[:5]
-        )
-        raise JournalError(
-            f"{where}: the run it stored cannot be read by this soakd ({keys})"
-        ) from None
+        doc["config_document"] = config
+    return model.model_validate(doc)

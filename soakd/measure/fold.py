@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from soakd.measure.analysis import TargetStats
-from soakd.measure.notes import notes_of
+from soakd.measure.notes import NoteKey, count_notes
 from soakd.model import OK, S_PER_NS, Outcome, status_class
 
 # Buckets in seconds, chosen for LLM serving: a TTFT from 5 ms (a warm GPU, short prompt)
@@ -64,8 +64,6 @@ HistKey = tuple[str, str]
 """(kind, target): one row of ``histograms``; kind is a key of ``HISTOGRAM_BUCKETS``."""
 WindowKey = tuple[str, str, int]
 """(target, phase, window index): one row of ``rollups``."""
-NoteKey = tuple[str, str]
-"""(target, note): one row of ``notes``."""
 Hist = tuple[list[int], float]
 """Count per bucket (not cumulative; +Inf last) and the sum of the observed values."""
 Candidate = tuple[int, float, int]
@@ -304,11 +302,7 @@ class Fold:
         t[1] += o.output_tokens or 0  # None: unknown, not counted
         t[2] += o.prompt_tokens or 0
         t[3] += o.oom
-        if o.usage_rejected or o.usage_mismatch or o.retry_after_unreadable:
-            notes = self.notes
-            for note in notes_of(o):
-                nkey = (o.target, note)
-                notes[nkey] = notes.get(nkey, 0) + 1
+        count_notes(o, self.notes)
 
     def _buckets(self, kind: str, target: str) -> Buckets:
         key = (kind, target)

@@ -13,14 +13,14 @@
 - ``retry_after_unreadable``: a 429 or 503 carried a Retry-After soakd could not read; the
   target paused for ``rate_limit.default_pause`` instead (soakd/workload/guard.py).
 
-Each is counted per target (``Notes`` for ``/status``; Metrics; the journal's ``notes``
-table, which a resume continues and the report reads) and named once in the log, at its
-first occurrence. Pure apart from the log.
+Each is counted per target by ``count_notes``, the one count: the writer's fold calls it
+(the journal's ``notes`` table, which a resume continues and the report reads, and Metrics,
+from the folds the journal hands back), and so does the ``Notes`` sink (``/status``); each
+is named once in the log, at its first occurrence. Pure apart from the log.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
@@ -39,6 +39,8 @@ NOTES: Final = (
     RETRY_AFTER_UNREADABLE,
 )
 """Every note, as the journal stores it (bounded: safe as labels)."""
+NoteKey = tuple[str, str]
+"""(target, note): one row of the journal's ``notes`` table."""
 
 _SAY: Final = {
     USAGE_REJECTED: "the server's usage is not taken for such answers: their output tokens "
@@ -65,32 +67,40 @@ def notes_of(o: Outcome) -> Iterator[str]:
         yield RETRY_AFTER_UNREADABLE
 
 
+def count_notes(o: Outcome, counts: dict[NoteKey, int]) -> tuple[str, ...]:
+    """Add the notes ``o`` carries to ``counts``; returns those it counted for the first
+    time. Most answers carry none, and cost one test here (per outcome, in the writer)."""
+    if not (o.usage_rejected or o.usage_mismatch or o.retry_after_unreadable):
+        return ()
+    first = []
+    for note in notes_of(o):
+        key = (o.target, note)
+        n = counts[key] = counts.get(key, 0) + 1
+        if n == 1:
+            first.append(note)
+    return tuple(first)
+
+
 class Notes:
-    """An OutcomeSink counting each target's notes over the run; each note is logged once
-    per target, when first seen (a resumed run's are not logged again)."""
+    """An OutcomeSink counting each target's notes over the run (``count_notes``); each
+    note is logged once per target, when first seen (a resumed run's are not logged
+    again)."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, Counter[str]] = {}
+        self.counts: dict[NoteKey, int] = {}
 
     def restore(self, counts: Iterable[tuple[str, str, int]]) -> None:
         """A resumed run's counts so far, (target, note, count): not logged again."""
         for target, note, n in counts:
-            self.counts.setdefault(target, Counter())[note] += n
+            self.counts[(target, note)] = self.counts.get((target, note), 0) + n
 
     def record(self, outcome: Outcome) -> None:
-        if not (outcome.usage_rejected or outcome.retry_after_unreadable or outcome.usage_mismatch):
-            return
-        mine = self.counts.get(outcome.target)
-        if mine is None:
-            mine = self.counts[outcome.target] = Counter()
-        for note in notes_of(outcome):
-            mine[note] += 1
-            if mine[note] == 1:
-                _log_first(outcome, note)
+        for note in count_notes(outcome, self.counts):
+            _log_first(outcome, note)
 
     def row(self, target: str) -> dict[str, int]:
         """One target's notes so far, for ``/status`` (only those seen)."""
-        return dict(sorted(self.counts.get(target, {}).items()))
+        return dict(sorted((note, n) for (t, note), n in self.counts.items() if t == target))
 
 
 def by_target(counts: Iterable[tuple[str, str, int]]) -> dict[str, dict[str, int]]:

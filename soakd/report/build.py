@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from soakd.config import format_duration
 from soakd.journal import JournalReader, Loss, Rollup, records
-from soakd.journal.reader import Total
+from soakd.journal.reader import StoredSession, Total
 from soakd.journal.records import Logged, each
-from soakd.journal.stored import StoredRun, StoredTarget, read_stored
+from soakd.journal.stored import StoredRun, StoredTarget
 from soakd.measure.analysis import JITTER_SLICES, JITTER_WINDOW_S
 from soakd.measure.goodput import Tally, journal_tallies
 from soakd.measure.notes import by_target, describe
@@ -188,7 +187,7 @@ def build_report(
     return Report(
         run_id=read.stored.run_id,
         created=read.stored.created,
-        versions=sorted({s["version"] for s in read.sessions}),
+        versions=sorted({s.version for s in read.sessions}),
         sessions=len(read.sessions),
         completed=any(e.completed for _, e in each(read.events, records.RunStopped)),
         active_s=frame.active_s,
@@ -231,7 +230,7 @@ class _Read:
 
     stored: StoredRun  # judged by ``judge_by`` when given
     targets: list[str]  # the config's, then any the rollups name besides
-    sessions: list[dict[str, Any]]
+    sessions: list[StoredSession]
     events: list[Logged]
     totals: list[Total]
     window_s: float
@@ -254,7 +253,7 @@ def _read(
     run_dir: Path, judge_by: Mapping[str, object] | None, slowest_n: int, *, salvage: bool
 ) -> _Read:
     with JournalReader(run_dir, salvage=salvage) as reader:
-        stored = read_stored(reader.meta, reader.path)
+        stored = reader.stored
         if judge_by is not None:
             stored = stored.model_copy(update={"config": decisions_from(stored.config, judge_by)})
         sessions = reader.sessions()
@@ -303,7 +302,7 @@ def _frame(read: _Read) -> tuple[Frame, Timeline]:
     """The plan time the run covered (active seconds, the phases it reached, the jitter's
     slices) and the sessions that map wall-clock readings onto it."""
     phases = [(p.name, p.start_ns / NS_PER_S, p.end_ns / NS_PER_S) for p in read.stored.plan.phases]
-    reached = max((s["offset_ns"] for s in read.sessions), default=0) / NS_PER_S
+    reached = max((s.offset_ns for s in read.sessions), default=0) / NS_PER_S
     plan_s = read.stored.plan.end_s
     active_s = min(reached, plan_s) if plan_s else reached
     names_ = list(dict.fromkeys(name for name, start, _ in phases if start < active_s))
@@ -316,12 +315,7 @@ def _frame(read: _Read) -> tuple[Frame, Timeline]:
     slice_s = max(window_s, jitter_window_s / JITTER_SLICES)
     slice_s = max(window_s, round(slice_s / window_s) * window_s)
     sessions = [
-        Session(
-            s["started_wall"],
-            s["started_offset_ns"] / NS_PER_S,
-            s["wall"],
-            s["offset_ns"] / NS_PER_S,
-        )
+        Session(s.started_wall, s.started_offset_ns / NS_PER_S, s.wall, s.offset_ns / NS_PER_S)
         for s in read.sessions
     ]
     frame = Frame(read.targets, names_, active_s, phase_active, slice_s, window_s)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pydantic import Field, ValidationError
 
 from soakd.config import Compare, Slo, TargetCost
+from soakd.config.slo import client_limited, lag_limit_s, lagged
 from soakd.journal.stored import JsonObject, Lenient, StoredConfig, StoredReport
 from soakd.measure.analysis import LATENCY_TIE, best_of, fmt_ms
 from soakd.measure.goodput import Tally
@@ -174,22 +175,20 @@ def best(
 
 # --- what qualifies the figures ---------------------------------------------------------------
 
-DEFAULT_LAG_LIMIT_S = 0.1
-"""``alert_limits.dispatch_lag``'s default (soakd/config/slo.py), for a config without it."""
-
 
 def client_limits(overall: dict[str, Row], targets: list[str], config: StoredConfig) -> list[str]:
-    """Say so when soakd itself was the bottleneck: its dispatch lag past the limit, or
-    planned sends it could not make in time. Those latency figures are the client's."""
-    limit_s = float(config.alert_limits.dispatch_lag or DEFAULT_LAG_LIMIT_S)
+    """Say so when soakd itself was the bottleneck (``slo.client_limited``): its dispatch
+    lag past the limit, or planned sends it could not make in time. Those latency figures
+    are the client's."""
+    dispatch_lag = config.alert_limits.dispatch_lag
+    limit_s = lag_limit_s(dispatch_lag)
     notes = []
     for t in targets:
         row = overall[t]
         late = row.missed_by_reason.get(MissReason.LATE, 0)
-        lagged = row.lag_p99_ms is not None and row.lag_p99_ms > limit_s * 1e3
-        if lagged or late:
+        if client_limited(row.lag_p99_ms, late, dispatch_lag):
             why = []
-            if lagged:
+            if lagged(row.lag_p99_ms, dispatch_lag):
                 lag = fmt_ms(row.lag_p99_ms or 0)
                 why.append(f"dispatch lag p99 {lag} (limit {fmt_ms(limit_s * 1e3)})")
             if late:

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 from soakd.journal import JournalReader, row_itl_ns, unpack_itl
 from soakd.journal.schema import REQUEST_COLUMNS
-from soakd.tracing import trace_id, traced_targets
+from soakd.tracing import trace_id
 
 _GAPS = ("itl", "itl_hist")  # a row's ITL gaps: the --itl columns (ITL_COLUMNS), decoded
 
@@ -44,8 +44,8 @@ nanoseconds, the gaps apart), then ``trace_id`` (derived, in ``records()``)."""
 
 def records(reader: JournalReader, *, itl: bool = False) -> Iterator[dict[str, Any]]:
     """One dict per request, in journal order."""
-    run_id = str(reader.meta["run_id"])
-    traced = traced_targets(reader.meta.get("config", {}))
+    run_id = reader.stored.run_id
+    traced = reader.stored.config.traced()
     for row in reader.request_rows(itl=itl):
         rec = _record(row, itl)
         target = rec["target"]
@@ -77,8 +77,8 @@ ITL_COLUMNS = ("itl_us", "itl_sorted_us")
 
 def itl_note(reader: JournalReader) -> str | None:
     """What ``--itl`` gives for a run whose rows keep compact gaps (their order is lost)."""
-    journal = (reader.meta.get("config") or {}).get("journal") or {}
-    if journal.get("itl", "compact") != "compact" or not journal.get("itl_gaps", True):
+    journal = reader.stored.config.journal
+    if journal.itl != "compact" or not journal.itl_gaps:
         return None
     return (
         "itl_sorted_us: this run kept each request's ITL gaps as 2 % buckets "

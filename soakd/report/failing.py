@@ -9,15 +9,34 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from soakd.journal.records import Logged, TargetPaused, TargetResumed
+from soakd.measure.analysis import SessionRow
 from soakd.model import MissReason, PauseReason
 from soakd.report.model import Row
 
 
-def never_succeeded(row: Row) -> bool:
+def never_succeeded(requests: int, not_judged: int, ok: int) -> bool:
     """Judged requests (some failed, or were shed), and not one succeeded. Requests soakd
     itself cut at the stop (or lost with a sender process) judge nothing: a run stopped
-    before its first answer came back did not show the target failing."""
-    return row.requests - row.not_judged > 0 and row.ok == 0
+    before its first answer came back did not show the target failing. The one rule of
+    the report's note and of ``soakd run``'s exit status (from a report row, or from the
+    session's summary when no report could be made)."""
+    return requests - not_judged > 0 and ok == 0
+
+
+def never_answered(rows: Mapping[str, Row] | Mapping[str, SessionRow]) -> dict[str, str]:
+    """The targets that never succeeded (``never_succeeded``), each with its errors by
+    kind, the most frequent first: ``soakd run``'s exit status, from the report's rows or,
+    when no report could be made, from the session's summary."""
+    out = {}
+    for t, r in rows.items():
+        if isinstance(r, Row):
+            counts, kinds = (r.requests, r.not_judged, r.ok), r.errors_by_kind
+        else:
+            counts, kinds = (r["requests"], r["not_judged"], r["ok"]), r["errors_by_kind"]
+        if never_succeeded(*counts):
+            ranked = sorted(kinds.items(), key=lambda kv: -kv[1])
+            out[t] = ", ".join(f"{k} {n:,}" for k, n in ranked)
+    return out
 
 
 def failing_notes(
@@ -32,7 +51,7 @@ def failing_notes(
     for t in targets:
         row = overall[t]
         parts = []
-        if never_succeeded(row):
+        if never_succeeded(row.requests, row.not_judged, row.ok):
             kinds = ", ".join(f"{k} {n:,}" for k, n in row.errors_by_kind.items())
             parts.append(f"never answered a request successfully ({row.requests:,} sent: {kinds})")
         pauses, paused_s, since = 0, 0.0, None

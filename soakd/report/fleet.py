@@ -15,9 +15,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from soakd.journal import JournalReader
+from soakd.journal.stored import StoredRun
+from soakd.jsondiff import differences
 from soakd.report.build import build_report
 from soakd.report.model import Report, value_of
 from soakd.report.table import (
@@ -84,62 +86,53 @@ class FleetReport:
 # --- the plan the runs must share ---------------------------------------------------------
 
 
-def plan_identity(meta: Mapping[str, Any], *, with_slo: bool = True) -> dict[str, Any]:
-    """What makes two runs the same soak, from a journal's meta: the resolved plan (scale,
-    each phase's name, length and loads), the workload, the targets' names and, unless the
-    report judges all runs by one config (``--config``), the SLO. Not the addresses,
-    models or keys: those differ from box to box by design."""
-    config: Mapping[str, Any] = meta.get("config", {})
-    plan: Mapping[str, Any] = meta.get("plan", {})
-    out: dict[str, Any] = {
-        "plan.scale": plan.get("scale"),
+def plan_identity(stored: StoredRun, *, with_slo: bool = True) -> dict[str, object]:
+    """What makes two runs the same soak, from what a journal stored: the resolved plan
+    (scale, each phase's name, length and loads), the workload, the targets' names and,
+    unless the report judges all runs by one config (``--config``), the SLO. Not the
+    addresses, models or keys: those differ from box to box by design. Loads and the
+    workload as stored (the keys this soakd reads)."""
+    config, plan = stored.config, stored.plan
+    out: dict[str, object] = {
+        "plan.scale": plan.scale,
         "phases": [
             {
-                "name": p["name"],
-                "duration_s": (p["end_ns"] - p["start_ns"]) / 1e9,
-                "loads": p.get("loads"),
+                "name": p.name,
+                "duration_s": (p.end_ns - p.start_ns) / 1e9,
+                "loads": {t: load.model_dump(exclude_unset=True) for t, load in p.loads.items()},
             }
-            for p in plan.get("phases", [])
+            for p in plan.phases
         ],
-        "workload": config.get("workload"),
-        "targets": [t.get("name") for t in config.get("targets", [])],
+        "workload": config.workload.model_dump(exclude_unset=True),
+        "targets": [t.name for t in config.targets],
     }
     if with_slo:
-        out["slo"] = config.get("slo")
-        out["targets.slo"] = {t.get("name"): t.get("slo") for t in config.get("targets", [])}
+        out["slo"] = config.slo
+        out["targets.slo"] = {t.name: t.slo for t in config.targets}
     return out
 
 
-def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
-    """The first place two JSON-like documents differ: (dotted path, a's value, b's)."""
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        for key in list(a) + [k for k in b if k not in a]:
-            found = first_difference(a.get(key), b.get(key), f"{path}.{key}" if path else key)
-            if found is not None:
-                return found
+def first_difference(a: object, b: object) -> tuple[str, object, object] | None:
+    """The first place two plan identities differ (``jsondiff.differences``): (dotted
+    path, a's value, b's); two lists of different lengths by their counts."""
+    d = next(differences(a, b), None)
+    if d is None:
         return None
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return (f"{path} (count)", len(a), len(b))
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            name = x.get("name") if isinstance(x, Mapping) else None
-            found = first_difference(x, y, f"{path}[{name or i}]")
-            if found is not None:
-                return found
-        return None
-    return None if a == b else (path, a, b)
+    if isinstance(d.a, list) and isinstance(d.b, list):
+        return (f"{d.path} (count)", len(d.a), len(d.b))
+    return (d.path, d.a, d.b)
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def describe_plan(identity: Mapping[str, Any]) -> str:
+def describe_plan(stored: StoredRun) -> str:
     phases = ", ".join(
-        f"{p['name']} {fmt_duration(p['duration_s'])}" for p in identity.get("phases", [])
+        f"{p.name} {fmt_duration((p.end_ns - p.start_ns) / 1e9)}" for p in stored.plan.phases
     )
-    return f"targets {', '.join(map(str, identity.get('targets', [])))}; phases {phases}"
+    return f"targets {', '.join(t.name for t in stored.config.targets)}; phases {phases}"
 
 
 # --- building -----------------------------------------------------------------------------
@@ -149,15 +142,16 @@ def build_fleet(
     run_dirs: Sequence[Path],
     *,
     energy_price_per_kwh: float | None = None,
-    judge_by: dict[str, Any] | None = None,
+    judge_by: Mapping[str, object] | None = None,
 ) -> FleetReport:
     """Every run's report, side by side, the worst box first. Raises ``PlanMismatch`` when
     a run's plan differs from the first one's (``judge_by``: every run is judged by that
     config's SLO, so their own SLOs need not agree)."""
-    identities = []
+    runs = []
     for run_dir in run_dirs:
         with JournalReader(run_dir) as reader:
-            identities.append(plan_identity(reader.meta, with_slo=judge_by is None))
+            runs.append(reader.stored)
+    identities = [plan_identity(run, with_slo=judge_by is None) for run in runs]
     for run_dir, identity in zip(run_dirs[1:], identities[1:], strict=True):
         diff = first_difference(identities[0], identity)
         if diff is not None:
@@ -175,7 +169,7 @@ def build_fleet(
     boxes.sort(key=_badness)
     judged = [b.passed for b in boxes if b.passed is not None]
     return FleetReport(
-        plan=describe_plan(identities[0]),
+        plan=describe_plan(runs[0]),
         boxes=boxes,
         passed=(all(judged) if judged else None),
     )

@@ -16,12 +16,18 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from soakd.config import ConfigError, TokenLength
-from soakd.journal.records import Logged, PromptCalibration, each
+from soakd.journal.records import (
+    CalibrationStage,
+    Logged,
+    PromptCalibration,
+    Unreadable,
+    of_kind,
+)
 from soakd.journal.stored import StoredWorkload
 from soakd.report.model import PromptTokens, Report
 from soakd.report.table import Table, cells
 from soakd.workload.calibration import Calibration
-from soakd.workload.prompts import FilePrompts, SyntheticPrompts
+from soakd.workload.prompts import FilePrompts, SyntheticPrompts, fixed_length
 from soakd.workload.sizing import WARN_SHARE, stored
 
 
@@ -34,12 +40,11 @@ def prompt_tokens(
     """Per target, planned against served; and how the prompts were sized (None: no
     synthetic prompts, or a journal from before calibration)."""
     planned = _planner(workload)
-    docs = [e.doc for _, e in each(events, PromptCalibration)]
-    at_start: dict[str, float] = {}
-    for doc in docs:
-        served = doc.get("served")
-        if doc.get("stage") == "start" and isinstance(served, dict):
-            at_start = {k: float(v) for k, v in served.items() if isinstance(v, int | float)}
+    sizings = list(of_kind(events, PromptCalibration))
+    at_start: Mapping[str, float] = {}
+    for e in sizings:
+        if isinstance(e, PromptCalibration) and e.stage is CalibrationStage.START:
+            at_start = e.served if isinstance(e.served, Mapping) else {}
     rows = []
     for target in targets:
         n, planned_sum, served_sum = _pairs(conn, target, planned)
@@ -52,7 +57,7 @@ def prompt_tokens(
                 at_start.get(target),
             )
         )
-    return rows, _sizing(workload, docs)
+    return rows, _sizing(workload, sizings)
 
 
 def _pairs(
@@ -95,21 +100,23 @@ def _planner(workload: StoredWorkload) -> Callable[[int], int] | None:
     except ValidationError:
         return None
     if lengths.dist == "fixed":
-        n = min(lengths.max, max(lengths.min, lengths.mean))
+        n = fixed_length(lengths)
         return lambda _seq: n
     return SyntheticPrompts(lengths, workload.seed).length
 
 
-def _sizing(workload: StoredWorkload, docs: Sequence[Mapping[str, object]]) -> str | None:
+def _sizing(
+    workload: StoredWorkload, sizings: Sequence[PromptCalibration | Unreadable]
+) -> str | None:
     """How the prompts were sized, in a line."""
     if workload.prompts.source == "file":
         return None
     if workload.calibrate == "off":
         return "not sized (workload.calibrate off): a word a token"
-    if not docs:
+    if not sizings:
         return None
     try:
-        cals = stored([dict(d) for d in docs]).calibrations
+        cals = stored(sizings).calibrations
     except ValueError:
         return "sized as the journal says, which could not be read"
     if not cals:

@@ -23,7 +23,7 @@ from typing import Any, Final
 from soakd.journal import JournalReader, Rollup
 from soakd.measure.analysis import Digest
 from soakd.model import OK
-from soakd.tracing import trace_id, traced_targets
+from soakd.tracing import trace_id
 
 __all__ = ["DEFAULT_N", "SlowRequest", "slowest", "slowest_sections"]
 
@@ -84,8 +84,8 @@ def slowest(
                 (*group, n),
             )
             heaps[group] = [(r[6], -r[0], r) for r in rows]
-    run_id = str(reader.meta["run_id"])
-    traced = traced_targets(reader.meta.get("config", {}))
+    run_id = reader.stored.run_id
+    traced = reader.stored.config.traced()
     out: dict[str, dict[str, list[SlowRequest]]] = {}
     for (target, phase), heap in sorted(heaps.items()):
         ranked = [row for _, _, row in sorted(heap, reverse=True)]

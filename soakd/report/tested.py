@@ -14,16 +14,17 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from soakd.config import format_duration
 from soakd.config.redact import scrub_url
+from soakd.journal.reader import StoredSession
 from soakd.journal.records import Logged, RunResumed, RunStarted
 from soakd.journal.stored import StoredLoad, StoredPlan, StoredPrompts, StoredRun, StoredTarget
 from soakd.model import NS_PER_S
 from soakd.report.model import PhaseTested, Report, TargetTested, Tested
 from soakd.report.table import Table, cells, fmt_duration
 from soakd.shapes import shape_of
+from soakd.workload.prompts import describe_lengths
 
 Served = Mapping[str, tuple[float | None, float | None]]
 """target -> (mean prompt tokens, mean output tokens) of its successful requests."""
@@ -52,13 +53,7 @@ def _prompt_plan(prompts: StoredPrompts) -> str:
     if prompts.source == "file":
         name = str(prompts.file or "?").rsplit("/", 1)[-1]
         return f"file {name} (its own lengths)"
-    d = prompts.input_tokens
-    lo, hi = d.min, d.max
-    if d.dist == "uniform":
-        return f"uniform {lo}-{hi}"
-    if d.dist == "normal":
-        return f"normal {d.mean} ± {d.stddev:g} ({lo}-{hi})"
-    return f"fixed {max(lo, min(hi, d.mean))}"
+    return describe_lengths(prompts.input_tokens)
 
 
 def _endpoint(t: StoredTarget) -> str:
@@ -90,7 +85,7 @@ def _phases(plan: StoredPlan) -> list[PhaseTested]:
 
 def what_was_tested(
     stored: StoredRun,
-    sessions: Sequence[Mapping[str, Any]],
+    sessions: Sequence[StoredSession],
     events: Sequence[Logged],
     served: Served,
 ) -> Tested:
@@ -124,7 +119,7 @@ def what_was_tested(
         site=config.run.site,
         hosts=list(dict.fromkeys(hosts)),
         started=_iso(stored.created_wall),
-        ended=_iso(max((s["wall"] for s in sessions), default=None)),
+        ended=_iso(max((s.wall for s in sessions), default=None)),
         rehearsal=stored.options.rehearse_s is not None or plan.scale != 1.0,
         scale=plan.scale,
         configured_plan_s=plan.end_s / plan.scale,

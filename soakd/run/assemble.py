@@ -390,7 +390,7 @@ async def _size_prompts(s: Setup, journal: Journal, urls: dict[str, str]) -> Pro
     elif auto:
         measure = await _measure_prompts(s, urls, prompts)
         log_start(measure, s.names)
-        journal.event(records.PromptCalibration(measure.doc()))
+        journal.event(measure.event())
         cal = measure.calibration
         reference = cal.reference if cal is not None and cal.source == "tokenize" else None
     lengths = PromptLengths(
@@ -398,7 +398,7 @@ async def _size_prompts(s: Setup, journal: Journal, urls: dict[str, str]) -> Pro
         s.names,
         checks=done.checks_left if auto else 0,
         reference=reference,
-        on_calibration=lambda doc: journal.event(records.PromptCalibration(doc)),
+        on_calibration=journal.event,
     )
     if measure is not None:
         lengths.started(measure)

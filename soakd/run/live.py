@@ -18,7 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from soakd.config import format_duration
+from soakd.config import format_duration, slo
 from soakd.measure.analysis import fmt_ms
 from soakd.model import MissReason
 
@@ -156,15 +156,17 @@ def target_table(
 
 def client_limited(status: dict[str, Any]) -> list[str]:
     """Targets whose schedule soakd itself could not keep (lag past the limit, sends made
-    too late to count): their figures measure the client."""
-    limit_ms = float(status.get("lag_limit_s") or 0.1) * 1e3
-    out = []
-    for name, r in status["targets"].items():
-        lag = r.get("lag_p99_ms")
-        late = status.get("missed", {}).get(name, {}).get(MissReason.LATE, 0)
-        if (lag is not None and lag > limit_ms) or late:
-            out.append(name)
-    return out
+    too late to count): their figures measure the client (``slo.client_limited``)."""
+    missed = status.get("missed", {})
+    return [
+        name
+        for name, r in status["targets"].items()
+        if slo.client_limited(
+            r.get("lag_p99_ms"),
+            missed.get(name, {}).get(MissReason.LATE, 0),
+            status.get("lag_limit_s"),
+        )
+    ]
 
 
 def live_panel(status: dict[str, Any], width: int | None = None) -> Group:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Final, Literal, Protocol, TypeGuard
+from typing import Final, Literal, Protocol, TypeGuard, get_args
 
 from soakd.config import ConfigError
 
@@ -67,29 +67,22 @@ class Calibration:
             whose = f"{self.reference or 'the first'} answers' usage"
         return f"{whose}: {per_word}, {self.overhead:g} around the text"
 
-    def to_doc(self) -> dict[str, Any]:
-        """As the journal stores it (event ``prompt_calibration``)."""
-        return {
-            "source": self.source,
-            "reference": self.reference,
-            "costs": list(self.costs) if self.costs is not None else None,
-            "scale": self.scale,
-            "overhead": self.overhead,
-            "from_seq": self.from_seq,
-        }
-
     @classmethod
-    def from_doc(cls, doc: dict[str, Any]) -> Calibration:
-        """Read back ``to_doc``'s output (a resume). ValueError when it is not one."""
-        source = doc.get("source")
-        if source not in ("none", "tokenizer", "tokenize", "usage"):
+    def read(
+        cls,
+        source: str,
+        reference: str,
+        costs: Sequence[int] | None,
+        scale: float,
+        overhead: float,
+        from_seq: int,
+    ) -> Calibration:
+        """A calibration as the journal stored it (event ``prompt_calibration``: a resume,
+        the report). ValueError when it is not one prompts can be sized by."""
+        if not _is_source(source):
             raise ValueError(f"unknown calibration source {source!r}")
-        costs = doc.get("costs")
-        if costs is not None and (
-            not isinstance(costs, list) or not all(type(c) is int and c >= 1 for c in costs)
-        ):
+        if costs is not None and not all(type(c) is int and c >= 1 for c in costs):
             raise ValueError("calibration costs must be a list of counts")
-        scale, overhead, from_seq = doc.get("scale"), doc.get("overhead"), doc.get("from_seq")
         if not _number(scale) or not SCALE_MIN <= scale <= SCALE_MAX:
             raise ValueError(f"calibration scale {scale!r} is out of range")
         if not _number(overhead) or overhead < 0:
@@ -98,7 +91,7 @@ class Calibration:
             raise ValueError(f"calibration from_seq {from_seq!r} is not a seq")
         return cls(
             source,
-            str(doc.get("reference", "")),
+            reference,
             tuple(costs) if costs is not None else None,
             float(scale),
             float(overhead),
@@ -150,6 +143,10 @@ class Calibration:
 
 
 UNCALIBRATED: Final = Calibration()
+
+
+def _is_source(value: str) -> TypeGuard[Source]:
+    return value in get_args(Source)
 
 
 def _number(value: object) -> TypeGuard[float]:

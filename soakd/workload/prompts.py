@@ -103,6 +103,37 @@ _HEAD_MULT = 0x5DEECE66D  # odd, so seq -> seq * mult + key is a bijection mod 2
 _CHARS_PER_TOKEN = 4  # the usual estimate for English text, for file prompts
 
 
+class Lengths(Protocol):
+    """A distribution of prompt lengths, as configured (``TokenLength``) or as a journal
+    stored it (``StoredTokenLength``)."""
+
+    @property
+    def dist(self) -> str: ...
+    @property
+    def mean(self) -> int: ...
+    @property
+    def stddev(self) -> float: ...
+    @property
+    def min(self) -> int: ...
+    @property
+    def max(self) -> int: ...
+
+
+def fixed_length(d: Lengths) -> int:
+    """A fixed length's prompts: the mean, clamped to min..max as every length is."""
+    return min(d.max, max(d.min, d.mean))
+
+
+def describe_lengths(d: Lengths) -> str:
+    """The planned prompt lengths in words ("uniform 64-512", "normal 300 ± 50 (1-4096)",
+    "fixed 256"): the one wording of ``soakd check`` and the report's "What was tested"."""
+    if d.dist == "uniform":
+        return f"uniform {d.min}-{d.max}"
+    if d.dist == "normal":
+        return f"normal {d.mean} ± {d.stddev:g} ({d.min}-{d.max})"
+    return f"fixed {fixed_length(d)}"
+
+
 class PromptSource(Protocol):
     """Gives the prompt for a sequence number. Deterministic: same seq, same answer."""
 
@@ -165,9 +196,7 @@ class SyntheticPrompts:
         self.lengths = lengths
         self.seed = seed
         self._key = _mix(seed & _M64)
-        longest = max(lengths.min, min(lengths.max, lengths.mean))
-        if lengths.dist != "fixed":
-            longest = lengths.max
+        longest = fixed_length(lengths) if lengths.dist == "fixed" else lengths.max
         self._longest = longest
         self._pool: list[int] = []
         self._text = ""

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import structlog
 
 from soakd.config import Config
+from soakd.journal.records import CalibrationStage, PromptCalibration, Unreadable
 from soakd.model import Outcome
 from soakd.workload.calibration import (
     SCALE_MAX,
@@ -34,7 +35,13 @@ from soakd.workload.calibration import (
     TokenizeError,
     costs_from_pieces,
 )
-from soakd.workload.prompts import WORDS, PromptSource, SyntheticPrompts, make_prompt_source
+from soakd.workload.prompts import (
+    WORDS,
+    PromptSource,
+    SyntheticPrompts,
+    describe_lengths,
+    make_prompt_source,
+)
 
 log = structlog.get_logger()
 
@@ -73,18 +80,31 @@ class StartMeasure:
     requests: int = 0
     seconds: float = 0.0
 
-    def doc(self) -> dict[str, Any]:
-        """The journal event's data."""
-        cal = self.calibration
-        return {
-            "stage": "start",
-            **(cal.to_doc() if cal is not None else {"source": "none"}),
-            "planned": round(self.planned, 3),
-            "served": {k: round(v, 3) for k, v in self.served.items()},
-            "failed": self.failed,
-            "requests": self.requests,
-            "seconds": round(self.seconds, 3),
-        }
+    def event(self) -> PromptCalibration:
+        """The journal's record of it."""
+        return replace(
+            carrying(CalibrationStage.START, self.calibration),
+            planned=round(self.planned, 3),
+            served={k: round(v, 3) for k, v in self.served.items()},
+            failed=dict(self.failed),
+            requests=self.requests,
+            seconds=round(self.seconds, 3),
+        )
+
+
+def carrying(stage: CalibrationStage, cal: Calibration | None) -> PromptCalibration:
+    """An event of the prompts' sizing with the calibration in use (None: none could be
+    made), the rest of it to fill in."""
+    if cal is None:
+        return PromptCalibration(stage)
+    return PromptCalibration(
+        stage, cal.source, cal.reference, cal.costs, cal.scale, cal.overhead, cal.from_seq
+    )
+
+
+def calibration_of(e: PromptCalibration) -> Calibration:
+    """The calibration an event carries; ValueError when prompts cannot be sized by it."""
+    return Calibration.read(e.source, e.reference, e.costs, e.scale, e.overhead, e.from_seq)
 
 
 async def measure_at_start(
@@ -217,25 +237,26 @@ class Stored:
     checks_left: int  # checks against the answers still to make
 
 
-def stored(docs: Sequence[Mapping[str, Any]]) -> Stored:
+def stored(events: Iterable[PromptCalibration | Unreadable]) -> Stored:
     """The calibrations of a run's ``prompt_calibration`` events, in order. ValueError
     for one this soakd cannot read."""
     cals: list[Calibration] = []
     measured = False
     checks_left = CHECK_ROUNDS
     reference: str | None = None
-    for doc in docs:
-        stage = doc.get("stage")
-        if stage == "start":
+    for e in events:
+        if isinstance(e, Unreadable):  # stored data: a bad value, as a bad calibration is
+            raise ValueError(f"a {e.kind} event this soakd cannot read")  # noqa: TRY004
+        if e.stage is CalibrationStage.START:
             measured = True
-            if doc.get("source") not in (None, "none"):
-                cal = Calibration.from_doc(dict(doc))
+            if e.source != "none":
+                cal = calibration_of(e)
                 cals.append(cal)
                 reference = cal.reference if cal.source == "tokenize" else None
-        elif stage == "check":
+        elif e.stage is CalibrationStage.CHECK:
             checks_left -= 1
-            if doc.get("changed"):
-                cal = Calibration.from_doc(dict(doc))
+            if e.changed:
+                cal = calibration_of(e)
                 cals.append(cal)
                 if cal.source in ("tokenize", "usage"):  # whose answers the checks read
                     reference = cal.reference or None
@@ -251,13 +272,7 @@ async def plan_lines(cfg: Config) -> list[str]:
     wl = cfg.workload
     prompts = make_prompt_source(wl)
     if isinstance(prompts, SyntheticPrompts):
-        d = wl.prompts.input_tokens
-        if d.dist == "uniform":
-            shape = f"uniform {d.min}-{d.max}"
-        elif d.dist == "normal":
-            shape = f"normal {d.mean} ± {d.stddev:g} (min {d.min}, max {d.max})"
-        else:
-            shape = f"fixed {d.mean}"
+        shape = describe_lengths(wl.prompts.input_tokens)
         lines = [f"prompts: synthetic, {shape} tokens, seed {wl.seed}"]
     else:
         lines = [f"prompts: {wl.prompts.file}, planned at 4 characters a token"]
@@ -346,7 +361,7 @@ class PromptLengths:
         *,
         checks: int,
         reference: str | None = None,
-        on_calibration: Callable[[dict[str, Any]], None] | None = None,
+        on_calibration: Callable[[PromptCalibration], None] | None = None,
     ) -> None:
         self.prompts = prompts
         self.total = {name: _Tally() for name in names}
@@ -439,9 +454,16 @@ class PromptLengths:
                 calibration=new.describe(),
             )
         if self._on_calibration is not None:
-            doc = (new or current).to_doc()
             self._on_calibration(
-                {"stage": "check", **doc, "changed": new not in (None, current), **fields}
+                replace(
+                    carrying(CalibrationStage.CHECK, new or current),
+                    changed=new not in (None, current),
+                    target=self._sample_target,
+                    answers=len(self._samples),
+                    estimated=round(estimated, 1),
+                    served=served,
+                    off_pct=round(off * 100, 2),
+                )
             )
         self._samples = []
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from soakd.config import TargetConfig, TokenLength, config_from_dict
-from soakd.journal.records import EventKind
+from soakd.journal.records import EventKind, PromptCalibration, read_as
 from soakd.report import build_report, write_built
 from soakd.run.app import RunOptions, Soak
 from soakd.targets.tokenize import open_tokenizer
@@ -115,7 +115,9 @@ async def test_a_planned_300_is_300_of_vllms_tokens(vllm: VllmServer, tmp_path: 
     # is the words of the prompt the stored calibration builds for that seq, and vLLM's
     # /tokenize of that prompt is what vLLM's usage said
     prompts = SyntheticPrompts(
-        TokenLength(mean=300), 11, stored(calibration_events(run_dir)).calibrations
+        TokenLength(mean=300),
+        11,
+        stored([read_as(PromptCalibration, d) for d in calibration_events(run_dir)]).calibrations,
     )
     for seq, words in rows(run_dir, "sim"):
         assert words == len(prompts.spec_fields(seq)[0].split()), seq

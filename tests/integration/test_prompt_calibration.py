@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from soakd.config import TargetConfig, TokenLength, config_from_dict
-from soakd.journal.records import EventKind
+from soakd.journal.records import EventKind, PromptCalibration, read_as
 from soakd.profiles import get_profile
 from soakd.report import build_report
 from soakd.run.app import RunOptions, Soak
@@ -174,7 +174,7 @@ async def test_a_resumed_run_sizes_its_prompts_as_the_first_session_did(tmp_path
     assert second.session == 2
     docs = events(run_dir)
     assert [d["stage"] for d in docs].count("start") == 1  # measured once, in session 1
-    cals = stored(docs).calibrations
+    cals = stored([read_as(PromptCalibration, d) for d in docs]).calibrations
     assert cals[0].source == "tokenizer"
     assert cals[0].costs is not None
     prompts = SyntheticPrompts(TokenLength(mean=120), 5, cals)

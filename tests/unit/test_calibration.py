@@ -5,7 +5,9 @@ trained here with the tokenizers package)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from soakd.config import ConfigError, TokenLength
+from soakd.journal.records import CalibrationStage, PromptCalibration, read_as
 from soakd.model import ErrorKind, Outcome
 from soakd.workload.calibration import (
     SCALE_MAX,
@@ -28,6 +31,8 @@ from soakd.workload.sizing import (
     CHECK_ROUNDS,
     PromptLengths,
     calibrate,
+    calibration_of,
+    carrying,
     measure_at_start,
     stored,
 )
@@ -35,6 +40,7 @@ from tests.tiny_tokenizer import KINDS, train
 
 pytest.importorskip("tokenizers", reason="pip install -e '.[test]'")
 
+START, CHECK = CalibrationStage.START, CalibrationStage.CHECK
 FIXED_300 = TokenLength(dist="fixed", mean=300)
 SPREAD = TokenLength(dist="uniform", min=16, max=1200)
 
@@ -101,7 +107,7 @@ def test_the_same_calibration_gives_the_same_prompts_and_others_stay(tokenizer_f
     a = SyntheticPrompts(FIXED_300, seed=9)
     cal = run(calibrate(tok, a))
     a.calibrate(cal)
-    b = SyntheticPrompts(FIXED_300, 9, [Calibration.from_doc(cal.to_doc())])  # a resume
+    b = SyntheticPrompts(FIXED_300, 9, stored([journaled(carrying(START, cal))]).calibrations)
     assert [a.spec_fields(s) for s in range(200)] == [b.spec_fields(s) for s in range(200)]
     plain = SyntheticPrompts(FIXED_300, seed=9)
     assert a.spec_fields(5) != plain.spec_fields(5)
@@ -178,10 +184,18 @@ def test_costs_from_pieces(pieces: list[str], words: int, costs: tuple[int, ...]
     assert costs_from_pieces(pieces, words) == costs
 
 
+def journaled(event: PromptCalibration) -> PromptCalibration:
+    """``event`` as the journal gives it back (JSON, read typed)."""
+    got = read_as(PromptCalibration, json.loads(json.dumps(event.to_data())))
+    assert isinstance(got, PromptCalibration)
+    return got
+
+
 def test_calibration_round_trips_and_bad_documents_are_refused() -> None:
     cal = Calibration("tokenize", "vllm", tuple([2] * len(WORDS)), 1.0, 16.0, 40)
-    assert Calibration.from_doc(cal.to_doc()) == cal
-    good = cal.to_doc()
+    event = journaled(carrying(CalibrationStage.START, cal))
+    assert calibration_of(event) == cal
+    good = event.to_data()
     for bad in (
         {"source": "magic"},
         {"costs": [1, 0]},
@@ -193,8 +207,8 @@ def test_calibration_round_trips_and_bad_documents_are_refused() -> None:
         {"from_seq": -3},
         {"from_seq": 1.5},
     ):
-        with pytest.raises(ValueError, match="calibration"):
-            Calibration.from_doc(good | bad)
+        with pytest.raises(ValueError, match="calibration"):  # unreadable, or no calibration
+            stored([read_as(PromptCalibration, json.loads(json.dumps(good | bad)))])
 
 
 def test_corrections() -> None:
@@ -229,16 +243,16 @@ def test_prompts_before_a_correction_stay_as_they_were() -> None:
 def test_stored_events_give_the_calibrations_in_order() -> None:
     start = Calibration("tokenize", "vllm", None, 2.0, 16.0)
     corrected = Calibration("tokenize", "vllm", None, 2.1, 16.8, from_seq=40)
-    docs: list[dict[str, Any]] = [
-        {"stage": "start", **start.to_doc(), "served": {"vllm": 300.0}},
-        {"stage": "check", **corrected.to_doc(), "changed": True},
+    events = [
+        journaled(replace(carrying(START, start), served={"vllm": 300.0})),
+        journaled(replace(carrying(CHECK, corrected), changed=True)),
     ]
-    got = stored(docs)
+    got = stored(events)
     assert got.calibrations == [start, corrected]
     assert (got.reference, got.measured, got.checks_left) == ("vllm", True, CHECK_ROUNDS - 1)
-    done = stored([*docs, {"stage": "check", **corrected.to_doc(), "changed": False}])
+    done = stored([*events, journaled(replace(carrying(CHECK, corrected), changed=False))])
     assert done.checks_left == 0
-    fallback = stored([{"stage": "start", "source": "none", "failed": {"a": "HTTP 404"}}])
+    fallback = stored([journaled(replace(carrying(START, None), failed={"a": "HTTP 404"}))])
     assert (fallback.calibrations, fallback.measured, fallback.reference) == ([], True, None)
 
 
@@ -263,7 +277,7 @@ def test_the_answers_correct_an_uncalibrated_run_from_the_next_seq() -> None:
     from the next seq no target has used, until within 1 %."""
     prompts = SyntheticPrompts(FIXED_300)
     server = Server(prompts, per_word=2.0, template=16)
-    events: list[dict[str, Any]] = []
+    events: list[PromptCalibration] = []
     lengths = PromptLengths(prompts, ["a", "b"], checks=CHECK_ROUNDS, on_calibration=events.append)
     seq = 0
     lengths.next_seq = lambda: seq + 1  # the runner's: the answered one was sent
@@ -271,10 +285,12 @@ def test_the_answers_correct_an_uncalibrated_run_from_the_next_seq() -> None:
         while lengths.checking and seq < 400:
             lengths.record(server.answer("a", seq))
             seq += 1
-    corrections = [e for e in events if e["changed"]]
+    corrections = [e for e in events if e.changed]
     assert 1 <= len(corrections) <= CHECK_ROUNDS - 1
-    assert events[-1]["changed"] is False  # the last check found it within 1 %
-    assert corrections[0]["from_seq"] == CHECK_ANSWERS
+    assert events[-1].changed is False  # the last check found it within 1 %
+    assert corrections[0].from_seq == CHECK_ANSWERS
+    assert [journaled(e) for e in events] == events  # journaled as it was made
+    assert {e.stage for e in events} == {CHECK}
     assert prompts.calibration.reference == "a"
     assert prompts.spec_fields(0)[0].count(" ") == 299  # sent already: kept
     late = [server.answer("a", s).prompt_tokens or 0 for s in range(seq, seq + 50)]

@@ -299,7 +299,9 @@ def test_a_key_a_newer_soakd_added_is_no_config_change(tmp_path: Path) -> None:
     j.close(completed=False)
     state = read_resume_state(tmp_path / "journal.db")
     assert state is not None
-    for target in state.config["targets"]:
+    targets = state.stored.config_document["targets"]
+    assert isinstance(targets, list)
+    for target in targets:
         del target["max_output_factor"]  # as an older soakd stored it
     _, plan = run_info(cfg)
     assert state.check(cfg, plan, force=False) == []
@@ -402,7 +404,7 @@ def test_a_killed_writer_leaves_rows_the_reader_and_a_resume_fold_in(tmp_path: P
         conn.execute("UPDATE progress SET stopped = 1")
     with JournalReader(tmp_path) as r:  # persisted by the resume this time
         assert sum(x.stats.requests for x in r.rollups()) == 300
-        assert r.sessions()[-1]["session"] == 2
+        assert r.sessions()[-1].session == 2
 
 
 def test_retention_deletes_old_rows_but_keeps_the_aggregates(

@@ -97,7 +97,7 @@ def test_a_killed_writer_is_started_again_and_loses_nothing_sent(tmp_path: Path)
         )
         assert sum(t[4] for t in r.totals()) == 900
         assert sum(x.stats.requests for x in r.rollups()) == 900
-        assert [s["session"] for s in r.sessions()] == [1]  # the same session, continued
+        assert [s.session for s in r.sessions()] == [1]  # the same session, continued
         assert sum(isinstance(e.event, records.WriterRestarted) for e in r.events()) == 2
     resumed_equals_live(tmp_path, metrics)
 

@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("model",),
     ("types", "outcome_record", "shapes", "profiles"),
     # leaves that know no other room
-    ("net", "childlog", "logs", "runtime", "spawn"),
+    ("net", "childlog", "logs", "runtime", "spawn", "jsondiff"),
     ("config",),
     ("tracing", "measure", "gpu", "http"),
     ("metrics",),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,16 +25,18 @@ ONE_OF_EACH: list[records.Event] = [
     records.WriterRestarted(2),
     records.Preflight("alpha", True, "alpha: ok", 0.25, unreached=False, warning=True),
     records.PromptCalibration(
-        {
-            "stage": "start",
-            "source": "tokenize",
-            "reference": "alpha",
-            "costs": None,
-            "scale": 1.25,
-            "overhead": 7.0,
-            "from_seq": 0,
-            "served": {"alpha": 150.0},
-        }
+        records.CalibrationStage.START,
+        source="tokenize",
+        reference="alpha",
+        costs=(1, 2, 1),
+        scale=1.25,
+        overhead=7.0,
+        from_seq=0,
+        planned=120.0,
+        served={"alpha": 150.0},
+        failed={"beta": "HTTP 404"},
+        requests=8,
+        seconds=0.2,
     ),
     records.ConfigChanged(("slo.jitter", "targets[alpha].slo")),
     records.JournalLoss(3, 4, 2000 * 10**9, 1990 * 10**9),
@@ -71,6 +74,32 @@ def test_what_a_pause_writes_depends_on_its_reason() -> None:
     assert rate.to_data() == {"target": "t", "reason": "rate_limited", "resume_in_s": 5.0}
     failing = ONE_OF_EACH[12].to_data()
     assert list(failing) == ["target", "reason", "cause", "detail", "failures", "failing_for_s"]
+
+
+def test_the_prompts_sizing_writes_each_stage_as_it_always_did() -> None:
+    """A start writes the calibration (only its source when none could be made) and the
+    measurement; a check the calibration and what the answers said: the keys, in the
+    order sizing.py wrote them as documents; ``served`` per target at start, a sum at a
+    check."""
+    start = records.PromptCalibration(
+        records.CalibrationStage.START, planned=256.0, served={}, failed={"a": "HTTP 404"}
+    )
+    assert list(start.to_data()) == [
+        *("stage", "source", "planned", "served", "failed", "requests", "seconds")
+    ]
+    check = records.PromptCalibration(
+        records.CalibrationStage.CHECK, "usage", "a", None, 1.5, 3.0, 40, changed=True
+    )
+    check = replace(check, target=None, answers=16, estimated=1600.0, served=1650, off_pct=3.1)
+    data = json.loads(json.dumps(check.to_data()))
+    assert list(data) == [
+        *("stage", "source", "reference", "costs", "scale", "overhead", "from_seq"),
+        *("changed", "target", "answers", "estimated", "served", "off_pct"),
+    ]
+    assert (data["costs"], data["target"]) == (None, None)  # written as null, as before
+    assert read_event("prompt_calibration", data) == check
+    for bad in ({"stage": "later"}, {"costs": "1,2"}, {"served": {"a": "many"}}):
+        assert isinstance(read_event("prompt_calibration", data | bad), Unreadable), bad
 
 
 def test_other_soakds_data_is_read_as_far_as_it_can_be() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from soakd.journal.records import Logged, read_event
-from soakd.report.failing import failing_notes, never_succeeded
+from soakd.report.failing import failing_notes, never_answered
 from soakd.report.model import Row
 
 
@@ -47,7 +47,7 @@ def test_a_target_whose_every_request_soakd_cut_at_the_stop_did_not_fail() -> No
     """Stopped before the first answer came back: the cut requests judge nothing."""
     cut = Row("slow", None, requests=6, ok=0, not_judged=6)
     cut.errors_by_kind = {"cancelled": 6}
-    assert not never_succeeded(cut)
+    assert never_answered({"slow": cut}) == {}
     assert failing_notes([], {"slow": cut}, ["slow"], 10.0) == []
     one_failed = Row("slow", None, requests=7, ok=0, not_judged=6, errors=1)
-    assert never_succeeded(one_failed)
+    assert list(never_answered({"slow": one_failed})) == ["slow"]

@@ -16,10 +16,20 @@ import pytest
 import yaml
 
 from soakd.cli import main
+from soakd.config import JournalConfig, Workload
+from soakd.config.slo import DISPATCH_LAG_S, AlertLimits
 from soakd.journal import JournalError, read_resume_state
-from soakd.journal.stored import StoredRun, read_stored, upgrade
+from soakd.journal.records import CalibrationStage, PromptCalibration
+from soakd.journal.stored import (
+    StoredConfig,
+    StoredJournal,
+    StoredRun,
+    StoredWorkload,
+    read_core,
+    read_stored,
+    upgrade,
+)
 from soakd.report import build_report
-from soakd.report.decisions import DEFAULT_LAG_LIMIT_S
 from tests.journal_fixtures import FakeClock, config, open_test_journal
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "report-golden"
@@ -164,7 +174,7 @@ def test_a_missing_section_takes_its_documented_default(tmp_path: Path) -> None:
     meta = golden_meta()
     older(meta["config"])
     stored = read_stored(meta)
-    assert stored.config.alert_limits.dispatch_lag is None  # DEFAULT_LAG_LIMIT_S, 100 ms
+    assert stored.config.alert_limits.dispatch_lag is None  # DISPATCH_LAG_S, 100 ms
     assert stored.config.gpu.source == "auto"
     rep = build_report(copy_golden(tmp_path / "run", older))
     assert rep.currency == "$"
@@ -175,12 +185,59 @@ def test_a_missing_section_takes_its_documented_default(tmp_path: Path) -> None:
     golden = build_report(copy_golden(tmp_path / "golden"))
     assert rep.overall == golden.overall
     assert rep.notes == golden.notes  # no lag near 50 ms or 100 ms
-    assert DEFAULT_LAG_LIMIT_S == 0.1
+    assert DISPATCH_LAG_S == AlertLimits().dispatch_lag == 0.1
+
+
+def test_what_the_export_fleet_slowest_and_salvage_read_is_typed() -> None:
+    """The keys the export (journal.itl), the trace ids (traceparent), the costs
+    (cost.gpus), a fleet (the whole workload) and a salvage (run id, targets, phases,
+    window) read, through the model: with the config's defaults where a key is absent."""
+    meta = golden_meta()
+    stored = read_stored(meta)
+    assert stored.config.journal == StoredJournal(**meta["config"]["journal"])
+    assert StoredJournal() == StoredJournal(
+        itl=JournalConfig().itl, itl_gaps=JournalConfig().itl_gaps
+    )
+    # every key of the config's workload, in its order: a fleet compares it whole
+    assert list(StoredWorkload.model_fields) == list(Workload.model_fields)
+    assert stored.config.workload.model_dump(exclude_unset=True) == meta["config"]["workload"]
+    traced = {t["name"] for t in meta["config"]["targets"] if t.get("traceparent") is not False}
+    assert stored.config.traced() == traced
+    core = read_core(meta)
+    assert (core.run_id, core.window_ns, core.plan) == (
+        stored.run_id,
+        stored.window_ns,
+        stored.plan,
+    )
+    assert stored.config_document == meta["config"]  # as stored, for a resume to compare
+    del meta["plan"]
+    with pytest.raises(ValueError, match="plan: Field required"):
+        read_core(meta)
+
+
+@pytest.mark.parametrize(
+    ("cost", "gpus"),
+    [
+        (None, None),
+        ({"per_hour": 2.0}, None),
+        ({"gpus": ["0", "1"]}, ["0", "1"]),
+        ({"gpus": [0, 1]}, ["0", "1"]),  # written as numbers: the same labels
+        ({"gpus": "0"}, None),  # not a list: where its process ran
+    ],
+)
+def test_the_gpus_charged_to_a_target_are_read_typed(
+    cost: dict[str, Any] | None, gpus: list[str] | None
+) -> None:
+    config = StoredConfig.model_validate({"targets": [{"name": "t", "cost": cost}]})
+    assert config.targets[0].charged_gpus == gpus
+    assert config.targets[0].cost == cost  # the document decisions.py judges by
 
 
 def test_a_resume_reads_the_stored_run(tmp_path: Path) -> None:
     cfg = config()
     j = open_test_journal(tmp_path / "run", cfg, FakeClock(offset_s=10.0))
+    sized = PromptCalibration(CalibrationStage.START, planned=256.0, failed={"alpha": "404"})
+    j.event(sized)
     j.close(completed=False)
     db = tmp_path / "run" / "journal.db"
     state = read_resume_state(db)
@@ -189,6 +246,7 @@ def test_a_resume_reads_the_stored_run(tmp_path: Path) -> None:
     assert state.stored.run_id == state.run_id == "syn-1"
     assert [t.name for t in state.stored.config.targets] == ["alpha", "beta"]
     assert state.created_wall == state.stored.created_wall
+    assert state.calibrations == [sized]  # the prompts' sizing, read typed
     rewrite_config(db, lambda doc: doc.pop("targets"))
     with pytest.raises(JournalError, match=r"journal\.db: the run it stored .*config\.targets"):
         read_resume_state(db)

@@ -13,6 +13,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 
 from soakd.config import ConfigError, TargetConfig, config_from_dict
 from soakd.config.redact import config_doc
+from soakd.journal.stored import StoredConfig
 from soakd.measure.fold import fold
 from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome
@@ -20,7 +21,6 @@ from soakd.tracing import (
     is_local_url,
     span_id,
     trace_id,
-    traced_targets,
     traceparent,
     wants_traceparent,
 )
@@ -108,11 +108,13 @@ def test_the_stored_config_says_which_targets_sent_one() -> None:
         }
     )
     doc = config_doc(cfg)
-    assert traced_targets(doc) == {"edge", "cloud-traced"}
+    assert StoredConfig.model_validate(doc).traced() == {"edge", "cloud-traced"}
+    # the one rule: as a target's own requests were sent
+    assert {t.name for t in cfg.targets if wants_traceparent(t)} == {"edge", "cloud-traced"}
     # a journal written before soakd sent traceparents has no such key: nothing traced
     for t in doc["targets"]:
         del t["traceparent"]
-    assert traced_targets(doc) == frozenset()
+    assert StoredConfig.model_validate(doc).traced() == frozenset()
 
 
 def ok_outcome(target: str, seq: int, e2e_s: float) -> Outcome:
