@@ -90,6 +90,15 @@ class _TargetChildren:
     in_flight: Gauge
     e2e_exemplar: ExemplarClock
     ttft_exemplar: ExemplarClock
+    run_counts: list[int]  # [judged, failed, 5xx] of the run (soakd/measure/goodput.py's classes)
+    error_ratio: Gauge
+    server_error_ratio: Gauge
+
+    def show_ratios(self) -> None:
+        """The run ratios from the counts: set by the loop whenever they change."""
+        counts = self.run_counts
+        self.error_ratio.set(counts[1] / counts[0] if counts[0] else 0.0)
+        self.server_error_ratio.set(counts[2] / counts[0] if counts[0] else 0.0)
 
 
 class Continued(CollectorRegistry):
@@ -367,6 +376,9 @@ class Metrics:
             in_flight=self.in_flight.labels(target),
             e2e_exemplar=ExemplarClock(len(E2E_BUCKETS) + 1),
             ttft_exemplar=ExemplarClock(len(TTFT_BUCKETS) + 1),
+            run_counts=self._run_counts.setdefault(target, [0, 0, 0]),
+            error_ratio=self.run_error_ratio.labels(target),
+            server_error_ratio=self.run_5xx_ratio.labels(target),
         )
         self.oom_errors.labels(target)
         for reason in USAGE_REJECTED_REASONS:
@@ -374,9 +386,7 @@ class Metrics:
         for direction in MISMATCH_DIRECTIONS:
             self.usage_mismatch.labels(target, direction)
         self.retry_after_unreadable.labels(target)
-        counts = self._run_counts.setdefault(target, [0, 0, 0])
-        self.run_error_ratio.labels(target).set_function(partial(_ratio_of, counts, 1))
-        self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts, 2))
+        self._children[target].show_ratios()  # present at 0 before the first request
         self.offered_rate.labels(target)
         self.offered_concurrency.labels(target)
         for phase in phases:
@@ -400,8 +410,10 @@ class Metrics:
     def apply(self, f: Fold) -> None:
         """A committed batch of outcomes, folded once by the journal's writer
         (soakd/measure/fold.py): counters by key, notes, histogram buckets in bulk, and the exemplar
-        candidates of the targets sending a traceparent (a bucket's at most once a second)."""
-        counters, children, run_counts = self._counters, self._children, self._run_counts
+        candidates of the targets sending a traceparent (a bucket's at most once a second);
+        the run ratios of the targets it counted."""
+        counters, children = self._counters, self._children
+        counted: dict[str, _TargetChildren] = {}
         for key, (n, out_tokens, in_tokens, oom) in f.totals.items():
             counter = counters.get(key)
             if counter is None:
@@ -415,9 +427,10 @@ class Metrics:
                 c.prompt_tokens.inc(in_tokens)
             if oom:
                 self.oom_errors.labels(target).inc(oom)
-            counts = run_counts.get(target)
-            if counts is not None:
-                _count_run(counts, outcome, n)
+            _count_run(c.run_counts, outcome, n)
+            counted[target] = c
+        for c in counted.values():
+            c.show_ratios()
         for (target, note), n in f.notes.items():
             self.note(target, note, n)
         for (kind, target), b in f.hists.items():
@@ -479,6 +492,8 @@ class Metrics:
                 continue
             child: BucketChild = getattr(c, kind)
             child.add(counts, total)
+        for c in self._children.values():
+            c.show_ratios()
         return missing
 
 
@@ -495,10 +510,6 @@ def _count_run(counts: list[int], outcome: str, n: int) -> None:
         counts[1] += n
         if outcome in SERVER_ERRORS:
             counts[2] += n
-
-
-def _ratio_of(counts: list[int], which: int) -> float:
-    return counts[which] / counts[0] if counts[0] else 0.0
 
 
 LIMIT_HELP = {
