@@ -125,10 +125,34 @@ class Continued(CollectorRegistry):
             yield from super().collect()
 
 
-class Metrics:
-    """Owns the registry and every metric; applies the journal's committed folds."""
+@dataclass(frozen=True, slots=True)
+class RunSeries:
+    """What a run's ``Metrics`` are built with, whole: its identity (``soakd_build_info``),
+    its run-wide limits, its phases and targets (every series up front), the targets whose
+    exemplars carry a trace id, and when it started (a resume: the first session's)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, held: bool = False) -> None:
+    run_id: str
+    node: str
+    site: str
+    slo: Slo
+    alerts: AlertLimits
+    phases: tuple[str, ...]
+    targets: tuple[TargetConfig, ...]
+    started: float  # unix time
+
+
+class Metrics:
+    """Owns the registry and every metric; applies the journal's committed folds. Given
+    ``run``, it is built whole: the run's identity, limits, phases and targets are in it
+    from the start (nothing is wired into it later; the loop sets its gauges)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        held: bool = False,
+        run: RunSeries | None = None,
+    ) -> None:
         self.registry = r = registry if registry is not None else CollectorRegistry()
         # what a resume continues from the journal: served once it stands there (Continued)
         self.continued = c = Continued(held=held)
@@ -318,6 +342,22 @@ class Metrics:
         # target -> [judged, failed, 5xx] of the run (soakd/measure/goodput.py's classes)
         self._run_counts: dict[str, list[int]] = {}
         self._traced: dict[str, str] = {}  # target -> run id: exemplars carry the trace id
+        if run is not None:
+            self._build(run)
+
+    def _build(self, run: RunSeries) -> None:
+        """A run's series, before anything reads the registry."""
+        self.build_info.info(
+            {"version": __version__, "run_id": run.run_id, "node": run.node, "site": run.site}
+        )
+        self.set_limits(run.slo, run.alerts)
+        phases = list(run.phases)
+        self.add_phases(phases)
+        for t in run.targets:
+            self.add_target(t.name, phases)
+        self.trace_exemplars(run.run_id, run.targets)  # those sending a traceparent
+        self.run_start.set(run.started)
+        self.phase_index.set(-1)
 
     def trace_exemplars(self, run_id: str, targets: Iterable[TargetConfig | str]) -> None:
         """The e2e and TTFT observations of the targets sending a traceparent (names: these)

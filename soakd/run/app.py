@@ -272,7 +272,6 @@ class Soak:
 
     async def _listen(self, stack: contextlib.AsyncExitStack) -> None:
         """The metrics, the signal handlers and the exporter, each undone on ``stack``."""
-        self._setup_metrics()
         self._status = self.status()  # /status answers in full from the first moment
         # signals from here on: one during the start-up (a simulator, a gateway, the
         # preflight, the journal, a slow target) stops the run before it sends
@@ -378,26 +377,6 @@ class Soak:
         return drain.result()
 
     # --- parts ----------------------------------------------------------------------------
-
-    def _setup_metrics(self) -> None:
-        s, m = self.setup, self.setup.metrics
-        m.build_info.info(
-            {
-                "version": __version__,
-                "run_id": s.run_id,
-                "node": s.cfg.run.node,
-                "site": s.cfg.run.site or "",
-            }
-        )
-        m.set_limits(s.cfg.slo, s.cfg.alert_limits)
-        phases = sorted({p.name for p in s.plan.phases})
-        m.add_phases(phases)
-        for name in s.names:
-            m.add_target(name, phases)
-        m.trace_exemplars(s.run_id, s.cfg.targets)  # those sending a traceparent
-        m.watch_goodput(s.goodput.ratio, s.goodput.rate)
-        m.run_start.set(s.resume.created_wall if s.resume else time.time())
-        m.phase_index.set(-1)
 
     async def _start_http(self) -> HttpServer:
         return await start_exporter(

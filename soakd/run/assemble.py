@@ -40,7 +40,7 @@ from soakd.journal.store import Restored
 from soakd.journal.stored import StoredOptions
 from soakd.measure.goodput import GoodputWindow
 from soakd.measure.notes import Notes
-from soakd.metrics.run import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
+from soakd.metrics.run import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics, RunSeries
 from soakd.model import Phase, Plan, SpendCap
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
@@ -115,9 +115,22 @@ class Setup:
             rehearse_s=plan_options["rehearse_s"],
             duration_cap_s=plan_options["duration_s"],
         )
-        metrics = Metrics(held=resume is not None)  # until the journal's totals are in
+        series = RunSeries(
+            run_id,
+            cfg.run.node,
+            cfg.run.site or "",
+            cfg.slo,
+            cfg.alert_limits,
+            tuple(sorted({p.name for p in plan.phases})),
+            tuple(cfg.targets),
+            resume.created_wall if resume else time.time(),
+        )
+        # held: until the journal's totals are in (a resume)
+        metrics = Metrics(held=resume is not None, run=series)
         names = [t.name for t in cfg.targets]
         slos: dict[str, Slo] = {name: cfg.slo_for(name) for name in names}
+        goodput = GoodputWindow(slos)
+        metrics.watch_goodput(goodput.ratio, goodput.rate)
         # prompts in the target's tokens (soakd/workload/sizing.py): a bad file fails here
         tok = cfg.workload.tokenizer
         return cls(
@@ -135,7 +148,7 @@ class Setup:
             GuardMetrics(metrics.registry),
             names,
             RunStats(names),
-            GoodputWindow(slos),
+            goodput,
             Notes(),
             Fronts(cfg.phases, run_dir),
             LocalTokenizer(tok) if tok and cfg.workload.calibrate == "auto" else None,
