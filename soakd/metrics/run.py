@@ -8,10 +8,10 @@ Labels are bounded: target and phase names come from config, outcome from ErrorK
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from prometheus_client import (
     CollectorRegistry,
@@ -384,11 +384,20 @@ class Metrics:
             if value is not None
         }
 
-    def watch_goodput(self, ratio: Callable[[str], float], rate: Callable[[str], float]) -> None:
-        """Read each target's windowed goodput at scrape time (soakd/measure/goodput.py)."""
-        for target in self._children:
-            self.goodput.labels(target).set_function(partial(ratio, target))
-            self.goodput_rate.labels(target).set_function(partial(rate, target))
+    def show(
+        self,
+        in_flight: Mapping[str, int],
+        goodput: Mapping[str, tuple[float | None, float | None]],
+    ) -> None:
+        """What the run loop publishes once a tick (soakd/run/app.py): each target's
+        requests in flight, and its goodput over the last minute (share, None: none sent;
+        good requests a second: soakd/measure/goodput.py). Set here, on the loop: no
+        gauge reads the run's objects at scrape time."""
+        for target, c in self._children.items():
+            c.in_flight.set(in_flight.get(target, 0))
+        for target, (ratio, rate) in goodput.items():
+            self.goodput.labels(target).set(math.nan if ratio is None else ratio)
+            self.goodput_rate.labels(target).set(rate or 0.0)
 
     def show_phase(self, plan: Plan, targets: Sequence[str], phase: Phase | None) -> None:
         """The phase now (None: the plan is over): its flag, index and closed-loop width."""
@@ -441,11 +450,6 @@ class Metrics:
     def add_phases(self, phases: list[str]) -> None:
         for phase in phases:
             self.phase_info.labels(phase).set(0)
-
-    def watch_in_flight(self, busy: dict[str, int]) -> None:
-        """Read in-flight counts at scrape time from the runner's own tally."""
-        for target, child in self._children.items():
-            child.in_flight.set_function(partial(_count_of, busy, target))
 
     def apply(self, f: Fold) -> None:
         """A committed batch of outcomes, folded once by the journal's writer
@@ -535,10 +539,6 @@ class Metrics:
         for c in self._children.values():
             c.show_ratios()
         return missing
-
-
-def _count_of(busy: dict[str, int], target: str) -> float:
-    return busy.get(target, 0)
 
 
 def _count_run(counts: list[int], outcome: str, n: int) -> None:

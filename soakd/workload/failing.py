@@ -24,7 +24,7 @@ from typing import Final
 from soakd.config import Failing
 from soakd.model import ErrorKind, Outcome
 
-__all__ = ["CAUSES", "Change", "FailingWatch", "failing_cause"]
+__all__ = ["CAUSES", "Change", "FailingNow", "FailingWatch", "failing_cause"]
 
 FIRST_PAUSE_S: Final = 2.0
 PROBE_WAIT_S: Final = 1.0
@@ -56,6 +56,15 @@ class Change:
     detail: str  # the last failure's error detail: secret-free, short
     failures: int  # in the streak so far
     seconds: float  # paused: how long the streak lasted; resumed: how long it was paused
+
+
+@dataclass(frozen=True, slots=True)
+class FailingNow:
+    """A target paused as failing, as /status and the live view show it."""
+
+    cause: str
+    detail: str  # the last failure's error detail: secret-free, short
+    next_probe_s: float  # until the next probing request goes (0: it is out)
 
 
 class FailingWatch:

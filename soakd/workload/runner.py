@@ -78,7 +78,7 @@ class Runner:
         temperature: float,
         seed: int = 0,
         on_phase: Callable[[Phase | None], None] | None = None,
-        start_seq: dict[str, int] | None = None,
+        seqs: dict[str, int] | None = None,
         gates: Mapping[str, SendGate] | None = None,
         ledger: SendLedger | None = None,
         lead_ns: int = 0,
@@ -102,8 +102,11 @@ class Runner:
         self.finished = False
         self._stop = asyncio.Event()
         self._stopped_at = 0.0  # monotonic s of the stop: the drain deadline counts from it
-        self._seq = dict.fromkeys(targets, 0)  # a resumed run continues its numbers
-        self._seq.update({k: v for k, v in (start_seq or {}).items() if k in targets})
+        # the next prompt seq per target, counted on in place: ``seqs`` when given (a
+        # resumed run's numbers continue; whoever gave it reads the same dict)
+        self._seq = seqs if seqs is not None else {}
+        for name in targets:
+            self._seq.setdefault(name, 0)
         self._busy = dict.fromkeys(targets, 0)  # in flight per target, counted at the spawn
         self.ledger = ledger if ledger is not None else SendLedger()  # sends not made
         self._pools = {name: _Pool() for name in targets}  # closed-loop workers

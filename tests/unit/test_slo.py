@@ -517,7 +517,7 @@ def test_live_goodput_window_and_gauges() -> None:
     assert window.ratio("a") == pytest.approx(2 / 4)
     m = Metrics(CollectorRegistry())
     m.add_target("a", ["p"])
-    m.watch_goodput(window.ratio, window.rate)
+    m.show({}, {"a": (window.row("a")["goodput"], window.row("a")["goodput_rps"])})
     assert m.registry.get_sample_value("soakd_goodput_ratio", {"target": "a"}) == 0.5
     assert m.registry.get_sample_value("soakd_goodput_rps", {"target": "a"}) > 0
 
