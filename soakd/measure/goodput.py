@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # the journal's writer process imports this module, not the config
     from soakd.config import Slo
-from soakd.model import NS_PER_S, SHED_KINDS, ErrorKind, Outcome
+from soakd.model import NS_PER_S, SHED_KINDS, ErrorKind, Finished
 
 Class = Literal["ok", "error", "guard", "excluded"]
 
@@ -165,7 +165,7 @@ class Tally:
         return self.good / self.sent if self.sent else None
 
 
-def tally_outcome(tally: Tally, o: Outcome, slo: Slo) -> None:
+def tally_outcome(tally: Tally, o: Finished, slo: Slo) -> None:
     error = None if o.error is None else o.error.value
     cls = classify(error, getattr(o, "origin", None))
     good = cls == "ok" and within(slo, o.ttft_ns, o.tpot_ns, o.e2e_ns)
@@ -222,7 +222,7 @@ class GoodputWindow:
         self.total = {t: Tally() for t in slos}
         self._ring: dict[str, deque[_Slot]] = {t: deque() for t in slos}
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Finished) -> None:
         slo = self.slos.get(outcome.target)
         if slo is None:
             return

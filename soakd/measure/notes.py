@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
 from soakd.childlog import ChildLog
-from soakd.model import USAGE_REJECTED_REASONS, Outcome
+from soakd.model import USAGE_REJECTED_REASONS, Finished
 
 log = ChildLog()  # structlog here; this module is also imported by the journal's writer
 
@@ -55,7 +55,7 @@ _SAY: Final = {
 }
 
 
-def notes_of(o: Outcome) -> Iterator[str]:
+def notes_of(o: Finished) -> Iterator[str]:
     """The notes one answer carries (most carry none)."""
     if o.usage_rejected:
         yield f"{USAGE_REJECTED}:{o.usage_rejected}"
@@ -77,7 +77,7 @@ class Notes:
         for target, note, n in counts:
             self.counts.setdefault(target, Counter())[note] += n
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Finished) -> None:
         if not (outcome.usage_rejected or outcome.retry_after_unreadable or outcome.usage_mismatch):
             return
         mine = self.counts.get(outcome.target)
@@ -138,7 +138,7 @@ def describe(notes: Mapping[str, int], stream: bool = True) -> list[str]:
     return lines
 
 
-def _log_first(o: Outcome, note: str) -> None:
+def _log_first(o: Finished, note: str) -> None:
     kind = note.split(":", 1)[0]
     data: dict[str, object] = {}
     if kind == USAGE_REJECTED:

@@ -340,11 +340,14 @@ async def assemble(
         s.plan,
         senders.targets,
         lengths.prompts,
-        # the journal folds each outcome once and hands the folds on to Metrics and
-        # RunStats once committed: Prometheus never counts a request the journal
-        # could lose (docs/journal.md)
-        [journal, s.goodput, probes.outcome_sink, s.notes, lengths],
+        # the sinks read each outcome as ``Finished``: no ITL, with workers or without
+        [s.goodput, probes.outcome_sink, s.notes, lengths],
         guards=guards,  # each outcome's 429 or spend reaches the gates first
+        # then the journal, the one reader of the whole outcome (ITL included): it folds
+        # each outcome once and hands the folds on to Metrics and RunStats once
+        # committed: Prometheus never counts a request the journal could lose
+        # (docs/journal.md)
+        journal=journal,
         max_tokens=s.cfg.workload.max_tokens,
         temperature=s.cfg.workload.temperature,
         seed=s.cfg.workload.seed,

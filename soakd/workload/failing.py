@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from soakd.config import Failing
-from soakd.model import ErrorKind, Outcome
+from soakd.model import ErrorKind, Finished
 
 __all__ = ["CAUSES", "Change", "FailingNow", "FailingWatch", "failing_cause"]
 
@@ -40,7 +40,7 @@ _BY_KIND: Final = {
 }
 
 
-def failing_cause(o: Outcome) -> str | None:
+def failing_cause(o: Finished) -> str | None:
     """The cause when ``o`` is a failure no next request can fix; else None."""
     if o.error is ErrorKind.HTTP_4XX and o.status == 404:
         return "http_404"
@@ -102,7 +102,7 @@ class FailingWatch:
         if self.paused and not self._probe_out and now >= self._until:
             self._probe_out = True  # this send is the probe: the others wait for its answer
 
-    def record(self, o: Outcome, now: float) -> Change | None:
+    def record(self, o: Finished, now: float) -> Change | None:
         cause = failing_cause(o)
         if cause is None:
             self._since = None

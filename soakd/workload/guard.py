@@ -24,7 +24,7 @@ import structlog
 from soakd.config import Failing, RateLimit, SpendGuard
 from soakd.journal.records import AuthFailed, Event, TargetPaused, TargetResumed
 from soakd.measure.sliding import SlidingCount
-from soakd.model import ErrorKind, MissReason, Outcome, PauseReason, SpendCap
+from soakd.model import ErrorKind, Finished, MissReason, PauseReason, SpendCap
 from soakd.workload.failing import Change, FailingNow, FailingWatch
 
 log = structlog.get_logger()
@@ -137,7 +137,7 @@ class TargetGuard:
 
     # --- OutcomeSink ------------------------------------------------------------------------
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Finished) -> None:
         now = self._clock()
         tokens = (outcome.prompt_tokens or 0) + (outcome.output_tokens or 0)  # None: unknown
         if tokens:
@@ -218,7 +218,7 @@ class TargetGuard:
             if self._gauges is not None:
                 self._gauges.paused(reason, False)
 
-    def _rate_limited(self, outcome: Outcome, now: float) -> None:
+    def _rate_limited(self, outcome: Finished, now: float) -> None:
         r = self.rate
         if not r.honour_retry_after:
             return
@@ -227,7 +227,7 @@ class TargetGuard:
         if pause > 0:
             self._rate_until = max(self._rate_until, now + pause)
 
-    def _auth_failed(self, outcome: Outcome, now: float) -> None:
+    def _auth_failed(self, outcome: Finished, now: float) -> None:
         self._auth_failures += 1
         self._auth_total += 1
         if self._auth_failures == 1 or now - self._auth_logged_at >= AUTH_LOG_EVERY_S:
@@ -295,7 +295,7 @@ class Guards:
     def __init__(self, guards: Iterable[TargetGuard]) -> None:
         self.by_target = {g.target: g for g in guards}
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Finished) -> None:
         guard = self.by_target.get(outcome.target)
         if guard is not None:
             guard.record(outcome)

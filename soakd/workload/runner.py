@@ -1,8 +1,11 @@
 """Runner: drives the plan. Phases in order, one load driver per target, every outcome to the sinks.
 
-Every outcome reaches every sink, the guards first (a 429's pause, a spend cap, are in
-force before anything else reads the outcome), and a sink that raises costs only itself:
-it is logged and counted, and the sinks after it still get the outcome.
+Every outcome reaches every reader, the guards first (a 429's pause, a spend cap, are in
+force before anything else reads the outcome), then the journal, then the sinks; one that
+raises costs only itself: it is logged and counted, and the readers after it still get
+the outcome. The journal (an ``OutcomeRecorder``) is the one reader of the whole
+``Outcome``; the guards and the sinks read it as ``Finished`` (soakd/model.py): no ITL
+gaps, which a sender worker's outcome carries in its record only.
 
 One clock: ``time.perf_counter_ns`` (CLOCK_MONOTONIC, the clock asyncio sleeps on).
 Phase boundaries and send times are absolute instants on it, so a wall-clock step
@@ -26,7 +29,7 @@ from typing import Any, Final
 import structlog
 
 from soakd.model import ErrorKind, MissReason, Outcome, Phase, Plan, RequestSpec
-from soakd.types import NotSent, OutcomeSink, SendGate, Target
+from soakd.types import NotSent, OutcomeRecorder, OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
 from soakd.workload.failing import failing_cause
 from soakd.workload.ledger import SendLedger
@@ -74,6 +77,7 @@ class Runner:
         sinks: Iterable[OutcomeSink],
         *,
         guards: OutcomeSink | None = None,
+        journal: OutcomeRecorder | None = None,
         max_tokens: int,
         temperature: float,
         seed: int = 0,
@@ -87,8 +91,9 @@ class Runner:
         self.plan = plan
         self.targets = targets
         self.prompts = prompts
-        # (name, record): the guards first, then the sinks in the order given
-        self._sinks = _named([guards, *sinks] if guards is not None else list(sinks))
+        # (name, record): the guards first, the journal, then the sinks in the order given
+        first = [r for r in (guards, journal) if r is not None]
+        self._sinks = _named([*first, *sinks])
         self.sink_failures: dict[str, int] = {}  # outcomes a sink raised on, by sink
         self._on_sink_failure = on_sink_failure  # the exporter's counter
         self.max_tokens = max_tokens
@@ -467,7 +472,9 @@ class Runner:
             raise
 
 
-def _named(sinks: list[OutcomeSink]) -> tuple[tuple[str, Callable[[Outcome], None]], ...]:
+def _named(
+    sinks: list[OutcomeSink | OutcomeRecorder],
+) -> tuple[tuple[str, Callable[[Outcome], None]], ...]:
     """Each sink's ``record`` under its class's name (numbered when a class comes twice)."""
     names = [type(s).__name__ for s in sinks]
     return tuple(

@@ -23,7 +23,7 @@ from typing import Any, Final
 import structlog
 
 from soakd.config import Config
-from soakd.model import Outcome
+from soakd.model import Finished
 from soakd.workload.calibration import (
     SCALE_MAX,
     SCALE_MIN,
@@ -404,7 +404,7 @@ class PromptLengths:
         """The calibration is still to be checked against answers."""
         return self.checks_left > 0
 
-    def record(self, o: Outcome) -> None:
+    def record(self, o: Finished) -> None:
         served = o.prompt_tokens
         if o.error is not None or served is None or served <= 0:
             return
