@@ -241,24 +241,13 @@ class GoodputWindow:
     def recent(self, target: str) -> tuple[Tally, float]:
         """The window's tally and the seconds it covers (at least 1)."""
         now = int(time.monotonic())
-        # read-only (a copy of the ring): the exporter's thread calls this at scrape time
-        slots = [slot for slot in list(self._ring[target]) if slot.second > now - self.span_s]
+        # read on the run loop only (its publish: the gauges and /status' rows)
+        slots = [slot for slot in self._ring[target] if slot.second > now - self.span_s]
         merged = Tally()
         for slot in slots:
             merged.merge(slot.tally)
         covered = (now - slots[0].second + 1) if slots else 0
         return merged, float(max(1, min(covered, self.span_s)))
-
-    def ratio(self, target: str) -> float:
-        """Goodput over the window, for the gauge (NaN: nothing sent in it)."""
-        tally, _ = self.recent(target)
-        g = tally.goodput
-        return float("nan") if g is None else g
-
-    def rate(self, target: str) -> float:
-        """Good requests per second over the window."""
-        tally, seconds = self.recent(target)
-        return tally.good / seconds
 
     def row(self, target: str) -> dict[str, float | None]:
         """What the live view and /status add to a target's row."""

@@ -156,7 +156,8 @@ class Runner:
 
     @property
     def in_flight(self) -> dict[str, int]:
-        """Requests sent and not finished, per target (read by the in-flight gauge)."""
+        """Requests sent and not finished, per target (copied into /status and the in-flight
+        gauge when the run publishes: soakd/run/app.py)."""
         return self._busy
 
     # --- control ------------------------------------------------------------------------
