@@ -2,11 +2,14 @@
 
 The app runs on its own thread and event loop: a send loop saturated on purpose (a soak
 past capacity) must not make Prometheus' scrapes time out, or a container health check
-restart a soakd that is working. Everything it serves is thread-safe to read:
-prometheus_client's values are locked, and /status, /readyz and /healthz read only the
-``Published`` value on the ``Board``: one frozen value the run loop publishes whole
-(soakd/run/status.py's ``RunState``, once a tick), swapped in as one reference. No handler
-calls back into the run loop's objects. ``/healthz`` says 503 when the run loop has
+restart a soakd that is working. What it serves is what the run loop published: the
+values of prometheus_client's metrics (locked; the loop sets the gauges, none is a
+callback into the run), the copies soakd's own collectors serve (latency histograms, the
+gateways' re-export: frozen, swapped whole), and for /status, /readyz and /healthz the
+``Published`` value on the ``Board`` (soakd/run/status.py's ``RunState``, once a tick),
+swapped in as one reference. No handler calls back into the run loop's objects; the one
+gauge left that does is the journal's queue depth (``set_function`` on the writer's
+queue length, soakd/journal/writer.py). ``/healthz`` says 503 when the run loop has
 stopped turning (its last tick is too old).
 
 Binds 127.0.0.1 by default; port 0 picks a free port and ``url`` tells which. Optional
