@@ -229,7 +229,11 @@ async def soakd_hot(
     runner: Runner
 
     class Timings:
+        """Folds each outcome (the journal's part) and keeps its timings, ITL included:
+        the one reader of the whole Outcome, as the journal is in a run."""
+
         def record(self, o: Outcome) -> None:
+            folding.record(o)
             state["done"] += 1
             state["tokens"] += o.output_tokens or 0
             t = o.ttft_ns
@@ -246,11 +250,11 @@ async def soakd_hot(
         plan,
         {"t": target},
         make_prompt_source(workload),
-        [folding, Timings()],
+        [],
         max_tokens=tokens,
         temperature=0.0,
+        journal=Timings(),
     )
-    metrics.watch_in_flight(runner.in_flight)
     await runner.run()
     await runner.drain(30)
     folding.flush()

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from soakd.config import JournalConfig, TokenLength  # noqa: E402
-from soakd.model import Outcome, Phase, Plan, RequestSpec  # noqa: E402
+from soakd.model import Finished, Outcome, Phase, Plan, RequestSpec  # noqa: E402
 from soakd.shapes import Constant  # noqa: E402
 from soakd.workload.prompts import SyntheticPrompts  # noqa: E402
 from soakd.workload.runner import Runner  # noqa: E402
@@ -138,9 +138,9 @@ class _Prompts:
 
 class _Sink:
     def __init__(self) -> None:
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[Finished] = []
 
-    def record(self, o: Outcome) -> None:
+    def record(self, o: Finished) -> None:
         self.outcomes.append(o)
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from soakd.model import Outcome
+    from soakd.model import Finished
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -131,7 +131,7 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
     runner: Runner
 
     class Counter:
-        def record(self, o: Outcome) -> None:
+        def record(self, o: Finished) -> None:
             state["done"] += 1
             state["tokens"] += o.output_tokens or 0
             d = state["done"]
@@ -150,11 +150,11 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
         plan,
         {"t": target},
         make_prompt_source(workload),
-        [folding, Counter()],
+        [Counter()],
         max_tokens=tokens,
         temperature=0.7,
+        journal=folding,
     )
-    metrics.watch_in_flight(runner.in_flight)
     t0 = time.perf_counter()
     await runner.run()
     await runner.drain(30)

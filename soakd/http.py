@@ -2,9 +2,15 @@
 
 The app runs on its own thread and event loop: a send loop saturated on purpose (a soak
 past capacity) must not make Prometheus' scrapes time out, or a container health check
-restart a soakd that is working. Everything it serves is thread-safe to read:
-prometheus_client's values are locked, ``status`` returns a snapshot the run loop
-refreshes, and ``/healthz`` says 503 when the run loop has stopped turning.
+restart a soakd that is working. What it serves is what the run loop published: the
+values of prometheus_client's metrics (locked; the loop sets the gauges, none is a
+callback into the run), the copies soakd's own collectors serve (latency histograms, the
+gateways' re-export: frozen, swapped whole), and for /status, /readyz and /healthz the
+``Published`` value on the ``Board`` (soakd/run/status.py's ``RunState``, once a tick),
+swapped in as one reference. No handler calls back into the run loop's objects; the one
+gauge left that does is the journal's queue depth (``set_function`` on the writer's
+queue length, soakd/journal/writer.py). ``/healthz`` says 503 when the run loop has
+stopped turning (its last tick is too old).
 
 Binds 127.0.0.1 by default; port 0 picks a free port and ``url`` tells which. Optional
 basic auth (``exporter.basic_auth``) guards /metrics and /status; /healthz and /readyz
@@ -26,7 +32,7 @@ import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
@@ -39,8 +45,40 @@ from soakd.net import parse_host_port
 
 log = structlog.get_logger()
 
-StatusFn = Callable[[], dict[str, Any]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Published(Protocol):
+    """What the exporter serves of the run: a value the run loop built whole and never
+    changes after (read on the exporter's thread)."""
+
+    @property
+    def ready(self) -> bool:
+        """/readyz: 200 when true."""
+        ...
+
+    def status_doc(self) -> dict[str, Any]:
+        """/status's JSON document."""
+        ...
+
+    def stalled(self) -> str | None:
+        """/healthz: None while the run loop turns, else why it says 503."""
+        ...
+
+
+class Board:
+    """The last ``Published`` value: the run loop ``publish``es a new one whole; the
+    exporter's thread reads ``last``, one reference (the old value or the new, never
+    half of either)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self, first: Published) -> None:
+        self.last = first
+
+    def publish(self, value: Published) -> None:
+        self.last = value
+
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
@@ -76,25 +114,21 @@ def _basic_auth(username: str, password: SecretStr) -> Any:
 
 
 def make_app(
-    registry: CollectorRegistry,
-    status: StatusFn,
-    ready: Callable[[], bool],
-    auth: tuple[str, SecretStr] | None = None,
-    alive: Callable[[], str | None] | None = None,
+    registry: CollectorRegistry, board: Board, auth: tuple[str, SecretStr] | None = None
 ) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
-        stalled = alive() if alive is not None else None
+        stalled = board.last.stalled()
         if stalled:
             return web.Response(status=503, text=f"{stalled}\n")
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
-        if ready():
+        if board.last.ready:
             return web.Response(text="ready\n")
         return web.Response(status=503, text="not ready\n")
 
     async def status_handler(_: web.Request) -> web.Response:
-        return web.json_response(status())
+        return web.json_response(board.last.status_doc())
 
     middlewares = [_basic_auth(*auth)] if auth is not None else []
     app = web.Application(middlewares=middlewares)
@@ -159,15 +193,13 @@ async def start_http(
     host: str,
     port: int,
     registry: CollectorRegistry,
-    status: StatusFn,
-    ready: Callable[[], bool],
+    board: Board,
     *,
     auth: tuple[str, SecretStr] | None = None,
     ssl_context: ssl.SSLContext | None = None,
-    alive: Callable[[], str | None] | None = None,
 ) -> HttpServer:
     """Serve the app on its own thread; returns once bound (OSError when it cannot)."""
-    thread = _ServerThread(make_app(registry, status, ready, auth, alive), host, port, ssl_context)
+    thread = _ServerThread(make_app(registry, board, auth), host, port, ssl_context)
     thread.start()
     bound = await asyncio.wrap_future(thread.bound)
     shown = f"[{host}]" if ":" in host else host
@@ -179,10 +211,7 @@ async def start_exporter(
     exp: Exporter,
     metrics_addr: str | None,
     registry: CollectorRegistry,
-    status: StatusFn,
-    ready: Callable[[], bool],
-    *,
-    alive: Callable[[], str | None] | None = None,
+    board: Board,
 ) -> HttpServer:
     """The run's exporter on ``metrics_addr`` (the CLI's) or ``exporter.listen``, with its
     basic auth and TLS; a port it cannot bind is a ConfigError naming the setting."""
@@ -200,11 +229,9 @@ async def start_exporter(
             host,
             port,
             registry,
-            status,
-            ready,
+            board,
             auth=auth,
             ssl_context=exp.tls.context() if exp.tls else None,
-            alive=alive,
         )
     except OSError as exc:
         where = "--metrics-addr" if metrics_addr else "exporter.listen"

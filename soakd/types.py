@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from soakd.model import MissReason, Outcome, RequestSpec
+from soakd.model import Finished, MissReason, Outcome, RequestSpec
 
 
 class Target(Protocol):
@@ -47,7 +47,16 @@ class SendGate(Protocol):
 
 
 class OutcomeSink(Protocol):
-    """A reader of outcomes (metrics, journal, live view). ``record`` is called
-    on the event loop for every finished request: it must not block or do IO."""
+    """A reader of finished requests (the guards, goodput, the probes, the notes, the
+    prompt lengths). ``record`` is called on the event loop for every finished request:
+    it must not block or do IO. It reads the ``Finished`` view: no ITL gaps, whether a
+    sender worker timed the request or soakd did (soakd/model.py)."""
+
+    def record(self, outcome: Finished) -> None: ...
+
+
+class OutcomeRecorder(Protocol):
+    """The one reader of the whole ``Outcome``, ITL gaps and record included: the
+    journal (soakd/journal/), which keeps every request. Same rules as an OutcomeSink."""
 
     def record(self, outcome: Outcome) -> None: ...

@@ -51,18 +51,24 @@ class ExemplarClock:
         return True
 
 
+Shown = tuple[tuple[int, ...], float, tuple[Exemplar | None, ...]]
+"""A child as a scrape reads it: counts per bucket, their sum, an exemplar per bucket."""
+
+
 class BucketChild:
     """One label set of a ``BucketHistogram``: counts per bucket, the sum, and an exemplar
-    per bucket. No lock: the run loop is the only writer; a scrape (the exporter's thread)
-    copies the counts, so it may miss a batch being added, never see counts go down."""
+    per bucket. No lock: the run loop is the only writer, and after each change it
+    publishes a frozen copy (``shown``, swapped whole); a scrape (the exporter's thread)
+    reads only that: counts, sum and exemplars of one moment, never a batch half added."""
 
-    __slots__ = ("_bounds", "counts", "exemplars", "total")
+    __slots__ = ("_bounds", "counts", "exemplars", "shown", "total")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self._bounds = bounds
         self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; +Inf last
         self.total = 0.0
         self.exemplars: list[Exemplar | None] = [None] * len(self.counts)
+        self.shown: Shown = (tuple(self.counts), 0.0, tuple(self.exemplars))
 
     def add(self, counts: Sequence[int], total: float) -> None:
         """Bulk: per-bucket counts (+Inf last) and their sum."""
@@ -71,15 +77,21 @@ class BucketChild:
             if n:
                 mine[i] += n
         self.total += total
+        self._publish()
 
     def observe(self, value: float) -> None:
         """One value (the first bucket whose bound is >= it, as Prometheus' ``le``): for a
         reading outside the journal's batches, such as a test driving the exporter."""
         self.counts[bisect_left(self._bounds, value)] += 1
         self.total += value
+        self._publish()
 
     def set_exemplar(self, bucket: int, labels: dict[str, str], value: float) -> None:
         self.exemplars[bucket] = Exemplar(labels, value, time.time())
+        self._publish()
+
+    def _publish(self) -> None:
+        self.shown = (tuple(self.counts), self.total, tuple(self.exemplars))
 
 
 class BucketHistogram(Collector):
@@ -118,7 +130,7 @@ class BucketHistogram(Collector):
     def collect(self) -> Iterable[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
         for values, child in list(self._children.items()):
-            total, counts, exemplars = child.total, list(child.counts), list(child.exemplars)
+            counts, total, exemplars = child.shown  # one frozen value the loop published
             buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
             for le, n, ex in zip(self._les, itertools.accumulate(counts), exemplars, strict=True):
                 buckets.append((le, n) if ex is None else (le, n, ex))

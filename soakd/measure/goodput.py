@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # the journal's writer process imports this module, not the config
     from soakd.config import Slo
-from soakd.model import NS_PER_S, SHED_KINDS, ErrorKind, Outcome
+from soakd.model import NS_PER_S, SHED_KINDS, ErrorKind, Finished
 
 Class = Literal["ok", "error", "guard", "excluded"]
 
@@ -165,7 +165,7 @@ class Tally:
         return self.good / self.sent if self.sent else None
 
 
-def tally_outcome(tally: Tally, o: Outcome, slo: Slo) -> None:
+def tally_outcome(tally: Tally, o: Finished, slo: Slo) -> None:
     error = None if o.error is None else o.error.value
     cls = classify(error, getattr(o, "origin", None))
     good = cls == "ok" and within(slo, o.ttft_ns, o.tpot_ns, o.e2e_ns)
@@ -222,7 +222,7 @@ class GoodputWindow:
         self.total = {t: Tally() for t in slos}
         self._ring: dict[str, deque[_Slot]] = {t: deque() for t in slos}
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Finished) -> None:
         slo = self.slos.get(outcome.target)
         if slo is None:
             return
@@ -241,24 +241,13 @@ class GoodputWindow:
     def recent(self, target: str) -> tuple[Tally, float]:
         """The window's tally and the seconds it covers (at least 1)."""
         now = int(time.monotonic())
-        # read-only (a copy of the ring): the exporter's thread calls this at scrape time
-        slots = [slot for slot in list(self._ring[target]) if slot.second > now - self.span_s]
+        # read on the run loop only (its publish: the gauges and /status' rows)
+        slots = [slot for slot in self._ring[target] if slot.second > now - self.span_s]
         merged = Tally()
         for slot in slots:
             merged.merge(slot.tally)
         covered = (now - slots[0].second + 1) if slots else 0
         return merged, float(max(1, min(covered, self.span_s)))
-
-    def ratio(self, target: str) -> float:
-        """Goodput over the window, for the gauge (NaN: nothing sent in it)."""
-        tally, _ = self.recent(target)
-        g = tally.goodput
-        return float("nan") if g is None else g
-
-    def rate(self, target: str) -> float:
-        """Good requests per second over the window."""
-        tally, seconds = self.recent(target)
-        return tally.good / seconds
 
     def row(self, target: str) -> dict[str, float | None]:
         """What the live view and /status add to a target's row."""

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
 from soakd.childlog import ChildLog
-from soakd.model import USAGE_REJECTED_REASONS, Outcome
+from soakd.model import USAGE_REJECTED_REASONS, Finished
 
 log = ChildLog()  # structlog here; this module is also imported by the journal's writer
 
@@ -57,7 +57,7 @@ _SAY: Final = {
 }
 
 
-def notes_of(o: Outcome) -> Iterator[str]:
+def notes_of(o: Finished) -> Iterator[str]:
     """The notes one answer carries (most carry none)."""
     if o.usage_rejected:
         yield f"{USAGE_REJECTED}:{o.usage_rejected}"
@@ -67,7 +67,7 @@ def notes_of(o: Outcome) -> Iterator[str]:
         yield RETRY_AFTER_UNREADABLE
 
 
-def count_notes(o: Outcome, counts: dict[NoteKey, int]) -> tuple[str, ...]:
+def count_notes(o: Finished, counts: dict[NoteKey, int]) -> tuple[str, ...]:
     """Add the notes ``o`` carries to ``counts``; returns those it counted for the first
     time. Most answers carry none, and cost one test here (per outcome, in the writer)."""
     if not (o.usage_rejected or o.usage_mismatch or o.retry_after_unreadable):
@@ -94,7 +94,7 @@ class Notes:
         for target, note, n in counts:
             self.counts[(target, note)] = self.counts.get((target, note), 0) + n
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Finished) -> None:
         for note in count_notes(outcome, self.counts):
             _log_first(outcome, note)
 
@@ -148,7 +148,7 @@ def describe(notes: Mapping[str, int], stream: bool = True) -> list[str]:
     return lines
 
 
-def _log_first(o: Outcome, note: str) -> None:
+def _log_first(o: Finished, note: str) -> None:
     kind = note.split(":", 1)[0]
     data: dict[str, object] = {}
     if kind == USAGE_REJECTED:

@@ -4,9 +4,8 @@ Beside ``soakd/metrics/run.py``, which re-exports them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -59,14 +58,12 @@ class GuardMetrics:
             ["target", "cap"],
             registry=r,
         )
+        # (target, cap, its soakd_spend_used child) of the caps set
+        self._capped: list[tuple[str, SpendCap, Gauge]] = []
 
-    def add_target(
-        self,
-        target: str,
-        limits: Mapping[SpendCap, int | None],
-        used: Callable[[], Mapping[SpendCap, float]],
-    ) -> TargetGuardGauges:
-        """Series of one target, zero from the start; ``used`` is read at scrape time."""
+    def add_target(self, target: str, limits: Mapping[SpendCap, int | None]) -> TargetGuardGauges:
+        """Series of one target, zero from the start (``soakd_spend_used`` of the caps set:
+        ``show_used``)."""
         for reason in PauseReason:
             self.paused.labels(target, reason).set(0)
             self.pauses.labels(target, reason)
@@ -78,12 +75,16 @@ class GuardMetrics:
                 continue
             self.limit.labels(target, cap).set(limit)
             self.cap_hits.labels(target, cap)
-            self.used.labels(target, cap).set_function(partial(_used_of, used, cap))
+            self._capped.append((target, cap, self.used.labels(target, cap)))
         return TargetGuardGauges(self, target)
 
-
-def _used_of(used: Callable[[], Mapping[SpendCap, float]], cap: SpendCap) -> float:
-    return used().get(cap, 0.0)
+    def show_used(self, used: Mapping[str, Mapping[SpendCap, float]]) -> None:
+        """What each target's spend caps compare against now (``TargetGuard.used``), set
+        by the run loop when it publishes (soakd/run/app.py), for the caps set."""
+        for target, cap, gauge in self._capped:
+            now = used.get(target)
+            if now is not None:
+                gauge.set(now.get(cap, 0.0))
 
 
 @dataclass(slots=True)

@@ -8,17 +8,15 @@ Labels are bounded: target and phase names come from config, outcome from ErrorK
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
-from typing import cast
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     Info,
     disable_created_metrics,
 )
@@ -48,6 +46,10 @@ from soakd.metrics import names as mn
 # the probes' and the guard's families live beside this module; imported from here as before
 from soakd.metrics.guard import GuardMetrics as GuardMetrics
 from soakd.metrics.guard import TargetGuardGauges as TargetGuardGauges
+
+# the journal's families too (JournalMetrics: its health, downtime, resumes)
+from soakd.metrics.journal import JOURNAL_KINDS as JOURNAL_KINDS
+from soakd.metrics.journal import JournalMetrics as JournalMetrics
 from soakd.metrics.names import (
     LIMIT_DRIFT,
     LIMIT_E2E,
@@ -88,6 +90,15 @@ class _TargetChildren:
     in_flight: Gauge
     e2e_exemplar: ExemplarClock
     ttft_exemplar: ExemplarClock
+    run_counts: list[int]  # [judged, failed, 5xx] of the run (soakd/measure/goodput.py's classes)
+    error_ratio: Gauge
+    server_error_ratio: Gauge
+
+    def show_ratios(self) -> None:
+        """The run ratios from the counts: set by the loop whenever they change."""
+        counts = self.run_counts
+        self.error_ratio.set(counts[1] / counts[0] if counts[0] else 0.0)
+        self.server_error_ratio.set(counts[2] / counts[0] if counts[0] else 0.0)
 
 
 class Continued(CollectorRegistry):
@@ -114,10 +125,34 @@ class Continued(CollectorRegistry):
             yield from super().collect()
 
 
-class Metrics:
-    """Owns the registry and every metric; applies the journal's committed folds."""
+@dataclass(frozen=True, slots=True)
+class RunSeries:
+    """What a run's ``Metrics`` are built with, whole: its identity (``soakd_build_info``),
+    its run-wide limits, its phases and targets (every series up front), the targets whose
+    exemplars carry a trace id, and when it started (a resume: the first session's)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, held: bool = False) -> None:
+    run_id: str
+    node: str
+    site: str
+    slo: Slo
+    alerts: AlertLimits
+    phases: tuple[str, ...]
+    targets: tuple[TargetConfig, ...]
+    started: float  # unix time
+
+
+class Metrics:
+    """Owns the registry and every metric; applies the journal's committed folds. Given
+    ``run``, it is built whole: the run's identity, limits, phases and targets are in it
+    from the start (nothing is wired into it later; the loop sets its gauges)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        held: bool = False,
+        run: RunSeries | None = None,
+    ) -> None:
         self.registry = r = registry if registry is not None else CollectorRegistry()
         # what a resume continues from the journal: served once it stands there (Continued)
         self.continued = c = Continued(held=held)
@@ -307,6 +342,22 @@ class Metrics:
         # target -> [judged, failed, 5xx] of the run (soakd/measure/goodput.py's classes)
         self._run_counts: dict[str, list[int]] = {}
         self._traced: dict[str, str] = {}  # target -> run id: exemplars carry the trace id
+        if run is not None:
+            self._build(run)
+
+    def _build(self, run: RunSeries) -> None:
+        """A run's series, before anything reads the registry."""
+        self.build_info.info(
+            {"version": __version__, "run_id": run.run_id, "node": run.node, "site": run.site}
+        )
+        self.set_limits(run.slo, run.alerts)
+        phases = list(run.phases)
+        self.add_phases(phases)
+        for t in run.targets:
+            self.add_target(t.name, phases)
+        self.trace_exemplars(run.run_id, run.targets)  # those sending a traceparent
+        self.run_start.set(run.started)
+        self.phase_index.set(-1)
 
     def trace_exemplars(self, run_id: str, targets: Iterable[TargetConfig | str]) -> None:
         """The e2e and TTFT observations of the targets sending a traceparent (names: these)
@@ -333,11 +384,20 @@ class Metrics:
             if value is not None
         }
 
-    def watch_goodput(self, ratio: Callable[[str], float], rate: Callable[[str], float]) -> None:
-        """Read each target's windowed goodput at scrape time (soakd/measure/goodput.py)."""
-        for target in self._children:
-            self.goodput.labels(target).set_function(partial(ratio, target))
-            self.goodput_rate.labels(target).set_function(partial(rate, target))
+    def show(
+        self,
+        in_flight: Mapping[str, int],
+        goodput: Mapping[str, tuple[float | None, float | None]],
+    ) -> None:
+        """What the run loop publishes once a tick (soakd/run/app.py): each target's
+        requests in flight, and its goodput over the last minute (share, None: none sent;
+        good requests a second: soakd/measure/goodput.py). Set here, on the loop: no
+        gauge reads the run's objects at scrape time."""
+        for target, c in self._children.items():
+            c.in_flight.set(in_flight.get(target, 0))
+        for target, (ratio, rate) in goodput.items():
+            self.goodput.labels(target).set(math.nan if ratio is None else ratio)
+            self.goodput_rate.labels(target).set(rate or 0.0)
 
     def show_phase(self, plan: Plan, targets: Sequence[str], phase: Phase | None) -> None:
         """The phase now (None: the plan is over): its flag, index and closed-loop width."""
@@ -365,6 +425,9 @@ class Metrics:
             in_flight=self.in_flight.labels(target),
             e2e_exemplar=ExemplarClock(len(E2E_BUCKETS) + 1),
             ttft_exemplar=ExemplarClock(len(TTFT_BUCKETS) + 1),
+            run_counts=self._run_counts.setdefault(target, [0, 0, 0]),
+            error_ratio=self.run_error_ratio.labels(target),
+            server_error_ratio=self.run_5xx_ratio.labels(target),
         )
         self.oom_errors.labels(target)
         for reason in USAGE_REJECTED_REASONS:
@@ -372,9 +435,7 @@ class Metrics:
         for direction in MISMATCH_DIRECTIONS:
             self.usage_mismatch.labels(target, direction)
         self.retry_after_unreadable.labels(target)
-        counts = self._run_counts.setdefault(target, [0, 0, 0])
-        self.run_error_ratio.labels(target).set_function(partial(_ratio_of, counts, 1))
-        self.run_5xx_ratio.labels(target).set_function(partial(_ratio_of, counts, 2))
+        self._children[target].show_ratios()  # present at 0 before the first request
         self.offered_rate.labels(target)
         self.offered_concurrency.labels(target)
         for phase in phases:
@@ -390,16 +451,13 @@ class Metrics:
         for phase in phases:
             self.phase_info.labels(phase).set(0)
 
-    def watch_in_flight(self, busy: dict[str, int]) -> None:
-        """Read in-flight counts at scrape time from the runner's own tally."""
-        for target, child in self._children.items():
-            child.in_flight.set_function(partial(_count_of, busy, target))
-
     def apply(self, f: Fold) -> None:
         """A committed batch of outcomes, folded once by the journal's writer
         (soakd/measure/fold.py): counters by key, notes, histogram buckets in bulk, and the exemplar
-        candidates of the targets sending a traceparent (a bucket's at most once a second)."""
-        counters, children, run_counts = self._counters, self._children, self._run_counts
+        candidates of the targets sending a traceparent (a bucket's at most once a second);
+        the run ratios of the targets it counted."""
+        counters, children = self._counters, self._children
+        counted: dict[str, _TargetChildren] = {}
         for key, (n, out_tokens, in_tokens, oom) in f.totals.items():
             counter = counters.get(key)
             if counter is None:
@@ -413,9 +471,10 @@ class Metrics:
                 c.prompt_tokens.inc(in_tokens)
             if oom:
                 self.oom_errors.labels(target).inc(oom)
-            counts = run_counts.get(target)
-            if counts is not None:
-                _count_run(counts, outcome, n)
+            _count_run(c.run_counts, outcome, n)
+            counted[target] = c
+        for c in counted.values():
+            c.show_ratios()
         for (target, note), n in f.notes.items():
             self.note(target, note, n)
         for (kind, target), b in f.hists.items():
@@ -477,11 +536,9 @@ class Metrics:
                 continue
             child: BucketChild = getattr(c, kind)
             child.add(counts, total)
+        for c in self._children.values():
+            c.show_ratios()
         return missing
-
-
-def _count_of(busy: dict[str, int], target: str) -> float:
-    return busy.get(target, 0)
 
 
 def _count_run(counts: list[int], outcome: str, n: int) -> None:
@@ -493,10 +550,6 @@ def _count_run(counts: list[int], outcome: str, n: int) -> None:
         counts[1] += n
         if outcome in SERVER_ERRORS:
             counts[2] += n
-
-
-def _ratio_of(counts: list[int], which: int) -> float:
-    return counts[which] / counts[0] if counts[0] else 0.0
 
 
 LIMIT_HELP = {
@@ -525,93 +578,3 @@ class _Limits:
             value = self.values.get(name)
             if value is not None:
                 yield GaugeMetricFamily(name, help_text, value=value)
-
-
-JOURNAL_KINDS = ("request", "sample", "event")
-
-
-class JournalMetrics:
-    """The journal's own health (soakd/journal/), and the run's downtime across resumes."""
-
-    def __init__(
-        self, registry: CollectorRegistry, continued: CollectorRegistry | None = None
-    ) -> None:
-        r = registry
-        c = continued if continued is not None else r  # what a resume continues (Continued)
-        self.records = Counter(
-            mn.JOURNAL_RECORDS_TOTAL, "Records committed to the journal.", ["kind"], registry=r
-        )
-        self.dropped = Counter(
-            mn.JOURNAL_DROPPED_RECORDS_TOTAL,
-            "Records not journaled: the writer's queue was full, or its writes kept failing "
-            "past journal.queue_size rows (the requests stay in the counters and totals).",
-            ["kind"],
-            registry=r,
-        )
-        self.write_errors = Counter(
-            mn.JOURNAL_WRITE_ERRORS_TOTAL,
-            "Failed journal commits (disk full, read-only, I/O error); the batch is retried.",
-            registry=r,
-        )
-        self.queue_depth = Gauge(
-            mn.JOURNAL_QUEUE_DEPTH, "Records waiting for the journal writer.", registry=r
-        )
-        self.commit = Histogram(
-            mn.JOURNAL_COMMIT_SECONDS,
-            "Time to write and commit one batch.",
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
-            registry=r,
-        )
-        self.last_commit = Gauge(
-            mn.JOURNAL_LAST_COMMIT_TIME_SECONDS,
-            "Unix time of the last successful commit.",
-            registry=r,
-        )
-        self.size = Gauge(
-            mn.JOURNAL_SIZE_BYTES, "journal.db and its write-ahead log on disk.", registry=r
-        )
-        self.downtime = Counter(
-            mn.RUN_DOWNTIME_SECONDS_TOTAL,
-            "Time the run was down between a stop or crash and its resume.",
-            registry=c,
-        )
-        self.resumes = Counter(mn.RUN_RESUMES_TOTAL, "Times this run was resumed.", registry=c)
-        # the disk budget (journal.max_bytes, soakd/journal/budget.py)
-        self.max_bytes = Gauge(mn.JOURNAL_MAX_BYTES, "The journal's disk budget.", registry=r)
-        self.disk_free = Gauge(
-            mn.JOURNAL_DISK_FREE_BYTES, "Free space of the journal's file system.", registry=r
-        )
-        self.rows_kept = Gauge(
-            mn.JOURNAL_ROWS_KEPT,
-            "1 while per-request rows are written, 0 once near the budget (rollups only).",
-            registry=r,
-        )
-        self.rows_dropped = Counter(
-            mn.JOURNAL_ROWS_DROPPED_TOTAL,
-            "Requests kept only in the rollups and totals (no row): "
-            "the journal was near its budget.",
-            registry=r,
-        )
-        self.writer_restarts = Counter(
-            mn.JOURNAL_WRITER_RESTARTS_TOTAL,
-            "The journal's writer process started again after it died.",
-            registry=r,
-        )
-        for kind in JOURNAL_KINDS:
-            self.records.labels(kind)
-            self.dropped.labels(kind)
-
-    def add(self, counts: Mapping[str, object]) -> None:
-        """What the journal's writer process counted of itself since it last said
-        (soakd/journal/counts.py: counters' increments, gauges' last values)."""
-        for name in ("write_errors", "downtime", "rows_dropped"):
-            if name in counts:
-                getattr(self, name).inc(cast("float", counts[name]))
-        for name in ("last_commit", "size", "max_bytes", "disk_free", "rows_kept"):
-            if name in counts:
-                getattr(self, name).set(cast("float", counts[name]))
-        for name in ("records", "dropped"):
-            for kind, n in cast("dict[str, float]", counts.get(name, {})).items():
-                getattr(self, name).labels(kind).inc(n)
-        for seconds in cast("list[float]", counts.get("commit", [])):
-            self.commit.observe(seconds)

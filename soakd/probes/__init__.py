@@ -22,7 +22,7 @@ import structlog
 from soakd.config import Config, TargetConfig
 from soakd.metrics import names as mn
 from soakd.metrics.run import ProbeMetrics
-from soakd.model import Outcome, Sample
+from soakd.model import Finished, Sample
 from soakd.probes._http import Endpoint, base_root, endpoint_for, resolve_proxy
 from soakd.probes._ticks import sleep_until_next
 from soakd.probes.drift import LatencyDrift
@@ -67,7 +67,7 @@ class ProbeSink:
         self._states = states
         self._drift = drift
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Finished) -> None:
         self._oom.record(outcome)
         self._drift.record(outcome)
         state = self._states.get(outcome.target)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from soakd.measure.analysis import Digest, theil_sen
 from soakd.metrics import names as mn
 from soakd.metrics.run import ProbeMetrics
-from soakd.model import Outcome, Sample
+from soakd.model import Finished, Sample
 from soakd.probes._ticks import sleep_until_next
 from soakd.probes.leak import HOUR_S
 
@@ -68,7 +68,7 @@ class LatencyDrift:
         self._clock = clock
         self._wall = wall
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Finished) -> None:
         if outcome.error is not None:
             return
         series = self._series.get(outcome.target)

@@ -4,9 +4,9 @@ A gateway soakd starts (a target with ``gateway:``) listens on a random loopback
 Prometheus cannot scrape it. soakd reads each one's ``/metrics`` every
 ``probes.scrape_interval`` and serves what it read from a custom collector, every sample
 with a ``target`` label added (client_python's pattern: families built from the last
-snapshot on each scrape; no IO in ``collect()``, which runs on the exporter's thread, so it
-reads copies of the snapshots the run loop replaces whole). A gateway that stops answering
-drops out, and ``soakd_gateway_up`` says so.
+snapshot on each scrape; no IO in ``collect()``, which runs on the exporter's thread and
+reads only the frozen snapshot the run loop publishes after each read, swapped whole). A
+gateway that stops answering drops out, and ``soakd_gateway_up`` says so.
 """
 
 from __future__ import annotations
@@ -56,9 +56,17 @@ class GatewayExport:
         self._journaled: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._families: dict[str, list[Metric]] = {}  # target -> families last read
         self._up: dict[str, bool] = dict.fromkeys(self.urls, False)
+        # what collect() serves: copies of both, made by the loop after each read
+        self._shown: tuple[dict[str, bool], dict[str, list[Metric]]] = (dict(self._up), {})
 
     def ingest(self, target: str, text: str | None) -> None:
         """One read of a gateway: its exposition text, or None when it did not answer."""
+        try:
+            self._ingest(target, text)
+        finally:  # published whole: a scrape sees this read entirely, or not yet
+            self._shown = (dict(self._up), dict(self._families))
+
+    def _ingest(self, target: str, text: str | None) -> None:
         if text is None:
             self._families.pop(target, None)
             self._up[target] = False
@@ -96,7 +104,7 @@ class GatewayExport:
         up = GaugeMetricFamily(
             UP, "1 when soakd's last read of the gateway's /metrics answered.", labels=["target"]
         )
-        states, snapshot = dict(self._up), dict(self._families)  # one C-level copy each
+        states, snapshot = self._shown  # the loop's last published copies, never changed
         for target in sorted(states):
             up.add_metric([target], 1.0 if states[target] else 0.0)
         yield up

@@ -27,7 +27,7 @@ import structlog
 
 from soakd.metrics import names as mn
 from soakd.metrics.run import ProbeMetrics
-from soakd.model import ErrorKind, Outcome, Sample
+from soakd.model import ErrorKind, Finished, Sample
 from soakd.probes._http import Endpoint, fetch
 from soakd.probes._ticks import sleep_until_next
 
@@ -83,7 +83,7 @@ class TargetState:
         else:
             self._set_down("health", detail, hard=hard)
 
-    def record(self, o: Outcome) -> None:
+    def record(self, o: Finished) -> None:
         """A finished request: an answer proves up, a refused connect proves down. An answer
         to a request sent before the outage began proves nothing: a server stopping
         gracefully (SIGTERM) finishes its in-flight requests while it refuses new ones."""

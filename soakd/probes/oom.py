@@ -40,7 +40,7 @@ import structlog
 
 from soakd.metrics import names as mn
 from soakd.metrics.run import OOM_SOURCES, ProbeMetrics
-from soakd.model import ErrorKind, Outcome, Sample
+from soakd.model import ErrorKind, Finished, Sample
 
 log = structlog.get_logger()
 
@@ -87,7 +87,7 @@ class OomWatch:
                 metrics.oom_events.labels(target, source)  # start at zero, not absent
                 self.totals[(target, source)] = 0
 
-    def record(self, o: Outcome) -> None:
+    def record(self, o: Finished) -> None:
         if o.oom:
             self.count(
                 o.target,

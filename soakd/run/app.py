@@ -27,7 +27,7 @@ import structlog
 
 from soakd import __version__
 from soakd.config import Config
-from soakd.http import HttpServer, start_exporter
+from soakd.http import Board, HttpServer, start_exporter
 from soakd.journal import Journal, ResumeState, records
 from soakd.logs import close_logging, flush_repeats, set_phase, setup_logging
 from soakd.measure.analysis import SessionRow
@@ -48,7 +48,7 @@ from soakd.run.assemble import (
 from soakd.run.rundir import prepare_dir, raise_fd_limit, write_summary
 from soakd.run.session import RunOptions, RunResult, StartError, StoppedBeforeStart, _close_all
 from soakd.run.stats import RunStats
-from soakd.run.status import progress_fields, vram_status
+from soakd.run.status import RunState, Status, progress_fields, status_now
 from soakd.sim.spawn import SimProcess
 from soakd.types import Target
 from soakd.workers.senders import Senders
@@ -64,7 +64,6 @@ __all__ = ["RunOptions", "RunResult", "Soak", "StartError", "StoppedBeforeStart"
 log = structlog.get_logger()
 
 TICK_S = 1.0
-STALL_S = 30.0  # /healthz says 503 when the run loop has not ticked for this long
 PROGRESS_LOG_S = 10.0
 
 T = TypeVar("T")
@@ -73,7 +72,8 @@ T = TypeVar("T")
 class Soak:
     """One run: ``Setup`` at once, then ``run()`` starts the servers, opens the journal,
     assembles the ``Parts`` and runs them. ``http`` and ``parts`` are None until they
-    exist: what the exporter's /status, the signal handler and tests read meanwhile."""
+    exist: what the signal handler and tests read meanwhile. The exporter's thread reads
+    only ``board``: the ``RunState`` the run loop last published (``_publish``)."""
 
     def __init__(self, cfg: Config, opts: RunOptions) -> None:
         self.setup = Setup.open(cfg, opts)
@@ -84,13 +84,14 @@ class Soak:
         self._signals = 0
         self._force = asyncio.Event()
         self._starting: asyncio.Future[Any] | None = None
-        self._status: dict[str, Any] | None = None  # /status, refreshed by the ticker
-        self._last_tick: float | None = None
+        self._last_tick: float | None = None  # the run loop's last tick (time.monotonic())
         self._started = time.monotonic()  # this session's clock, from the journal's opening
         self._elapsed = 0.0
         self._cancelled = 0  # requests cut at the drain deadline
         self._completed = False
         self._summary: dict[str, SessionRow] = {}
+        # what the exporter's thread reads: the state the run loop last published
+        self.board = Board(RunState(self.status(), ready=False, ticked=None))
 
     # --- what observers read (tests, the CLI) -----------------------------------------------
 
@@ -142,56 +143,31 @@ class Soak:
     def ledger(self) -> SendLedger | None:
         return self.parts.ledger if self.parts is not None else None
 
-    # --- status ---------------------------------------------------------------------------
+    # --- what the run publishes ------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
-        s, parts = self.setup, self.parts
-        runner = parts.runner if parts is not None else None
-        elapsed = runner.offset_ns() / 1e9 if runner else 0.0
-        total = s.plan.duration_ns / 1e9
-        phase = runner.phase if runner else None
-        return {
-            "run_id": s.run_id,
-            "version": __version__,
-            "node": s.cfg.run.node,
-            "site": s.cfg.run.site,
-            "phase": phase.name if phase else None,
-            "phase_index": phase.index if phase else None,
-            "phases": len(s.plan.phases),
-            "elapsed_s": round(elapsed, 3),
-            "remaining_s": round(max(0.0, total - elapsed), 3),
-            "plan_scale": s.plan.scale,
-            "stopping": bool(runner and runner.stopping),
-            "in_flight": dict(runner.in_flight) if runner else {},
-            **(_parts_status(parts) if parts is not None else _NO_PARTS),
-            "vram": vram_status(parts.probes.gpu if parts else None, s.cfg, s.names),
-            "lag_limit_s": s.cfg.alert_limits.dispatch_lag,
-            "drain_timeout_s": s.cfg.run.drain_timeout,
-            "slo": s.live_slo,
-            "metrics_url": self.http.url if self.http else None,
-            "targets": {
-                name: row | s.goodput.row(name) | {"notes": s.notes.row(name)}
-                for name, row in s.stats.recent().items()
-            },
-            "prompt_tokens": parts.lengths.status() if parts else None,
-        }
+    def status(self) -> Status:
+        """/status now (the live view's and the progress log's too)."""
+        return status_now(self.setup, self.parts, self.http.url if self.http else None)
 
-    def _status_snapshot(self) -> dict[str, Any]:
-        """/status, as the run loop last computed it (read on the exporter's thread)."""
-        return self._status or {}
-
-    def _alive(self) -> str | None:
-        """None while the run loop turns; else why /healthz should say 503."""
-        if self._last_tick is None:
-            return None  # starting: the run loop is busy opening things, not stuck
-        stalled = time.monotonic() - self._last_tick
-        if stalled > STALL_S:
-            return f"run loop stalled for {stalled:.0f} s"
-        return None
-
-    def _ready(self) -> bool:
+    def _publish(self) -> RunState:
+        """The run's state now, published: one frozen ``RunState`` on the board, all that
+        the exporter's thread reads of the run (/status, /readyz, /healthz), and the
+        gauges of the same moment (in flight, goodput, spend used), set here on the loop.
+        Once a tick, and at a stop; nothing reads the run's objects from another thread."""
+        self._update_gauges()
+        status = self.status()
         runner = self.runner
-        return runner is not None and runner.origin_ns > 0 and not runner.stopping
+        ready = runner is not None and runner.origin_ns > 0 and not runner.stopping
+        state = RunState(status, ready, self._last_tick)
+        self.metrics.show(
+            status.in_flight,
+            {name: (r["goodput"], r["goodput_rps"]) for name, r in status.targets.items()},
+        )
+        if self.parts is not None:
+            guards = self.parts.guards.by_target
+            self.setup.guard_metrics.show_used({name: g.used() for name, g in guards.items()})
+        self.board.publish(state)
+        return state
 
     # --- the run --------------------------------------------------------------------------
 
@@ -255,7 +231,7 @@ class Soak:
             parts = await self._start(assemble(s, servers, journal, ledger, hooks, closes))
             if parts is not None:
                 self.parts = parts
-                self._status = self.status()
+                self._publish()
                 gc.freeze()  # what start-up made lives all run: full collections skip it
                 stack.callback(gc.unfreeze)  # back in sight for a caller's later runs
                 await self._run_parts(parts)
@@ -271,9 +247,8 @@ class Soak:
         )
 
     async def _listen(self, stack: contextlib.AsyncExitStack) -> None:
-        """The metrics, the signal handlers and the exporter, each undone on ``stack``."""
-        self._setup_metrics()
-        self._status = self.status()  # /status answers in full from the first moment
+        """The signal handlers and the exporter, each undone on ``stack``."""
+        self._publish()  # /status answers in full from the first moment
         # signals from here on: one during the start-up (a simulator, a gateway, the
         # preflight, the journal, a slow target) stops the run before it sends
         self._install_signals()
@@ -379,34 +354,9 @@ class Soak:
 
     # --- parts ----------------------------------------------------------------------------
 
-    def _setup_metrics(self) -> None:
-        s, m = self.setup, self.setup.metrics
-        m.build_info.info(
-            {
-                "version": __version__,
-                "run_id": s.run_id,
-                "node": s.cfg.run.node,
-                "site": s.cfg.run.site or "",
-            }
-        )
-        m.set_limits(s.cfg.slo, s.cfg.alert_limits)
-        phases = sorted({p.name for p in s.plan.phases})
-        m.add_phases(phases)
-        for name in s.names:
-            m.add_target(name, phases)
-        m.trace_exemplars(s.run_id, s.cfg.targets)  # those sending a traceparent
-        m.watch_goodput(s.goodput.ratio, s.goodput.rate)
-        m.run_start.set(s.resume.created_wall if s.resume else time.time())
-        m.phase_index.set(-1)
-
     async def _start_http(self) -> HttpServer:
         return await start_exporter(
-            self.setup.cfg.exporter,
-            self.setup.opts.metrics_addr,
-            self.setup.metrics.registry,
-            self._status_snapshot,
-            self._ready,
-            alive=self._alive,
+            self.setup.cfg.exporter, self.setup.opts.metrics_addr, self.metrics.registry, self.board
         )
 
     def _on_phase(self, journal: Journal, phase: Phase | None) -> None:
@@ -468,22 +418,21 @@ class Soak:
                 self._last_tick = now
                 self.metrics.loop_tasks.set(len(asyncio.all_tasks()))
                 flush_repeats()  # the log's summaries of repeated lines whose window closed
-                self._update_gauges()
-                st = self._status = self.status()
+                st = self._publish().status
                 if live is not None:
                     live.update(live_panel(st, console.width))
                 elif now - last_progress >= PROGRESS_LOG_S:
                     last_progress = now
                     log.info(
                         "progress",
-                        elapsed_s=st["elapsed_s"],
-                        remaining_s=st["remaining_s"],
-                        targets=progress_fields(st["targets"]),
+                        elapsed_s=st.elapsed_s,
+                        remaining_s=st.remaining_s,
+                        targets=progress_fields(st.targets),
                     )
                 due = time.monotonic() + TICK_S
                 await asyncio.sleep(TICK_S)
         finally:
-            self._update_gauges()
+            self._publish()  # the drained run: not ready, nothing in flight
             if live is not None:
                 live.stop()
 
@@ -508,23 +457,9 @@ class Soak:
             )
             if self.runner is not None:
                 self.runner.stop()
+                self._publish()  # /readyz and /status say so now, not at the next tick
             elif self._starting is not None:
                 self._starting.cancel()  # still starting: stop before the first send
         else:
             log.warning("stop_forced", signal=sig.name)
             self._force.set()
-
-
-_NO_PARTS: dict[str, Any] = {"workers": None, "missed": {}, "failing": {}, "no_reuse": {}}
-"""/status's fields from the parts, before they exist (as an empty part would say)."""
-
-
-def _parts_status(parts: Parts) -> dict[str, Any]:
-    return {
-        "workers": parts.senders.status(),
-        "missed": parts.ledger.by_target(session=True),
-        "failing": {
-            name: f for name, g in parts.guards.by_target.items() if (f := g.failing_now())
-        },
-        "no_reuse": parts.no_reuse.status(),
-    }

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from soakd.journal.store import Restored
 from soakd.journal.stored import StoredOptions
 from soakd.measure.goodput import GoodputWindow
 from soakd.measure.notes import Notes
-from soakd.metrics.run import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics
+from soakd.metrics.run import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics, RunSeries
 from soakd.model import Phase, Plan, SpendCap
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways
@@ -95,7 +96,7 @@ class Setup:
     notes: Notes  # usage not taken or off the stream, unreadable Retry-After
     fronts: Fronts  # the gateways soakd starts
     tokenizer: LocalTokenizer | None  # workload.tokenizer, when calibrating
-    live_slo: dict[str, dict[str, Any]]  # each target's limits, for the live view
+    live_slo: dict[str, dict[str, float]]  # each target's limits, for the live view
 
     @classmethod
     def open(cls, cfg: Config, opts: RunOptions) -> Setup:
@@ -115,9 +116,21 @@ class Setup:
             rehearse_s=plan_options["rehearse_s"],
             duration_cap_s=plan_options["duration_s"],
         )
-        metrics = Metrics(held=resume is not None)  # until the journal's totals are in
+        series = RunSeries(
+            run_id,
+            cfg.run.node,
+            cfg.run.site or "",
+            cfg.slo,
+            cfg.alert_limits,
+            tuple(sorted({p.name for p in plan.phases})),
+            tuple(cfg.targets),
+            resume.created_wall if resume else time.time(),
+        )
+        # held: until the journal's totals are in (a resume)
+        metrics = Metrics(held=resume is not None, run=series)
         names = [t.name for t in cfg.targets]
         slos: dict[str, Slo] = {name: cfg.slo_for(name) for name in names}
+        goodput = GoodputWindow(slos)
         # prompts in the target's tokens (soakd/workload/sizing.py): a bad file fails here
         tok = cfg.workload.tokenizer
         return cls(
@@ -135,7 +148,7 @@ class Setup:
             GuardMetrics(metrics.registry),
             names,
             RunStats(names),
-            GoodputWindow(slos),
+            goodput,
             Notes(),
             Fronts(cfg.phases, run_dir),
             LocalTokenizer(tok) if tok and cfg.workload.calibrate == "auto" else None,
@@ -319,30 +332,39 @@ async def assemble(
         s.metrics.registry,
         journal.sample,
     )
-    lengths = await _size_prompts(s, journal, servers.urls)
+    # the next prompt seq per target: the runner counts on in this dict (a resume continues
+    # the stored ones), the prompt lengths' check reads it
+    seqs = {name: s.resume.next_seq.get(name, 0) if s.resume else 0 for name in s.names}
+    lengths = await _size_prompts(s, journal, servers.urls, partial(_unused_seq, seqs))
     runner = Runner(
         s.plan,
         senders.targets,
         lengths.prompts,
-        # the journal folds each outcome once and hands the folds on to Metrics and
-        # RunStats once committed: Prometheus never counts a request the journal
-        # could lose (docs/journal.md)
-        [journal, s.goodput, probes.outcome_sink, s.notes, lengths],
+        # the sinks read each outcome as ``Finished``: no ITL, with workers or without
+        [s.goodput, probes.outcome_sink, s.notes, lengths],
         guards=guards,  # each outcome's 429 or spend reaches the gates first
+        # then the journal, the one reader of the whole outcome (ITL included): it folds
+        # each outcome once and hands the folds on to Metrics and RunStats once
+        # committed: Prometheus never counts a request the journal could lose
+        # (docs/journal.md)
+        journal=journal,
         max_tokens=s.cfg.workload.max_tokens,
         temperature=s.cfg.workload.temperature,
         seed=s.cfg.workload.seed,
         on_phase=hooks.on_phase,
-        start_seq=s.resume.next_seq if s.resume else None,
+        seqs=seqs,
         gates=senders.gates(guards.by_target),
         ledger=ledger,
         lead_ns=senders.lead_ns,
         on_sink_failure=lambda sink: s.metrics.sink_failures.labels(sink).inc(),
     )
-    lengths.next_seq = lambda: max(runner.next_seq.values(), default=0)
     journal.attach(runner)
-    s.metrics.watch_in_flight(runner.in_flight)
     return Parts(journal, ledger, guards, no_reuse, senders, probes, gateways, lengths, runner)
+
+
+def _unused_seq(seqs: dict[str, int]) -> int:
+    """The next prompt seq no target has used."""
+    return max(seqs.values(), default=0)
 
 
 def _guard(s: Setup, tcfg: TargetConfig, journal: Journal) -> TargetGuard:
@@ -355,22 +377,24 @@ def _guard(s: Setup, tcfg: TargetConfig, journal: Journal) -> TargetGuard:
         key_ref = ""
     spend = tcfg.spend
     limits = {cap: spend.limit(cap) for cap in SpendCap}
-    guard = TargetGuard(
+    return TargetGuard(
         tcfg.name,
         spend,
         tcfg.rate_limit,
         key_ref=key_ref,
         failing=tcfg.failing,
+        gauges=s.guard_metrics.add_target(tcfg.name, limits),
         on_event=journal.event,
     )
-    guard.report_to(s.guard_metrics.add_target(tcfg.name, limits, guard.used))
-    return guard
 
 
-async def _size_prompts(s: Setup, journal: Journal, urls: dict[str, str]) -> PromptLengths:
+async def _size_prompts(
+    s: Setup, journal: Journal, urls: dict[str, str], next_seq: Callable[[], int]
+) -> PromptLengths:
     """The prompts, sized in the reference's tokens: measured now (``urls``: each
     target's server), or as the run measured them before a resume; and the sink that
-    checks them against the first answers and tallies planned against served."""
+    checks them against the first answers and tallies planned against served (a
+    correction applies from ``next_seq()``, the next seq no target has used)."""
     wl = s.cfg.workload
     # a run an older soakd started (no workload.calibrate stored) goes on as it ran
     first = s.resume.stored.config.workload.calibrate if s.resume else "auto"
@@ -393,16 +417,15 @@ async def _size_prompts(s: Setup, journal: Journal, urls: dict[str, str]) -> Pro
         journal.event(measure.event())
         cal = measure.calibration
         reference = cal.reference if cal is not None and cal.source == "tokenize" else None
-    lengths = PromptLengths(
+    return PromptLengths(
         prompts,
         s.names,
         checks=done.checks_left if auto else 0,
         reference=reference,
         on_calibration=journal.event,
+        next_seq=next_seq,
+        measured=measure,
     )
-    if measure is not None:
-        lengths.started(measure)
-    return lengths
 
 
 async def _measure_prompts(s: Setup, urls: dict[str, str], prompts: PromptSource) -> StartMeasure:

@@ -12,15 +12,20 @@ second Ctrl-C stops at once. Latencies use the one unit rule of every soakd surf
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
 from soakd.config import format_duration, slo
 from soakd.measure.analysis import fmt_ms
 from soakd.model import MissReason
+
+if TYPE_CHECKING:
+    from soakd.run.status import GpuNow, Status
+    from soakd.workload.failing import FailingNow
+    from soakd.workload.sizing import PromptTokens
 
 Row = Mapping[str, object]
 """A target's row: ``analysis.RecentRow`` (/status) or ``analysis.SessionRow`` (the end of
@@ -154,46 +159,45 @@ def target_table(
     return table
 
 
-def client_limited(status: dict[str, Any]) -> list[str]:
+def client_limited(status: Status) -> list[str]:
     """Targets whose schedule soakd itself could not keep (lag past the limit, sends made
     too late to count): their figures measure the client (``slo.client_limited``)."""
-    missed = status.get("missed", {})
     return [
         name
-        for name, r in status["targets"].items()
+        for name, r in status.targets.items()
         if slo.client_limited(
-            r.get("lag_p99_ms"),
-            missed.get(name, {}).get(MissReason.LATE, 0),
-            status.get("lag_limit_s"),
+            r["lag_p99_ms"],
+            status.missed.get(name, {}).get(MissReason.LATE, 0),
+            status.lag_limit_s,
         )
     ]
 
 
-def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
-    elapsed, left = status["elapsed_s"], status["remaining_s"]
-    phase, style = status.get("phase") or "-", "bold yellow"
-    if status.get("phase_index") is not None and status.get("phases"):
-        phase += f" {status['phase_index'] + 1}/{status['phases']}"
-    if status.get("stopping"):
+def live_panel(status: Status, width: int | None = None) -> Group:
+    elapsed, left = status.elapsed_s, status.remaining_s
+    phase, style = status.phase or "-", "bold yellow"
+    if status.phase_index is not None and status.phases:
+        phase += f" {status.phase_index + 1}/{status.phases}"
+    if status.stopping:
         phase, style = "draining", "bold magenta"
     head = Text.assemble(
         ("soakd ", "bold"),
-        (status["run_id"], "cyan"),
+        (status.run_id, "cyan"),
         "  ",
         (phase, style),
         f"  {format_duration(round(elapsed))} / {format_duration(round(elapsed + left))}",
-        "" if status.get("stopping") else f", {format_duration(round(left))} left",
+        "" if status.stopping else f", {format_duration(round(left))} left",
     )
-    rows = {
-        name: r | {"missed": sum(status.get("missed", {}).get(name, {}).values())}
-        for name, r in status["targets"].items()
+    rows: dict[str, Row] = {
+        name: {**r, "missed": sum(status.missed.get(name, {}).values())}
+        for name, r in status.targets.items()
     }
-    parts: list[Any] = [head, _links(status)]
-    if status.get("stopping"):
+    parts: list[RenderableType] = [head, _links(status)]
+    if status.stopping:
         parts.append(
             Text(
                 "stopping: finishing what is in flight (up to "
-                f"{format_duration(status.get('drain_timeout_s') or 0)}); "
+                f"{format_duration(status.drain_timeout_s or 0)}); "
                 "Ctrl-C again stops at once",
                 style="bold magenta",
             )
@@ -203,16 +207,15 @@ def live_panel(status: dict[str, Any], width: int | None = None) -> Group:
         parts.append(
             Text(f"CLIENT-LIMITED {', '.join(limited)}: soakd is behind the plan", style="bold red")
         )
-    parts += [_failing_line(name, f) for name, f in status.get("failing", {}).items()]
-    slos: Slos = status.get("slo") or {}
+    parts += [_failing_line(name, f) for name, f in status.failing.items()]
     parts.append(
-        target_table(rows, "last 60 s (not sent: this session; ! past the SLO)", width, slos)
+        target_table(rows, "last 60 s (not sent: this session; ! past the SLO)", width, status.slo)
     )
     parts += _error_lines(rows)
-    prompts = prompt_line(status)
+    prompts = prompt_line(status.prompt_tokens)
     if prompts is not None:
         parts.append(prompts)
-    parts += [_vram_line(v) for v in status.get("vram", [])]
+    parts += [_vram_line(v) for v in status.vram]
     return Group(*parts)
 
 
@@ -248,25 +251,24 @@ def _error_lines(rows: Mapping[str, Row]) -> list[Text]:
     return out
 
 
-def prompt_line(status: Mapping[str, Any]) -> Text | None:
+def prompt_line(info: PromptTokens | None) -> Text | None:
     """prompt tokens, planned -> served: vllm 300 -> 299, sim 300 -> 146 (-51.3 %); a
     target off by more than 10 % in red. Served: the answers' usage this session, else the
     target's own count at start (marked)."""
     from soakd.workload.sizing import WARN_SHARE
 
-    info = status.get("prompt_tokens")
-    if not isinstance(info, Mapping):
+    if info is None:
         return None
     line = Text("prompt tokens, planned -> served:", style="dim")
     shown = 0
-    for name, r in info.get("targets", {}).items():
-        planned, served, start = r.get("planned"), r.get("served"), r.get("at_start")
+    for name, r in info.targets.items():
+        planned, served, start = r.planned, r.served, r.at_start
         if served is None and start is not None:
-            planned, served = info.get("planned"), start
+            planned, served = info.planned, start
         if planned is None or served is None or planned <= 0:
             continue
         off = served / planned - 1.0
-        mark = " at start" if r.get("served") is None else ""
+        mark = " at start" if r.served is None else ""
         text = f" {name} {planned:,.0f} -> {served:,.0f}{mark}"
         if abs(off) > WARN_SHARE:
             line.append(text + f" ({off * 100:+.1f} %)", "bold red")
@@ -276,39 +278,37 @@ def prompt_line(status: Mapping[str, Any]) -> Text | None:
     return line if shown else None
 
 
-def _links(status: dict[str, Any]) -> Text:
+def _links(status: Status) -> Text:
     """Where the metrics are, and (with sender processes) how many are up: in red when
     one is down (it is being restarted; what it held is counted as worker_lost)."""
-    line = Text(f"in flight {sum(status['in_flight'].values())}  ", style="dim")
-    line.append(f"metrics {status['metrics_url']}/metrics", "dim")
-    workers = status.get("workers")
+    line = Text(f"in flight {sum(status.in_flight.values())}  ", style="dim")
+    line.append(f"metrics {status.metrics_url}/metrics", "dim")
+    workers = status.workers
     if workers:
-        up = sum(1 for w in workers if w["up"])
+        up = sum(1 for w in workers if w.up)
         line.append(
             f"  workers {up}/{len(workers)} up", "dim" if up == len(workers) else "bold red"
         )
     return line
 
 
-def _failing_line(name: str, f: dict[str, Any]) -> Text:
+def _failing_line(name: str, f: FailingNow) -> Text:
     """PAUSED cloud: every request failed: http_auth (http 401); next request in 12 s."""
-    detail = f" ({f['detail']})" if f.get("detail") else ""
-    when = f.get("next_probe_s") or 0
+    detail = f" ({f.detail})" if f.detail else ""
+    when = f.next_probe_s or 0
     then = f"next request in {when:.0f} s" if when else "one request out"
-    return Text(
-        f"PAUSED {name}: every request failed: {f['cause']}{detail}; {then}", style="bold red"
-    )
+    return Text(f"PAUSED {name}: every request failed: {f.cause}{detail}; {then}", style="bold red")
 
 
-def _vram_line(v: dict[str, Any]) -> Text:
+def _vram_line(v: GpuNow) -> Text:
     """GPU 0 (edge-4gb): VRAM 3.62 GB, peak 3.92 GB, line 3.90 GB ABOVE (decimal GB)."""
 
     def gb(x: float | None) -> str:
         return "-" if x is None else f"{x / 1e9:.2f} GB"
 
-    used, peak, limit = v.get("used_bytes"), v.get("peak_bytes"), v.get("limit_bytes")
-    whose = f" ({v['target']})" if v.get("target") else ""
-    text = f"GPU {v['gpu']}{whose}: VRAM {gb(used)}, peak {gb(peak)}"
+    used, peak, limit = v.used_bytes, v.peak_bytes, v.limit_bytes
+    whose = f" ({v.target})" if v.target else ""
+    text = f"GPU {v.gpu}{whose}: VRAM {gb(used)}, peak {gb(peak)}"
     if limit is None:
         return Text(text)
     above = used is not None and used > limit

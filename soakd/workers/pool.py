@@ -25,6 +25,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -255,6 +256,16 @@ class Worker:
             self._pong.set_result(wire.unpack_clock(payload))
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerNow:
+    """One sender process, as /status and the live view show it."""
+
+    worker: int
+    pid: int | None
+    up: bool
+    in_flight: int  # requests it holds now
+
+
 class WorkerPool:
     """The sender processes, started, watched, restarted and stopped together."""
 
@@ -434,17 +445,12 @@ class WorkerPool:
     def up(self) -> int:
         return len(self._up)
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> tuple[WorkerNow, ...]:
         """Per worker, for /status: pid, up, requests it holds now."""
-        return [
-            {
-                "worker": w.index,
-                "pid": w.proc.pid if w.proc is not None else None,
-                "up": w.up,
-                "in_flight": len(w.pending),
-            }
+        return tuple(
+            WorkerNow(w.index, w.proc.pid if w.proc is not None else None, w.up, len(w.pending))
             for w in self.workers
-        ]
+        )
 
     async def send(self, target: int, spec: RequestSpec, out: Outcome) -> None:
         """Hand one request to the next worker that is up; return once it came back."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from prometheus_client import CollectorRegistry
 
@@ -35,6 +35,7 @@ from soakd.workers.pool import (
     RemoteTarget,
     WorkerGate,
     WorkerMetrics,
+    WorkerNow,
     WorkerPool,
 )
 
@@ -133,7 +134,7 @@ class Senders:
             return dict(own)
         return {name: WorkerGate(self.pool, own.get(name)) for name in self.targets}
 
-    def status(self) -> list[dict[str, Any]] | None:
+    def status(self) -> tuple[WorkerNow, ...] | None:
         """The worker processes, for /status (None: no workers, requests sent here)."""
         return self.pool.status() if self.pool is not None else None
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from soakd.config import Failing
-from soakd.model import ErrorKind, Outcome
+from soakd.model import ErrorKind, Finished
 
-__all__ = ["Change", "FailingWatch", "failing_cause"]
+__all__ = ["Change", "FailingNow", "FailingWatch", "failing_cause"]
 
 FIRST_PAUSE_S: Final = 2.0
 PROBE_WAIT_S: Final = 1.0
@@ -38,7 +38,7 @@ _BY_KIND: Final = {
 }
 
 
-def failing_cause(o: Outcome) -> str | None:
+def failing_cause(o: Finished) -> str | None:
     """The cause when ``o`` is a failure no next request can fix; else None."""
     if o.error is ErrorKind.HTTP_4XX and o.status == 404:
         return "http_404"
@@ -54,6 +54,15 @@ class Change:
     detail: str  # the last failure's error detail: secret-free, short
     failures: int  # in the streak so far
     seconds: float  # paused: how long the streak lasted; resumed: how long it was paused
+
+
+@dataclass(frozen=True, slots=True)
+class FailingNow:
+    """A target paused as failing, as /status and the live view show it."""
+
+    cause: str
+    detail: str  # the last failure's error detail: secret-free, short
+    next_probe_s: float  # until the next probing request goes (0: it is out)
 
 
 class FailingWatch:
@@ -91,7 +100,7 @@ class FailingWatch:
         if self.paused and not self._probe_out and now >= self._until:
             self._probe_out = True  # this send is the probe: the others wait for its answer
 
-    def record(self, o: Outcome, now: float) -> Change | None:
+    def record(self, o: Finished, now: float) -> Change | None:
         cause = failing_cause(o)
         if cause is None:
             self._since = None

@@ -17,15 +17,15 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 import structlog
 
 from soakd.config import Failing, RateLimit, SpendGuard
 from soakd.journal.records import AuthFailed, Event, TargetPaused, TargetResumed
 from soakd.measure.sliding import SlidingCount
-from soakd.model import ErrorKind, MissReason, Outcome, PauseReason, SpendCap
-from soakd.workload.failing import Change, FailingWatch
+from soakd.model import ErrorKind, Finished, MissReason, PauseReason, SpendCap
+from soakd.workload.failing import Change, FailingNow, FailingWatch
 
 log = structlog.get_logger()
 
@@ -82,10 +82,6 @@ class TargetGuard:
         self._reason = PauseReason.RATE_LIMITED  # the reason of the pause delay_s() last found
         self._cause_shown = ""  # the failing cause exported now
 
-    def report_to(self, gauges: GuardGauges) -> None:
-        """Where pauses and cap hits are exported (set once, before the run)."""
-        self._gauges = gauges
-
     # --- the runner's side ------------------------------------------------------------------
 
     def delay_s(self) -> float:
@@ -119,18 +115,18 @@ class TargetGuard:
     def paused(self) -> tuple[PauseReason, ...]:
         return tuple(self._paused)
 
-    def failing_now(self) -> dict[str, Any] | None:
+    def failing_now(self) -> FailingNow | None:
         """While paused as failing (None otherwise): its cause, the last failure's detail,
         and when the next probing request goes (for /status and the live view)."""
         w = self.failing
         next_s = w.next_probe_s(self._clock())
         if next_s is None:
             return None
-        return {"cause": w.cause, "detail": w.detail, "next_probe_s": round(next_s, 1)}
+        return FailingNow(w.cause, w.detail, round(next_s, 1))
 
     def used(self) -> dict[SpendCap, float]:
-        """The spend counts the caps compare against (for the gauges: read at scrape time
-        on the exporter's thread, so it changes nothing)."""
+        """The spend counts the caps compare against (for the gauges: read when the run
+        loop publishes; it changes nothing)."""
         requests, tokens = self.hour.peek(self._clock())
         return {
             SpendCap.REQUESTS_PER_HOUR: requests,
@@ -141,7 +137,7 @@ class TargetGuard:
 
     # --- OutcomeSink ------------------------------------------------------------------------
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Finished) -> None:
         now = self._clock()
         tokens = (outcome.prompt_tokens or 0) + (outcome.output_tokens or 0)  # None: unknown
         if tokens:
@@ -222,7 +218,7 @@ class TargetGuard:
             if self._gauges is not None:
                 self._gauges.paused(reason, False)
 
-    def _rate_limited(self, outcome: Outcome, now: float) -> None:
+    def _rate_limited(self, outcome: Finished, now: float) -> None:
         r = self.rate
         if not r.honour_retry_after:
             return
@@ -231,7 +227,7 @@ class TargetGuard:
         if pause > 0:
             self._rate_until = max(self._rate_until, now + pause)
 
-    def _auth_failed(self, outcome: Outcome, now: float) -> None:
+    def _auth_failed(self, outcome: Finished, now: float) -> None:
         self._auth_failures += 1
         self._auth_total += 1
         if self._auth_failures == 1 or now - self._auth_logged_at >= AUTH_LOG_EVERY_S:
@@ -299,7 +295,7 @@ class Guards:
     def __init__(self, guards: Iterable[TargetGuard]) -> None:
         self.by_target = {g.target: g for g in guards}
 
-    def record(self, outcome: Outcome) -> None:
+    def record(self, outcome: Finished) -> None:
         guard = self.by_target.get(outcome.target)
         if guard is not None:
             guard.record(outcome)

@@ -1,8 +1,11 @@
 """Runner: drives the plan. Phases in order, one load driver per target, every outcome to the sinks.
 
-Every outcome reaches every sink, the guards first (a 429's pause, a spend cap, are in
-force before anything else reads the outcome), and a sink that raises costs only itself:
-it is logged and counted, and the sinks after it still get the outcome.
+Every outcome reaches every reader, the guards first (a 429's pause, a spend cap, are in
+force before anything else reads the outcome), then the journal, then the sinks; one that
+raises costs only itself: it is logged and counted, and the readers after it still get
+the outcome. The journal (an ``OutcomeRecorder``) is the one reader of the whole
+``Outcome``; the guards and the sinks read it as ``Finished`` (soakd/model.py): no ITL
+gaps, which a sender worker's outcome carries in its record only.
 
 One clock: ``time.perf_counter_ns`` (CLOCK_MONOTONIC, the clock asyncio sleeps on).
 Phase boundaries and send times are absolute instants on it, so a wall-clock step
@@ -27,7 +30,7 @@ import structlog
 
 from soakd.model import ErrorKind, MissReason, Outcome, Phase, Plan, RequestSpec
 from soakd.shapes import LoadShape, OpenLoad
-from soakd.types import NotSent, OutcomeSink, SendGate, Target
+from soakd.types import NotSent, OutcomeRecorder, OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
 from soakd.workload.failing import failing_cause
 from soakd.workload.ledger import SendLedger
@@ -74,11 +77,12 @@ class Runner:
         sinks: Iterable[OutcomeSink],
         *,
         guards: OutcomeSink | None = None,
+        journal: OutcomeRecorder | None = None,
         max_tokens: int,
         temperature: float,
         seed: int = 0,
         on_phase: Callable[[Phase | None], None] | None = None,
-        start_seq: dict[str, int] | None = None,
+        seqs: dict[str, int] | None = None,
         gates: Mapping[str, SendGate] | None = None,
         ledger: SendLedger | None = None,
         lead_ns: int = 0,
@@ -87,8 +91,9 @@ class Runner:
         self.plan = plan
         self.targets = targets
         self.prompts = prompts
-        # (name, record): the guards first, then the sinks in the order given
-        self._sinks = _named([guards, *sinks] if guards is not None else list(sinks))
+        # (name, record): the guards first, the journal, then the sinks in the order given
+        first = [r for r in (guards, journal) if r is not None]
+        self._sinks = _named([*first, *sinks])
         self.sink_failures: dict[str, int] = {}  # outcomes a sink raised on, by sink
         self._on_sink_failure = on_sink_failure  # the exporter's counter
         self.max_tokens = max_tokens
@@ -102,8 +107,11 @@ class Runner:
         self.finished = False
         self._stop = asyncio.Event()
         self._stopped_at = 0.0  # monotonic s of the stop: the drain deadline counts from it
-        self._seq = dict.fromkeys(targets, 0)  # a resumed run continues its numbers
-        self._seq.update({k: v for k, v in (start_seq or {}).items() if k in targets})
+        # the next prompt seq per target, counted on in place: ``seqs`` when given (a
+        # resumed run's numbers continue; whoever gave it reads the same dict)
+        self._seq = seqs if seqs is not None else {}
+        for name in targets:
+            self._seq.setdefault(name, 0)
         self._busy = dict.fromkeys(targets, 0)  # in flight per target, counted at the spawn
         self.ledger = ledger if ledger is not None else SendLedger()  # sends not made
         self._pools = {name: _Pool() for name in targets}  # closed-loop workers
@@ -148,7 +156,8 @@ class Runner:
 
     @property
     def in_flight(self) -> dict[str, int]:
-        """Requests sent and not finished, per target (read by the in-flight gauge)."""
+        """Requests sent and not finished, per target (copied into /status and the in-flight
+        gauge when the run publishes: soakd/run/app.py)."""
         return self._busy
 
     # --- control ------------------------------------------------------------------------
@@ -464,7 +473,9 @@ class Runner:
             raise
 
 
-def _named(sinks: list[OutcomeSink]) -> tuple[tuple[str, Callable[[Outcome], None]], ...]:
+def _named(
+    sinks: list[OutcomeSink | OutcomeRecorder],
+) -> tuple[tuple[str, Callable[[Outcome], None]], ...]:
     """Each sink's ``record`` under its class's name (numbered when a class comes twice)."""
     names = [type(s).__name__ for s in sinks]
     return tuple(

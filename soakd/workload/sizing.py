@@ -18,13 +18,13 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Final
 
 import structlog
 
 from soakd.config import Config
 from soakd.journal.records import CalibrationStage, PromptCalibration, Unreadable
-from soakd.model import Outcome
+from soakd.model import Finished
 from soakd.workload.calibration import (
     SCALE_MAX,
     SCALE_MIN,
@@ -335,6 +335,31 @@ def log_start(m: StartMeasure, names: Sequence[str]) -> None:
             log.info("prompt_tokens_at_start", **fields)
 
 
+@dataclass(frozen=True, slots=True)
+class PromptRow:
+    """One target's prompt tokens: answers with usage, mean planned and mean served
+    (this session; None: no answer yet), and its own count of the start prompts."""
+
+    requests: int
+    planned: float | None
+    served: float | None
+    at_start: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTokens:
+    """/status's ``prompt_tokens`` and the live view's line: how prompts are sized, the rows."""
+
+    calibration: str | None
+    checking: bool
+    planned: float | None  # the start prompts' mean planned length (None: not measured)
+    targets: Mapping[str, PromptRow]
+
+
+def _no_seq() -> int:
+    return 0
+
+
 @dataclass
 class _Tally:
     requests: int = 0
@@ -362,6 +387,8 @@ class PromptLengths:
         checks: int,
         reference: str | None = None,
         on_calibration: Callable[[PromptCalibration], None] | None = None,
+        next_seq: Callable[[], int] = _no_seq,
+        measured: StartMeasure | None = None,
     ) -> None:
         self.prompts = prompts
         self.total = {name: _Tally() for name in names}
@@ -375,23 +402,24 @@ class PromptLengths:
         self._served: list[int] = []
         self._sample_target: str | None = reference
         self._on_calibration = on_calibration
-        self.next_seq: Callable[[], int] = lambda: 0  # set once the runner exists
+        # the next prompt seq no target has used: the runner's counter, shared with it
+        # (soakd/run/assemble.py), read when a check corrects the calibration
+        self.next_seq = next_seq
         self.at_start: dict[str, float] = {}  # target -> its own count of the start prompts
         self.planned_at_start: float | None = None  # their mean planned length
-
-    def started(self, m: StartMeasure) -> None:
-        """What the start's measurement found: each target's own count, already said in
-        the log (no second warning for the same prompts)."""
-        self.at_start = dict(m.served)
-        self.planned_at_start = round(m.planned, 1)
-        self._warned |= set(m.served)
+        if measured is not None:
+            # what the start's measurement found: each target's own count, already said in
+            # the log (no second warning for the same prompts)
+            self.at_start = dict(measured.served)
+            self.planned_at_start = round(measured.planned, 1)
+            self._warned |= set(measured.served)
 
     @property
     def checking(self) -> bool:
         """The calibration is still to be checked against answers."""
         return self.checks_left > 0
 
-    def record(self, o: Outcome) -> None:
+    def record(self, o: Finished) -> None:
         served = o.prompt_tokens
         if o.error is not None or served is None or served <= 0:
             return
@@ -483,25 +511,25 @@ class PromptLengths:
                 answers=t.requests,
             )
 
-    def rows(self) -> dict[str, dict[str, float | int | None]]:
+    def rows(self) -> dict[str, PromptRow]:
         """Per target: answers with usage, mean planned and mean served prompt tokens
         (this session), and the target's own count of the start prompts."""
         return {
-            name: {
-                "requests": t.requests,
-                "planned": round(t.planned / t.requests, 1) if t.requests else None,
-                "served": round(t.served / t.requests, 1) if t.requests else None,
-                "at_start": round(self.at_start[name], 1) if name in self.at_start else None,
-            }
+            name: PromptRow(
+                t.requests,
+                round(t.planned / t.requests, 1) if t.requests else None,
+                round(t.served / t.requests, 1) if t.requests else None,
+                round(self.at_start[name], 1) if name in self.at_start else None,
+            )
             for name, t in self.total.items()
         }
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> PromptTokens:
         """/status's ``prompt_tokens``: how prompts are sized, and the rows."""
         synthetic = self._synthetic
-        return {
-            "calibration": synthetic.calibration.describe() if synthetic else None,
-            "checking": self.checking,
-            "planned": self.planned_at_start,
-            "targets": self.rows(),
-        }
+        return PromptTokens(
+            synthetic.calibration.describe() if synthetic else None,
+            self.checking,
+            self.planned_at_start,
+            self.rows(),
+        )

@@ -244,7 +244,7 @@ async def test_a_server_closing_after_every_answer_is_learned_not_raced(
     assert samples(text, "soakd_requests_total", target="ok") == seen  # not one phantom
     assert samples(text, "soakd_requests_total", target="ok", outcome="ok") == seen
     # learned, shown and exported: the parent heard it from every sender that learned it
-    assert soak.status()["no_reuse"] == {"ok": [200]}
+    assert soak.status().no_reuse == {"ok": [200]}
     assert samples(text, "soakd_target_no_reuse", target="ok", status="200") == 1
     note = [n for n in build_report(soak.run_dir).notes if "after 200 answers" in n]
     assert len(note) == 1, note
@@ -308,7 +308,7 @@ async def test_a_server_that_starts_closing_after_answers_is_learned_at_once(
     }
     assert samples(text, "soakd_requests_total", target="ok") == seen + sum(lost.values())
     assert sum(lost.values()) <= 8, lost  # at most the requests in flight when it flipped
-    assert soak.status()["no_reuse"] == {"ok": [200]}
+    assert soak.status().no_reuse == {"ok": [200]}
     figure(f"keepalive.flipping.linger{linger_s:g}.server_saw", seen)
     for kind, n in lost.items():
         figure(f"keepalive.flipping.linger{linger_s:g}.{kind}", n)

@@ -164,7 +164,7 @@ async def test_without_calibration_the_plan_is_off_and_said_so(
     warned = [e for e in log if e["event"] == "prompt_tokens_off_plan"]
     assert [e["target"] for e in warned] == ["vllm"]
     assert soak.prompt_lengths is not None
-    assert soak.prompt_lengths.rows()["vllm"]["planned"] == 200
+    assert soak.prompt_lengths.rows()["vllm"].planned == 200
     report = build_report(run_dir)
     assert any(n.startswith("vllm: ") and "workload.calibrate off" in n for n in report.notes)
 

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from soakd.http import start_http
+from soakd.http import Board, start_http
 from soakd.measure.fold import fold
 from soakd.metrics.run import Metrics
 from soakd.model import Outcome
@@ -30,6 +30,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 RUN_ID = "exemplars-1"
 WAIT_S = 60.0
+
+
+class Idle:
+    """The exporter's view of a run that publishes nothing: ready, an empty /status."""
+
+    ready = True
+
+    def status_doc(self) -> dict[str, Any]:
+        return {}
+
+    def stalled(self) -> str | None:
+        return None
 
 
 def ok(seq: int, e2e_s: float) -> Outcome:
@@ -74,10 +86,7 @@ async def test_prometheus_keeps_the_trace_ids_the_dashboard_shows(tmp_path: Path
     m.apply(fold([ok(99, 42.0)]))  # the spike: alone in its bucket
     slow = trace_id(RUN_ID, "vllm", 99)
 
-    def status() -> dict[str, Any]:
-        return {}
-
-    http = await start_http(obs.HOST, 0, m.registry, status, lambda: True)
+    http = await start_http(obs.HOST, 0, m.registry, Board(Idle()))
     prom = obs.prometheus_daemon(
         obs.local_prometheus_config(
             {"soakd:9464": http.url.removeprefix("http://")}, f"{obs.HOST}:1"

@@ -342,11 +342,11 @@ async def test_a_target_that_comes_up_later_is_paused_then_resumed(tmp_path: Pat
 
     sim = None
     try:
-        await until(lambda: "t" in soak.status()["failing"], 20, "the pause")
-        assert soak.status()["failing"]["t"]["cause"] == "connect_refused"
+        await until(lambda: "t" in soak.status().failing, 20, "the pause")
+        assert soak.status().failing["t"].cause == "connect_refused"
         assert gauge("connect_refused") == 1
         sim = await start_sim("127.0.0.1", port, get_profile("fast"), "real-model")
-        await until(lambda: not soak.status()["failing"], 20, "the resume")
+        await until(lambda: not soak.status().failing, 20, "the resume")
         assert gauge("connect_refused") == 0
         result = await asyncio.wait_for(run, 60)
         finished, _ = await served(sim)

@@ -66,7 +66,7 @@ def test_goodput_and_limits_on_metrics(tight_run: tuple[Path, Soak]) -> None:
     assert get("soakd_slo_ttft_p99_seconds") == 30.0
     assert get("soakd_error_ratio_limit") == 0.01
     assert get("soakd_vram_limit_bytes") is None  # slo.vram_peak not set: no gauge
-    status = soak.status()["targets"]
+    status = soak.status().targets
     assert status["fast-a"]["goodput"] == 1.0
     assert status["fast-b"]["goodput"] == 0.0
 

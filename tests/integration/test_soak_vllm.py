@@ -82,7 +82,7 @@ async def test_vllm_and_simulator_side_by_side(vllm: VllmServer, tmp_path: Path)
         # keep-alive servers (vLLM's uvicorn, the simulator): probed, kept, reused
         pool = soak.targets[name].pool  # type: ignore[attr-defined]
         assert (pool.keeps_after, pool.closes_after) == ([200], [])
-    assert soak.status()["no_reuse"] == {}
+    assert soak.status().no_reuse == {}
     # soakd's token count is vLLM's own, exactly
     soakd_tokens = count(text, "soakd_output_tokens_total", target="vllm")
     assert soakd_tokens == after - before

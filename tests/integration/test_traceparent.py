@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from soakd.config import TargetConfig
-from soakd.http import start_http
+from soakd.http import Board, start_http
 from soakd.measure.fold import fold
 from soakd.metrics.run import Metrics
 from soakd.model import Outcome, RequestSpec
@@ -52,6 +52,18 @@ async def server() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     yield f"http://127.0.0.1:{port}", seen
     await runner.cleanup()
+
+
+class Idle:
+    """The exporter's view of a run that publishes nothing: ready, an empty /status."""
+
+    ready = True
+
+    def status_doc(self) -> dict[str, Any]:
+        return {}
+
+    def stalled(self) -> str | None:
+        return None
 
 
 def spec(seq: int) -> RequestSpec:
@@ -92,10 +104,7 @@ async def test_metrics_serve_exemplars_when_the_scraper_asks_for_openmetrics() -
     o.status, o.output_tokens, o.content_chunks, o.itl_ns = 200, 2, 2, array("q", [1])
     m.apply(fold([o]))
 
-    def status() -> dict[str, Any]:
-        return {}
-
-    http = await start_http("127.0.0.1", 0, m.registry, status, lambda: True)
+    http = await start_http("127.0.0.1", 0, m.registry, Board(Idle()))
     try:
         async with aiohttp.ClientSession() as session:
             async with session.get(http.url + "/metrics", headers={"Accept": OPENMETRICS}) as resp:

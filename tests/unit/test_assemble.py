@@ -56,17 +56,43 @@ def test_setup_is_whole_before_anything_opens(tmp_path: Path) -> None:
     assert set(setup.live_slo) == {"t"}
 
 
+STATUS_KEYS = [
+    "run_id",
+    "version",
+    "node",
+    "site",
+    "phase",
+    "phase_index",
+    "phases",
+    "elapsed_s",
+    "remaining_s",
+    "plan_scale",
+    "stopping",
+    "in_flight",
+    "workers",
+    "missed",
+    "failing",
+    "no_reuse",
+    "vram",
+    "lag_limit_s",
+    "drain_timeout_s",
+    "slo",
+    "metrics_url",
+    "targets",
+    "prompt_tokens",
+]
+"""/status's keys, in order."""
+
+
 def test_soak_shows_no_parts_until_assembled(tmp_path: Path) -> None:
     soak = Soak(config_from_dict(config()), RunOptions(run_dir=tmp_path / "run"))
     assert soak.parts is None
     assert soak.runner is None
     assert soak.targets == {}
     status = soak.status()
-    assert (status["workers"], status["missed"], status["failing"], status["no_reuse"]) == (
-        None,
-        {},
-        {},
-        {},
-    )
-    assert status["phase"] is None
-    assert status["prompt_tokens"] is None
+    assert (status.workers, status.missed, status.failing, status.no_reuse) == (None, {}, {}, {})
+    assert status.phase is None
+    assert status.prompt_tokens is None
+    doc = status.doc()  # /status: the same document as ever
+    assert (doc["workers"], doc["missed"], doc["failing"], doc["no_reuse"]) == (None, {}, {}, {})
+    assert list(doc) == STATUS_KEYS

@@ -30,6 +30,7 @@ from soakd.workload.sizing import (
     CHECK_ANSWERS,
     CHECK_ROUNDS,
     PromptLengths,
+    PromptRow,
     calibrate,
     calibration_of,
     carrying,
@@ -278,9 +279,14 @@ def test_the_answers_correct_an_uncalibrated_run_from_the_next_seq() -> None:
     prompts = SyntheticPrompts(FIXED_300)
     server = Server(prompts, per_word=2.0, template=16)
     events: list[PromptCalibration] = []
-    lengths = PromptLengths(prompts, ["a", "b"], checks=CHECK_ROUNDS, on_calibration=events.append)
     seq = 0
-    lengths.next_seq = lambda: seq + 1  # the runner's: the answered one was sent
+    lengths = PromptLengths(
+        prompts,
+        ["a", "b"],
+        checks=CHECK_ROUNDS,
+        on_calibration=events.append,
+        next_seq=lambda: seq + 1,  # the runner's: the answered one was sent
+    )
     with capture_logs() as logs:
         while lengths.checking and seq < 400:
             lengths.record(server.answer("a", seq))
@@ -309,8 +315,8 @@ def test_a_target_off_the_plan_is_named_once_and_tallied() -> None:
     warned = [e for e in logs if e["event"] == "prompt_tokens_off_plan"]
     assert [(e["target"], e["off_pct"]) for e in warned] == [("other", 50.0)]
     rows = lengths.rows()
-    assert rows["good"] == {"requests": 48, "planned": 300, "served": 300, "at_start": None}
-    assert rows["other"]["served"] == 450
+    assert rows["good"] == PromptRow(requests=48, planned=300, served=300, at_start=None)
+    assert rows["other"].served == 450
     failed = Outcome("good", "p", 99, 0, prompt_tokens=5, error=ErrorKind.HTTP_5XX)
     lengths.record(failed)  # a failure's usage, if any, is not a served prompt
-    assert lengths.rows()["good"]["requests"] == 48
+    assert lengths.rows()["good"].requests == 48

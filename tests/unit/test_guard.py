@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from soakd.config import Failing, RateLimit, SpendGuard
 from soakd.measure.sliding import SlidingCount
 from soakd.metrics.run import GuardMetrics
 from soakd.model import ErrorKind, Outcome, SpendCap
+from soakd.workload.failing import FailingNow
 from soakd.workload.guard import TargetGuard
 
 
@@ -41,21 +43,30 @@ def guard(
     clock = Clock()
     events: list[tuple[str, dict[str, Any]]] = []
     spend = spend or SpendGuard()
+    registry = CollectorRegistry()
+    limits = {cap: spend.limit(cap) for cap in SpendCap}
+    metrics = GuardMetrics(registry)
     g = TargetGuard(
         "cloud",
         spend,
         rate or RateLimit(),
         clock=clock,
+        gauges=metrics.add_target("cloud", limits),
         on_event=lambda e: events.append((e.kind, e.to_data())),
         **kw,
     )
-    registry = CollectorRegistry()
-    limits = {cap: spend.limit(cap) for cap in SpendCap}
-    g.report_to(GuardMetrics(registry).add_target("cloud", limits, g.used))
+    PUBLISH[id(registry)] = lambda: metrics.show_used({"cloud": g.used()})
     return g, clock, events, registry
 
 
+PUBLISH: dict[int, Callable[[], None]] = {}
+"""Per registry, what the run loop does when it publishes (soakd/run/app.py): the spend
+used, set on the gauges."""
+
+
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    """A series as a scrape after the run loop's next publish reads it."""
+    PUBLISH[id(registry)]()
     return registry.get_sample_value(name, {"target": "cloud", **labels})
 
 
@@ -212,8 +223,7 @@ def test_a_failing_target_is_paused_named_and_exported_and_comes_back() -> None:
     assert paused[0]["log_level"] == "error"
     assert g.delay_s() > 0
     assert g.pause_reason == "failing"  # open-loop sends not made are counted under it
-    assert g.failing_now() == {"cause": "http_404", "detail": "http 404 NotFound",
-                               "next_probe_s": 1.0}  # fmt: skip
+    assert g.failing_now() == FailingNow("http_404", "http 404 NotFound", 1.0)
     assert value(registry, "soakd_target_failing", cause="http_404") == 1
     assert value(registry, "soakd_target_paused", reason="failing") == 1
     assert value(registry, "soakd_target_pauses_total", reason="failing") == 1

@@ -5,15 +5,20 @@ and says when soakd itself is the bottleneck."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from rich.console import Console
 
 from soakd.run.live import live_panel
+from soakd.run.status import GpuNow, Status
+from soakd.workers.pool import WorkerNow
+from soakd.workload.failing import FailingNow
+from soakd.workload.sizing import PromptRow, PromptTokens
 
 
-def status(**extra: Any) -> dict[str, Any]:
+def status(**extra: Any) -> Status:
     row = {
         "rps": 12.34,
         "attempt_rps": 12.41,
@@ -31,24 +36,35 @@ def status(**extra: Any) -> dict[str, Any]:
         "itl_p50_ms": 0.8,
         "lag_p99_ms": 0.4,
     }
-    return {
-        "run_id": "edge-72h-20261201-161200-ab12",
-        "phase": "steady",
-        "phase_index": 1,
-        "phases": 3,
-        "elapsed_s": 125.0,
-        "remaining_s": 3475.0,
-        "in_flight": {"edge-vllm-4gb": 8, "cloud-gpt": 3},
-        "stopping": False,
-        "metrics_url": "http://127.0.0.1:9464",
-        "lag_limit_s": 0.1,
-        "drain_timeout_s": 30.0,
-        "missed": {},
-        "targets": {"edge-vllm-4gb": dict(row), "cloud-gpt": dict(row)},
-    } | extra
+    fields: dict[str, Any] = dict(
+        run_id="edge-72h-20261201-161200-ab12",
+        version="test",
+        node="edge-7",
+        site=None,
+        phase="steady",
+        phase_index=1,
+        phases=3,
+        elapsed_s=125.0,
+        remaining_s=3475.0,
+        plan_scale=1.0,
+        stopping=False,
+        in_flight={"edge-vllm-4gb": 8, "cloud-gpt": 3},
+        workers=None,
+        missed={},
+        failing={},
+        no_reuse={},
+        vram=(),
+        lag_limit_s=0.1,
+        drain_timeout_s=30.0,
+        slo={},
+        metrics_url="http://127.0.0.1:9464",
+        targets={"edge-vllm-4gb": dict(row), "cloud-gpt": dict(row)},
+        prompt_tokens=None,
+    )
+    return Status(**(fields | extra))
 
 
-def screen(st: dict[str, Any], width: int) -> str:
+def screen(st: Status, width: int) -> str:
     console = Console(width=width, record=True, color_system=None)
     console.print(live_panel(st, width))
     return console.export_text()
@@ -98,8 +114,8 @@ def test_values_past_the_slo_are_marked(width: int) -> None:
 
 def test_the_most_frequent_error_of_each_target_is_named() -> None:
     st = status()
-    st["targets"]["cloud-gpt"] |= {"errors": 812, "top_error": "http_auth", "error_ratio": 1.0}
-    st["targets"]["edge-vllm-4gb"] |= {"errors": 0, "top_error": None}
+    st.targets["cloud-gpt"] |= {"errors": 812, "top_error": "http_auth", "error_ratio": 1.0}
+    st.targets["edge-vllm-4gb"] |= {"errors": 0, "top_error": None}
     text = screen(st, 80)
     assert "cloud-gpt: http_auth (401/403: the API key) most often" in text
     assert "edge-vllm-4gb:" not in text
@@ -118,7 +134,7 @@ def test_says_it_is_draining_and_that_a_second_ctrl_c_stops_at_once() -> None:
 def test_a_client_behind_its_plan_is_called_out() -> None:
     st = status()
     assert "CLIENT-LIMITED" not in screen(st, 80)
-    st["targets"]["cloud-gpt"]["lag_p99_ms"] = 342.0  # past the 100 ms limit
+    st.targets["cloud-gpt"]["lag_p99_ms"] = 342.0  # past the 100 ms limit
     assert "CLIENT-LIMITED cloud-gpt" in screen(st, 80)
     st = status(missed={"edge-vllm-4gb": {"late": 12}})
     text = screen(st, 80)
@@ -128,53 +144,48 @@ def test_a_client_behind_its_plan_is_called_out() -> None:
 
 
 def test_the_edge_cards_vram_against_its_line() -> None:
-    vram = [
-        {
-            "gpu": "0",
-            "target": "edge-vllm-4gb",
-            "used_bytes": 3.95e9,
-            "peak_bytes": 3.97e9,
-            "limit_bytes": 3.9e9,
-        }
-    ]
-    text = screen(status(vram=vram), 80)
+    gpu = GpuNow(
+        gpu="0", target="edge-vllm-4gb", used_bytes=3.95e9, peak_bytes=3.97e9, limit_bytes=3.9e9
+    )
+    text = screen(status(vram=(gpu,)), 80)
     assert "GPU 0 (edge-vllm-4gb): VRAM 3.95 GB, peak 3.97 GB, line 3.90 GB ABOVE" in text
-    vram[0]["used_bytes"] = 3.5e9
-    assert "ABOVE" not in screen(status(vram=vram), 80)
-    assert "line 3.90 GB peak over" in screen(status(vram=vram), 80)
+    below = (replace(gpu, used_bytes=3.5e9),)
+    assert "ABOVE" not in screen(status(vram=below), 80)
+    assert "line 3.90 GB peak over" in screen(status(vram=below), 80)
 
 
 def test_sender_workers_are_counted_and_a_down_one_is_said() -> None:
-    up = {"pid": 1, "up": True, "in_flight": 2}
+    up = [WorkerNow(worker=i, pid=1, up=True, in_flight=2) for i in range(3)]
     assert "workers" not in screen(status(), 80)  # one process: nothing to say
-    assert "workers 3/3 up" in screen(status(workers=[up | {"worker": i} for i in range(3)]), 80)
-    down = [up | {"worker": 0}, up | {"worker": 1, "up": False}]
+    assert "workers 3/3 up" in screen(status(workers=tuple(up)), 80)
+    down = (up[0], replace(up[1], up=False))
     assert "workers 1/2 up" in screen(status(workers=down), 80)
 
 
 @pytest.mark.parametrize("width", [80, 120])
 def test_a_paused_failing_target_is_named_with_its_cause(width: int) -> None:
     assert "PAUSED" not in screen(status(), width)
-    failing = {"cloud-gpt": {"cause": "http_auth", "detail": "http 401", "next_probe_s": 12.4}}
-    text = " ".join(screen(status(failing=failing), width).split())  # rich may wrap it
+    paused = FailingNow(cause="http_auth", detail="http 401", next_probe_s=12.4)
+    text = " ".join(screen(status(failing={"cloud-gpt": paused}), width).split())  # rich wraps
     assert (
         "PAUSED cloud-gpt: every request failed: http_auth (http 401); next request in 12 s" in text
     )
-    failing["cloud-gpt"]["next_probe_s"] = 0
-    assert "one request out" in screen(status(failing=failing), width)
+    probing = {"cloud-gpt": replace(paused, next_probe_s=0)}
+    assert "one request out" in screen(status(failing=probing), width)
 
 
 def test_prompt_tokens_planned_against_served() -> None:
     """One line: each target's planned and served prompt tokens (its answers' usage, else
     its own count at start), the one more than 10 % off marked."""
-    prompts = {
-        "calibration": "edge-vllm-4gb's /tokenize: 1.945 tokens a word, word by word",
-        "planned": 300.0,
-        "targets": {
-            "edge-vllm-4gb": {"requests": 40, "planned": 300.0, "served": 299.1, "at_start": 298.3},
-            "cloud-gpt": {"requests": 0, "planned": None, "served": None, "at_start": 146.0},
+    prompts = PromptTokens(
+        calibration="edge-vllm-4gb's /tokenize: 1.945 tokens a word, word by word",
+        checking=False,
+        planned=300.0,
+        targets={
+            "edge-vllm-4gb": PromptRow(requests=40, planned=300.0, served=299.1, at_start=298.3),
+            "cloud-gpt": PromptRow(requests=0, planned=None, served=None, at_start=146.0),
         },
-    }
+    )
     text = screen(status(prompt_tokens=prompts), 100)
     line = next(x for x in text.splitlines() if x.startswith("prompt tokens"))
     assert "edge-vllm-4gb 300 -> 299 cloud-gpt" in line  # within 10 %: not marked

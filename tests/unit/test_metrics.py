@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -93,13 +94,22 @@ def test_record_counts_and_observes() -> None:
     assert get("soakd_oom_errors_total", {"target": "a"}) == 1
 
 
-def test_in_flight_is_read_from_the_runner_tally() -> None:
+def test_in_flight_and_goodput_are_what_the_run_loop_published() -> None:
+    """Set by the run loop when it publishes (soakd/run/app.py), never read from the
+    runner at scrape time: a scrape sees the last published values."""
     m = full_registry()
     m.add_target("a", ["p"])
-    busy = {"a": 0}
-    m.watch_in_flight(busy)
-    busy["a"] = 7
-    assert m.registry.get_sample_value("soakd_in_flight_requests", {"target": "a"}) == 7
+    get = m.registry.get_sample_value
+    assert get("soakd_in_flight_requests", {"target": "a"}) == 0
+    busy = {"a": 7}
+    m.show(busy, {"a": (0.5, 2.0)})
+    busy["a"] = 3  # the runner's tally moves on: the gauge is what was published
+    assert get("soakd_in_flight_requests", {"target": "a"}) == 7
+    assert get("soakd_goodput_ratio", {"target": "a"}) == 0.5
+    assert get("soakd_goodput_rps", {"target": "a"}) == 2.0
+    m.show({}, {"a": (None, 0.0)})  # nothing in flight, none sent in the window
+    assert get("soakd_in_flight_requests", {"target": "a"}) == 0
+    assert math.isnan(get("soakd_goodput_ratio", {"target": "a"}) or 0.0)
 
 
 def test_run_ratios_count_the_whole_run_on_the_reports_basis_across_a_resume() -> None:

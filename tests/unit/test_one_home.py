@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -23,6 +24,7 @@ from soakd.report.failing import failing_notes, never_answered, never_succeeded
 from soakd.report.fleet import first_difference
 from soakd.report.model import Row
 from soakd.run import live
+from soakd.run.status import Status
 from soakd.workload.prompts import SyntheticPrompts, describe_lengths, fixed_length
 from soakd.workload.sizing import plan_lines
 from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome
@@ -47,12 +49,10 @@ def test_client_limited_is_one_rule_for_the_live_view_and_the_report(
     assert AlertLimits().dispatch_lag == DISPATCH_LAG_S  # the config's default is the rule's
     assert client_limited(lag_ms, late, dispatch_lag) is limited
     missed = {"t": {MissReason.LATE: late}} if late else {}
-    status: dict[str, Any] = {
-        "lag_limit_s": dispatch_lag,
-        "missed": missed,
-        "targets": {"t": {"lag_p99_ms": lag_ms}},
-    }
-    assert live.client_limited(status) == (["t"] if limited else [])
+    status = SimpleNamespace(  # what the live view reads of the published Status
+        lag_limit_s=dispatch_lag, missed=missed, targets={"t": {"lag_p99_ms": lag_ms}}
+    )
+    assert live.client_limited(cast("Status", status)) == (["t"] if limited else [])
     row = Row("t", None, lag_p99_ms=lag_ms, missed_by_reason=dict(missed.get("t", {})))
     config = StoredConfig.model_validate(
         {"targets": [{"name": "t"}], "alert_limits": {"dispatch_lag": dispatch_lag}}

@@ -514,10 +514,11 @@ def test_live_goodput_window_and_gauges() -> None:
     ):
         window.record(o)
     assert window.total["a"].goodput == pytest.approx(2 / 4)
-    assert window.ratio("a") == pytest.approx(2 / 4)
+    row = window.row("a")
+    assert row["goodput"] == pytest.approx(2 / 4)
     m = Metrics(CollectorRegistry())
     m.add_target("a", ["p"])
-    m.watch_goodput(window.ratio, window.rate)
+    m.show({}, {"a": (row["goodput"], row["goodput_rps"])})
     assert m.registry.get_sample_value("soakd_goodput_ratio", {"target": "a"}) == 0.5
     assert m.registry.get_sample_value("soakd_goodput_rps", {"target": "a"}) > 0
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import typing
 from array import array
 from dataclasses import asdict
 
 import pytest
 
 from soakd import outcome_record
-from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.model import ErrorKind, Finished, Outcome, RequestSpec
 from soakd.types import NotSent
 from soakd.workers import wire
 from soakd.workers.pool import WAKE_SLICE, Wakeups, Worker, WorkerGate
 from soakd.workers.senders import NoReuse
+from soakd.workload.runner import Runner
 from tests.waiting import until
 
 
@@ -290,3 +292,47 @@ def test_a_frame_counts_what_it_woke_by_phase_even_when_it_breaks_halfway() -> N
     outs = asyncio.run(go())
     assert sorted(counted) == [(3, "p", 2), (3, "q", 1)]
     assert [o.end_ns for o in outs] == [9_500, 9_500, 9_500, 0, 0]
+
+
+FINISHED = sorted(n for n, v in vars(Finished).items() if isinstance(v, property))
+"""What a sink reads of an outcome (soakd/model.py's ``Finished``)."""
+
+
+@pytest.mark.parametrize("error", [None, ErrorKind.HTTP_5XX])
+def test_a_sink_sees_one_shape_with_workers_or_without(error: ErrorKind | None) -> None:
+    """With sender workers the parent's Outcome keeps the ITL gaps only in its record (for
+    the journal), without them in ``itl_ns``: a sink reads the ``Finished`` view, which has
+    neither, so it reads the same values whichever process timed the request."""
+    timed_here = filled(error)
+    buf = bytearray()
+    wire.pack_outcome(buf, 41, timed_here)
+
+    async def by_a_worker() -> Outcome:
+        w = Worker(0)
+        out = Outcome(timed_here.target, timed_here.phase, timed_here.seq, 1_000)
+        w.pending[41] = (out, asyncio.get_running_loop().create_future(), False)
+        w.finished(bytes(buf), None, Wakeups())
+        return out
+
+    timed_there = asyncio.run(by_a_worker())
+    assert timed_there.packed is not None  # the journal forwards the record as it came
+    assert list(timed_here.itl_ns)
+    assert not timed_there.itl_ns  # its gaps: in the record only
+    assert not {"itl_ns", "itl_keys", "packed"} & set(FINISHED)
+    assert "e2e_ns" in FINISHED
+    assert {n: getattr(timed_there, n) for n in FINISHED} == {
+        n: getattr(timed_here, n) for n in FINISHED
+    }
+
+
+def test_every_sink_of_a_run_reads_the_finished_view() -> None:
+    """The runner's readers: the journal alone takes the whole Outcome (OutcomeRecorder);
+    every other one (the guards, goodput, probes, notes, prompt lengths) is an
+    OutcomeSink, whose ``record`` takes the view (mypy holds each sink to it)."""
+    from soakd.types import OutcomeRecorder, OutcomeSink
+
+    assert typing.get_type_hints(OutcomeSink.record)["outcome"] is Finished
+    assert typing.get_type_hints(OutcomeRecorder.record)["outcome"] is Outcome
+    hints = typing.get_type_hints(Runner.__init__)
+    assert hints["journal"] == OutcomeRecorder | None
+    assert hints["guards"] == OutcomeSink | None
