@@ -1,6 +1,7 @@
 """Journal link room: the frames between soakd and its journal writer process. Pure.
 
-A frame is ``u32 length | u8 kind | payload`` (as between soakd and its sender workers).
+A frame is ``u32 length | u8 kind | payload`` (soakd/framing.py, as between soakd and its
+sender workers).
 JSON where a frame is small or rare; the outcomes as their records (batch.py).
 
 - ``HELLO`` (soakd -> writer, JSON): the journal's path, the run, ``journal:`` as dumped,
@@ -26,21 +27,17 @@ import json
 import struct
 from typing import Any, Final
 
+from soakd import framing
+from soakd.framing import frame
+
 HELLO, READY, FAILED, PACKET, FOLD, COMMITTED, STATS, LOG, CLOSE, CLOSED = range(1, 11)
 
-HEAD: Final = struct.Struct("<IB")
-"""A frame's header: the payload's length (kind byte included) and the kind."""
 MAX_FRAME: Final = 256 << 20
 """A frame longer than this is a broken peer, not data."""
 _LEN = struct.Struct("<I")
 
-
-class LinkError(Exception):
-    """A frame that cannot be read: the other end is broken."""
-
-
-def frame(kind: int, payload: bytes = b"") -> bytes:
-    return HEAD.pack(len(payload) + 1, kind) + payload
+LinkError = framing.FrameError
+"""A frame that cannot be read: the other end is broken."""
 
 
 def json_frame(kind: int, doc: dict[str, Any]) -> bytes:
@@ -63,31 +60,6 @@ def unpack_packet(payload: bytes) -> tuple[dict[str, Any], bytes]:
     return header, payload[_LEN.size + n :]
 
 
-class Frames:
-    """Frames out of a byte stream, as it arrives."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        """The frames ``data`` completes (the rest waits for more)."""
-        buf = self._buf
-        buf += data
-        out: list[tuple[int, bytes]] = []
-        at, end = 0, len(buf)
-        while end - at >= HEAD.size:
-            size, kind = HEAD.unpack_from(buf, at)
-            if not 1 <= size <= MAX_FRAME:
-                raise LinkError(f"frame of {size} bytes")
-            if end - at - HEAD.size < size - 1:
-                break
-            start = at + HEAD.size
-            out.append((kind, bytes(buf[start : start + size - 1])))
-            at = start + size - 1
-        del buf[:at]
-        return out
-
-    @property
-    def partial(self) -> bool:
-        """Bytes of an unfinished frame are waiting."""
-        return bool(self._buf)
+def frames() -> framing.Frames:
+    """A reader of this link's frames (up to ``MAX_FRAME``)."""
+    return framing.Frames(MAX_FRAME)

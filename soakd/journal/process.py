@@ -100,7 +100,7 @@ def add_packet(store: Store, payload: bytes) -> None:
 
 
 def serve(sock: socket.socket, sink: Sink) -> int:
-    frames = link.Frames()
+    frames = link.frames()
     hello: dict[str, Any] | None = None
     while hello is None:
         data = sock.recv(RECV)

@@ -151,7 +151,7 @@ class Journal:
         self._lock_fd: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
-        self._frames = link.Frames()
+        self._frames = link.frames()
         self._out = bytearray()
         self._unacked: deque[_Sent] = deque()
         self._seq = 0
@@ -381,7 +381,7 @@ class Journal:
             "session": self.session,
         }
         ours.settimeout(START_TIMEOUT_S)
-        frames = link.Frames()
+        frames = link.frames()
         answer: tuple[int, dict[str, Any]] | None = None
         try:
             ours.sendall(link.json_frame(link.HELLO, hello))
@@ -591,7 +591,7 @@ class Journal:
                 self._sock.close()
             self._sock = None
         self._out.clear()
-        self._frames = link.Frames()
+        self._frames = link.frames()
         return self._reap(kill=kill)
 
     def _reap(self, *, kill: bool) -> int | None:
