@@ -33,8 +33,8 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from soakd import framing, outcome_record
-from soakd.framing import HEAD as HEAD  # the frame header, for the tests
-from soakd.framing import frame
+from soakd.framing import HEAD as HEAD  # the link's frames (soakd/framing.py)
+from soakd.framing import frame as frame
 from soakd.measure.analysis import itl_keys
 from soakd.model import Outcome, RequestSpec
 
