@@ -28,8 +28,9 @@ from soakd.journal import (
     rollup_window_ns,
 )
 from soakd.journal.counts import WriterCounts
+from soakd.journal.messages import WriterConfig
 from soakd.journal.progress import ClockState
-from soakd.journal.store import Store, WriterConfig
+from soakd.journal.store import Store
 from soakd.measure.fold import Fold
 from soakd.metrics.run import JournalMetrics, Metrics
 from soakd.model import ErrorKind, Outcome, Phase, Plan, Sample
@@ -285,7 +286,7 @@ class StoreHarness:
         self.store = Store(
             run_dir / "journal.db",
             info,
-            WriterConfig.of(jcfg.model_dump()),
+            WriterConfig.of(jcfg),
             self,
             counts=self.counts,
         )

@@ -5,7 +5,8 @@ One package, one concern per module (docs/architecture.md, "The journal's rooms"
 - ``schema``: the tables, the versions (v1 -> v2 -> v3 migration), opening and checking a file;
 - ``codec``: Outcome <-> row, ITL gaps as BLOBs (compact or exact), ``TargetStats`` blobs;
 - ``batch``: outcomes as their records (soakd/outcome_record.py), as they travel to the writer;
-- ``link``: the frames between soakd and the writer process;
+- ``jsondoc``: the one JSON codec of the journal's dataclasses (events, the link's frames);
+- ``messages``: the frames between soakd and the writer process, one dataclass each;
 - ``handoff``: the one queue between the event loop and the writer's link, both ways;
 - ``writer``: ``Journal``, the sink the run records to, and its link to the writer process;
 - ``process``: the writer process (``python -m soakd.journal.process``);
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from soakd.journal.handoff import FoldSink, HandOff
     from soakd.journal.integrity import SALVAGED_FILE, Loss, Salvaged
     from soakd.journal.mark import MARK_FILE, Mark
+    from soakd.journal.messages import Restored, RunInfo
     from soakd.journal.progress import PlanClock
     from soakd.journal.reader import JournalReader, Rollup
     from soakd.journal.resume import ResumeState, plan_doc, read_resume_state
@@ -59,14 +61,7 @@ if TYPE_CHECKING:
         JournalDamaged,
         JournalError,
     )
-    from soakd.journal.store import (
-        IDLE_HEARTBEAT_S,
-        MAX_BATCH,
-        RETENTION_EVERY_S,
-        RETRY_MAX_S,
-        Restored,
-        RunInfo,
-    )
+    from soakd.journal.store import IDLE_HEARTBEAT_S, MAX_BATCH, RETENTION_EVERY_S, RETRY_MAX_S
     from soakd.journal.writer import Journal, open_journal
 
 _WHERE = {
@@ -119,11 +114,11 @@ _WHERE = {
             "MAX_BATCH",
             "RETENTION_EVERY_S",
             "RETRY_MAX_S",
-            "Restored",
-            "RunInfo",
         ),
         "soakd.journal.store",
     ),
+    "Restored": "soakd.journal.messages",
+    "RunInfo": "soakd.journal.messages",
     "Journal": "soakd.journal.writer",
     "open_journal": "soakd.journal.writer",
 }

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from collections.abc import Collection, Mapping, Sequence
@@ -37,13 +38,16 @@ T = TypeVar("T")
 _Field = tuple[str, object, bool]  # name, type hint, required (no default)
 _FIELDS: dict[type, tuple[_Field, ...]] = {}
 _NAMES: dict[type, tuple[str, ...]] = {}
+_JSON_SCALARS = {str, int, float, bool, type(None)}
 _MAPPINGS = (dict, Mapping)
 _SEQUENCES = (list, Sequence)
 
 
-def doc(obj: object, omit_none: Collection[str] = ()) -> dict[str, Json]:
+def doc(
+    obj: object, omit_none: Collection[str] = (), leave: Collection[str] = ()
+) -> dict[str, Json]:
     """A dataclass as its JSON object: every field by name (those in ``omit_none`` are left
-    out while they are None)."""
+    out while they are None, those in ``leave`` always)."""
     cls = type(obj)
     names = _NAMES.get(cls)
     if names is None:
@@ -51,7 +55,7 @@ def doc(obj: object, omit_none: Collection[str] = ()) -> dict[str, Json]:
     out: dict[str, Json] = {}
     for name in names:
         value = getattr(obj, name)
-        if value is None and name in omit_none:
+        if (value is None and name in omit_none) or name in leave:
             continue
         out[name] = to_json(value)
     return out
@@ -107,9 +111,23 @@ def _fields(cls: type) -> tuple[_Field, ...]:
     return got
 
 
+@functools.cache
+def _is_json(hint: object) -> bool:
+    """``hint`` is ``Json`` (``typing.get_type_hints`` rebuilds the alias in a field's type:
+    a union of the JSON scalars, a list and a dict)."""
+    if hint is Json:
+        return True
+    if not isinstance(hint, types.UnionType):
+        return False
+    args = typing.get_args(hint)
+    scalars = {a for a in args if isinstance(a, type)}
+    origins = {typing.get_origin(a) for a in args} - {None}
+    return scalars == _JSON_SCALARS and origins == {list, dict}
+
+
 def read(hint: object, value: object, name: str) -> Any:
     """``value`` (JSON) as the type ``hint`` (see the module's doc)."""
-    if hint is Json or hint is Any or hint is object:
+    if hint is Any or hint is object or _is_json(hint):
         return value
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)

@@ -42,8 +42,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -55,6 +55,7 @@ from soakd.journal.budget import Budget
 from soakd.journal.codec import END_NS, outcome_row
 from soakd.journal.counts import WriterCounts
 from soakd.journal.mark import Mark, MarkFile
+from soakd.journal.messages import Restored, RunInfo, WriterConfig
 from soakd.journal.progress import ClockState, Progress, Resumed
 from soakd.journal.records import EventKind, EventRow, JournalWriteErrors, Retention
 from soakd.journal.retention import apply_retention
@@ -78,94 +79,6 @@ FINAL_ATTEMPTS = 4
 PACKET_KEY = "writer_packet"
 """``meta`` key: the last packet a session's writer committed ({session, seq}): a restarted
 writer tells soakd which of the packets it sent the dead one are in the journal."""
-
-
-@dataclass(frozen=True)
-class WriterConfig:
-    """What the writer reads of ``journal:`` (the fields of ``JournalConfig``, without the
-    config models: ``of`` takes its ``model_dump()``)."""
-
-    synchronous: str = "full"
-    flush_interval: float = 0.5
-    queue_size: int = 10_000
-    keep_samples: float | None = None
-    keep_requests: float | None = None
-    max_bytes: int | None = None
-    itl_gaps: bool = True
-    itl: str = "compact"
-
-    @classmethod
-    def of(cls, doc: Mapping[str, Any]) -> WriterConfig:
-        return cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What the journal stores about the run when it creates it."""
-
-    run_id: str
-    config: dict[str, Any]
-    plan: dict[str, Any]
-    plan_start: datetime
-    options: dict[str, float | None]
-    window_ns: int
-
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "config": self.config,
-            "plan": self.plan,
-            "plan_start": self.plan_start.isoformat(),
-            "options": self.options,
-            "window_ns": self.window_ns,
-        }
-
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> RunInfo:
-        return cls(
-            doc["run_id"],
-            doc["config"],
-            doc["plan"],
-            datetime.fromisoformat(doc["plan_start"]),
-            doc["options"],
-            int(doc["window_ns"]),
-        )
-
-
-@dataclass(frozen=True)
-class Restored:
-    """What the journal held when this session opened it (for Metrics.restore)."""
-
-    totals: list[tuple[str, str, str, str, int, int, int, int]]
-    histograms: dict[tuple[str, str], tuple[list[int], float]]
-    downtime_s: float
-    resumes: int
-    missed: dict[tuple[str, str, str], int]  # sends not made
-    notes: list[tuple[str, str, int]]  # (target, note, count)
-
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "totals": [list(t) for t in self.totals],
-            "histograms": [[*k, counts, total] for k, (counts, total) in self.histograms.items()],
-            "downtime_s": self.downtime_s,
-            "resumes": self.resumes,
-            "missed": [[*k, n] for k, n in self.missed.items()],
-            "notes": [list(n) for n in self.notes],
-        }
-
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> Restored:
-        return cls(
-            [
-                (a, b, c, d, int(e), int(f), int(g), int(h))
-                for a, b, c, d, e, f, g, h in doc["totals"]
-            ],
-            {(k, t): ([int(n) for n in c], float(s)) for k, t, c, s in doc["histograms"]},
-            float(doc["downtime_s"]),
-            int(doc["resumes"]),
-            {(t, p, r): int(n) for t, p, r, n in doc["missed"]},
-            [(t, note, int(n)) for t, note, n in doc["notes"]],
-        )
 
 
 class StoreSink(Protocol):

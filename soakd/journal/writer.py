@@ -5,7 +5,7 @@ The event loop only appends to a bounded deque (``record``, ``sample``, ``event`
 check and an append, never IO, never a lock wait). A link thread takes what is queued every
 ``SEND_EVERY_S``, puts the outcomes' records in a batch (batch.py: a worker's record is
 copied as it came, soakd/outcome_record.py) and sends them, with the samples,
-the events and a snapshot of the plan clock, as one numbered packet (link.py); it reads what
+the events and a snapshot of the plan clock, as one numbered packet (messages.py); it reads what
 the writer sends back: each committed batch's fold (soakd/measure/fold.py), applied to
 ``Metrics`` and ``RunStats`` in one callback on the loop, the writer's own counts (into
 ``JournalMetrics``) and its log events (logged here as soakd's own). The writer's Python
@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import json
+import dataclasses
 import os
 import select
 import socket
@@ -49,20 +49,20 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from soakd.childlog import relog
 from soakd.config import JournalConfig
-from soakd.journal import link
+from soakd.journal import messages as m
 from soakd.journal.batch import Batch
 from soakd.journal.handoff import FoldSink, HandOff
+from soakd.journal.messages import Restored, RunInfo
 from soakd.journal.progress import ClockState, PlanClock
-from soakd.journal.records import Event, RunStopped, Stamped
+from soakd.journal.records import Event, EventRow, RunStopped, Stamped
 from soakd.journal.resume import ResumeState, take_lock
 from soakd.journal.schema import JOURNAL_FILE, JournalError
-from soakd.journal.store import MAX_BATCH, Restored, RunInfo
+from soakd.journal.store import MAX_BATCH
 from soakd.measure.fold import Fold, fold
 from soakd.metrics.run import JournalMetrics
 from soakd.model import Outcome, Sample
@@ -97,9 +97,7 @@ WRITER_LOG = "journal-writer.log"
 class _Sent:
     """A packet sent and not yet committed (sent again if the writer dies)."""
 
-    seq: int
-    header: dict[str, Any]
-    records: bytes  # the packet's batch of outcome records (batch.py)
+    packet: m.Packet
     outcomes: int
     counted: bool = False  # its fold came back (the disk failing): applied already
 
@@ -151,7 +149,7 @@ class Journal:
         self._lock_fd: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
-        self._frames = link.frames()
+        self._frames = m.frames()
         self._out = bytearray()
         self._unacked: deque[_Sent] = deque()
         self._seq = 0
@@ -367,41 +365,35 @@ class Journal:
             )
         self._started = time.monotonic()
         resume = self._resume
-        hello = {
-            "path": str(self.path),
-            "run": self.run.to_doc(),
-            "journal": self.cfg.model_dump(),
-            "resume": None
-            if resume is None
-            else {
-                "offset_ns": resume.offset_ns,
-                "next_seq": resume.next_seq,
-                "last_wall": resume.last_wall,
-            },
-            "session": self.session,
-        }
+        hello = m.Hello(
+            str(self.path),
+            self.run,
+            m.WriterConfig.of(self.cfg),
+            None if resume is None else m.Resume.of(resume),
+            self.session,
+        )
         ours.settimeout(START_TIMEOUT_S)
-        frames = link.frames()
-        answer: tuple[int, dict[str, Any]] | None = None
+        frames = m.frames()
+        answer: m.Ready | m.Failed | None = None
         try:
-            ours.sendall(link.json_frame(link.HELLO, hello))
+            ours.sendall(m.encode(hello))
             while answer is None:
                 data = ours.recv(SOCKET_BUFFER)
                 if not data:
                     break
                 for kind, payload in frames.feed(data):
-                    doc = json.loads(payload)
-                    if kind == link.LOG:
-                        relog(*doc["log"])
-                    elif kind in (link.READY, link.FAILED):
-                        answer = kind, doc
+                    msg = m.decode(kind, payload)
+                    if isinstance(msg, m.Log):
+                        relog(msg.level, msg.event, msg.fields)
+                    elif isinstance(msg, m.Ready | m.Failed):
+                        answer = msg
                         break
-        except (OSError, link.LinkError) as exc:
+        except (OSError, m.LinkError) as exc:
             why = f"{type(exc).__name__}: {exc}"
         else:
             why = "it exited before it was ready"
-        if answer is None or answer[0] == link.FAILED:
-            reason = answer[1]["error"] if answer is not None else f"{why}: {self._log_tail()}"
+        if not isinstance(answer, m.Ready):
+            reason = answer.error if answer is not None else f"{why}: {self._log_tail()}"
             ours.close()
             self._reap(kill=True)
             if first:
@@ -409,14 +401,13 @@ class Journal:
             else:
                 log.error("journal_writer_restart_failed", error=reason[:300])
             return False
-        doc = answer[1]
         ours.setblocking(False)
         self._sock, self._frames = ours, frames
         if first:
-            self.restored = Restored.from_doc(doc["restored"])
-            self.session = int(doc["session"])
+            self.restored = answer.restored
+            self.session = answer.session
         else:
-            self._rejoined(int(doc["packet_seq"]))
+            self._rejoined(answer.packet_seq)
         return True
 
     def _log_tail(self) -> str:
@@ -470,7 +461,7 @@ class Journal:
             elif now - self._last_packet >= CLOCK_EVERY_S:
                 self._pack()  # the plan clock alone
         if stopping and not self._close_sent and not self._q and not self._handoff.tallies:
-            self._out += link.json_frame(link.CLOSE, {})
+            self._out += m.encode(m.Close())
             self._close_sent = True
             self._close_deadline = now + CLOSE_TIMEOUT_S
         if self._close_sent and now > self._close_deadline:
@@ -493,38 +484,43 @@ class Journal:
             return False
         try:
             frames = self._frames.feed(data)
-        except link.LinkError as exc:
+        except m.LinkError as exc:
             self._died(str(exc))
             return False
-        for kind, payload in frames:
-            self._dispatch(kind, json.loads(payload))
+        try:
+            msgs = [m.decode(kind, payload) for kind, payload in frames]
+        except m.LinkError as exc:
+            self._died(str(exc))
+            return False
+        for msg in msgs:
+            self._dispatch(msg)
         return True
 
-    def _dispatch(self, kind: int, doc: dict[str, Any]) -> None:
-        if kind == link.FOLD:
-            through = int(doc["through"])
-            self._handoff.give_back(Fold.from_doc(doc["fold"]))
-            if doc["committed"]:
+    def _dispatch(self, msg: m.Message) -> None:
+        if isinstance(msg, m.Folded):
+            through = msg.through
+            self._handoff.give_back(msg.fold)
+            if msg.committed:
                 self._acked(through)
             else:
                 for sent in self._unacked:
-                    if sent.seq <= through:
+                    if sent.packet.seq <= through:
                         sent.counted = True
                 self._trim_counted()
-        elif kind == link.COMMITTED:
-            self._acked(int(doc["through"]))
-        elif kind == link.STATS:
+        elif isinstance(msg, m.Committed):
+            self._acked(msg.through)
+        elif isinstance(msg, m.Stats):
             if self.metrics is not None:
-                self.metrics.add(doc)
-        elif kind == link.LOG:
-            relog(*doc["log"])
-        elif kind == link.CLOSED:
-            self.unwritten = int(doc.get("unwritten", 0))
+                self.metrics.add(msg)
+        elif isinstance(msg, m.Log):
+            relog(msg.level, msg.event, msg.fields)
+        elif isinstance(msg, m.Closed):
+            self.unwritten = msg.unwritten
             self._finished = True
 
     def _acked(self, through: int) -> None:
         unacked = self._unacked
-        while unacked and unacked[0].seq <= through:
+        while unacked and unacked[0].packet.seq <= through:
             unacked.popleft()
 
     def _trim_counted(self) -> None:
@@ -540,8 +536,8 @@ class Journal:
         items = self._handoff.take(MAX_PACKET)
         tally = self._handoff.take_tallies()
         batch = Batch()
-        samples: list[list[Any]] = []
-        events: list[list[Any]] = []
+        samples: list[Sample] = []
+        events: list[EventRow] = []
         every = YIELD_EVERY
         for i, item in enumerate(items, 1):
             if isinstance(item, Outcome):
@@ -549,24 +545,15 @@ class Journal:
                 if not i % every:
                     os.sched_yield()  # the loop's turn (YIELD_EVERY)
             elif isinstance(item, Sample):
-                samples.append([item.wall, item.name, item.value, item.labels])
+                samples.append(item)
             else:
-                events.append(list(item.row()))
+                events.append(item.row())
         self._seq += 1
-        state = self._state  # the loop's last snapshot (attach)
-        header: dict[str, Any] = {
-            "seq": self._seq,
-            "clock": state.to_doc() if state is not None else None,
-        }
-        if samples:
-            header["samples"] = samples
-        if events:
-            header["events"] = events
-        if tally is not None:
-            header["tally"] = tally.to_doc()
         records = batch.encode() if len(batch) else b""
-        self._unacked.append(_Sent(self._seq, header, records, len(batch)))
-        self._out += link.packet(header, records)
+        state = self._state  # the plan clock: the loop's last snapshot (attach)
+        packet = m.Packet(self._seq, state, tuple(samples), tuple(events), tally, False, records)
+        self._unacked.append(_Sent(packet, len(batch)))
+        self._out += m.encode(packet)
         self._last_packet = time.monotonic()
 
     def _died(self, why: str) -> None:
@@ -591,7 +578,7 @@ class Journal:
                 self._sock.close()
             self._sock = None
         self._out.clear()
-        self._frames = link.frames()
+        self._frames = m.frames()
         return self._reap(kill=kill)
 
     def _reap(self, *, kill: bool) -> int | None:
@@ -618,13 +605,14 @@ class Journal:
         """A new writer continues the session; the dead one committed the packets up to
         ``committed``: their folds never came back (applied here), the others go again."""
         for sent in list(self._unacked):
-            if sent.seq <= committed:
-                if not sent.counted and sent.records:
-                    outcomes = Batch.decode(sent.records).outcomes()
+            packet = sent.packet
+            if packet.seq <= committed:
+                if not sent.counted and packet.records:
+                    outcomes = Batch.decode(packet.records).outcomes()
                     self._handoff.give_back(fold(outcomes))
                 self._unacked.popleft()
             else:
-                self._out += link.packet({**sent.header, "counted": sent.counted}, sent.records)
+                self._out += m.encode(dataclasses.replace(packet, counted=sent.counted))
         log.warning(
             "journal_writer_restarted",
             session=self.session,
@@ -637,8 +625,8 @@ class Journal:
         journaled), and the link ends."""
         lost = Fold()
         for sent in self._unacked:
-            if not sent.counted and sent.records:
-                for o in Batch.decode(sent.records).outcomes():
+            if not sent.counted and sent.packet.records:
+                for o in Batch.decode(sent.packet.records).outcomes():
                     lost.tally(o)
         self._unacked.clear()
         while self._q:

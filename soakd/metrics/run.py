@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import cast
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -65,6 +65,9 @@ from soakd.metrics.probes import THROTTLE_REASONS as THROTTLE_REASONS
 from soakd.metrics.probes import ProbeMetrics as ProbeMetrics
 from soakd.model import OK, USAGE_REJECTED_REASONS, ErrorKind, MissReason, Phase, Plan
 from soakd.tracing import trace_id, traced_names
+
+if TYPE_CHECKING:
+    from soakd.journal.messages import Stats
 
 # No `*_created` series: one per counter and histogram child, undocumented and unused by
 # the rules and dashboards (a counter's reset shows in the counter itself). A process-wide
@@ -601,17 +604,27 @@ class JournalMetrics:
             self.records.labels(kind)
             self.dropped.labels(kind)
 
-    def add(self, counts: Mapping[str, object]) -> None:
+    def add(self, stats: Stats) -> None:
         """What the journal's writer process counted of itself since it last said
         (soakd/journal/counts.py: counters' increments, gauges' last values)."""
-        for name in ("write_errors", "downtime", "rows_dropped"):
-            if name in counts:
-                getattr(self, name).inc(cast("float", counts[name]))
-        for name in ("last_commit", "size", "max_bytes", "disk_free", "rows_kept"):
-            if name in counts:
-                getattr(self, name).set(cast("float", counts[name]))
-        for name in ("records", "dropped"):
-            for kind, n in cast("dict[str, float]", counts.get(name, {})).items():
-                getattr(self, name).labels(kind).inc(n)
-        for seconds in cast("list[float]", counts.get("commit", [])):
+        for counter, n in (
+            (self.write_errors, stats.write_errors),
+            (self.downtime, stats.downtime),
+            (self.rows_dropped, stats.rows_dropped),
+        ):
+            if n:
+                counter.inc(n)
+        for gauge, value in (
+            (self.last_commit, stats.last_commit),
+            (self.size, stats.size),
+            (self.max_bytes, stats.max_bytes),
+            (self.disk_free, stats.disk_free),
+            (self.rows_kept, stats.rows_kept),
+        ):
+            if value is not None:
+                gauge.set(value)
+        for labelled, by_kind in ((self.records, stats.records), (self.dropped, stats.dropped)):
+            for kind, n in by_kind.items():
+                labelled.labels(kind).inc(n)
+        for seconds in stats.commit:
             self.commit.observe(seconds)

@@ -36,7 +36,7 @@ from soakd.journal import (
     records,
     rollup_window_ns,
 )
-from soakd.journal.store import Restored
+from soakd.journal.messages import Restored
 from soakd.journal.stored import StoredOptions
 from soakd.measure.goodput import GoodputWindow
 from soakd.measure.notes import Notes

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from soakd import framing
-from soakd.journal import link
+from soakd.journal import messages
 from soakd.workers import wire
 
 
@@ -39,5 +39,5 @@ async def test_the_limit_is_each_links_own() -> None:
     reader.feed_data(big)
     with pytest.raises(framing.FrameError):
         await framing.read_frame(reader, 99)
-    assert wire.MAX_FRAME < link.MAX_FRAME  # the workers' frames are split (FRAME_SPLIT)
+    assert wire.MAX_FRAME < messages.MAX_FRAME  # the workers' frames are split (FRAME_SPLIT)
     assert wire.WireError is framing.FrameError
