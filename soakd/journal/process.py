@@ -10,15 +10,13 @@ no structlog (its log events go to soakd, which logs them as its own).
 
 It ends with soakd: ``CLOSE`` writes everything and answers ``CLOSED``; the end of the
 socket (soakd is gone without a word) commits what it holds; soakd's death, even by SIGKILL,
-sends it SIGTERM (``PR_SET_PDEATHSIG``), which ends it at once (WAL: the journal opens at
-its last commit). SIGINT is ignored: a Ctrl-C reaches the whole process group, and the stop
-is soakd's to run.
+sends it SIGTERM (``PR_SET_PDEATHSIG``: soakd/lifeline.py), which ends it at once (WAL: the
+journal opens at its last commit). SIGINT is ignored: a Ctrl-C reaches the whole process
+group, and the stop is soakd's to run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import select
 import signal
@@ -33,9 +31,9 @@ from soakd.journal.batch import Batch
 from soakd.journal.counts import WriterCounts
 from soakd.journal.schema import JournalError
 from soakd.journal.store import Store
+from soakd.lifeline import die_with_parent
 from soakd.measure.fold import Fold
 
-PR_SET_PDEATHSIG = 1
 RECV = 1 << 20
 
 
@@ -53,14 +51,6 @@ class Sink:
 
     def committed(self, through: int) -> None:
         self.send(m.Committed(through))
-
-
-def die_with(parent: int) -> None:
-    """SIGTERM when soakd dies; gone already (before this was set): exit now."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:
-        sys.exit(0)
 
 
 def add_packet(store: Store, packet: m.Packet) -> None:
@@ -134,7 +124,7 @@ def serve(sock: socket.socket, sink: Sink) -> int:
 
 def main() -> int:
     fd, parent = int(sys.argv[1]), int(sys.argv[2])
-    die_with(parent)
+    die_with_parent(parent)  # started from soakd's link thread: no preexec_fn
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
     sink = Sink(sock)

@@ -20,12 +20,13 @@ What can go wrong, and what is counted (docs/journal.md):
   is tallied (``Fold.tally``), applied to the metrics at once, and its tally travels in the
   next packet into the journal's totals: counted, without a row or a histogram bucket.
 - **The writer dies** (a crash, the OOM killer): logged (``journal_writer_died``), counted
-  (``soakd_journal_writer_restarts_total``), started again with a back-off (0.25 s, doubling to
-  30 s); it continues the same session, tells which packets the dead one committed, and soakd
-  sends it the others again (those whose folds soakd applied already are written, not sent
-  back). Meanwhile the queue fills, then tallies. Packets soakd applied while the disk failed
-  are kept for this at most ``journal.queue_size`` outcomes' worth; older ones, if the writer
-  then died too, are in the metrics and not in the journal's totals.
+  (``soakd_journal_writer_restarts_total``), started again with a back-off (0.25 s, doubling
+  to 30 s: soakd/spawn.py's ``Backoff``, the workers' too); it continues the same session,
+  tells which packets the dead one committed, and soakd sends it the others again (those
+  whose folds soakd applied already are written, not sent back). Meanwhile the queue fills,
+  then tallies. Packets soakd applied while the disk failed are kept for this at most
+  ``journal.queue_size`` outcomes' worth; older ones, if the writer then died too, are in
+  the metrics and not in the journal's totals.
 - **soakd is SIGKILLed**: the writer gets SIGTERM and ends at once; lost is what it had not
   committed (at most one flush interval) and the packet soakd had not sent (``SEND_EVERY_S``).
 - One soakd per run dir: soakd holds the ``flock`` on ``journal.lock`` and the writer holds it
@@ -42,7 +43,6 @@ import os
 import select
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -66,6 +66,7 @@ from soakd.journal.store import MAX_BATCH
 from soakd.measure.fold import Fold, fold
 from soakd.metrics.run import JournalMetrics
 from soakd.model import Outcome, Sample
+from soakd.spawn import SOCKET_BUFFER, Backoff, reap, socket_pair, start_module
 
 log = structlog.get_logger()
 
@@ -88,8 +89,6 @@ YIELD_EVERY = 64
 START_TIMEOUT_S = 60.0
 CLOSE_TIMEOUT_S = 120.0
 """How long closing waits for the writer's last commit before it kills it."""
-BACKOFF_S = (0.25, 30.0)
-SOCKET_BUFFER = 1 << 20
 WRITER_LOG = "journal-writer.log"
 
 
@@ -155,7 +154,7 @@ class Journal:
         self._seq = 0
         self._last_packet = 0.0
         self._restart_at = 0.0
-        self._delay = BACKOFF_S[0] / 2
+        self._backoff = Backoff()
         self._started = 0.0
         self._close_sent = False
         self._close_deadline = 0.0
@@ -343,25 +342,16 @@ class Journal:
         """Start a writer and wait for it to open the journal; False (the reason in
         ``_open_error``, or logged when it is a restart) when it does not."""
         first = self.session == 0
-        ours, theirs = socket.socketpair()
-        for s in (ours, theirs):
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
-        log_path = self.path.parent / WRITER_LOG
+        ours, theirs = socket_pair()
         assert self._lock_fd is not None
-        with theirs, log_path.open("ab") as logf:
-            self._proc = subprocess.Popen(  # noqa: S603  # soakd's own module, no input
-                [
-                    sys.executable,
-                    "-m",
-                    "soakd.journal.process",
-                    str(theirs.fileno()),
-                    str(os.getpid()),
-                ],
-                pass_fds=(theirs.fileno(), self._lock_fd),  # the lock lasts while it runs
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=logf,
+        with theirs:
+            fd = theirs.fileno()
+            self._proc = start_module(
+                "soakd.journal.process",
+                str(fd),
+                str(os.getpid()),  # it dies with soakd (soakd/lifeline.py)
+                log_path=self.path.parent / WRITER_LOG,
+                pass_fds=(fd, self._lock_fd),  # the lock lasts while it runs
             )
         self._started = time.monotonic()
         resume = self._resume
@@ -560,15 +550,14 @@ class Journal:
         """The writer is gone: log it, start another after the back-off; what it had not
         committed is sent again then."""
         code = self._disconnect(kill=True)
-        lived = time.monotonic() - self._started
-        self._delay = BACKOFF_S[0] if lived >= 60 else min(BACKOFF_S[1], self._delay * 2)
-        self._restart_at = time.monotonic() + self._delay
+        delay = self._backoff.died(time.monotonic() - self._started)
+        self._restart_at = time.monotonic() + delay
         log.error(
             "journal_writer_died",
             why=why,
             code=code,
             not_committed=sum(s.outcomes for s in self._unacked),
-            restart_in_s=self._delay,
+            restart_in_s=delay,
             log=self._log_tail()[-200:] or None,
         )
 
@@ -583,18 +572,11 @@ class Journal:
 
     def _reap(self, *, kill: bool) -> int | None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return None
-        code = _wait_exit(proc, 0.5 if kill else 10.0)
-        if code is None:
-            proc.kill()
-            code = _wait_exit(proc, 10.0)
-        return code
+        return None if proc is None else reap(proc, 0.5 if kill else 10.0)
 
     def _restart(self) -> bool:
         if not self._connect():
-            self._delay = min(BACKOFF_S[1], self._delay * 2)
-            self._restart_at = time.monotonic() + self._delay
+            self._restart_at = time.monotonic() + self._backoff.failed()
             return False
         self.restarts += 1
         if self.metrics is not None:
@@ -658,27 +640,3 @@ async def open_journal(
 
 
 __all__ = ["MAX_BATCH", "Journal", "RunInfo", "open_journal"]
-
-
-def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
-    """The child's exit code within ``timeout_s``, else None. Waits on a pidfd with
-    ``poll``'s relative timeout rather than ``Popen.wait``'s sleep loop: the
-    clock_nanosleep behind ``time.sleep`` fails (EINVAL) after a wall-clock step under
-    libfaketime, which the clock fault tests preload, and it killed this thread."""
-    code = proc.poll()
-    if code is not None:
-        return code
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except OSError:  # reaped meanwhile (ESRCH), or no pidfd: Popen.wait's loop
-        try:
-            return proc.wait(timeout=timeout_s)
-        except (subprocess.TimeoutExpired, OSError):
-            return proc.poll()
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        poller.poll(round(timeout_s * 1000))
-    finally:
-        os.close(fd)
-    return proc.poll()
