@@ -8,7 +8,8 @@ One package, one concern per module (docs/architecture.md, "The journal's rooms"
 - ``jsondoc``: the one JSON codec of the journal's dataclasses (events, the link's frames);
 - ``messages``: the frames between soakd and the writer process, one dataclass each;
 - ``handoff``: the one queue between the event loop and the writer's link, both ways;
-- ``writer``: ``Journal``, the sink the run records to, and its link to the writer process;
+- ``writer``: ``Journal``, the sink the run records to, on the event loop;
+- ``link``: ``WriterLink``, the link thread and the writer process it starts and restarts;
 - ``process``: the writer process (``python -m soakd.journal.process``);
 - ``store``: the writer's side: the database, the batches, the commit rule;
 - ``counts``: the writer's own figures, sent to soakd's ``JournalMetrics``;
