@@ -283,14 +283,14 @@ class StoreHarness:
         self.forward, self.metrics = forward, metrics
         self.counts = WriterCounts()
         jcfg = journal_cfg or JournalConfig(flush_interval=0.05)
-        self.store = Store(
+        self.store = Store.open(
             run_dir / "journal.db",
             info,
             WriterConfig.of(jcfg),
             self,
             counts=self.counts,
         )
-        self.restored = self.store.open()
+        self.restored = self.store.restored
         self.store.clock = ClockState.of(clock)
         self.seq = 0
         self.applied: list[tuple[int, bool]] = []  # (through, committed) of each fold

@@ -11,11 +11,12 @@ One package, one concern per module (docs/architecture.md, "The journal's rooms"
 - ``writer``: ``Journal``, the sink the run records to, on the event loop;
 - ``link``: ``WriterLink``, the link thread and the writer process it starts and restarts;
 - ``process``: the writer process (``python -m soakd.journal.process``);
-- ``store``: the writer's side: the database, the batches, the commit rule;
+- ``opening``: the writer opens the database and reads back what it continues from;
+- ``store``: the writer's side: the batches, the commit rule, retention;
 - ``counts``: the writer's own figures, sent to soakd's ``JournalMetrics``;
 - ``progress``: the session's heartbeat of the plan clock, downtime, run events;
 - ``rollups``: totals, histogram buckets and rollup windows beside the rows;
-- ``budget``, ``retention``: the disk budget, deleting old rows in very long runs;
+- ``budget``, ``retention``: the disk budget and reserve, deleting old rows in long runs;
 - ``resume``: ``ResumeState``, ``read_resume_state``, the run-dir lock;
 - ``integrity``, ``mark``: damage checks, the mark a lost WAL is counted against, salvage;
 - ``reader``: ``JournalReader`` for the report and the export.

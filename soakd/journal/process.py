@@ -80,21 +80,20 @@ def serve(sock: socket.socket, sink: Sink) -> int:
                 return 2
             hello = msg
     counts = WriterCounts()
-    store = Store(
-        Path(hello.path),
-        hello.run,
-        hello.journal,
-        sink,
-        resume=hello.resume,
-        session=hello.session,
-        counts=counts,
-    )
     try:
-        restored = store.open()
+        store = Store.open(
+            Path(hello.path),
+            hello.run,
+            hello.journal,
+            sink,
+            resume=hello.resume,
+            session=hello.session,
+            counts=counts,
+        )
     except JournalError as exc:
         sink.send(m.Failed(str(exc)))
         return 2
-    sink.send(m.Ready(restored, store.session, store.packet_seq, os.getpid()))
+    sink.send(m.Ready(store.restored, store.session, store.packet_seq, os.getpid()))
     interval = store.cfg.flush_interval
     try:
         while True:
