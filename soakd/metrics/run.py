@@ -12,7 +12,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,6 +25,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from soakd import __version__
 from soakd.config import AlertLimits, Slo, TargetConfig
+from soakd.journal.counts import COUNTERS, GAUGES, LABELLED
+from soakd.journal.messages import Stats
 from soakd.measure.buckets import BucketChild, BucketHistogram, ExemplarClock
 
 # the latency buckets live with the fold (the journal's writer counts them); imported from
@@ -65,9 +66,6 @@ from soakd.metrics.probes import THROTTLE_REASONS as THROTTLE_REASONS
 from soakd.metrics.probes import ProbeMetrics as ProbeMetrics
 from soakd.model import OK, USAGE_REJECTED_REASONS, ErrorKind, MissReason, Phase, Plan
 from soakd.tracing import trace_id, traced_names
-
-if TYPE_CHECKING:
-    from soakd.journal.messages import Stats
 
 # No `*_created` series: one per counter and histogram child, undocumented and unused by
 # the rules and dashboards (a counter's reset shows in the counter itself). A process-wide
@@ -605,26 +603,15 @@ class JournalMetrics:
             self.dropped.labels(kind)
 
     def add(self, stats: Stats) -> None:
-        """What the journal's writer process counted of itself since it last said
-        (soakd/journal/counts.py: counters' increments, gauges' last values)."""
-        for counter, n in (
-            (self.write_errors, stats.write_errors),
-            (self.downtime, stats.downtime),
-            (self.rows_dropped, stats.rows_dropped),
-        ):
-            if n:
-                counter.inc(n)
-        for gauge, value in (
-            (self.last_commit, stats.last_commit),
-            (self.size, stats.size),
-            (self.max_bytes, stats.max_bytes),
-            (self.disk_free, stats.disk_free),
-            (self.rows_kept, stats.rows_kept),
-        ):
-            if value is not None:
-                gauge.set(value)
-        for labelled, by_kind in ((self.records, stats.records), (self.dropped, stats.dropped)):
-            for kind, n in by_kind.items():
-                labelled.labels(kind).inc(n)
+        """The journal writer's own counts since it last sent them (soakd/journal/counts.py)."""
+        for name in COUNTERS:
+            if n := getattr(stats, name):
+                getattr(self, name).inc(n)
+        for name in GAUGES:
+            if (value := getattr(stats, name)) is not None:
+                getattr(self, name).set(value)
+        for name in LABELLED:
+            for kind, n in getattr(stats, name).items():
+                getattr(self, name).labels(kind).inc(n)
         for seconds in stats.commit:
             self.commit.observe(seconds)
