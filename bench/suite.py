@@ -93,9 +93,9 @@ DIAG = (
     f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import slowcb\n"
     "from soakd.cli import main; sys.exit(main())"
 )
-# `soakd run` as before the journal writer's sched_yield slices (soakd/journal/writer.py)
+# `soakd run` as before the journal link's sched_yield slices (soakd/journal/link.py)
 NO_YIELD = (
-    "import sys, soakd.journal.writer as w; w.YIELD_EVERY = 0\n"
+    "import sys, soakd.journal.link as w; w.YIELD_EVERY = 0\n"
     "from soakd.cli import main; sys.exit(main())"
 )
 # `soakd run` as before soakd/runtime.py: the arena cap patched out, nothing else changed
