@@ -166,10 +166,11 @@ class WriterLink:
             try:
                 self._connect()
             except Exception as exc:  # handed to start(), which raises it
+                self._disconnect(kill=True)
                 why = f"{self.hello.path}: cannot start the journal's writer: {exc}"
                 self._first = m.Failed(why)
             self._answered.set()
-            if self._writer is None:
+            if not isinstance(self._first, m.Ready):
                 return
             while not self._finished:
                 self._turn()
