@@ -32,9 +32,10 @@ from prometheus_client import CollectorRegistry
 
 from soakd.config import JournalConfig
 from soakd.journal import JOURNAL_FILE, Journal, RunInfo
+from soakd.journal.metrics import JournalMetrics
 from soakd.measure.analysis import itl_keys
 from soakd.measure.fold import Fold
-from soakd.metrics.run import JournalMetrics, Metrics
+from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome
 from soakd.run.stats import RunStats
 
@@ -126,11 +127,11 @@ def bench(n: int, tokens: int, itl: str, sync: str, gaps: str = "wide") -> dict[
         j = Journal(Path(tmp) / JOURNAL_FILE, info, cfg, metrics=jm, forward=[sinks])
         j.start()
         j.attach(Clock())
-        assert j._thread is not None
-        assert j._thread.ident is not None
-        assert j._proc is not None
-        link_clock = time.pthread_getcpuclockid(j._thread.ident)
-        writer_pid = j._proc.pid
+        thread, writer_pid = j.link._thread, j.link.pid
+        assert thread is not None
+        assert thread.ident is not None
+        assert writer_pid is not None
+        link_clock = time.pthread_getcpuclockid(thread.ident)
         spent_in_record = 0.0
         t0 = time.perf_counter()
 

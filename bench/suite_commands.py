@@ -65,7 +65,7 @@ DIAG = (
 )
 # `soakd run` as before the journal writer's sched_yield slices (soakd/journal/writer.py)
 NO_YIELD = (
-    "import sys, soakd.journal.writer as w; w.YIELD_EVERY = 0\n"
+    "import sys, soakd.journal.link as w; w.YIELD_EVERY = 0\n"
     "from soakd.cli import main; sys.exit(main())"
 )
 # `soakd run` as before soakd/runtime.py: the arena cap patched out, nothing else changed

@@ -28,10 +28,12 @@ from soakd.journal import (
     rollup_window_ns,
 )
 from soakd.journal.counts import WriterCounts
+from soakd.journal.messages import WriterConfig
+from soakd.journal.metrics import JournalMetrics
 from soakd.journal.progress import ClockState
-from soakd.journal.store import Store, WriterConfig
+from soakd.journal.store import Store
 from soakd.measure.fold import Fold
-from soakd.metrics.run import JournalMetrics, Metrics
+from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome, Phase, Plan, Sample
 from soakd.workload.plan import build_plan
 from tests.scraping import scraped
@@ -282,14 +284,14 @@ class StoreHarness:
         self.forward, self.metrics = forward, metrics
         self.counts = WriterCounts()
         jcfg = journal_cfg or JournalConfig(flush_interval=0.05)
-        self.store = Store(
+        self.store = Store.open(
             run_dir / "journal.db",
             info,
-            WriterConfig.of(jcfg.model_dump()),
+            WriterConfig.of(jcfg),
             self,
             counts=self.counts,
         )
-        self.restored = self.store.open()
+        self.restored = self.store.restored
         self.store.clock = ClockState.of(clock)
         self.seq = 0
         self.applied: list[tuple[int, bool]] = []  # (through, committed) of each fold

@@ -268,10 +268,10 @@ def soakd_sample_names() -> set[str]:
     (exported when their slo key is set), and the gateways it runs, re-exported
     (soakd/probes/gateways.py). No ``*_created``: soakd switches them off."""
     from soakd.gateway.metrics import GatewayMetrics
+    from soakd.journal.metrics import JournalMetrics
     from soakd.metrics.run import (
         LIMIT_HELP,
         GuardMetrics,
-        JournalMetrics,
         Metrics,
         ProbeMetrics,
     )

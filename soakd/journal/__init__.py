@@ -5,15 +5,18 @@ One package, one concern per module (docs/architecture.md, "The journal's rooms"
 - ``schema``: the tables, the versions (v1 -> v2 -> v3 migration), opening and checking a file;
 - ``codec``: Outcome <-> row, ITL gaps as BLOBs (compact or exact), ``TargetStats`` blobs;
 - ``batch``: outcomes as their records (soakd/outcome_record.py), as they travel to the writer;
-- ``link``: the frames between soakd and the writer process;
+- ``jsondoc``: the one JSON codec of the journal's dataclasses (events, the link's frames);
+- ``messages``: the frames between soakd and the writer process, one dataclass each;
 - ``handoff``: the one queue between the event loop and the writer's link, both ways;
-- ``writer``: ``Journal``, the sink the run records to, and its link to the writer process;
+- ``writer``: ``Journal``, the sink the run records to, on the event loop;
+- ``link``: ``WriterLink``, the link thread and the writer process it starts and restarts;
 - ``process``: the writer process (``python -m soakd.journal.process``);
-- ``store``: the writer's side: the database, the batches, the commit rule;
+- ``opening``: the writer opens the database and reads back what it continues from;
+- ``store``: the writer's side: the batches, the commit rule, retention;
 - ``counts``: the writer's own figures, sent to soakd's ``JournalMetrics``;
 - ``progress``: the session's heartbeat of the plan clock, downtime, run events;
 - ``rollups``: totals, histogram buckets and rollup windows beside the rows;
-- ``budget``, ``retention``: the disk budget, deleting old rows in very long runs;
+- ``budget``, ``retention``: the disk budget and reserve, deleting old rows in long runs;
 - ``resume``: ``ResumeState``, ``read_resume_state``, the run-dir lock;
 - ``integrity``, ``mark``: damage checks, the mark a lost WAL is counted against, salvage;
 - ``reader``: ``JournalReader`` for the report and the export.
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from soakd.journal.handoff import FoldSink, HandOff
     from soakd.journal.integrity import SALVAGED_FILE, Loss, Salvaged
     from soakd.journal.mark import MARK_FILE, Mark
+    from soakd.journal.messages import Restored, RunInfo
     from soakd.journal.progress import PlanClock
     from soakd.journal.reader import JournalReader, Rollup
     from soakd.journal.resume import ResumeState, plan_doc, read_resume_state
@@ -59,14 +63,7 @@ if TYPE_CHECKING:
         JournalDamaged,
         JournalError,
     )
-    from soakd.journal.store import (
-        IDLE_HEARTBEAT_S,
-        MAX_BATCH,
-        RETENTION_EVERY_S,
-        RETRY_MAX_S,
-        Restored,
-        RunInfo,
-    )
+    from soakd.journal.store import IDLE_HEARTBEAT_S, MAX_BATCH, RETENTION_EVERY_S, RETRY_MAX_S
     from soakd.journal.writer import Journal, open_journal
 
 _WHERE = {
@@ -119,11 +116,11 @@ _WHERE = {
             "MAX_BATCH",
             "RETENTION_EVERY_S",
             "RETRY_MAX_S",
-            "Restored",
-            "RunInfo",
         ),
         "soakd.journal.store",
     ),
+    "Restored": "soakd.journal.messages",
+    "RunInfo": "soakd.journal.messages",
     "Journal": "soakd.journal.writer",
     "open_journal": "soakd.journal.writer",
 }

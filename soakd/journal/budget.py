@@ -12,12 +12,16 @@ writer does near it.
   (``journal_rows_stopped``), records a ``rows_stopped`` event, and exports it
   (``soakd_journal_rows_kept`` 0, ``soakd_journal_rows_dropped_total``).
 - Beyond the budget itself, retention deletes the oldest rows (retention.py).
+- A disk that fills and never frees: the writer holds ``journal.reserve`` (``Reserve``,
+  ``RESERVE_BYTES`` of real blocks) from the start, and lets it go when the final write
+  fails, so the run's final state still goes in (store.py).
 
 Writer state only (the journal's writer process).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -33,6 +37,11 @@ log = ChildLog()
 AUTO_CAP = 20_000_000_000  # the default budget's ceiling: 72 h of 300 B rows at 900 req/s
 AUTO_SHARE = 0.5  # of the free space at the first start
 ROWS_AT = 0.9  # of the budget: per-request rows stop here
+RESERVE_FILE = "journal.reserve"
+RESERVE_BYTES = 4 << 20
+"""Disk held back from the start for the run's final state: its totals, rollup windows,
+heartbeat and events take a few dozen 16 KiB pages (their WAL frames, then the
+checkpoint), far less than this."""
 
 
 def used_bytes(conn: sqlite3.Connection) -> int:
@@ -125,3 +134,37 @@ class Budget:
         free = disk_free(self.path.parent)
         if free is not None:
             self.metrics.disk_free.set(free)
+
+
+class Reserve:
+    """``journal.reserve``: ``RESERVE_BYTES`` of the disk, held from the start for the final
+    write of a run whose disk fills up, given back when that write fails (or at the end)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / RESERVE_FILE
+        self.held = False
+
+    def hold(self) -> None:
+        """Take the reserve now (real blocks, not a sparse file); a disk already full only
+        logs it: the run goes on without one."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            log.warning("journal_reserve_not_taken", error=exc.strerror)
+            return
+        self.held = True
+
+    def release(self) -> bool:
+        """Give the reserve back to the disk; True when there was one."""
+        if not self.held:
+            return False
+        self.held = False
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        return True

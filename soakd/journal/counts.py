@@ -4,12 +4,12 @@ sent to soakd with every commit, where ``JournalMetrics.add`` puts them into Pro
 ``WriterCounts`` has the shape of the ``JournalMetrics`` attributes the writer touches
 (``records.labels(kind).inc(n)``, ``commit.observe(s)``, ``size.set(b)``...), so the writer's
 code reads as it did when it shared soakd's registry; ``drain`` returns what changed since
-the last call as plain JSON.
+the last call, as the link's ``Stats`` message (messages.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from soakd.journal.messages import Stats
 
 
 class Count:
@@ -78,9 +78,9 @@ class WriterCounts:
         self.disk_free, self.rows_kept = Gauge(), Gauge()
         self.commit = Observed()
 
-    def drain(self) -> dict[str, Any]:
+    def drain(self) -> Stats:
         """What changed since the last call (and reset): only the figures that moved."""
-        doc: dict[str, Any] = {}
+        doc: dict[str, object] = {}
         for name in COUNTERS:
             c: Count = getattr(self, name)
             if c.value:
@@ -96,5 +96,5 @@ class WriterCounts:
                 doc[name] = moved
                 by.counts.clear()
         if self.commit.values:
-            doc["commit"], self.commit.values = self.commit.values, []
-        return doc
+            doc["commit"], self.commit.values = tuple(self.commit.values), []
+        return Stats(**doc)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from soakd import __version__
 from soakd.journal.records import (
@@ -54,7 +54,8 @@ class PlanClock(Protocol):
 class ClockState:
     """The plan clock as the writer reads it: a snapshot of the runner (``PlanClock``), taken
     on soakd's loop (``Journal.publish``) and sent with each batch. The writer reads the
-    monotonic clock itself (CLOCK_MONOTONIC is one clock for every process of the host)."""
+    monotonic clock itself (CLOCK_MONOTONIC is one clock for every process of the host).
+    It travels in each ``messages.Packet``, by its fields."""
 
     origin_ns: int = 0
     phase_index: int | None = None
@@ -74,28 +75,6 @@ class ClockState:
             clock.stopping,
             dict(clock.next_seq),
             dict(clock.missed),
-        )
-
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "origin_ns": self.origin_ns,
-            "phase_index": self.phase_index,
-            "finished": self.finished,
-            "stopping": self.stopping,
-            "next_seq": self.next_seq,
-            "missed": [[*k, n] for k, n in self.missed.items()],
-        }
-
-    @classmethod
-    def from_doc(cls, doc: dict[str, Any]) -> ClockState:
-        missed = {(t, p, r): int(n) for t, p, r, n in doc["missed"]}
-        return cls(
-            int(doc["origin_ns"]),
-            doc["phase_index"],
-            bool(doc["finished"]),
-            bool(doc["stopping"]),
-            {k: int(v) for k, v in doc["next_seq"].items()},
-            missed,
         )
 
 

@@ -2,9 +2,11 @@
 
 Every event the journal holds has an ``EventKind`` and one frozen dataclass, whose fields are
 the keys of its ``data`` (the ``events`` table stores ``kind`` and ``data`` as JSON, as it
-always did: docs/journal.md). soakd's side journals only these (``Journal.event``), the
-writer process writes its own (downtime, retention...) the same way, and ``JournalReader``
-reads them back typed (``Logged``), so the report matches on classes, never on strings.
+always did: docs/journal.md), written and read by the journal's one field codec
+(jsondoc.py, which the writer link's frames use too). soakd's side journals only these
+(``Journal.event``), the writer process writes its own (downtime, retention...) the same
+way, and ``JournalReader`` reads them back typed (``Logged``), so the report matches on
+classes, never on strings.
 
 Read back, a key an older soakd did not write takes its field's default and one it no longer
 knows is left; an event this soakd cannot read (a newer soakd's kind, a value of the wrong
@@ -15,16 +17,14 @@ only: the writer process imports it.
 from __future__ import annotations
 
 import enum
-import types
 import typing
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar, Self, TypeVar
 
+from soakd.journal import jsondoc
+from soakd.journal.jsondoc import Json
 from soakd.model import NS_PER_S, PauseReason, SpendCap
-
-Json = str | int | float | bool | None | list["Json"] | dict[str, "Json"]
-"""A JSON value, as an event's data holds it."""
 
 
 class EventKind(enum.StrEnum):
@@ -59,29 +59,13 @@ class Event:
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset()
 
     def to_data(self) -> dict[str, Json]:
-        out: dict[str, Json] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value is None and f.name in self.OMIT_NONE:
-                continue
-            if isinstance(value, tuple):
-                value = list(value)
-            elif isinstance(value, Mapping):
-                value = dict(value)
-            out[f.name] = value
-        return out
+        return jsondoc.doc(self, self.OMIT_NONE)
 
     @classmethod
     def from_data(cls, data: Mapping[str, object]) -> Self:
-        """The event from its stored data; ValueError (or TypeError) when it is not one."""
-        hints = _hints(cls)
-        args: dict[str, object] = {}
-        for f in fields(cls):
-            if f.name in data:
-                args[f.name] = _read(hints[f.name], data[f.name], f.name)
-            elif f.default is MISSING:
-                raise ValueError(f"{cls.kind}: no {f.name}")
-        return cls(**args)
+        """The event from its stored data; ValueError (or TypeError) when it is not one
+        (soakd/journal/jsondoc.py reads each field by its type)."""
+        return jsondoc.from_doc(cls, data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,48 +406,6 @@ def each(logged: Iterable[Logged], cls: type[E]) -> Iterator[tuple[Logged, E]]:
     for row in logged:
         if isinstance(row.event, cls):
             yield row, row.event
-
-
-# --- reading a stored value as its field's type ---------------------------------------------
-
-
-_HINTS: dict[type[Event], dict[str, object]] = {}
-
-
-def _hints(cls: type[Event]) -> dict[str, object]:
-    hints = _HINTS.get(cls)
-    if hints is None:
-        hints = _HINTS[cls] = typing.get_type_hints(cls)
-    return hints
-
-
-def _read(hint: object, value: object, name: str) -> object:
-    """``value`` (JSON) as the field's type: a bool, int, float or str as itself (an int for
-    a float), an enum by its value, a tuple from a list (of str: each item as one), a
-    mapping of str from an object, each item as the type says, None where the type
-    allows."""
-    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    if value is None and type(None) in options:
-        return None
-    for t in options:
-        if t is bool and isinstance(value, bool):
-            return value
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if t is float and isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if t is str and isinstance(value, str):
-            return value
-        if isinstance(t, type) and issubclass(t, enum.Enum) and isinstance(value, str):
-            return t(value)
-        origin, args = typing.get_origin(t), typing.get_args(t)
-        if origin is tuple and isinstance(value, list):
-            if args[0] is str:
-                return tuple(str(v) for v in value)
-            return tuple(_read(args[0], v, name) for v in value)
-        if origin is Mapping and isinstance(value, dict):
-            return {str(k): _read(args[1], v, f"{name}.{k}") for k, v in value.items()}
-    raise TypeError(f"{name}: {value!r} is not {hint}")
 
 
 def _json_object(data: Mapping[str, object]) -> dict[str, Json]:

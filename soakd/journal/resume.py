@@ -19,6 +19,7 @@ from pathlib import Path
 from soakd.config import Config
 from soakd.config.redact import config_doc
 from soakd.journal.integrity import Loss, check_whole, emptied, lost, read_mark
+from soakd.journal.jsondoc import Json
 from soakd.journal.records import EventKind, PromptCalibration, Unreadable, read_as
 from soakd.journal.schema import LOCK_FILE, JournalError, check_schema, connect
 from soakd.journal.stored import StoredPlan, StoredRun, read_stored
@@ -36,7 +37,7 @@ _UNCOMPARED = (
 )
 
 
-def plan_doc(plan: Plan) -> dict[str, object]:
+def plan_doc(plan: Plan) -> dict[str, Json]:
     """The resolved plan as stored in ``meta`` (and compared on resume)."""
     return {
         "scale": plan.scale,

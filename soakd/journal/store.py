@@ -14,24 +14,26 @@ Durability (docs/journal.md has the long form):
   only at checkpoints (every ~1000 pages: minutes of a busy run), so soakd defaults to
   ``synchronous=FULL``, one fsync per commit, which at 2 commits/s costs nothing measurable.
 
-Each packet soakd sends (``add``) is folded at once (soakd/measure/fold.py): its rows are built and
-every outcome is counted into the batch's ``Fold``. ``cycle`` commits the open batch (rows,
-samples, events, aggregates, heartbeat) in one transaction and then hands its fold to the
-sink, which sends it to soakd: Metrics never count what the journal does not hold. A commit
-that fails (disk full, read-only, I/O error) is rolled back and retried with a back-off; the
-batch's fold goes to the sink at once (``committed=False``: measuring never waits for the
-disk), and so does every later packet's while commits keep failing, never again once
-committed; at most ``queue_size`` rows wait for the retry, the rows past that are dropped and
-counted, their requests stay in the fold.
+``Store.open`` opens the database (opening.py) and returns a store that holds it open:
+no method of it waits for, or checks for, a connection. Each packet soakd sends (``add``)
+is folded at once (soakd/measure/fold.py): its rows are built and every outcome is counted
+into the batch's ``Fold``. ``cycle`` commits the open batch (rows, samples, events,
+aggregates, heartbeat) in one transaction and then hands its fold to the sink, which sends
+it to soakd: Metrics never count what the journal does not hold. A commit that fails (disk
+full, read-only, I/O error) is rolled back and retried with a back-off; the batch's fold
+goes to the sink at once (``committed=False``: measuring never waits for the disk), and so
+does every later packet's while commits keep failing, never again once committed; at most
+``queue_size`` rows wait for the retry, the rows past that are dropped and counted, their
+requests stay in the fold.
 
-A disk that fills and never frees: the writer holds ``journal.reserve`` (RESERVE_BYTES)
-from the start, and lets it go when the final write fails, so the run's final state (its
-totals, rollups and the stop) still goes in; if it fails again the last rows give way
-(counted in the rollups, not written as rows). Either way a ``journal_write_errors`` event
-says how long writes failed and how many requests have no row, and the report and the
-run's summary say so in their first lines. After every commit the writer leaves a mark
-outside the database (mark.py), so commits a damaged write-ahead log drops are counted,
-not lost in silence.
+A disk that fills and never frees: the writer holds ``journal.reserve`` (budget.py's
+``Reserve``) from the start, and lets it go when the final write fails, so the run's final
+state (its totals, rollups and the stop) still goes in; if it fails again the last rows
+give way (counted in the rollups, not written as rows). Either way a
+``journal_write_errors`` event says how long writes failed and how many requests have no
+row, and the report and the run's summary say so in their first lines. After every commit
+the writer leaves a mark outside the database (mark.py), so commits a damaged write-ahead
+log drops are counted, not lost in silence.
 """
 
 from __future__ import annotations
@@ -42,24 +44,21 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from soakd import __version__
 from soakd.childlog import ChildLog
 from soakd.journal import schema
-from soakd.journal.budget import Budget
 from soakd.journal.codec import END_NS, outcome_row
 from soakd.journal.counts import WriterCounts
 from soakd.journal.mark import Mark, MarkFile
-from soakd.journal.progress import ClockState, Progress, Resumed
-from soakd.journal.records import EventKind, EventRow, JournalWriteErrors, Retention
+from soakd.journal.messages import RunInfo, WriterConfig
+from soakd.journal.opening import PACKET_KEY, Opened, open_db
+from soakd.journal.progress import ClockState, Resumed
+from soakd.journal.records import EventRow, JournalWriteErrors, Retention
 from soakd.journal.retention import apply_retention
-from soakd.journal.rollups import Aggregates, store_window, unfolded_rollups
-from soakd.journal.schema import PAGE_SIZE, JournalError
 from soakd.measure.fold import Fold
 from soakd.model import Outcome, Sample
 
@@ -69,103 +68,7 @@ MAX_BATCH = 5000  # rows per transaction: a packet that brings more commits at o
 RETENTION_EVERY_S = 60.0
 IDLE_HEARTBEAT_S = 1.0
 RETRY_MAX_S = 30.0
-RESERVE_FILE = "journal.reserve"
-RESERVE_BYTES = 4 << 20
-"""Disk held back from the start for the run's final state: its totals, rollup windows,
-heartbeat and events take a few dozen 16 KiB pages (their WAL frames, then the
-checkpoint), far less than this."""
 FINAL_ATTEMPTS = 4
-PACKET_KEY = "writer_packet"
-"""``meta`` key: the last packet a session's writer committed ({session, seq}): a restarted
-writer tells soakd which of the packets it sent the dead one are in the journal."""
-
-
-@dataclass(frozen=True)
-class WriterConfig:
-    """What the writer reads of ``journal:`` (the fields of ``JournalConfig``, without the
-    config models: ``of`` takes its ``model_dump()``)."""
-
-    synchronous: str = "full"
-    flush_interval: float = 0.5
-    queue_size: int = 10_000
-    keep_samples: float | None = None
-    keep_requests: float | None = None
-    max_bytes: int | None = None
-    itl_gaps: bool = True
-    itl: str = "compact"
-
-    @classmethod
-    def of(cls, doc: Mapping[str, Any]) -> WriterConfig:
-        return cls(**{f.name: doc[f.name] for f in fields(cls) if f.name in doc})
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What the journal stores about the run when it creates it."""
-
-    run_id: str
-    config: dict[str, Any]
-    plan: dict[str, Any]
-    plan_start: datetime
-    options: dict[str, float | None]
-    window_ns: int
-
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "config": self.config,
-            "plan": self.plan,
-            "plan_start": self.plan_start.isoformat(),
-            "options": self.options,
-            "window_ns": self.window_ns,
-        }
-
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> RunInfo:
-        return cls(
-            doc["run_id"],
-            doc["config"],
-            doc["plan"],
-            datetime.fromisoformat(doc["plan_start"]),
-            doc["options"],
-            int(doc["window_ns"]),
-        )
-
-
-@dataclass(frozen=True)
-class Restored:
-    """What the journal held when this session opened it (for Metrics.restore)."""
-
-    totals: list[tuple[str, str, str, str, int, int, int, int]]
-    histograms: dict[tuple[str, str], tuple[list[int], float]]
-    downtime_s: float
-    resumes: int
-    missed: dict[tuple[str, str, str], int]  # sends not made
-    notes: list[tuple[str, str, int]]  # (target, note, count)
-
-    def to_doc(self) -> dict[str, Any]:
-        return {
-            "totals": [list(t) for t in self.totals],
-            "histograms": [[*k, counts, total] for k, (counts, total) in self.histograms.items()],
-            "downtime_s": self.downtime_s,
-            "resumes": self.resumes,
-            "missed": [[*k, n] for k, n in self.missed.items()],
-            "notes": [list(n) for n in self.notes],
-        }
-
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> Restored:
-        return cls(
-            [
-                (a, b, c, d, int(e), int(f), int(g), int(h))
-                for a, b, c, d, e, f, g, h in doc["totals"]
-            ],
-            {(k, t): ([int(n) for n in c], float(s)) for k, t, c, s in doc["histograms"]},
-            float(doc["downtime_s"]),
-            int(doc["resumes"]),
-            {(t, p, r): int(n) for t, p, r, n in doc["missed"]},
-            [(t, note, int(n)) for t, note, n in doc["notes"]],
-        )
 
 
 class StoreSink(Protocol):
@@ -219,36 +122,34 @@ class _Batch:
 
 
 class Store:
-    """The journal's writer: ``open``, then ``add`` packets and ``cycle`` every flush
+    """The journal's writer: ``Store.open``, then ``add`` packets and ``cycle`` every flush
     interval, then ``final``. Single-threaded: one caller at a time."""
 
     def __init__(
         self,
         path: Path,
-        run: RunInfo,
         cfg: WriterConfig,
         sink: StoreSink,
+        opened: Opened,
         *,
-        resume: Resumed | None = None,
-        session: int = 0,
         counts: WriterCounts | None = None,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.path = path
-        self.run = run
         self.cfg = cfg
         self.sink = sink
         self.counts = counts
-        self._resume = resume
-        self._rejoin = session  # 0: a new session; else this one's writer started again
         self._wall = wall
-        self._conn: sqlite3.Connection | None = None
-        self._next_id = 1
-        self._next_series = 1
-        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], int] = {}
-        self._agg = Aggregates(run.window_ns)
-        self._budget = Budget(cfg, counts)
-        self._progress = Progress(resume, wall)
+        self._conn = opened.conn
+        self.restored = opened.restored  # what the journal held when it was opened
+        self.packet_seq = opened.packet_seq  # this session's last packet before this writer
+        self._next_id = opened.next_id
+        self._series = opened.series
+        self._next_series = opened.next_series
+        self._agg = opened.agg
+        self._budget = opened.budget
+        self._progress = opened.progress
+        self._reserve = opened.reserve
         self._open: _Batch | None = None
         self._pending: _Batch | None = None
         self._last_commit = 0.0
@@ -259,11 +160,29 @@ class Store:
         self._drop_logged = False
         self._failing: _Failing | None = None  # since when writes fail, and why
         self._tallied = 0  # requests soakd's full queue tallied (no row, no window)
-        self._reserve: Path | None = None
         self._mark = MarkFile(path.parent)
         self.unwritten = 0  # records the final write could not keep at all
-        self.restored: Restored | None = None
-        self.packet_seq = 0  # the last packet this session committed before this writer
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        run: RunInfo,
+        cfg: WriterConfig,
+        sink: StoreSink,
+        *,
+        resume: Resumed | None = None,
+        session: int = 0,
+        counts: WriterCounts | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> Store:
+        """The journal at ``path``, opened (or created) for writing (opening.py):
+        ``session`` 0 starts a new session, else a restarted writer continues that one.
+        JournalError when it cannot be used."""
+        opened = open_db(path, run, cfg, resume=resume, session=session, counts=counts, wall=wall)
+        store = cls(path, cfg, sink, opened, counts=counts, wall=wall)
+        store._update_size()
+        return store
 
     @property
     def session(self) -> int:
@@ -282,106 +201,6 @@ class Store:
         """Rows folded and not committed yet."""
         return sum(len(b.rows) for b in (self._open, self._pending) if b is not None)
 
-    # --- opening ---------------------------------------------------------------------------
-
-    def open(self) -> Restored:
-        """Open (or create) the database; JournalError when it cannot be used."""
-        self._hold_reserve()
-        new = not self.path.exists()
-        if new and (self._resume is not None or self._rejoin):
-            raise JournalError(f"{self.path}: the journal vanished before the resume")
-        conn = self._conn = schema.connect(self.path, readonly=False)
-        if new:  # rows of 2 KB (512 ITL gaps) half-fill 4 KiB pages; 16 KiB ones hold 7
-            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute(f"PRAGMA synchronous = {self.cfg.synchronous.upper()}")
-            conn.execute("PRAGMA journal_size_limit = 67108864")  # WAL back to 64 MiB after use
-            now = self._wall()
-            if new:
-                r = self.run
-                schema.create(
-                    conn,
-                    {
-                        "schema_version": schema.SCHEMA_VERSION,
-                        "soakd_version": __version__,
-                        "run_id": r.run_id,
-                        "created_wall": now,
-                        "created": datetime.fromtimestamp(now, UTC).isoformat(),
-                        "plan_start": r.plan_start.isoformat(),
-                        "options": r.options,
-                        "config": r.config,
-                        "plan": r.plan,
-                        "window_ns": r.window_ns,
-                    },
-                )
-            else:
-                schema.migrate(conn)
-            meta = schema.check_schema(conn, self.path, writing=True)
-            if meta["run_id"] != self.run.run_id:
-                raise JournalError(
-                    f"{self.path}: holds run {meta['run_id']}, not {self.run.run_id}"
-                )
-            self._agg.window_ns = int(meta["window_ns"])
-            self._budget.open(conn, self.path)
-            restored = self._load_state(conn, meta)
-            conn.execute("BEGIN")
-            self._repair(conn)
-            if self._rejoin:
-                self._progress.rejoin(conn, self._rejoin)
-            else:
-                self._progress.begin(conn, now, self._next_id)
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise JournalError(f"{self.path}: cannot open the journal: {exc}") from None
-        self._update_size()
-        return restored
-
-    def _load_state(self, conn: sqlite3.Connection, meta: dict[str, Any]) -> Restored:
-        progress = self._progress
-        progress.load(conn)
-        self._next_id = 1 + (conn.execute("SELECT MAX(id) FROM requests").fetchone()[0] or 0)
-        for sid, name, labels in conn.execute("SELECT id, name, labels FROM series"):
-            skey = (name, tuple((str(k), str(v)) for k, v in json.loads(labels)))
-            self._series[skey] = sid
-            self._next_series = max(self._next_series, sid + 1)
-        totals = self._agg.load(conn)
-        downtime = sum(
-            json.loads(d)["seconds"]
-            for (d,) in conn.execute(
-                "SELECT data FROM events WHERE kind = ?", (EventKind.DOWNTIME,)
-            )
-        )
-        resumes = conn.execute(
-            "SELECT COUNT(*) FROM events WHERE kind = ?", (EventKind.RUN_RESUMED,)
-        ).fetchone()
-        packet = meta.get(PACKET_KEY) or {}
-        if self._rejoin and packet.get("session") == self._rejoin:
-            self.packet_seq = int(packet["seq"])
-        self.restored = Restored(
-            totals,
-            dict(self._agg.hists),
-            downtime,
-            resumes[0],
-            dict(progress.missed),
-            [(t, n, c) for (t, n), c in self._agg.notes.items()],
-        )
-        return self.restored
-
-    def _repair(self, conn: sqlite3.Connection) -> None:
-        """Fold rows a killed session committed but never rolled up into the rollups."""
-        start = conn.execute(
-            "SELECT MIN(rollup_from_id) FROM progress "
-            "WHERE session = (SELECT MAX(session) FROM progress)"
-        ).fetchone()[0]
-        if start is None:
-            return
-        found = unfolded_rollups(conn, start, self._agg.window_ns)
-        for key, (stats, wall_min, wall_max, upto) in found.items():
-            store_window(conn, key, stats, wall_min, wall_max, upto)
-        if found:
-            log.info("journal_rollups_repaired", windows=len(found))
-
     # --- what soakd sends -------------------------------------------------------------------
 
     def add(
@@ -398,7 +217,6 @@ class Store:
         samples numbered by series, its events. ``tally``: requests soakd could not queue,
         counted by soakd already: into the totals only. ``counted``: a packet soakd sends
         again to a restarted writer whose fold it applied: written, never sent again."""
-        assert self._conn is not None
         batch = self._open
         if batch is None:
             batch = self._open = _Batch(
@@ -482,7 +300,6 @@ class Store:
                     self._open = batch  # nothing new: a heartbeat a second is enough
                 return
             if batch is None:
-                assert self._conn is not None
                 batch = _Batch([], [], [], [], Fold(), Fold(), self._budget.keep_rows(self._conn))
         try:
             self._commit(batch, final=False)
@@ -501,7 +318,6 @@ class Store:
 
     def final(self) -> None:
         """Closing: write everything (a few retries on errors), then every window."""
-        assert self._conn is not None
         batch, self._open = self._open, None
         pending = self._pending
         if pending is not None:
@@ -528,7 +344,7 @@ class Store:
                     return
                 if attempt == 1:
                     self._failed_event(until_end=True, batch=batch)  # goes in with the rest
-                if attempt == 1 and self._release_reserve():
+                if attempt == 1 and self._reserve.release():
                     log.warning("journal_reserve_released", reason="the final write failed")
                 elif not lean:
                     lean = True  # the rows give way to the run's final state (in its windows)
@@ -544,38 +360,10 @@ class Store:
         self._update_size()
 
     def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(sqlite3.Error):
-                self._conn.close()
-            self._conn = None
-        self._release_reserve()
+        with contextlib.suppress(sqlite3.Error):
+            self._conn.close()
+        self._reserve.release()
         self._mark.close()
-
-    def _hold_reserve(self) -> None:
-        """Take RESERVE_BYTES of the disk now (real blocks, not a sparse file), for the
-        final write of a run whose disk fills up."""
-        path = self.path.parent / RESERVE_FILE
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.posix_fallocate(fd, 0, RESERVE_BYTES)
-            finally:
-                os.close(fd)
-        except OSError as exc:  # already full: the run goes on without one
-            with contextlib.suppress(OSError):
-                path.unlink()
-            log.warning("journal_reserve_not_taken", error=exc.strerror)
-            return
-        self._reserve = path
-
-    def _release_reserve(self) -> bool:
-        """Give the reserve back to the disk; True when there was one."""
-        path, self._reserve = self._reserve, None
-        if path is None:
-            return False
-        with contextlib.suppress(OSError):
-            path.unlink()
-        return True
 
     def _failed_event(self, *, until_end: bool, batch: _Batch | None = None) -> None:
         """A ``journal_write_errors`` event (in ``batch``, or the next one): how long writes
@@ -596,7 +384,6 @@ class Store:
         )
         event = (self._wall(), progress.offset_now(), failed.kind, failed.to_data())
         if batch is None:
-            assert self._conn is not None
             batch = self._open
             if batch is None:
                 keep = self._budget.keep_rows(self._conn)
@@ -611,7 +398,6 @@ class Store:
     def _failed(self, batch: _Batch, exc: sqlite3.Error) -> None:
         """Disk full, read-only, I/O error: keep the batch, retry later, keep measuring."""
         with contextlib.suppress(sqlite3.Error):
-            assert self._conn is not None
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
         self._errors_in_row += 1
@@ -640,7 +426,6 @@ class Store:
         """One transaction: rows, samples, events, aggregates, heartbeat. The in-memory
         state moves on only after COMMIT, so a failed batch can be retried as it was."""
         conn = self._conn
-        assert conn is not None
         t0 = time.perf_counter()
         agg, progress, budget = self._agg, self._progress, self._budget
         rows, samples, events, keep_rows = batch.rows, batch.samples, batch.events, batch.keep_rows
@@ -710,7 +495,6 @@ class Store:
         """Delete old samples/requests by age, then the oldest rows while over max_bytes.
         Totals, histograms and rollups are never deleted: the report stays whole-run."""
         conn = self._conn
-        assert conn is not None
         now = self._wall()
         progress = self._progress
         try:

@@ -1,16 +1,13 @@
-"""Journal writer room, soakd's side: ``Journal``, the sink the run records to, and the link to
-the journal's writer process (process.py, store.py).
+"""Journal writer room, soakd's side: ``Journal``, the sink the run records to (its
+outcomes, probe samples and events) on the event loop, and its lifecycle.
 
 The event loop only appends to a bounded deque (``record``, ``sample``, ``event``: a length
-check and an append, never IO, never a lock wait). A link thread takes what is queued every
-``SEND_EVERY_S``, puts the outcomes' records in a batch (batch.py: a worker's record is
-copied as it came, soakd/outcome_record.py) and sends them, with the samples,
-the events and a snapshot of the plan clock, as one numbered packet (link.py); it reads what
-the writer sends back: each committed batch's fold (soakd/measure/fold.py), applied to
-``Metrics`` and ``RunStats`` in one callback on the loop, the writer's own counts (into
-``JournalMetrics``) and its log events (logged here as soakd's own). The writer's Python
-(rows, folds, SQLite) never holds soakd's GIL; what soakd's process does per outcome is the
-append and copying its record.
+check and an append, never IO, never a lock wait); what soakd's process does per outcome is
+the append and, in the link thread, copying its record. Everything past the deque is
+``WriterLink``'s (link.py): the link thread, the journal's writer process (process.py,
+store.py), its restarts. The loop publishes a snapshot of the plan clock for it
+(``publish``) and applies each committed batch's fold (soakd/measure/fold.py) to ``Metrics``
+and ``RunStats`` in one callback (handoff.py).
 
 What can go wrong, and what is counted (docs/journal.md):
 
@@ -19,13 +16,11 @@ What can go wrong, and what is counted (docs/journal.md):
 - **A full queue** (the writer cannot keep up, or is down): an outcome the deque cannot take
   is tallied (``Fold.tally``), applied to the metrics at once, and its tally travels in the
   next packet into the journal's totals: counted, without a row or a histogram bucket.
-- **The writer dies** (a crash, the OOM killer): logged (``journal_writer_died``), counted
-  (``soakd_journal_writer_restarts_total``), started again with a back-off (0.25 s, doubling to
-  30 s); it continues the same session, tells which packets the dead one committed, and soakd
-  sends it the others again (those whose folds soakd applied already are written, not sent
-  back). Meanwhile the queue fills, then tallies. Packets soakd applied while the disk failed
-  are kept for this at most ``journal.queue_size`` outcomes' worth; older ones, if the writer
-  then died too, are in the metrics and not in the journal's totals.
+- **The writer dies** (a crash, the OOM killer): logged, counted, started again with a
+  back-off, and what it had not committed is sent again (link.py). Meanwhile the queue
+  fills, then tallies. Packets soakd applied while the disk failed are kept for this at
+  most ``journal.queue_size`` outcomes' worth; older ones, if the writer then died too, are
+  in the metrics and not in the journal's totals.
 - **soakd is SIGKILLed**: the writer gets SIGTERM and ends at once; lost is what it had not
   committed (at most one flush interval) and the packet soakd had not sent (``SEND_EVERY_S``).
 - One soakd per run dir: soakd holds the ``flock`` on ``journal.lock`` and the writer holds it
@@ -36,72 +31,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import json
 import os
-import select
-import socket
-import subprocess
-import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 
-from soakd.childlog import relog
 from soakd.config import JournalConfig
-from soakd.journal import link
-from soakd.journal.batch import Batch
+from soakd.journal import messages as m
 from soakd.journal.handoff import FoldSink, HandOff
+from soakd.journal.link import MAX_PACKET, SEND_EVERY_S, WriterLink
+from soakd.journal.messages import Restored, RunInfo
+from soakd.journal.metrics import JournalMetrics
 from soakd.journal.progress import ClockState, PlanClock
 from soakd.journal.records import Event, RunStopped, Stamped
 from soakd.journal.resume import ResumeState, take_lock
-from soakd.journal.schema import JOURNAL_FILE, JournalError
-from soakd.journal.store import MAX_BATCH, Restored, RunInfo
-from soakd.measure.fold import Fold, fold
-from soakd.metrics.run import JournalMetrics
+from soakd.journal.schema import JOURNAL_FILE
+from soakd.journal.store import MAX_BATCH
+from soakd.measure.fold import Fold
 from soakd.model import Outcome, Sample
 
 log = structlog.get_logger()
-
-SEND_EVERY_S = 0.1
-"""How often the link thread sends what is queued (sooner when ``MAX_PACKET`` records are):
-a SIGKILL of soakd loses at most this much that the writer never got, besides what the
-writer had not committed (``journal.flush_interval``, 0.5 s). Each packet costs both ends a
-wake-up and the writer a decode and a fold of its own: at 500 requests a second on one core
-(16-core H200 host), 20 ms packets cost the writer 0.08-0.10 ms and the link thread 0.02 ms
-a request, 100 ms ones 0.056-0.07 and 0.01 ms (bench/results/manycore-16c-i28-ab.json)."""
-CLOCK_EVERY_S = 0.1
-"""With nothing queued, a packet of the plan clock alone this often."""
-MAX_PACKET = 2000
-"""Records in one packet."""
-OUT_LIMIT = 8 << 20
-"""Bytes waiting to be written to the writer; beyond, the queue waits (and fills)."""
-YIELD_EVERY = 64
-"""Outcomes packed between two ``os.sched_yield()`` calls: the loop's turn for the GIL
-(it stamps tokens with ``run.workers: 1``)."""
-START_TIMEOUT_S = 60.0
-CLOSE_TIMEOUT_S = 120.0
-"""How long closing waits for the writer's last commit before it kills it."""
-BACKOFF_S = (0.25, 30.0)
-SOCKET_BUFFER = 1 << 20
-WRITER_LOG = "journal-writer.log"
-
-
-@dataclass(slots=True)
-class _Sent:
-    """A packet sent and not yet committed (sent again if the writer dies)."""
-
-    seq: int
-    header: dict[str, Any]
-    records: bytes  # the packet's batch of outcome records (batch.py)
-    outcomes: int
-    counted: bool = False  # its fold came back (the disk failing): applied already
 
 
 class Journal:
@@ -125,7 +76,7 @@ class Journal:
         self.run = run
         self.cfg = cfg or JournalConfig()
         self.metrics = metrics
-        self._resume = resume
+        self._resumed = resume is not None
         self._wall = wall
         limit = self.cfg.queue_size
         self._handoff = HandOff(limit, min(MAX_PACKET, limit // 2), forward)
@@ -135,34 +86,29 @@ class Journal:
         self._tally_due = False
         self._drop_logged = False
         self._clock: PlanClock | None = None  # the runner: read on the loop only
-        self._state: ClockState | None = None  # its last snapshot: what the link thread reads
         self._publisher: asyncio.TimerHandle | None = None
-        self.restored: Restored | None = None
-        self.session = 0
-        self.unwritten = 0  # records the journal could not write at all (set by close)
-        # the link thread's state
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._stopping = threading.Event()
-        self._open_error: str | None = None
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
         self._lock_fd: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._sock: socket.socket | None = None
-        self._frames = link.Frames()
-        self._out = bytearray()
-        self._unacked: deque[_Sent] = deque()
-        self._seq = 0
-        self._last_packet = 0.0
-        self._restart_at = 0.0
-        self._delay = BACKOFF_S[0] / 2
-        self._started = 0.0
-        self._close_sent = False
-        self._close_deadline = 0.0
-        self._finished = False
-        self.restarts = 0
+        self.restored: Restored | None = None  # what the journal held (start)
+        self.session = 0
+        hello = m.Hello(
+            str(path),
+            run,
+            m.WriterConfig.of(self.cfg),
+            None if resume is None else m.Resume.of(resume),
+            0,  # a new session: the writer numbers it
+        )
+        self.link = WriterLink(hello, self._handoff, metrics)
+        self._wake = self.link.wake
+
+    @property
+    def unwritten(self) -> int:
+        """Records the journal could not write at all (known once closed)."""
+        return self.link.unwritten
+
+    @property
+    def restarts(self) -> int:
+        """How many times the writer process was started again."""
+        return self.link.restarts
 
     # --- lifecycle (loop side) ---------------------------------------------------------------
 
@@ -175,21 +121,18 @@ class Journal:
         fd = self._lock_fd = take_lock(self.path.parent)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        ctx = contextvars.copy_context()  # the run's log context, for the writer's lines
-        self._thread = threading.Thread(target=ctx.run, args=(self._run,), name="soakd-journal")
-        self._thread.daemon = True
-        self._thread.start()
-        self._ready.wait()
-        if self._open_error is not None:
-            self._thread.join()
+        try:
+            ready = self.link.start(fd)
+        except BaseException:
             self._unlock()
-            raise JournalError(self._open_error)
-        m, restored = self.metrics, self.restored
-        if m is not None:
-            m.queue_depth.set_function(self._q.__len__)
-            if restored is not None:  # continue the run's own counters too
-                m.downtime.inc(restored.downtime_s)
-                m.resumes.inc(restored.resumes + (self._resume is not None))
+            raise
+        restored = self.restored = ready.restored
+        self.session = ready.session
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.queue_depth.set_function(self._q.__len__)
+            metrics.downtime.inc(restored.downtime_s)  # continue the run's own counters too
+            metrics.resumes.inc(restored.resumes + self._resumed)
 
     def attach(self, clock: PlanClock) -> None:
         """Read the plan clock from the runner: offsets of rows, heartbeats, seq numbers.
@@ -205,7 +148,7 @@ class Journal:
     def publish(self) -> None:
         """Loop side: snapshot the plan clock for the link thread (one reference stored)."""
         if self._clock is not None:
-            self._state = ClockState.of(self._clock)
+            self.link.clock = ClockState.of(self._clock)
 
     def _republish(self) -> None:
         if self._closed:
@@ -240,10 +183,7 @@ class Journal:
 
     def _shut(self) -> None:
         self._closed = True
-        self._stopping.set()
-        self._wake()
-        if self._thread is not None:
-            self._thread.join()
+        self.link.stop()
         self._unlock()
 
     def _unlock(self) -> None:
@@ -314,342 +254,6 @@ class Journal:
                 "the metrics); the journal's writer cannot keep up, or is down",
             )
 
-    def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._wake_w, b"x")
-
-    # --- the link thread: the writer process and its socket ----------------------------------
-
-    def _run(self) -> None:
-        try:
-            ok = self._connect()
-        except Exception as exc:  # handed to start(), which raises it
-            self._open_error = f"{self.path}: cannot start the journal's writer: {exc}"
-            ok = False
-        self._ready.set()
-        if not ok:
-            return
-        try:
-            while not self._finished:
-                self._turn()
-        except Exception:
-            log.exception("journal_link_failed")
-            self._lose_rest("journal_link_failed")
-        finally:
-            self._disconnect(kill=False)
-            for fd in (self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-
-    def _connect(self) -> bool:
-        """Start a writer and wait for it to open the journal; False (the reason in
-        ``_open_error``, or logged when it is a restart) when it does not."""
-        first = self.session == 0
-        ours, theirs = socket.socketpair()
-        for s in (ours, theirs):
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
-        log_path = self.path.parent / WRITER_LOG
-        assert self._lock_fd is not None
-        with theirs, log_path.open("ab") as logf:
-            self._proc = subprocess.Popen(  # noqa: S603  # soakd's own module, no input
-                [
-                    sys.executable,
-                    "-m",
-                    "soakd.journal.process",
-                    str(theirs.fileno()),
-                    str(os.getpid()),
-                ],
-                pass_fds=(theirs.fileno(), self._lock_fd),  # the lock lasts while it runs
-                stdin=subprocess.DEVNULL,
-                stdout=logf,
-                stderr=logf,
-            )
-        self._started = time.monotonic()
-        resume = self._resume
-        hello = {
-            "path": str(self.path),
-            "run": self.run.to_doc(),
-            "journal": self.cfg.model_dump(),
-            "resume": None
-            if resume is None
-            else {
-                "offset_ns": resume.offset_ns,
-                "next_seq": resume.next_seq,
-                "last_wall": resume.last_wall,
-            },
-            "session": self.session,
-        }
-        ours.settimeout(START_TIMEOUT_S)
-        frames = link.Frames()
-        answer: tuple[int, dict[str, Any]] | None = None
-        try:
-            ours.sendall(link.json_frame(link.HELLO, hello))
-            while answer is None:
-                data = ours.recv(SOCKET_BUFFER)
-                if not data:
-                    break
-                for kind, payload in frames.feed(data):
-                    doc = json.loads(payload)
-                    if kind == link.LOG:
-                        relog(*doc["log"])
-                    elif kind in (link.READY, link.FAILED):
-                        answer = kind, doc
-                        break
-        except (OSError, link.LinkError) as exc:
-            why = f"{type(exc).__name__}: {exc}"
-        else:
-            why = "it exited before it was ready"
-        if answer is None or answer[0] == link.FAILED:
-            reason = answer[1]["error"] if answer is not None else f"{why}: {self._log_tail()}"
-            ours.close()
-            self._reap(kill=True)
-            if first:
-                self._open_error = reason
-            else:
-                log.error("journal_writer_restart_failed", error=reason[:300])
-            return False
-        doc = answer[1]
-        ours.setblocking(False)
-        self._sock, self._frames = ours, frames
-        if first:
-            self.restored = Restored.from_doc(doc["restored"])
-            self.session = int(doc["session"])
-        else:
-            self._rejoined(int(doc["packet_seq"]))
-        return True
-
-    def _log_tail(self) -> str:
-        with contextlib.suppress(OSError):
-            return (self.path.parent / WRITER_LOG).read_text(errors="replace").strip()[-300:]
-        return ""
-
-    def _turn(self) -> None:
-        """One turn of the link: read, write, pack what is queued."""
-        sock = self._sock
-        now = time.monotonic()
-        if sock is None:  # the writer is down
-            if self._stopping.is_set() or now >= self._restart_at:
-                if not self._restart():
-                    if self._stopping.is_set():
-                        self._lose_rest("the journal's writer could not be started again")
-                    return
-            else:
-                ready, _, _ = select.select(
-                    [self._wake_r], [], [], min(SEND_EVERY_S, self._restart_at - now)
-                )
-                if ready:
-                    with contextlib.suppress(BlockingIOError, OSError):
-                        os.read(self._wake_r, 4096)
-                return
-            sock = self._sock
-            assert sock is not None
-        fd = sock.fileno()
-        wait = [fd] if self._out else []
-        readable, writable, _ = select.select([fd, self._wake_r], wait, [], SEND_EVERY_S)
-        if self._wake_r in readable:
-            with contextlib.suppress(BlockingIOError, OSError):
-                os.read(self._wake_r, 4096)
-        if fd in readable and not self._read(sock):
-            return
-        if writable or self._out:
-            try:
-                sent = sock.send(self._out)
-                del self._out[:sent]
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                self._died(f"{type(exc).__name__}: {exc}")
-                return
-        now = time.monotonic()
-        stopping = self._stopping.is_set()
-        if len(self._out) < OUT_LIMIT and not self._close_sent:
-            due = now - self._last_packet >= SEND_EVERY_S or len(self._q) >= MAX_PACKET
-            if stopping or (due and (self._q or self._handoff.tallies)):
-                self._pack()
-            elif now - self._last_packet >= CLOCK_EVERY_S:
-                self._pack()  # the plan clock alone
-        if stopping and not self._close_sent and not self._q and not self._handoff.tallies:
-            self._out += link.json_frame(link.CLOSE, {})
-            self._close_sent = True
-            self._close_deadline = now + CLOSE_TIMEOUT_S
-        if self._close_sent and now > self._close_deadline:
-            self._disconnect(kill=True)
-            self._lose_rest(f"the journal's writer did not finish in {CLOSE_TIMEOUT_S:g} s")
-
-    def _read(self, sock: socket.socket) -> bool:
-        """What the writer sent; False when it is gone (handled)."""
-        try:
-            data = sock.recv(SOCKET_BUFFER)
-        except BlockingIOError:
-            return True
-        except OSError as exc:
-            self._died(f"{type(exc).__name__}: {exc}")
-            return False
-        if not data:
-            if self._finished:
-                return False
-            self._died("its socket closed")
-            return False
-        try:
-            frames = self._frames.feed(data)
-        except link.LinkError as exc:
-            self._died(str(exc))
-            return False
-        for kind, payload in frames:
-            self._dispatch(kind, json.loads(payload))
-        return True
-
-    def _dispatch(self, kind: int, doc: dict[str, Any]) -> None:
-        if kind == link.FOLD:
-            through = int(doc["through"])
-            self._handoff.give_back(Fold.from_doc(doc["fold"]))
-            if doc["committed"]:
-                self._acked(through)
-            else:
-                for sent in self._unacked:
-                    if sent.seq <= through:
-                        sent.counted = True
-                self._trim_counted()
-        elif kind == link.COMMITTED:
-            self._acked(int(doc["through"]))
-        elif kind == link.STATS:
-            if self.metrics is not None:
-                self.metrics.add(doc)
-        elif kind == link.LOG:
-            relog(*doc["log"])
-        elif kind == link.CLOSED:
-            self.unwritten = int(doc.get("unwritten", 0))
-            self._finished = True
-
-    def _acked(self, through: int) -> None:
-        unacked = self._unacked
-        while unacked and unacked[0].seq <= through:
-            unacked.popleft()
-
-    def _trim_counted(self) -> None:
-        """Packets applied while the disk fails are kept for a restart of the writer, at
-        most ``queue_size`` outcomes' worth (the rows a failing writer keeps)."""
-        unacked = self._unacked
-        kept = sum(s.outcomes for s in unacked)
-        while kept > self.cfg.queue_size and unacked and unacked[0].counted:
-            kept -= unacked.popleft().outcomes
-
-    def _pack(self) -> None:
-        """Take what is queued (up to MAX_PACKET records) and append it as one packet."""
-        items = self._handoff.take(MAX_PACKET)
-        tally = self._handoff.take_tallies()
-        batch = Batch()
-        samples: list[list[Any]] = []
-        events: list[list[Any]] = []
-        every = YIELD_EVERY
-        for i, item in enumerate(items, 1):
-            if isinstance(item, Outcome):
-                batch.add(item)
-                if not i % every:
-                    os.sched_yield()  # the loop's turn (YIELD_EVERY)
-            elif isinstance(item, Sample):
-                samples.append([item.wall, item.name, item.value, item.labels])
-            else:
-                events.append(list(item.row()))
-        self._seq += 1
-        state = self._state  # the loop's last snapshot (attach)
-        header: dict[str, Any] = {
-            "seq": self._seq,
-            "clock": state.to_doc() if state is not None else None,
-        }
-        if samples:
-            header["samples"] = samples
-        if events:
-            header["events"] = events
-        if tally is not None:
-            header["tally"] = tally.to_doc()
-        records = batch.encode() if len(batch) else b""
-        self._unacked.append(_Sent(self._seq, header, records, len(batch)))
-        self._out += link.packet(header, records)
-        self._last_packet = time.monotonic()
-
-    def _died(self, why: str) -> None:
-        """The writer is gone: log it, start another after the back-off; what it had not
-        committed is sent again then."""
-        code = self._disconnect(kill=True)
-        lived = time.monotonic() - self._started
-        self._delay = BACKOFF_S[0] if lived >= 60 else min(BACKOFF_S[1], self._delay * 2)
-        self._restart_at = time.monotonic() + self._delay
-        log.error(
-            "journal_writer_died",
-            why=why,
-            code=code,
-            not_committed=sum(s.outcomes for s in self._unacked),
-            restart_in_s=self._delay,
-            log=self._log_tail()[-200:] or None,
-        )
-
-    def _disconnect(self, *, kill: bool) -> int | None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-            self._sock = None
-        self._out.clear()
-        self._frames = link.Frames()
-        return self._reap(kill=kill)
-
-    def _reap(self, *, kill: bool) -> int | None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return None
-        code = _wait_exit(proc, 0.5 if kill else 10.0)
-        if code is None:
-            proc.kill()
-            code = _wait_exit(proc, 10.0)
-        return code
-
-    def _restart(self) -> bool:
-        if not self._connect():
-            self._delay = min(BACKOFF_S[1], self._delay * 2)
-            self._restart_at = time.monotonic() + self._delay
-            return False
-        self.restarts += 1
-        if self.metrics is not None:
-            self.metrics.writer_restarts.inc()
-        return True
-
-    def _rejoined(self, committed: int) -> None:
-        """A new writer continues the session; the dead one committed the packets up to
-        ``committed``: their folds never came back (applied here), the others go again."""
-        for sent in list(self._unacked):
-            if sent.seq <= committed:
-                if not sent.counted and sent.records:
-                    outcomes = Batch.decode(sent.records).outcomes()
-                    self._handoff.give_back(fold(outcomes))
-                self._unacked.popleft()
-            else:
-                self._out += link.packet({**sent.header, "counted": sent.counted}, sent.records)
-        log.warning(
-            "journal_writer_restarted",
-            session=self.session,
-            sent_again=len(self._unacked),
-            committed_by_the_last=committed,
-        )
-
-    def _lose_rest(self, why: str) -> None:
-        """No writer will write what is left: its outcomes are tallied into the metrics (not
-        journaled), and the link ends."""
-        lost = Fold()
-        for sent in self._unacked:
-            if not sent.counted and sent.records:
-                for o in Batch.decode(sent.records).outcomes():
-                    lost.tally(o)
-        self._unacked.clear()
-        while self._q:
-            item = self._q.popleft()
-            if type(item) is Outcome:
-                lost.tally(item)
-        self._handoff.give_back(lost)
-        self.unwritten += lost.requests
-        log.error("journal_close_incomplete", why=why, unwritten=lost.requests)
-        self._finished = True
-
 
 async def open_journal(
     run_dir: Path,
@@ -670,27 +274,3 @@ async def open_journal(
 
 
 __all__ = ["MAX_BATCH", "Journal", "RunInfo", "open_journal"]
-
-
-def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
-    """The child's exit code within ``timeout_s``, else None. Waits on a pidfd with
-    ``poll``'s relative timeout rather than ``Popen.wait``'s sleep loop: the
-    clock_nanosleep behind ``time.sleep`` fails (EINVAL) after a wall-clock step under
-    libfaketime, which the clock fault tests preload, and it killed this thread."""
-    code = proc.poll()
-    if code is not None:
-        return code
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except OSError:  # reaped meanwhile (ESRCH), or no pidfd: Popen.wait's loop
-        try:
-            return proc.wait(timeout=timeout_s)
-        except (subprocess.TimeoutExpired, OSError):
-            return proc.poll()
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        poller.poll(round(timeout_s * 1000))
-    finally:
-        os.close(fd)
-    return proc.poll()

@@ -46,10 +46,6 @@ from soakd.metrics import names as mn
 # the probes' and the guard's families live beside this module; imported from here as before
 from soakd.metrics.guard import GuardMetrics as GuardMetrics
 from soakd.metrics.guard import TargetGuardGauges as TargetGuardGauges
-
-# the journal's families too (JournalMetrics: its health, downtime, resumes)
-from soakd.metrics.journal import JOURNAL_KINDS as JOURNAL_KINDS
-from soakd.metrics.journal import JournalMetrics as JournalMetrics
 from soakd.metrics.names import (
     LIMIT_DRIFT,
     LIMIT_E2E,

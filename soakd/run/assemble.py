@@ -37,11 +37,12 @@ from soakd.journal import (
     records,
     rollup_window_ns,
 )
-from soakd.journal.store import Restored
+from soakd.journal.messages import Restored
+from soakd.journal.metrics import JournalMetrics
 from soakd.journal.stored import StoredOptions
 from soakd.measure.goodput import GoodputWindow
 from soakd.measure.notes import Notes
-from soakd.metrics.run import GuardMetrics, JournalMetrics, Metrics, ProbeMetrics, RunSeries
+from soakd.metrics.run import GuardMetrics, Metrics, ProbeMetrics, RunSeries
 from soakd.model import Phase, Plan, SpendCap
 from soakd.probes import Probes, make_probes
 from soakd.probes.gateways import GatewayExport, export_gateways

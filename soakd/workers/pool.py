@@ -9,7 +9,8 @@ worker gets every N-th open-loop instant (a smooth rate each) and a closed-loop 
 next request goes to the next worker.
 
 A worker that dies (a crash, a SIGKILL, the OOM killer) is logged, exported
-(``soakd_workers_up``) and started again with back-off. What it had in flight is
+(``soakd_workers_up``) and started again with back-off (soakd/spawn.py's ``Backoff``, the
+journal's writer's too). What it had in flight is
 recorded once, as ``worker_lost``: the parent cannot know whether the server answered
 it, and it never comes back twice, since the worker that held it is gone. While no
 worker is up, the runner sees the targets as paused (reason ``no_worker``): open-loop
@@ -20,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from soakd import outcome_record
 from soakd.config import TargetConfig
 from soakd.metrics import names as mn
 from soakd.model import ErrorKind, MissReason, Outcome, RequestSpec
+from soakd.spawn import Backoff, socket_pair, spawn_module
 from soakd.types import NotSent, SendGate
 from soakd.workers import wire
 
@@ -51,10 +51,6 @@ STOP_GRACE_S: Final = 5.0
 """At close, how long a worker may take to hand back and exit before it is killed."""
 CANCEL_WAIT_S: Final = 1.0
 """After a cancel, how long to wait for the worker's record of what arrived."""
-BACKOFF_S: Final = (0.25, 30.0)
-"""A dead worker is started again after 0.25 s, doubling to 30 s while it keeps dying."""
-STEADY_S: Final = 60.0
-"""A worker that lived this long resets the back-off."""
 LEAD_NS: Final = 20_000_000
 """Open-loop requests go to a worker this long before their instant; the worker sends at
 the instant on its own clock, so neither the hop through the socket nor a busy turn of
@@ -63,7 +59,6 @@ the parent's loop is in the dispatch lag. 2 ms left the median lag at 3.8-12.9 m
 it to 0.17 ms. It is also how late a pause or a stop can be for a worker: what was
 handed over before it still goes out at its instant."""
 CLOCK_PINGS: Final = 8
-SOCKET_BUFFER: Final = 1 << 20
 WAKE_SLICE: Final = 8
 """Finished requests whose waiters are woken per event-loop turn (``Wakeups``)."""
 
@@ -173,7 +168,7 @@ class Worker:
         self.shift = 0  # parent clock - worker clock, added to every instant it reports
         self.started = 0.0
         self.up = False
-        self.delay = BACKOFF_S[0] / 2  # the last restart's back-off
+        self.backoff = Backoff()  # 0.25 s after a death, doubling to 30 s while it keeps dying
         self.outbox = wire.Outbox()
         self._pong: asyncio.Future[tuple[int, int]] | None = None
 
@@ -301,21 +296,12 @@ class WorkerPool:
         await asyncio.gather(*(self._start(w) for w in self.workers))
 
     async def _start(self, w: Worker) -> None:
-        ours, theirs = socket.socketpair()
-        for s in (ours, theirs):
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+        ours, theirs = socket_pair()
         path = self._log_dir / f"worker-{w.index}.log"
-        with theirs, path.open("ab") as logf:
-            w.proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "soakd.workers.child",
-                str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=logf,
-                stderr=logf,
+        with theirs:
+            fd = theirs.fileno()
+            w.proc = await spawn_module(
+                "soakd.workers.child", str(fd), log_path=path, pass_fds=(fd,)
             )
         reader, w.writer = await asyncio.open_connection(sock=ours)
         w.writer.write(wire.json_frame(wire.HELLO, {"index": w.index, **self._hello}))
@@ -381,7 +367,7 @@ class WorkerPool:
 
     async def _restart(self, w: Worker, lived: float) -> None:
         await self._kill(w)
-        delay = BACKOFF_S[0] if lived >= STEADY_S else min(BACKOFF_S[1], w.delay * 2)
+        delay = w.backoff.died(lived)
         while not self._closing:
             await asyncio.sleep(delay)
             if self._closing:
@@ -390,10 +376,8 @@ class WorkerPool:
                 await self._start(w)
             except RuntimeError as exc:
                 log.warning("worker_restart_failed", worker=w.index, error=str(exc)[:300])
-                delay = min(BACKOFF_S[1], delay * 2)
+                delay = w.backoff.failed()
                 continue
-            finally:
-                w.delay = delay
             self.restarts += 1
             if self._metrics is not None:
                 self._metrics.restarts.inc()

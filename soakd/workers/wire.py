@@ -1,6 +1,7 @@
 """Workers room, the wire: frames between the parent and a sender process.
 
-A frame is ``u32 length | u8 kind | payload``. Requests and outcomes travel in batches
+A frame is ``u32 length | u8 kind | payload`` (soakd/framing.py, the journal's writer link
+speaks it too; this link's frames are up to ``MAX_FRAME``). Requests and outcomes travel in batches
 (one frame per event-loop turn, however many it holds), packed with ``struct``: no
 pickle, no per-request object on the wire, and nothing a newer soakd on the other end
 could misread, since both ends are the same installed code.
@@ -31,14 +32,14 @@ import struct
 from collections.abc import Iterator
 from typing import Any, Final
 
-from soakd import outcome_record
+from soakd import framing, outcome_record
+from soakd.framing import HEAD as HEAD  # the link's frames (soakd/framing.py)
+from soakd.framing import frame as frame
 from soakd.measure.analysis import itl_keys
 from soakd.model import Outcome, RequestSpec
 
 HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES = range(1, 10)
 
-HEAD: Final = struct.Struct("<IB")
-"""A frame's header: the payload's length (kind byte included) and the kind."""
 MAX_FRAME: Final = 64 << 20
 """A frame longer than this is a broken peer, not data."""
 
@@ -52,12 +53,8 @@ NOT_SENT: Final = outcome_record.NOT_SENT
 """The error byte of a record that never went out (``NotSent``): its detail is the reason."""
 
 
-class WireError(Exception):
-    """A frame that cannot be read: the peer is broken (or not a soakd worker)."""
-
-
-def frame(kind: int, payload: bytes | bytearray = b"") -> bytes:
-    return HEAD.pack(len(payload) + 1, kind) + payload
+WireError = framing.FrameError
+"""A frame or a batch that cannot be read: the peer is broken (or not a soakd worker)."""
 
 
 def json_frame(kind: int, doc: dict[str, Any]) -> bytes:
@@ -220,16 +217,4 @@ class Outbox:
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes] | None:
     """The next ``(kind, payload)``; None at a clean end of the stream."""
-    try:
-        head = await reader.readexactly(HEAD.size)
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise WireError("stream ended inside a frame header") from None
-        return None
-    size, kind = HEAD.unpack(head)
-    if not 1 <= size <= MAX_FRAME:
-        raise WireError(f"frame of {size} bytes")
-    try:
-        return kind, await reader.readexactly(size - 1)
-    except asyncio.IncompleteReadError:
-        raise WireError("stream ended inside a frame") from None
+    return await framing.read_frame(reader, MAX_FRAME)

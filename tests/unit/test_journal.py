@@ -25,8 +25,9 @@ from soakd.journal import (
     unpack_itl,
 )
 from soakd.journal import store as store_mod
+from soakd.journal.metrics import JournalMetrics
 from soakd.measure.fold import Fold
-from soakd.metrics.run import JournalMetrics, Metrics
+from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Sample
 from tests.journal_fixtures import (
     MS,
@@ -165,13 +166,11 @@ def test_full_queue_drops_are_counted_forwarded_and_totalled(tmp_path: Path) -> 
 def fill_disk(h: StoreHarness) -> None:
     """The database capped at its size now: SQLITE_FULL, as on a full disk."""
     conn = h.store._conn
-    assert conn is not None
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
     conn.execute(f"PRAGMA max_page_count = {pages}")
 
 
 def free_disk(h: StoreHarness) -> None:
-    assert h.store._conn is not None
     h.store._conn.execute("PRAGMA max_page_count = 1000000")
 
 

@@ -21,8 +21,8 @@ from soakd.journal import (
     JournalReader,
     read_resume_state,
 )
+from soakd.journal.budget import RESERVE_FILE
 from soakd.journal.integrity import read_mark
-from soakd.journal.store import RESERVE_FILE
 from soakd.report import build_report
 from tests.journal_fixtures import FakeClock, config, open_test_journal, outcome, write_hour_run
 from tests.waiting import wait_until

@@ -26,8 +26,8 @@ from soakd.journal import (
     unpack_itl_hist,
 )
 from soakd.journal import budget as budget_mod
+from soakd.journal.metrics import JournalMetrics
 from soakd.measure.analysis import Digest, digest_key
-from soakd.metrics.run import JournalMetrics
 from soakd.report import build_report, render_markdown
 from soakd.report.export import export
 from tests.journal_fixtures import (

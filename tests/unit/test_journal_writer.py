@@ -18,7 +18,8 @@ import pytest
 
 from soakd.config import JournalConfig
 from soakd.journal import Journal, JournalError, JournalReader, records
-from soakd.metrics.run import JournalMetrics, Metrics
+from soakd.journal.metrics import JournalMetrics
+from soakd.metrics.run import Metrics
 from tests.journal_fixtures import (
     FakeClock,
     config,
@@ -79,9 +80,10 @@ def test_a_killed_writer_is_started_again_and_loses_nothing_sent(tmp_path: Path)
             for o in outcomes[i : i + 30]:
                 j.record(o)
             if i in (300, 600):
-                assert j._proc is not None
+                pid = j.link.pid
+                assert pid is not None
                 restarts = j.restarts
-                os.kill(j._proc.pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
                 wait_until(lambda n=restarts: j.restarts > n, 15, "a restart")
             time.sleep(0.01)
         wait_until(lambda: written(metrics) == 900, 20, "every row written")
@@ -121,7 +123,7 @@ clock = FakeClock(offset_s=5)
 j = open_test_journal(__import__("pathlib").Path(sys.argv[1]), config(), clock)
 for o in make_outcomes(clock, 100):
     j.record(o)
-print(j._proc.pid, flush=True)
+print(j.link.pid, flush=True)
 time.sleep(60)
 """
 

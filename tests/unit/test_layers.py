@@ -18,7 +18,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("model",),
     ("types", "outcome_record", "shapes", "profiles"),
     # leaves that know no other room
-    ("net", "childlog", "logs", "runtime", "spawn", "jsondiff"),
+    ("net", "childlog", "logs", "runtime", "lifeline", "framing", "jsondiff"),
+    ("spawn",),
     ("config",),
     ("tracing", "measure", "gpu", "http"),
     ("metrics",),

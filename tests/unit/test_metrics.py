@@ -8,8 +8,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from soakd.journal.metrics import JournalMetrics
 from soakd.measure.fold import fold
-from soakd.metrics.run import JournalMetrics, Metrics, ProbeMetrics
+from soakd.metrics.run import Metrics, ProbeMetrics
 from soakd.model import ErrorKind, Outcome
 
 DOCS = Path(__file__).parents[2] / "docs" / "metrics.md"

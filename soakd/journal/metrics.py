@@ -1,14 +1,15 @@
-"""Metrics room, the journal's families: its own health (soakd/journal/) and the run's
-downtime across resumes. Beside ``soakd/metrics/run.py``, which re-exports them.
+"""Journal metrics room: the journal's own Prometheus families (its health, the run's
+downtime and resumes), fed the writer process's ``Stats``. The journal's own, beside it:
+the rest of soakd's families are in ``soakd/metrics/`` below, which knows no journal
+type. soakd's side only: the writer process never imports prometheus_client.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import cast
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from soakd.journal.counts import COUNTERS, GAUGES, LABELLED
+from soakd.journal.messages import Stats
 from soakd.metrics import names as mn
 
 JOURNAL_KINDS = ("request", "sample", "event")
@@ -85,17 +86,16 @@ class JournalMetrics:
             self.records.labels(kind)
             self.dropped.labels(kind)
 
-    def add(self, counts: Mapping[str, object]) -> None:
-        """What the journal's writer process counted of itself since it last said
-        (soakd/journal/counts.py: counters' increments, gauges' last values)."""
-        for name in ("write_errors", "downtime", "rows_dropped"):
-            if name in counts:
-                getattr(self, name).inc(cast("float", counts[name]))
-        for name in ("last_commit", "size", "max_bytes", "disk_free", "rows_kept"):
-            if name in counts:
-                getattr(self, name).set(cast("float", counts[name]))
-        for name in ("records", "dropped"):
-            for kind, n in cast("dict[str, float]", counts.get(name, {})).items():
+    def add(self, stats: Stats) -> None:
+        """The journal writer's own counts since it last sent them (soakd/journal/counts.py)."""
+        for name in COUNTERS:
+            if n := getattr(stats, name):
+                getattr(self, name).inc(n)
+        for name in GAUGES:
+            if (value := getattr(stats, name)) is not None:
+                getattr(self, name).set(value)
+        for name in LABELLED:
+            for kind, n in getattr(stats, name).items():
                 getattr(self, name).labels(kind).inc(n)
-        for seconds in cast("list[float]", counts.get("commit", [])):
+        for seconds in stats.commit:
             self.commit.observe(seconds)
