@@ -7,10 +7,10 @@ values of prometheus_client's metrics (locked; the loop sets the gauges, none is
 callback into the run), the copies soakd's own collectors serve (latency histograms, the
 gateways' re-export: frozen, swapped whole), and for /status, /readyz and /healthz the
 ``Published`` value on the ``Board`` (soakd/run/status.py's ``RunState``, once a tick),
-swapped in as one reference. No handler calls back into the run loop's objects; the one
-gauge left that does is the journal's queue depth (``set_function`` on the writer's
-queue length, soakd/journal/writer.py). ``/healthz`` says 503 when the run loop has
-stopped turning (its last tick is too old).
+swapped in as one reference. No handler calls back into the run's objects: the
+journal's queue depth too is a value, set by the link thread that drains the queue
+(soakd/journal/link.py). ``/healthz`` says 503 when the run loop has stopped turning (its
+last tick is too old).
 
 Binds 127.0.0.1 by default; port 0 picks a free port and ``url`` tells which. Optional
 basic auth (``exporter.basic_auth``) guards /metrics and /status; /healthz and /readyz

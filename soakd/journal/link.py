@@ -288,6 +288,8 @@ class WriterLink:
         stopping and nothing is left, CLOSE, and wait for CLOSED at most CLOSE_TIMEOUT_S."""
         stopping = self._stopping.is_set()
         q, tallies = self.handoff.records, self.handoff.tallies
+        if self.metrics is not None:  # set here, by the one thread that drains the queue
+            self.metrics.queue_depth.set(len(q))
         if len(w.out) < OUT_LIMIT and self._close_by is None:
             due = now - self._last_packet >= SEND_EVERY_S or len(q) >= MAX_PACKET
             if stopping or (due and (q or tallies)):

@@ -130,7 +130,6 @@ class Journal:
         self.session = ready.session
         metrics = self.metrics
         if metrics is not None:
-            metrics.queue_depth.set_function(self._q.__len__)
             metrics.downtime.inc(restored.downtime_s)  # continue the run's own counters too
             metrics.resumes.inc(restored.resumes + self._resumed)
 
