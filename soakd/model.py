@@ -15,11 +15,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 if TYPE_CHECKING:
     from soakd.shapes import LoadShape  # its own module: one class per mode
 
-NS_PER_S: Final = 1_000_000_000
-"""Nanoseconds in a second, an int: seconds -> ns (``round(s * NS_PER_S)``), ns -> s (``/``)."""
-S_PER_NS: Final = 1e-9
-"""Seconds in a nanosecond, a float: the hot path's ns -> s is one multiplication."""
-
+from soakd.units import NS_PER_S as NS_PER_S  # the clock's units, one home (units.py)
+from soakd.units import S_PER_NS as S_PER_NS
 
 FAILING_CAUSES: Final = (
     "connect_refused",

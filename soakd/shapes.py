@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from soakd.model import NS_PER_S
+from soakd.units import NS_PER_S
 
 LATENESS_NS = NS_PER_S
 """An open loop's default ``max_lateness``: a send later than this is not made."""

@@ -53,7 +53,8 @@ from soakd.sim.spawn import SimProcess, spawn_sim
 from soakd.targets.preflight import Preflight, preflight
 from soakd.targets.tokenize import open_tokenizer
 from soakd.types import Target
-from soakd.workers.senders import NoReuse, Senders, WorkerStartError, open_senders, senders_for
+from soakd.workers.reuse import NoReuse
+from soakd.workers.senders import Senders, WorkerStartError, open_senders, senders_for
 from soakd.workload.calibration import LocalTokenizer, TokenCounter, TokenizeError
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.ledger import SendLedger

@@ -40,7 +40,7 @@ from soakd.types import NotSent, SendGate
 from soakd.workers import wire
 
 if TYPE_CHECKING:
-    from soakd.workers.senders import NoReuse
+    from soakd.workers.reuse import NoReuse
 
 log = structlog.get_logger()
 now_ns = time.perf_counter_ns

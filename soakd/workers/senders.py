@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -38,6 +38,7 @@ from soakd.workers.pool import (
     WorkerNow,
     WorkerPool,
 )
+from soakd.workers.reuse import NoReuse
 
 SENDER_RPS: Final = 600.0
 """Requests a second one sender times well (one loop saturates at 1.5-1.9k of 16 tokens)."""
@@ -83,39 +84,6 @@ def senders_for(setting: int | str, plan: Plan, max_tokens: int) -> tuple[int, s
     if n < need:
         return n, f"run.workers: auto: {peak}: {need} wanted, {n} on {cores} cores (one kept)"
     return n, f"run.workers: auto: {peak}"
-
-
-class NoReuse:
-    """The statuses after which each target closes its connections without saying so, as
-    the senders' pools learned them (soakd/targets/pool.py): this process's, or each
-    worker's own (``sender`` is the worker's index). A status counts while any sender
-    holds it; ``on_change(target, status, closes)`` hears when that changes."""
-
-    def __init__(self, on_change: Callable[[str, int, bool], None] | None = None) -> None:
-        self._held: dict[str, dict[int, set[int]]] = {}  # target -> status -> senders
-        self._on_change = on_change
-
-    def learned(self, target: str, sender: int, status: int, closes: bool) -> None:
-        holders = self._held.setdefault(target, {}).setdefault(status, set())
-        before = bool(holders)
-        if closes:
-            holders.add(sender)
-        else:
-            holders.discard(sender)
-        if bool(holders) != before and self._on_change is not None:
-            self._on_change(target, status, closes)
-
-    def forget(self, sender: int) -> None:
-        """A worker is gone: what its pools learned went with them (a new one learns again)."""
-        for target, by_status in self._held.items():
-            for status, holders in by_status.items():
-                if sender in holders:
-                    self.learned(target, sender, status, False)
-
-    def status(self) -> dict[str, list[int]]:
-        """For /status: per target that closes after some answers, those statuses."""
-        out = {t: sorted(s for s, held in by.items() if held) for t, by in self._held.items()}
-        return {t: statuses for t, statuses in out.items() if statuses}
 
 
 @dataclass

@@ -14,7 +14,7 @@ from soakd.model import ErrorKind, Finished, Outcome, RequestSpec
 from soakd.types import NotSent
 from soakd.workers import wire
 from soakd.workers.pool import WAKE_SLICE, Wakeups, Worker, WorkerGate
-from soakd.workers.senders import NoReuse
+from soakd.workers.reuse import NoReuse
 from soakd.workload.runner import Runner
 from tests.waiting import until
 
