@@ -32,6 +32,7 @@ def check_configs(args: argparse.Namespace) -> int:
 
 def _check_one(path: Path, args: argparse.Namespace) -> None:
     from soakd.run.startcheck import check_start
+    from soakd.workload.answers import answer_lines
     from soakd.workload.plan import build_plan, describe_plan
     from soakd.workload.sizing import plan_lines
 
@@ -43,10 +44,10 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
     prompt_lines = asyncio.run(plan_lines(cfg))  # a bad tokenizer file: a ConfigError
     print(f"{path}: ok")
     print(describe_plan(plan, cfg))
-    print("\n".join(prompt_lines))
+    print("\n".join(prompt_lines + answer_lines(cfg)))
     from soakd.workers.senders import senders_for
 
-    n, why = senders_for(cfg.run.workers, plan, cfg.workload.max_tokens)
+    n, why = senders_for(cfg.run.workers, plan, cfg.workload.longest_answer)
     print(f"senders: {n} worker processes ({why})" if n > 1 else f"senders: this process ({why})")
     if not cfg.slo.empty or any(not t.slo.empty for t in cfg.targets):
         from soakd.measure.verdicts import describe_slo

@@ -162,6 +162,10 @@ class RequestSpec:
     instant plus ``max_lateness``; the sender that reaches it later does not send it and
     raises ``NotSent(late)``: a worker process behind its own loop drops its backlog by
     the same rule as the runner."""
+    output_planned: bool = False
+    """``max_tokens`` is the answer's planned length (soakd/workload/answers.py), to be
+    served whole where the target is asked to (``targets[].planned_output``); False: it is
+    ``workload.max_tokens``, a cap the answer may stop short of."""
 
 
 @dataclass(slots=True)

@@ -227,6 +227,14 @@ PROFILES: dict[str, Profile] = {
             error_rate=0.05,
             eos_probability=0.01,
         ),
+        # Answers that end by themselves, as a model's do, unless the request sets
+        # ignore_eos or min_tokens: what planned answer lengths are for (docs/workloads.md).
+        dataclasses.replace(
+            _FAST,
+            name="fast-eos",
+            description="fast with answers ending at their own EOS: 2% a token (~50 tokens)",
+            eos_probability=0.02,
+        ),
     )
 }
 

@@ -148,6 +148,11 @@ class TargetConfig(Strict):
     # A W3C traceparent on every request, so the server's trace joins it (docs/tracing.md).
     # None: on for local targets (loopback/private host, simulator:, gateway:), else off.
     traceparent: bool | None = None
+    # How a planned answer length (workload.prompts.output_tokens) is asked to be served:
+    # ignore_eos (vLLM, llama.cpp, SGLang), min_tokens (vLLM: min_tokens = max_tokens) or
+    # none (max_tokens alone: an answer may end early). None: ignore_eos for local targets
+    # (loopback/private host, simulator:), none for others (a cloud refuses unknown keys).
+    planned_output: Literal["ignore_eos", "min_tokens", "none"] | None = None
 
     @field_validator("base_url")
     @classmethod

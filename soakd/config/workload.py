@@ -29,7 +29,8 @@ Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 
 
 class TokenLength(Strict):
-    """A distribution of prompt lengths in tokens."""
+    """A distribution of lengths in tokens: the prompts' (input_tokens) or the answers'
+    (output_tokens), drawn per request seq from workload.seed."""
 
     dist: Literal["fixed", "uniform", "normal"] = "fixed"  # uniform: from min to max
     mean: Tokens = 256  # fixed and normal
@@ -46,8 +47,14 @@ class TokenLength(Strict):
 
 class Prompts(Strict):
     source: Literal["synthetic", "file"] = "synthetic"  # synthetic: seeded words, same for all
-    input_tokens: TokenLength = TokenLength()
-    file: Path | None = None  # JSONL: {"prompt": "..."} or {"messages": [...]} per line
+    input_tokens: TokenLength = TokenLength()  # the prompts' planned lengths
+    # the answers' planned lengths: each request's max_tokens, served whole where the target
+    # is asked to (targets[].planned_output; docs/workloads.md); a prompt file's line with
+    # its own output_tokens wins; unset: every request asks workload.max_tokens
+    output_tokens: TokenLength | None = None
+    # JSONL: {"prompt": "..."} or {"messages": [...]} per line, each with an optional
+    # "output_tokens": its answer's planned length
+    file: Path | None = None
 
     @model_validator(mode="after")
     def _file_given(self) -> Prompts:
@@ -107,7 +114,7 @@ class PhaseConfig(Strict):
 
 class Workload(Strict):
     prompts: Prompts = Prompts()
-    max_tokens: Tokens = 512  # each request's max_tokens
+    max_tokens: Tokens = 512  # each request's max_tokens, unless its answer length is planned
     temperature: Annotated[float, Field(ge=0, le=2)] = 0.7
     seed: int = 0  # the prompts' and the arrivals' seed: the same run twice sends the same
     # auto: synthetic prompts sized in a reference's tokens at start (workload.tokenizer, else
@@ -115,3 +122,12 @@ class Workload(Strict):
     # a token, as planned (docs/metrics.md, "Prompt tokens")
     calibrate: Literal["auto", "off"] = "auto"
     tokenizer: Path | None = None  # a tokenizer.json to count with (pip install 'soakd[tokenizer]')
+
+    @property
+    def longest_answer(self) -> int:
+        """The most tokens one request asks for: the planned answer lengths' top when drawn
+        (a prompt file's own lengths unread), else max_tokens. The sender sizing counts it."""
+        d = self.prompts.output_tokens
+        if d is None:
+            return self.max_tokens
+        return min(d.max, max(d.min, d.mean)) if d.dist == "fixed" else d.max

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from soakd.config import GatewayModes, PhaseConfig, TargetConfig
 from soakd.gateway.spawn import GatewayProcess, spawn_gateway
 from soakd.journal import records
+from soakd.workload.answers import target_asks
 
 
 class Fronts:
@@ -40,6 +41,7 @@ class Fronts:
                 "base_url": gateway.url + parts.path,
                 "metrics_url": tcfg.metrics_url or root + "/metrics",
                 "health_url": tcfg.health_url or root + "/health",
+                "planned_output": target_asks(tcfg),  # as the server's own address says
             }
         )
 

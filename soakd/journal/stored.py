@@ -76,6 +76,8 @@ class StoredTarget(Lenient):
     stream: bool = True
     # None: decided by the address (soakd/tracing.py); absent: a soakd that sent none
     traceparent: bool | None = None
+    # how planned answer lengths were asked (None: by the address: workload/answers.py)
+    planned_output: str | None = None
     gateway: JsonObject | None = None  # present: a guard gateway soakd started in front
     slo: JsonObject | None = None  # its overrides of the run's slo (decisions.py reads them)
     cost: JsonObject | None = None  # what it is charged (decisions.py reads it)
@@ -102,9 +104,9 @@ _LENGTH = TokenLength()
 
 
 class StoredTokenLength(Lenient):
-    """``workload.prompts.input_tokens`` as written, with the config's defaults; unchecked
-    (a bound this soakd tightened since must not hide the rest of the report): the prompt
-    planner checks it with the config's model (``TokenLength``) before it uses it."""
+    """``workload.prompts.input_tokens`` (or ``output_tokens``) as written, with the config's
+    defaults; unchecked (a bound this soakd tightened since must not hide the rest of the
+    report): the planners check it with the config's model (``TokenLength``) before use."""
 
     dist: str = _LENGTH.dist
     mean: int = _LENGTH.mean
@@ -116,6 +118,7 @@ class StoredTokenLength(Lenient):
 class StoredPrompts(Lenient):
     source: str = "synthetic"
     input_tokens: StoredTokenLength = StoredTokenLength()
+    output_tokens: StoredTokenLength | None = None  # absent: no answer length planned
     file: str | None = None
 
 

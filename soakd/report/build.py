@@ -34,7 +34,8 @@ from soakd.report.decisions import (
     with_goodput,
 )
 from soakd.report.failing import failing_notes
-from soakd.report.model import Downtime, PromptTokens, Report, Tested
+from soakd.report.model import Downtime, OutputTokens, PromptTokens, Report, Tested
+from soakd.report.output_tokens import Answers, output_notes, output_tokens
 from soakd.report.plots import plots, slo_lines
 from soakd.report.prompt_tokens import prompt_notes, prompt_tokens
 from soakd.report.rows import (
@@ -221,6 +222,7 @@ def build_report(
         answer_notes=read.answer_notes,
         prompt_tokens=read.prompt_rows,
         prompt_sizing=read.prompt_sizing,
+        output_tokens=read.output_rows,
     )
 
 
@@ -245,6 +247,7 @@ class _Read:
     tested: Tested
     prompt_rows: list[PromptTokens]
     prompt_sizing: str | None
+    output_rows: list[OutputTokens]
     warnings: list[str]
     downtimes: list[Downtime]
 
@@ -269,6 +272,8 @@ def _read(
         prompt_rows, prompt_sizing = prompt_tokens(
             reader.conn, stored.config.workload, events, targets
         )
+        answers = Answers(stored.config.workload)  # planned answer lengths, rebuilt
+        output_rows = output_tokens(reader.conn, stored.config, answers, targets)
         measured = sum(t.requests for t in totals)
         in_windows = sum(r.stats.requests for r in rollups)
         rows = sum(_counted(tallies[t][0]) for t in targets)
@@ -287,9 +292,10 @@ def _read(
             judging=judging_by,
             tallies=tallies,
             slowest=slowest(reader, slowest_n, rollups),
-            tested=what_was_tested(stored, sessions, events, served),
+            tested=what_was_tested(stored, sessions, events, served, answers.described),
             prompt_rows=prompt_rows,
             prompt_sizing=prompt_sizing,
+            output_rows=output_rows,
             warnings=_journal_warnings(reader, events, measured, in_windows, rows),
             downtimes=[
                 Downtime(offset_h=row.offset_s / HOUR_S, seconds=e.seconds)
@@ -358,6 +364,7 @@ def _notes(read: _Read, rows: Rows, frame: Frame) -> list[str]:
         for line in describe(read.answer_notes.get(t, {}), _streamed(config.target(t)))
     ]
     notes += prompt_notes(read.prompt_rows, read.prompt_sizing)
+    notes += output_notes(read.output_rows)
     return notes
 
 

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from soakd.report.model import PHASE_COLUMNS, Report, Series
+from soakd.report.output_tokens import output_table
 from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Cell,
@@ -111,6 +112,9 @@ def render_html(rep: Report) -> str:
     prompts = prompt_table(rep)
     if prompts is not None:
         parts.append(html_table(prompts))
+    answers = output_table(rep)
+    if answers is not None:
+        parts.append(html_table(answers))
     if rep.plots:
         parts.append('<h2>Over time</h2><div class="plots">')
         markers = [(d["offset_h"], f"down {fmt_duration(d['seconds'])}") for d in rep.downtimes]

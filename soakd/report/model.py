@@ -121,6 +121,9 @@ class TargetTested:
     max_tokens: int
     prompt_tokens_served: float | None  # mean over successful requests (server's usage)
     output_tokens_served: float | None  # mean over successful requests
+    # the answers' planned lengths and how they were asked ("uniform 16-64 (ignore_eos)");
+    # None: none planned, max_tokens capped each answer (soakd/report/output_tokens.py)
+    output_tokens_planned: str | None = None
 
 
 @dataclass
@@ -174,6 +177,25 @@ class PromptTokens:
 
 
 @dataclass
+class OutputTokens:
+    """One target's planned answer lengths against what it served (report/output_tokens.py):
+    over its successful answers whose length was planned and counted."""
+
+    target: str
+    requests: int  # the answers compared
+    planned: float | None  # mean planned tokens (None: none compared)
+    served: float | None  # mean output tokens, by the server's usage or the stream's count
+    asked_with: str  # ignore_eos, min_tokens or none (max_tokens alone)
+
+    @property
+    def off(self) -> float | None:
+        """Served off planned, as a share of planned."""
+        if self.planned is None or self.served is None or self.planned <= 0:
+            return None
+        return self.served / self.planned - 1.0
+
+
+@dataclass
 class Report:
     run_id: str
     created: str
@@ -211,6 +233,8 @@ class Report:
     answer_notes: dict[str, dict[str, int]] = field(default_factory=dict)
     prompt_tokens: list[PromptTokens] = field(default_factory=list)  # planned against served
     prompt_sizing: str | None = None  # how the synthetic prompts were sized (calibration)
+    # planned against served answer lengths, per target (empty: none planned)
+    output_tokens: list[OutputTokens] = field(default_factory=list)
     # what the journal lost or could not keep (damage, a lost WAL, a full disk): the
     # report's first lines, before anything else (build.py, _journal_warnings)
     warnings: list[str] = field(default_factory=list)

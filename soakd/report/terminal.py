@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from soakd.report.model import TERMINAL_COLUMNS, Report
+from soakd.report.output_tokens import output_table
 from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Table,
@@ -77,6 +78,9 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     prompts = prompt_table(rep)
     if prompts is not None:
         out.append(rich_table(prompts))
+    answers = output_table(rep)
+    if answers is not None:
+        out.append(rich_table(answers))
     out += [Text(f"note: {note}", style="dim") for note in rep.notes]
     return out
 

@@ -22,6 +22,7 @@ from soakd.journal.records import Logged, RunResumed, RunStarted
 from soakd.journal.stored import StoredLoad, StoredPlan, StoredPrompts, StoredRun, StoredTarget
 from soakd.model import NS_PER_S
 from soakd.report.model import PhaseTested, Report, TargetTested, Tested
+from soakd.report.output_tokens import asked, asked_words
 from soakd.report.table import Table, cells, fmt_duration
 from soakd.shapes import shape_of
 from soakd.workload.prompts import describe_lengths
@@ -88,9 +89,10 @@ def what_was_tested(
     sessions: Sequence[StoredSession],
     events: Sequence[Logged],
     served: Served,
+    answers: str | None = None,
 ) -> Tested:
     """From what the journal stored of the run (config, plan, flags), its sessions and
-    events."""
+    events; ``answers``: the answers' planned lengths, described (None: none planned)."""
     config, plan, workload = stored.config, stored.plan, stored.config.workload
     hosts = [
         e.host for row in events if isinstance(e := row.event, RunStarted | RunResumed) and e.host
@@ -111,6 +113,11 @@ def what_was_tested(
                 max_tokens=workload.max_tokens,
                 prompt_tokens_served=mean_in,
                 output_tokens_served=mean_out,
+                output_tokens_planned=(
+                    None
+                    if answers is None
+                    else f"{answers} ({asked_words(asked(config, t.name), short=True)})"
+                ),
             )
         )
     return Tested(
@@ -175,9 +182,16 @@ def target_lines(rep: Report) -> list[str]:
         f"{x.name}: {x.model} at {x.endpoint}{' via soakd gateway' if x.gateway else ''} "
         f"({x.api}, {'streamed' if x.stream else 'not streamed'}); prompt tokens "
         f"{x.prompt_tokens_planned}, served {_tokens(x.prompt_tokens_served)}; output "
-        f"tokens max {x.max_tokens:,}, served {_tokens(x.output_tokens_served)}"
+        f"tokens {_output_plan(x, 'max ')}, served {_tokens(x.output_tokens_served)}"
         for x in t.targets
     ]
+
+
+def _output_plan(x: TargetTested, cap: str = "") -> str:
+    """The answers' planned lengths and how they were asked, else max_tokens, the cap."""
+    if x.output_tokens_planned is not None:
+        return f"planned {x.output_tokens_planned}"
+    return f"{cap}{x.max_tokens:,}"
 
 
 def tested_tables(rep: Report) -> list[Table]:
@@ -210,7 +224,7 @@ def targets_table(rep: Report) -> Table | None:
                     x.api,
                     "yes" if x.stream else "no",
                     f"{x.prompt_tokens_planned} / {_tokens(x.prompt_tokens_served)}",
-                    f"{x.max_tokens:,} / {_tokens(x.output_tokens_served)}",
+                    f"{_output_plan(x)} / {_tokens(x.output_tokens_served)}",
                 ]
             )
         )

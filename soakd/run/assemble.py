@@ -55,6 +55,7 @@ from soakd.targets.tokenize import open_tokenizer
 from soakd.types import Target
 from soakd.workers.reuse import NoReuse
 from soakd.workers.senders import Senders, WorkerStartError, open_senders, senders_for
+from soakd.workload.answers import workload_answers
 from soakd.workload.calibration import LocalTokenizer, TokenCounter, TokenizeError
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.ledger import SendLedger
@@ -312,7 +313,7 @@ async def assemble(
     client as it opens, for the caller to close."""
     guards = Guards(_guard(s, tcfg, journal) for tcfg in servers.clients)
     no_reuse = NoReuse(hooks.on_no_reuse)
-    n, why = senders_for(s.cfg.run.workers, s.plan, s.cfg.workload.max_tokens)
+    n, why = senders_for(s.cfg.run.workers, s.plan, s.cfg.workload.longest_answer)
     log.info("senders", processes=n, why=why)  # how many send, and why (auto: the plan)
     try:
         senders = await open_senders(
@@ -359,6 +360,7 @@ async def assemble(
         ledger=ledger,
         lead_ns=senders.lead_ns,
         on_sink_failure=lambda sink: s.metrics.sink_failures.labels(sink).inc(),
+        answers=workload_answers(s.cfg.workload, lengths.prompts),  # planned answer lengths
     )
     journal.attach(runner)
     return Parts(journal, ledger, guards, no_reuse, senders, probes, gateways, lengths, runner)

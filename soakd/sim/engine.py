@@ -82,12 +82,15 @@ class Engine:
 
     # -- inputs -------------------------------------------------------------------
 
-    def submit(self, prompt_tokens: int, max_tokens: int, *, ignore_eos: bool = False) -> int:
+    def submit(
+        self, prompt_tokens: int, max_tokens: int, *, ignore_eos: bool = False, min_tokens: int = 0
+    ) -> int:
         """Queue a request and return its sequence id.
 
         The caller validates lengths (``prompt_tokens + max_tokens <= max_model_len``);
         when the profile has an EOS probability and ``ignore_eos`` is false, the stop
-        point is drawn now, so one seed gives one run.
+        point is drawn now, so one seed gives one run. As vLLM's ``min_tokens``, no EOS
+        comes before ``min_tokens`` tokens: the first may be the one after them.
         """
         if prompt_tokens < 1 or max_tokens < 1:
             raise ValueError(
@@ -100,12 +103,13 @@ class Engine:
             )
         stop_at = max_tokens
         p = self.profile.eos_probability
+        earliest = max(0, min_tokens)  # tokens before the first that may be an EOS
         if p >= 1.0 and not ignore_eos:
-            stop_at = 1
+            stop_at = min(max_tokens, earliest + 1)
         elif p > 0.0 and not ignore_eos:
             # Geometric: the number of tokens up to and including the first EOS.
             u = 1.0 - self._rng.random()  # (0, 1]
-            stop_at = min(max_tokens, 1 + int(math.log(u) / math.log1p(-p)))
+            stop_at = min(max_tokens, earliest + 1 + int(math.log(u) / math.log1p(-p)))
         seq_id = self._next_id
         self._next_id += 1
         self._waiting.append(_Seq(seq_id, prompt_tokens, max_tokens, stop_at))

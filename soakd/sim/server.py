@@ -145,7 +145,9 @@ class _Runtime:
         return f"{'chatcmpl' if chat else 'cmpl'}-{self._rng.getrandbits(128):032x}"
 
     def submit(self, req: SimRequest) -> _Stream:
-        seq_id = self.engine.submit(req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos)
+        seq_id = self.engine.submit(
+            req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos, min_tokens=req.min_tokens
+        )
         st = _Stream(seq_id, req.prompt_tokens, arrival=self.clock())
         self._streams[seq_id] = st
         self.metrics.params_max_tokens.observe(req.max_tokens)

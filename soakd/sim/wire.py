@@ -82,6 +82,7 @@ class SimRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool
+    min_tokens: int = 0  # no EOS before this many tokens (vLLM's sampling parameter)
 
 
 # -- request parsing ------------------------------------------------------------------
@@ -181,7 +182,29 @@ def parse(body: object, chat: bool, profile: Profile, model: str) -> SimRequest:
         stream=stream,
         include_usage=include_usage,
         ignore_eos=body.get("ignore_eos") is True,
+        min_tokens=min(_min_tokens(body.get("min_tokens"), requested), max_tokens),
     )
+
+
+def _min_tokens(value: object, max_tokens: int | None) -> int:
+    """``min_tokens`` as vLLM's SamplingParams checks it (absent: 0)."""
+    if value is None:
+        return 0
+    if type(value) is not int or value < 0:
+        raise ApiError(
+            400,
+            "BadRequestError",
+            f"min_tokens must be greater than or equal to 0, got {value}.",
+            "min_tokens",
+        )
+    if max_tokens is not None and value > max_tokens:
+        raise ApiError(
+            400,
+            "BadRequestError",
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {value}.",
+            "min_tokens",
+        )
+    return value
 
 
 def tokenize(body: object, profile: Profile, model: str) -> dict[str, Any]:

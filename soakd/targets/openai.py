@@ -64,6 +64,7 @@ from soakd.targets.stream import (
 from soakd.tracing import HEADER as TRACEPARENT
 from soakd.tracing import traceparent, wants_traceparent
 from soakd.types import NotSent
+from soakd.workload.answers import asked_whole, target_asks
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
 
@@ -132,6 +133,8 @@ class OpenAITarget:
             fixed["stream_options"] = {"include_usage": True, **more}
         fixed.update(extra)  # extra_body wins over soakd's defaults (max_tokens, ...)
         self._fixed = fixed
+        # how a planned answer length is asked for whole (soakd/workload/answers.py)
+        self._asks = target_asks(cfg)
 
     def __repr__(self) -> str:
         return (
@@ -167,8 +170,10 @@ class OpenAITarget:
             "model": self._model,
             "max_tokens": spec.max_tokens,
             "temperature": spec.temperature,
-            **self._fixed,
         }
+        if spec.output_planned:  # the planned length, whole (soakd/workload/answers.py)
+            body.update(asked_whole(self._asks, spec.max_tokens))
+        body.update(self._fixed)
         if self._chat:
             body["messages"] = [{"role": "user", "content": spec.prompt}]
         else:

@@ -57,9 +57,17 @@ class Sender:
 
     def start(self, payload: bytes) -> None:
         loop = asyncio.get_running_loop()
-        for rid, tidx, seq, max_tokens, temp, scheduled, deadline, prompt in wire.unpack_specs(
-            payload
-        ):
+        for (
+            rid,
+            tidx,
+            seq,
+            max_tokens,
+            planned,
+            temp,
+            scheduled,
+            deadline,
+            prompt,
+        ) in wire.unpack_specs(payload):
             target = self.targets[tidx]
             spec = RequestSpec(
                 target.name,
@@ -71,6 +79,7 @@ class Sender:
                 temp,
                 scheduled - self.shift,
                 deadline - self.shift if deadline else 0,
+                planned,
             )
             task = self.tasks[rid] = loop.create_task(self._one(rid, target, spec))
             task.add_done_callback(partial(self._done, rid))

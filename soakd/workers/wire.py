@@ -9,8 +9,9 @@ could misread, since both ends are the same installed code.
 - ``HELLO`` (parent -> worker, JSON): the worker's index, the run id and the targets'
   resolved configs (secrets by reference only: the worker reads its keys itself).
 - ``READY`` (worker -> parent, JSON): the worker's pid.
-- ``SEND`` (parent -> worker): requests, each ``id, target, seq, max_tokens,
-  temperature, scheduled_ns, deadline_ns`` and the prompt. The instants are on the
+- ``SEND`` (parent -> worker): requests, each ``id, target, seq, max_tokens, planned
+  (the answer length is planned: 1), temperature, scheduled_ns, deadline_ns`` and the
+  prompt. The instants are on the
   parent's clock; the worker converts them with the offset the parent measured.
 - ``CANCEL`` (parent -> worker): request ids to cut (the drain deadline passed).
 - ``PING`` / ``PONG``: the clock check (``t0`` from the parent, ``t1`` the worker's now).
@@ -43,8 +44,9 @@ HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES = range(1, 10)
 MAX_FRAME: Final = 64 << 20
 """A frame longer than this is a broken peer, not data."""
 
-_SPEC = struct.Struct("<IHqIdqqI")
-# id, target, seq, max_tokens, temperature, scheduled, deadline (0: none), len(prompt)
+_SPEC = struct.Struct("<IHqIBdqqI")
+# id, target, seq, max_tokens, planned, temperature, scheduled, deadline (0: none),
+# len(prompt)
 _RID = struct.Struct("<I")  # an OUTCOMES entry: the request id, then its record
 _CLOCK = struct.Struct("<qq")
 _CLOSES = struct.Struct("<HHB")  # target, status, closes
@@ -69,6 +71,7 @@ def pack_spec(buf: bytearray, rid: int, target: int, spec: RequestSpec) -> None:
         target,
         spec.seq,
         spec.max_tokens,
+        spec.output_planned,
         spec.temperature,
         spec.scheduled_ns,
         spec.deadline_ns,
@@ -77,18 +80,23 @@ def pack_spec(buf: bytearray, rid: int, target: int, spec: RequestSpec) -> None:
     buf += text
 
 
-def unpack_specs(payload: bytes) -> Iterator[tuple[int, int, int, int, float, int, int, str]]:
-    """``(id, target, seq, max_tokens, temperature, scheduled_ns, deadline_ns, prompt)`` per
-    request (instants on the parent's clock)."""
+def unpack_specs(
+    payload: bytes,
+) -> Iterator[tuple[int, int, int, int, bool, float, int, int, str]]:
+    """``(id, target, seq, max_tokens, planned, temperature, scheduled_ns, deadline_ns,
+    prompt)`` per request (instants on the parent's clock)."""
     at, end, size = 0, len(payload), _SPEC.size
     while at < end:
         if at + size > end:
             raise WireError("SEND batch ends inside a request")
-        rid, target, seq, max_tokens, temp, scheduled, deadline, n = _SPEC.unpack_from(payload, at)
+        rid, target, seq, max_tokens, planned, temp, scheduled, deadline, n = _SPEC.unpack_from(
+            payload, at
+        )
         at += size
         if at + n > end:
             raise WireError("SEND batch ends inside a prompt")
-        yield rid, target, seq, max_tokens, temp, scheduled, deadline, payload[at : at + n].decode()
+        prompt = payload[at : at + n].decode()
+        yield rid, target, seq, max_tokens, planned == 1, temp, scheduled, deadline, prompt
         at += n
     if at != end:
         raise WireError("SEND batch ends inside a request")

@@ -104,8 +104,8 @@ _CHARS_PER_TOKEN = 4  # the usual estimate for English text, for file prompts
 
 
 class Lengths(Protocol):
-    """A distribution of prompt lengths, as configured (``TokenLength``) or as a journal
-    stored it (``StoredTokenLength``)."""
+    """A distribution of prompt or answer lengths, as configured (``TokenLength``) or as a
+    journal stored it (``StoredTokenLength``)."""
 
     @property
     def dist(self) -> str: ...
@@ -125,8 +125,9 @@ def fixed_length(d: Lengths) -> int:
 
 
 def describe_lengths(d: Lengths) -> str:
-    """The planned prompt lengths in words ("uniform 64-512", "normal 300 ± 50 (1-4096)",
-    "fixed 256"): the one wording of ``soakd check`` and the report's "What was tested"."""
+    """Planned prompt or answer lengths in words ("uniform 64-512", "normal 300 ± 50
+    (1-4096)", "fixed 256"): the one wording of ``soakd check`` and the report's "What was
+    tested"."""
     if d.dist == "uniform":
         return f"uniform {d.min}-{d.max}"
     if d.dist == "normal":
@@ -161,6 +162,26 @@ def _mix(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
     return x ^ (x >> 31)
+
+
+def seq_hash(key: int, seq: int) -> int:
+    """The 64-bit draw of ``seq`` under ``key`` (a seed, mixed): the same on every target."""
+    return _mix(key ^ (seq & _M64))
+
+
+def draw_length(d: Lengths, h1: int) -> int:
+    """The length ``d`` gives the draw ``h1`` (a ``seq_hash``), clamped to min..max."""
+    if d.dist == "uniform":
+        n = d.min + h1 % (d.max - d.min + 1)
+    elif d.dist == "normal":
+        # Box-Muller on two 53-bit uniforms taken from the hash
+        u1 = ((h1 >> 11) + 1) / 9007199254740992.0  # (0, 1]
+        u2 = (_mix(h1) >> 11) / 9007199254740992.0  # [0, 1)
+        z = math.sqrt(-2.0 * math.log(u1)) * math.cos(math.tau * u2)
+        n = round(d.mean + d.stddev * z)
+    else:
+        n = d.mean
+    return min(d.max, max(d.min, n))
 
 
 class _Sizing:
@@ -246,18 +267,7 @@ class SyntheticPrompts:
         return self._length(_mix(self._key ^ (seq & _M64)))
 
     def _length(self, h1: int) -> int:
-        d = self.lengths
-        if d.dist == "uniform":
-            n = d.min + h1 % (d.max - d.min + 1)
-        elif d.dist == "normal":
-            # Box-Muller on two 53-bit uniforms taken from the hash
-            u1 = ((h1 >> 11) + 1) / 9007199254740992.0  # (0, 1]
-            u2 = (_mix(h1) >> 11) / 9007199254740992.0  # [0, 1)
-            z = math.sqrt(-2.0 * math.log(u1)) * math.cos(math.tau * u2)
-            n = round(d.mean + d.stddev * z)
-        else:
-            n = d.mean
-        return min(d.max, max(d.min, n))
+        return draw_length(self.lengths, h1)
 
     def spec_fields(self, seq: int) -> tuple[str, int]:
         text, n, _ = self.build(seq)
@@ -301,17 +311,22 @@ class FilePrompts:
     """Prompts from a JSONL file, used in order and cycled.
 
     Each line is ``{"prompt": "..."}`` or ``{"messages": [...]}`` (the message
-    contents joined by newlines); blank lines are skipped. The planned length is
-    an estimate (``len(text) / 4``): soakd has no tokenizer, and the server's
+    contents joined by newlines), with an optional ``"output_tokens"``: its answer's
+    planned length (soakd/workload/answers.py); blank lines are skipped. The planned
+    length is an estimate (``len(text) / 4``): soakd has no tokenizer, and the server's
     usage count wins anyway. After one full cycle prompts repeat, so a server's
     prefix cache will start to hit: give a file longer than the run if that matters.
     """
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
+        lines = _read_jsonl(self.path)
         self._prompts: list[tuple[str, int]] = [
-            (text, max(1, round(len(text) / _CHARS_PER_TOKEN))) for text in _read_jsonl(self.path)
+            (text, max(1, round(len(text) / _CHARS_PER_TOKEN))) for text, _ in lines
         ]
+        self._outputs: list[int | None] = [output for _, output in lines]
+        self.plans_outputs = any(n is not None for n in self._outputs)
+        """Some line gives its answer's length."""
 
     def __len__(self) -> int:
         return len(self._prompts)
@@ -319,14 +334,19 @@ class FilePrompts:
     def spec_fields(self, seq: int) -> tuple[str, int]:
         return self._prompts[seq % len(self._prompts)]
 
+    def output_tokens(self, seq: int) -> int | None:
+        """The planned answer length the line of ``seq`` gives (None: it gives none)."""
+        return self._outputs[seq % len(self._outputs)]
 
-def _read_jsonl(path: Path) -> list[str]:
+
+def _read_jsonl(path: Path) -> list[tuple[str, int | None]]:
+    """Each line's (prompt text, planned answer length or None)."""
     where = "workload.prompts.file"
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
-    texts: list[str] = []
+    lines: list[tuple[str, int | None]] = []
     for lineno, raw in enumerate(data.split(b"\n"), 1):
         if not raw.strip():
             continue
@@ -337,17 +357,18 @@ def _read_jsonl(path: Path) -> list[str]:
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: {path}:{lineno}: not valid JSON ({exc.msg})") from None
         try:
-            texts.append(_prompt_text(obj))
+            text = _prompt_text(obj)
+            lines.append((text, _output_tokens(obj)))
         except _BadRecord as exc:
             raise ConfigError(f"{where}: {path}:{lineno}: {exc}") from None
-        if len(texts[-1]) > MAX_TOKENS * _CHARS_PER_TOKEN:
+        if len(text) > MAX_TOKENS * _CHARS_PER_TOKEN:
             raise ConfigError(
-                f"{where}: {path}:{lineno}: a prompt of {len(texts[-1]):,} characters, "
-                f"~{len(texts[-1]) // _CHARS_PER_TOKEN:,} tokens (at most {MAX_TOKENS:,})"
+                f"{where}: {path}:{lineno}: a prompt of {len(text):,} characters, "
+                f"~{len(text) // _CHARS_PER_TOKEN:,} tokens (at most {MAX_TOKENS:,})"
             )
-    if not texts:
+    if not lines:
         raise ConfigError(f"{where}: {path} holds no prompts")
-    return texts
+    return lines
 
 
 class _BadRecord(Exception):
@@ -375,6 +396,21 @@ def _prompt_text(obj: Any) -> str:
             raise _BadRecord('"messages" hold no text')
         return text
     raise _BadRecord('expected a "prompt" or a "messages" key')
+
+
+def _output_tokens(obj: dict[str, Any]) -> int | None:
+    """A record's planned answer length: a whole number of tokens, 1 to MAX_TOKENS."""
+    if "output_tokens" not in obj:
+        return None
+    n = obj["output_tokens"]
+    if type(n) is not int or not 1 <= n <= MAX_TOKENS:
+        shown = json.dumps(n)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise _BadRecord(
+            f'"output_tokens" must be a whole number of tokens from 1 to {MAX_TOKENS:,}, '
+            f"got {shown}"
+        )
+    return n
 
 
 def _content_text(message: Any, index: int) -> str:

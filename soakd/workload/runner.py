@@ -87,6 +87,7 @@ class Runner:
         ledger: SendLedger | None = None,
         lead_ns: int = 0,
         on_sink_failure: Callable[[str], None] | None = None,
+        answers: Callable[[int], int | None] | None = None,
     ) -> None:
         self.plan = plan
         self.targets = targets
@@ -97,6 +98,7 @@ class Runner:
         self.sink_failures: dict[str, int] = {}  # outcomes a sink raised on, by sink
         self._on_sink_failure = on_sink_failure  # the exporter's counter
         self.max_tokens = max_tokens
+        self._answers = answers  # seq -> planned answer length (None: max_tokens caps it)
         self.temperature = temperature
         self.seed = seed
         self._on_phase = on_phase
@@ -308,16 +310,18 @@ class Runner:
         seq = self._seq[name]
         self._seq[name] = seq + 1
         prompt, tokens = self.prompts.spec_fields(seq)
+        answer = self._answers(seq) if self._answers is not None else None
         return RequestSpec(
             name,
             phase.name,
             seq,
             prompt,
             tokens,
-            self.max_tokens,
+            answer or self.max_tokens,
             self.temperature,
             scheduled_ns,
             deadline_ns,
+            answer is not None,
         )
 
     async def _one(self, name: str, spec: RequestSpec) -> Outcome | None:

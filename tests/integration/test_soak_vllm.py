@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import time
 from pathlib import Path
 
@@ -13,10 +14,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.config import config_from_dict
+from soakd.config import TokenLength, config_from_dict
 from soakd.model import ErrorKind
 from soakd.run.app import RunOptions, Soak
 from soakd.sim.spawn import free_port
+from soakd.workload.answers import AnswerLengths
 from tests.vllm_server import VllmServer, sum_samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -87,6 +89,58 @@ async def test_vllm_and_simulator_side_by_side(vllm: VllmServer, tmp_path: Path)
     soakd_tokens = count(text, "soakd_output_tokens_total", target="vllm")
     assert soakd_tokens == after - before
     assert soakd_tokens > 0
+
+
+@pytest.mark.vllm
+async def test_vllm_serves_planned_output_lengths(vllm: VllmServer, tmp_path: Path) -> None:
+    """Answer lengths drawn from a distribution (issue 36), asked of the real vLLM with
+    ``ignore_eos`` (a local target's default) and with ``min_tokens``: vLLM's own
+    ``vllm:generation_tokens_total`` rose by soakd's count, which is the sum planned."""
+    output = {"dist": "uniform", "min": 4, "max": 40}
+    cfg = config_from_dict(
+        {
+            "run": {"name": "planned", "drain_timeout": "30s"},
+            "targets": [
+                {"name": "eos", "base_url": vllm.base_url, "model": vllm.model},
+                {
+                    "name": "min",
+                    "base_url": vllm.base_url,
+                    "model": vllm.model,
+                    "planned_output": "min_tokens",
+                },
+            ],
+            "workload": {
+                "max_tokens": MAX_TOKENS,
+                "seed": 5,
+                "prompts": {"input_tokens": {"mean": 32}, "output_tokens": output},
+            },
+            "phases": [
+                {"name": "p", "duration": "8s", "load": {"mode": "closed", "concurrency": 2}}
+            ],
+        }
+    )
+    before = await vllm_tokens(vllm)
+    soak = Soak(
+        cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False)
+    )
+    result = await soak.run()
+    assert result.completed
+    after = await vllm_tokens(vllm)
+    text = generate_latest(soak.metrics.registry).decode()
+    planned = AnswerLengths(TokenLength(**output), seed=5)
+    with sqlite3.connect(tmp_path / "run" / "journal.db") as db:
+        rows = db.execute("SELECT target, seq, output_tokens, error FROM requests").fetchall()
+    assert all(error is None for *_, error in rows)
+    counts = 0.0
+    for name in ("eos", "min"):
+        mine = [(seq, n) for t, seq, n, _ in rows if t == name]
+        plan = sum(planned(seq) or 0 for seq, _ in mine)
+        counted = count(text, "soakd_output_tokens_total", target=name)
+        print(f"{name}: planned {plan}, served {counted:g} in {len(mine)} answers")
+        assert len(mine) >= 5
+        assert counted == sum(n for _, n in mine) == plan
+        counts += counted
+    assert after - before == counts  # vLLM's own count: what soakd counted, as planned
 
 
 async def test_target_dies_mid_run_and_soakd_keeps_going(tmp_path: Path) -> None:

@@ -53,6 +53,7 @@ REPORT_KEYS = [
     "answer_notes",  # target -> note -> answers (soakd/measure/notes.py)
     "prompt_tokens",  # planned against served, per target (soakd/report/prompt_tokens.py)
     "prompt_sizing",
+    "output_tokens",  # planned against served answer lengths (soakd/report/output_tokens.py)
     "warnings",  # what the journal lost or could not keep: the report's first lines
     "columns",
 ]
@@ -190,6 +191,7 @@ SHAPES = {
         "max_tokens",
         "prompt_tokens_served",
         "output_tokens_served",
+        "output_tokens_planned",
     ],
     "tested_phase": ["name", "start_s", "duration_s", "configured_s", "times", "loads"],
     "column": ["key", "title", "better"],

@@ -71,18 +71,23 @@ def test_clock_shift_moves_every_instant_and_nothing_else() -> None:
     assert list(got.itl_ns) == list(sent.itl_ns)
 
 
-def spec(seq: int, prompt: str, scheduled: int, deadline: int = 0) -> RequestSpec:
-    return RequestSpec("t", "p", seq, prompt, 3, 64, 0.7, scheduled, deadline)
+def spec(
+    seq: int, prompt: str, scheduled: int, deadline: int = 0, planned: bool = False
+) -> RequestSpec:
+    return RequestSpec("t", "p", seq, prompt, 3, 64, 0.7, scheduled, deadline, planned)
 
 
 def test_specs_round_trip_with_any_prompt() -> None:
     buf = bytearray()
-    specs = [(1, 0, spec(5, "héllo\nworld", 123, 2_000_123)), (2, 3, spec(6, "", -1))]
+    specs = [
+        (1, 0, spec(5, "héllo\nworld", 123, 2_000_123)),
+        (2, 3, spec(6, "", -1, planned=True)),  # its answer length planned: asked whole
+    ]
     for rid, target, s in specs:
         wire.pack_spec(buf, rid, target, s)
     assert list(wire.unpack_specs(bytes(buf))) == [
-        (1, 0, 5, 64, 0.7, 123, 2_000_123, "héllo\nworld"),
-        (2, 3, 6, 64, 0.7, -1, 0, ""),
+        (1, 0, 5, 64, False, 0.7, 123, 2_000_123, "héllo\nworld"),
+        (2, 3, 6, 64, True, 0.7, -1, 0, ""),
     ]
 
 
