@@ -159,14 +159,14 @@ class Tested:
 
 
 @dataclass
-class PromptTokens:
-    """One target's prompt lengths over the run (None: not measured; report/prompt_tokens.py)."""
+class PlannedServed:
+    """One target's planned token counts against what it served, as means over the pairs
+    compared (prompt tokens, output tokens: the subclasses)."""
 
     target: str
-    requests: int  # successful requests with usage, journaled: the pairs compared
-    planned: float | None  # mean planned tokens
-    served: float | None  # mean usage.prompt_tokens
-    at_start: float | None  # the target's own count of the first prompts, at start
+    requests: int  # the pairs compared
+    planned: float | None  # mean planned tokens (None: none compared)
+    served: float | None  # mean served tokens
 
     @property
     def off(self) -> float | None:
@@ -177,22 +177,20 @@ class PromptTokens:
 
 
 @dataclass
-class OutputTokens:
+class PromptTokens(PlannedServed):
+    """One target's prompt lengths over the run (report/prompt_tokens.py): over its
+    journaled successful requests with usage; served is usage.prompt_tokens."""
+
+    at_start: float | None  # the target's own count of the first prompts, at start
+
+
+@dataclass
+class OutputTokens(PlannedServed):
     """One target's planned answer lengths against what it served (report/output_tokens.py):
-    over its successful answers whose length was planned and counted."""
+    over its successful answers whose length was planned and counted; served is the
+    server's usage or the stream's count."""
 
-    target: str
-    requests: int  # the answers compared
-    planned: float | None  # mean planned tokens (None: none compared)
-    served: float | None  # mean output tokens, by the server's usage or the stream's count
     asked_with: str  # ignore_eos, min_tokens or none (max_tokens alone)
-
-    @property
-    def off(self) -> float | None:
-        """Served off planned, as a share of planned."""
-        if self.planned is None or self.served is None or self.planned <= 0:
-            return None
-        return self.served / self.planned - 1.0
 
 
 @dataclass

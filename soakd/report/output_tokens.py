@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from soakd.config import ConfigError, TokenLength
 from soakd.journal.stored import StoredConfig, StoredWorkload
 from soakd.report.model import OutputTokens, Report
-from soakd.report.table import Table, cells
+from soakd.report.table import Table, planned_table
 from soakd.workload.answers import answer_lengths, asked_as
 from soakd.workload.prompts import FilePrompts, describe_lengths
 from soakd.workload.sizing import WARN_SHARE
@@ -153,27 +153,7 @@ def output_table(rep: Report) -> Table | None:
     rows = rep.output_tokens
     if not rows:
         return None
-
-    def num(v: float | None) -> str:
-        return "-" if v is None else f"{v:,.1f}"
-
-    table = Table(
-        "Output tokens: planned against served",
-        ["target", "answers", "planned", "served", "off", "asked with"],
-        numeric=[False, True, True, True, True, False],
+    asked_with = [asked_words(r.asked_with) for r in rows]
+    return planned_table(
+        "Output tokens: planned against served", rows, ("asked with", False), asked_with
     )
-    for r in rows:
-        off = r.off
-        table.rows.append(
-            cells(
-                [
-                    r.target,
-                    f"{r.requests:,}",
-                    num(r.planned),
-                    num(r.served),
-                    "-" if off is None else f"{off * 100:+.1f} %",
-                    asked_words(r.asked_with),
-                ]
-            )
-        )
-    return table

@@ -25,7 +25,7 @@ from soakd.journal.records import (
 )
 from soakd.journal.stored import StoredWorkload
 from soakd.report.model import PromptTokens, Report
-from soakd.report.table import Table, cells
+from soakd.report.table import Table, fmt_mean, planned_table
 from soakd.workload.calibration import Calibration
 from soakd.workload.prompts import FilePrompts, SyntheticPrompts, fixed_length
 from soakd.workload.sizing import WARN_SHARE, stored
@@ -152,27 +152,4 @@ def prompt_table(rep: Report) -> Table | None:
     title = "Prompt tokens: planned against served"
     if rep.prompt_sizing:
         title += f" (prompts {rep.prompt_sizing})"
-
-    def num(v: float | None) -> str:
-        return "-" if v is None else f"{v:,.1f}"
-
-    table = Table(
-        title,
-        ["target", "answers", "planned", "served", "off", "at start"],
-        numeric=[False, True, True, True, True, True],
-    )
-    for r in rows:
-        off = r.off
-        table.rows.append(
-            cells(
-                [
-                    r.target,
-                    f"{r.requests:,}",
-                    num(r.planned),
-                    num(r.served),
-                    "-" if off is None else f"{off * 100:+.1f} %",
-                    num(r.at_start),
-                ]
-            )
-        )
-    return table
+    return planned_table(title, rows, ("at start", True), [fmt_mean(r.at_start) for r in rows])

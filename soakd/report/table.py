@@ -8,7 +8,7 @@ a renderer only decides the markup (a ``best`` cell is bold, ✓-marked and gree
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from soakd.measure.analysis import JITTER_MIN_OK, JITTER_MIN_SLICES, JITTER_SLICES, fmt_ms
@@ -18,6 +18,7 @@ from soakd.report.model import (
     METRIC_COLUMNS,
     Column,
     GpuRow,
+    PlannedServed,
     Report,
     Row,
     value_of,
@@ -88,6 +89,33 @@ def fmt_value(key: str, value: float | None, currency: str = "$") -> str:
     if key in ("cost_per_mtok", "cost_per_month"):
         return f"{currency}{value:,.3g}" if value < 1000 else f"{currency}{value:,.0f}"
     return f"{value:g}"
+
+
+def fmt_mean(value: float | None) -> str:
+    """A mean token count ("-": none)."""
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def planned_table(
+    title: str, rows: Sequence[PlannedServed], last: tuple[str, bool], lasts: Sequence[str]
+) -> Table:
+    """Planned against served, a row per target, and a last column of the kind's own
+    (``last``: its header and whether it is numeric; ``lasts``: its cell per row)."""
+    header, numeric = last
+    table = Table(
+        title,
+        ["target", "answers", "planned", "served", "off", header],
+        numeric=[False, True, True, True, True, numeric],
+    )
+    for r, cell in zip(rows, lasts, strict=True):
+        off = r.off
+        shown = "-" if off is None else f"{off * 100:+.1f} %"
+        table.rows.append(
+            cells(
+                [r.target, f"{r.requests:,}", fmt_mean(r.planned), fmt_mean(r.served), shown, cell]
+            )
+        )
+    return table
 
 
 def fmt_ratio(value: float) -> str:
