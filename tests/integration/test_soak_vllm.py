@@ -14,9 +14,9 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.config import TokenLength, config_from_dict
+from soakd.config import Config, TokenLength, config_from_dict
 from soakd.model import ErrorKind
-from soakd.run.app import RunOptions, Soak
+from soakd.run.app import RunOptions, RunResult, Soak
 from soakd.sim.spawn import free_port
 from soakd.workload.answers import AnswerLengths
 from tests.vllm_server import VllmServer, sum_samples
@@ -41,6 +41,19 @@ async def vllm_tokens(server: VllmServer) -> float:
     return sum_samples(text, "vllm:generation_tokens_total", model_name=server.model)
 
 
+async def soaked(
+    vllm: VllmServer, cfg: Config, run_dir: Path
+) -> tuple[Soak, RunResult, str, float]:
+    """Run ``cfg`` to its end: the Soak, its result, its /metrics text, and the output
+    tokens vLLM counted meanwhile (its own ``vllm:generation_tokens_total``)."""
+    before = await vllm_tokens(vllm)
+    soak = Soak(cfg, RunOptions(run_dir=run_dir, metrics_addr="127.0.0.1:0", console_logs=False))
+    result = await soak.run()
+    assert result.completed
+    served = await vllm_tokens(vllm) - before
+    return soak, result, generate_latest(soak.metrics.registry).decode(), served
+
+
 @pytest.mark.vllm
 async def test_vllm_and_simulator_side_by_side(vllm: VllmServer, tmp_path: Path) -> None:
     cfg = config_from_dict(
@@ -57,15 +70,7 @@ async def test_vllm_and_simulator_side_by_side(vllm: VllmServer, tmp_path: Path)
             ],
         }
     )
-    before = await vllm_tokens(vllm)
-    soak = Soak(
-        cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False)
-    )
-    result = await soak.run()
-    assert result.completed
-    after = await vllm_tokens(vllm)
-
-    text = generate_latest(soak.metrics.registry).decode()
+    soak, result, text, served = await soaked(vllm, cfg, tmp_path / "run")
     for name in ("vllm", "sim"):
         summary = result.summary[name]
         assert summary["errors"] == 0, summary["errors_by_kind"]
@@ -87,7 +92,7 @@ async def test_vllm_and_simulator_side_by_side(vllm: VllmServer, tmp_path: Path)
     assert soak.status().no_reuse == {}
     # soakd's token count is vLLM's own, exactly
     soakd_tokens = count(text, "soakd_output_tokens_total", target="vllm")
-    assert soakd_tokens == after - before
+    assert soakd_tokens == served
     assert soakd_tokens > 0
 
 
@@ -119,14 +124,7 @@ async def test_vllm_serves_planned_output_lengths(vllm: VllmServer, tmp_path: Pa
             ],
         }
     )
-    before = await vllm_tokens(vllm)
-    soak = Soak(
-        cfg, RunOptions(run_dir=tmp_path / "run", metrics_addr="127.0.0.1:0", console_logs=False)
-    )
-    result = await soak.run()
-    assert result.completed
-    after = await vllm_tokens(vllm)
-    text = generate_latest(soak.metrics.registry).decode()
+    _, _, text, served = await soaked(vllm, cfg, tmp_path / "run")
     planned = AnswerLengths(TokenLength(**output), seed=5)
     with sqlite3.connect(tmp_path / "run" / "journal.db") as db:
         rows = db.execute("SELECT target, seq, output_tokens, error FROM requests").fetchall()
@@ -140,7 +138,7 @@ async def test_vllm_serves_planned_output_lengths(vllm: VllmServer, tmp_path: Pa
         assert len(mine) >= 5
         assert counted == sum(n for _, n in mine) == plan
         counts += counted
-    assert after - before == counts  # vLLM's own count: what soakd counted, as planned
+    assert served == counts  # vLLM's own count: what soakd counted, as planned
 
 
 async def test_target_dies_mid_run_and_soakd_keeps_going(tmp_path: Path) -> None:
