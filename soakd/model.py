@@ -166,6 +166,13 @@ class RequestSpec:
     """``max_tokens`` is the answer's planned length (soakd/workload/answers.py), to be
     served whole where the target is asked to (``targets[].planned_output``); False: it is
     ``workload.max_tokens``, a cap the answer may stop short of."""
+    conversation: int = -1
+    """The conversation this request is a turn of (-1: none, a single request)."""
+    turn: int = 0
+    """Its turn in that conversation, from 0."""
+    keep_answer: bool = False
+    """Keep the answer's text on the Outcome (``Outcome.answer``): a conversation's next
+    turn holds it, a check judges it. Off for every other request: soakd keeps no text."""
 
 
 @dataclass(slots=True)
@@ -207,6 +214,12 @@ class Outcome:
     # timed the request or by the first reader (soakd.measure.analysis.itl_keys), read by every
     # other
     itl_keys: dict[int, int] | None = None
+    conversation: int = -1  # the spec's: the conversation it is a turn of (-1: none)
+    turn: int = 0  # the spec's: its turn in that conversation
+    # the answer's text as the server gave it, kept only when the spec asked
+    # (``RequestSpec.keep_answer``): whatever arrived, even of a failed request; None: not
+    # kept. Never journaled, logged or exported: an answer may hold anything
+    answer: str | None = field(default=None, repr=False)
     # the record this outcome came in from a sender worker (soakd/outcome_record.py), its
     # instants already on soakd's clock: the journal copies it into its packet as it is.
     # While it is set, soakd's own copy lacks the ITL gaps and buckets (nothing in soakd's
@@ -216,7 +229,16 @@ class Outcome:
     @classmethod
     def planned(cls, spec: RequestSpec) -> Outcome:
         """An empty Outcome for ``spec``, filled in place by the target while it runs."""
-        return cls(spec.target, spec.phase, spec.seq, spec.scheduled_ns)
+        if spec.conversation < 0:
+            return cls(spec.target, spec.phase, spec.seq, spec.scheduled_ns)
+        return cls(
+            spec.target,
+            spec.phase,
+            spec.seq,
+            spec.scheduled_ns,
+            conversation=spec.conversation,
+            turn=spec.turn,
+        )
 
     @property
     def ok(self) -> bool:

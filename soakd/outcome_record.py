@@ -2,12 +2,14 @@
 both hops carry (a sender worker's ``OUTCOMES`` frame to soakd, soakd's journal packet to
 the writer process). Pure: no IO, no state.
 
-A record is a fixed head (``HEAD``, its fields named in ``FIELDS``), then three tails whose
-lengths the head gives: the error detail (UTF-8), the ITL gaps (int64 ns, little-endian)
-and their ``Digest`` buckets (uint32 key, count pairs), when the process that timed the
-request counted them. Every field of ``Outcome`` is carried, but ``packed`` (the record
-itself); ``tests/unit/test_outcome_record.py`` builds an Outcome from
-``dataclasses.fields(Outcome)`` and fails on a field added and not carried here.
+A record is a fixed head (``HEAD``, its fields named in ``FIELDS``), then four tails whose
+lengths the head gives: the error detail (UTF-8), the answer's text when it was kept
+(UTF-8: a conversation's next turn or a check reads it; the journal's writer drops it),
+the ITL gaps (int64 ns, little-endian) and their ``Digest`` buckets (uint32 key, count
+pairs), when the process that timed the request counted them. Every field of ``Outcome``
+is carried, but ``packed`` (the record itself); ``tests/unit/test_outcome_record.py``
+builds an Outcome from ``dataclasses.fields(Outcome)`` and fails on a field added and not
+carried here.
 
 Why one format for both hops: soakd need not unpack a worker's record into an ``Outcome``
 and pack it again for the journal. It reads the head (named fields: what the runner, the
@@ -54,7 +56,10 @@ FIELDS: Final = (
     ("usage_rejected", "B"),  # 0: none, else 1 + index in USAGE_REJECTED_REASONS
     ("usage_delta", "q"),  # NO_DELTA: None (-1 is a delta)
     ("retry_after_s", "d"),  # NaN: None
+    ("conversation", "q"),  # -1: none
+    ("turn", "I"),
     ("n_detail", "H"),  # bytes of error_detail
+    ("n_answer", "I"),  # bytes of the answer kept (UTF-8); NO_ANSWER: none kept
     ("n_gaps", "I"),  # ITL gaps
     ("n_keys", "I"),  # (digest key, count) pairs
 )
@@ -89,7 +94,10 @@ class Head(NamedTuple):
     usage_rejected: int
     usage_delta: int
     retry_after_s: float
+    conversation: int
+    turn: int
     n_detail: int
+    n_answer: int
     n_gaps: int
     n_keys: int
 
@@ -100,6 +108,7 @@ NONE: Final = -1
 NO_DELTA: Final = -(1 << 63)
 NO_NAME: Final = 0xFFFF
 NO_KIND: Final = 255
+NO_ANSWER: Final = 0xFFFFFFFF
 NOT_SENT: Final = 254
 """The error byte of a request a worker did not send (``NotSent``): the detail is why."""
 OOM, USAGE_REPORTED, RETRY_UNREADABLE = 1, 2, 4
@@ -134,6 +143,7 @@ def pack(buf: bytearray, o: Outcome, target: int = NO_NAME, phase: int = NO_NAME
     with it (a worker leaves them unfilled: soakd fills them). Its ITL buckets travel when
     counted (``o.itl_keys``); otherwise the reader counts them."""
     detail = o.error_detail.encode()[:0xFFFF] if o.error_detail else b""
+    answer = None if o.answer is None else o.answer.encode()
     gaps = o.itl_ns
     keys = o.itl_keys
     error = o.error
@@ -159,12 +169,17 @@ def pack(buf: bytearray, o: Outcome, target: int = NO_NAME, phase: int = NO_NAME
         _REJECTED_INDEX[o.usage_rejected],
         NO_DELTA if o.usage_delta is None else o.usage_delta,
         math.nan if o.retry_after_s is None else o.retry_after_s,
+        o.conversation,
+        o.turn,
         len(detail),
+        NO_ANSWER if answer is None else len(answer),
         len(gaps),
         len(keys) if keys else 0,
     )
     if detail:
         buf += detail
+    if answer:
+        buf += answer
     if gaps:
         buf += _le(gaps)
     if keys:
@@ -177,7 +192,7 @@ def pack_not_sent(buf: bytearray, reason: str, seq: int = 0) -> None:
     text = reason.encode()[:0xFFFF]
     buf += HEAD.pack(
         NO_NAME, NO_NAME, seq, 0, 0, 0.0, NONE, NONE, NONE, 0, 0, NOT_SENT, 0, NONE, 0, 0, 0,
-        NO_DELTA, math.nan, len(text), 0, 0,
+        NO_DELTA, math.nan, -1, 0, len(text), NO_ANSWER, 0, 0,
     )  # fmt: skip
     buf += text
 
@@ -192,7 +207,8 @@ def head(data: bytes | memoryview, at: int = 0) -> Head:
 
 def end_of(h: Head, at: int) -> int:
     """Where the record whose head ``h`` starts at ``at`` ends."""
-    return at + HEAD.size + h.n_detail + h.n_gaps * _GAP + h.n_keys * _PAIR
+    answer = 0 if h.n_answer == NO_ANSWER else h.n_answer
+    return at + HEAD.size + h.n_detail + answer + h.n_gaps * _GAP + h.n_keys * _PAIR
 
 
 def detail(data: bytes, at: int, h: Head) -> str:
@@ -209,7 +225,7 @@ def fill(
     one kernel). ``tails=False`` leaves the ITL gaps and buckets out: whoever reads them
     (the journal's writer) reads the record itself (``o.packed``)."""
     # one unpacking of the head, in FIELDS' order (checked against Head above): the
-    # fastest way to the 22 fields, for every outcome soakd and the writer read
+    # fastest way to the 25 fields, for every outcome soakd and the writer read
     (
         _,
         _,
@@ -230,7 +246,10 @@ def fill(
         rejected,
         delta,
         retry,
+        o.conversation,
+        o.turn,
         n,
+        n_answer,
         n_gaps,
         n_keys,
     ) = h
@@ -250,9 +269,14 @@ def fill(
     o.retry_after_s = None if retry != retry else retry  # NaN: None
     start = at + HEAD.size
     o.error_detail = str(data[start : start + n], "utf-8", "replace") if n else ""
+    start += n
+    if n_answer == NO_ANSWER:
+        o.answer = None
+    else:
+        o.answer = str(data[start : start + n_answer], "utf-8", "replace")
+        start += n_answer
     if not tails:
         return
-    start += n
     n = n_gaps * _GAP
     gaps: array[int] = array("q")
     if n:

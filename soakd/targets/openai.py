@@ -203,7 +203,7 @@ class OpenAITarget:
         run = self._trace_run
         hdrs = None if run is None else {TRACEPARENT: traceparent(run, spec.target, spec.seq)}
         bounds = Bounds.of(self._factor, self._max_tokens or spec.max_tokens, len(payload))
-        await self._attempt(out, payload, self._session, hdrs, bounds)
+        await self._attempt(out, payload, self._session, hdrs, bounds, spec.keep_answer)
         self._finish(out)
         return out
 
@@ -226,8 +226,9 @@ class OpenAITarget:
         session: ClientSession,
         headers: dict[str, str] | None = None,
         bounds: Bounds = NO_BOUNDS,
+        keep: bool = False,
     ) -> None:
-        """The request on ``session``; fills ``out``."""
+        """The request on ``session``; fills ``out`` (its answer's text too when ``keep``)."""
         loop = asyncio.get_running_loop()
         stream = self._stream
         cm: asyncio.Timeout | None = None
@@ -261,15 +262,15 @@ class OpenAITarget:
                 if status >= 300:
                     await self._read_error(resp, out)
                 elif stream:
-                    await self._read_stream(
-                        resp,
-                        out,
-                        StreamParser(
-                            out, self._chat, cm, resched_at, self._idle_s, total_at, bounds
-                        ),
+                    parser = StreamParser(
+                        out, self._chat, cm, resched_at, self._idle_s, total_at, bounds, keep
                     )
+                    try:
+                        await self._read_stream(resp, out, parser)
+                    finally:
+                        parser.keep_answer()
                 else:
-                    await self._read_json(resp, out, bounds)
+                    await self._read_json(resp, out, bounds, keep)
         except asyncio.CancelledError:
             self._fail(out, ErrorKind.CANCELLED, "cancelled")
             self._finish(out)
@@ -386,7 +387,11 @@ class OpenAITarget:
                 pass  # the answer was whole; only the connection is lost
 
     async def _read_json(
-        self, resp: aiohttp.ClientResponse, out: Outcome, bounds: Bounds = NO_BOUNDS
+        self,
+        resp: aiohttp.ClientResponse,
+        out: Outcome,
+        bounds: Bounds = NO_BOUNDS,
+        keep: bool = False,
     ) -> None:
         """A non-streamed answer. It has no first token before its end, so
         first_token_ns = last_token_ns = end_ns (TTFT equals E2E) when it has content."""
@@ -432,6 +437,8 @@ class OpenAITarget:
         except (AttributeError, LookupError, TypeError):
             self._fail(out, ErrorKind.BAD_RESPONSE, "body has an unexpected shape")
             return
+        if keep:
+            out.answer = text or ""
         if text:
             out.content_chunks = 1
             out.first_token_ns = out.last_token_ns = end

@@ -79,7 +79,8 @@ def idle_cut(out: Outcome, idle_s: float | None, total_at: float) -> bool:
 
 class StreamParser:
     """Per-request state of one SSE stream: turns each ``data`` payload into Outcome
-    fields. Lives only during ``send``; keeps counters, never text."""
+    fields. Lives only during ``send``; keeps counters, and the answer's text only when the
+    request asked (``kept``: a conversation's turn, a check)."""
 
     __slots__ = (
         "armed",
@@ -90,6 +91,7 @@ class StreamParser:
         "done",
         "finished",
         "idle_s",
+        "kept",
         "last_choice_ns",
         "out",
         "resched_at",
@@ -105,8 +107,10 @@ class StreamParser:
         idle_s: float | None = None,
         total_at: float = float("inf"),
         bounds: Bounds = NO_BOUNDS,
+        keep: bool = False,
     ) -> None:
         self.out = out
+        self.kept: list[str] | None = [] if keep else None  # the answer's pieces
         self.bounds = bounds
         self.chat = chat
         self.cm = cm
@@ -118,6 +122,12 @@ class StreamParser:
         self.finished = False  # saw a finish_reason
         self.choices_seen = False
         self.last_choice_ns = 0  # when the last chunk carrying a choice arrived
+
+    def keep_answer(self) -> None:
+        """Put the text kept so far on the Outcome (whatever arrived, even of a failed
+        answer); nothing when the request did not ask."""
+        if self.kept is not None:
+            self.out.answer = "".join(self.kept)
 
     def answer_end(self, now: int) -> int:
         """Where a whole answer's E2E ends: the arrival of its last chunk that carried a
@@ -189,6 +199,8 @@ class StreamParser:
                         self._rearm(now)
                     out.last_token_ns = now
                     out.content_chunks += 1
+                    if self.kept is not None:
+                        self.kept.append(text)
                 if c0.get("finish_reason"):
                     self.finished = True
             elif obj.get("error") or obj.get("object") == "error":

@@ -50,6 +50,7 @@ class Sender:
 
     def __init__(self, targets: list[OpenAITarget], writer: asyncio.StreamWriter) -> None:
         self.targets = targets
+        self.names = [t.name for t in targets]
         self.writer = writer
         self.shift = 0  # parent clock - this clock (from the parent's clock check)
         self.tasks: dict[int, asyncio.Task[None]] = {}
@@ -57,31 +58,8 @@ class Sender:
 
     def start(self, payload: bytes) -> None:
         loop = asyncio.get_running_loop()
-        for (
-            rid,
-            tidx,
-            seq,
-            max_tokens,
-            planned,
-            temp,
-            scheduled,
-            deadline,
-            prompt,
-        ) in wire.unpack_specs(payload):
-            target = self.targets[tidx]
-            spec = RequestSpec(
-                target.name,
-                "",
-                seq,
-                prompt,
-                0,
-                max_tokens,
-                temp,
-                scheduled - self.shift,
-                deadline - self.shift if deadline else 0,
-                planned,
-            )
-            task = self.tasks[rid] = loop.create_task(self._one(rid, target, spec))
+        for rid, tidx, spec in wire.unpack_specs(payload, self.names, self.shift):
+            task = self.tasks[rid] = loop.create_task(self._one(rid, self.targets[tidx], spec))
             task.add_done_callback(partial(self._done, rid))
 
     def cancel(self, payload: bytes) -> None:

@@ -10,8 +10,8 @@ could misread, since both ends are the same installed code.
   resolved configs (secrets by reference only: the worker reads its keys itself).
 - ``READY`` (worker -> parent, JSON): the worker's pid.
 - ``SEND`` (parent -> worker): requests, each ``id, target, seq, max_tokens, planned
-  (the answer length is planned: 1), temperature, scheduled_ns, deadline_ns`` and the
-  prompt. The instants are on the
+  (the answer length is planned: 1), temperature, scheduled_ns, deadline_ns, conversation,
+  turn, keep_answer`` and the prompt. The instants are on the
   parent's clock; the worker converts them with the offset the parent measured.
 - ``CANCEL`` (parent -> worker): request ids to cut (the drain deadline passed).
 - ``PING`` / ``PONG``: the clock check (``t0`` from the parent, ``t1`` the worker's now).
@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Final
 
 from soakd import framing, outcome_record
@@ -44,9 +44,9 @@ HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES = range(1, 10)
 MAX_FRAME: Final = 64 << 20
 """A frame longer than this is a broken peer, not data."""
 
-_SPEC = struct.Struct("<IHqIBdqqI")
+_SPEC = struct.Struct("<IHqIBdqqqIBI")
 # id, target, seq, max_tokens, planned, temperature, scheduled, deadline (0: none),
-# len(prompt)
+# conversation (-1: none), turn, keep_answer, len(prompt)
 _RID = struct.Struct("<I")  # an OUTCOMES entry: the request id, then its record
 _CLOCK = struct.Struct("<qq")
 _CLOSES = struct.Struct("<HHB")  # target, status, closes
@@ -75,28 +75,61 @@ def pack_spec(buf: bytearray, rid: int, target: int, spec: RequestSpec) -> None:
         spec.temperature,
         spec.scheduled_ns,
         spec.deadline_ns,
+        spec.conversation,
+        spec.turn,
+        spec.keep_answer,
         len(text),
     )
     buf += text
 
 
 def unpack_specs(
-    payload: bytes,
-) -> Iterator[tuple[int, int, int, int, bool, float, int, int, str]]:
-    """``(id, target, seq, max_tokens, planned, temperature, scheduled_ns, deadline_ns,
-    prompt)`` per request (instants on the parent's clock)."""
+    payload: bytes, names: Sequence[str] = (), shift: int = 0
+) -> Iterator[tuple[int, int, RequestSpec]]:
+    """``(id, target index, spec)`` per request: the spec's target named from ``names``
+    (empty when not given), its phase left empty, ``shift`` (the parent's clock minus the
+    reader's) taken from its instants."""
     at, end, size = 0, len(payload), _SPEC.size
     while at < end:
         if at + size > end:
             raise WireError("SEND batch ends inside a request")
-        rid, target, seq, max_tokens, planned, temp, scheduled, deadline, n = _SPEC.unpack_from(
-            payload, at
-        )
+        (
+            rid,
+            target,
+            seq,
+            max_tokens,
+            planned,
+            temp,
+            scheduled,
+            deadline,
+            conversation,
+            turn,
+            keep,
+            n,
+        ) = _SPEC.unpack_from(payload, at)
         at += size
         if at + n > end:
             raise WireError("SEND batch ends inside a prompt")
         prompt = payload[at : at + n].decode()
-        yield rid, target, seq, max_tokens, planned == 1, temp, scheduled, deadline, prompt
+        yield (
+            rid,
+            target,
+            RequestSpec(
+                names[target] if names else "",
+                "",
+                seq,
+                prompt,
+                0,
+                max_tokens,
+                temp,
+                scheduled - shift,
+                deadline - shift if deadline else 0,
+                planned == 1,
+                conversation,
+                turn,
+                keep == 1,
+            ),
+        )
         at += n
     if at != end:
         raise WireError("SEND batch ends inside a request")

@@ -23,6 +23,7 @@ from soakd.workers.pool import Wakeups, Worker
 _N = count(3)
 SAMPLES: dict[str, Any] = {
     "str": lambda: f"ünïcode-{next(_N)}",
+    "str | None": lambda: f"an ånswer\n{next(_N)}",  # the answer kept
     "int": lambda: 1_000_000_007 * next(_N),
     "int | None": lambda: 2**40 + next(_N),  # past 32 bits
     "float": lambda: 1.7e9 + next(_N) / 8,
@@ -36,6 +37,7 @@ BY_NAME: dict[str, Any] = {
     "status": 503,  # uint16
     "usage_rejected": "implausible",  # one of USAGE_REJECTED_REASONS
     "usage_delta": -1,  # -1 is a delta, not None
+    "turn": 70_000,  # uint32: past 16 bits
 }
 
 

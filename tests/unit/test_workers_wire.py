@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import typing
 from array import array
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -82,13 +82,25 @@ def test_specs_round_trip_with_any_prompt() -> None:
     specs = [
         (1, 0, spec(5, "héllo\nworld", 123, 2_000_123)),
         (2, 3, spec(6, "", -1, planned=True)),  # its answer length planned: asked whole
+        # a conversation's third turn, its answer kept for the next
+        (3, 1, replace(spec(7, "next", 50), conversation=12, turn=2, keep_answer=True)),
     ]
     for rid, target, s in specs:
         wire.pack_spec(buf, rid, target, s)
-    assert list(wire.unpack_specs(bytes(buf))) == [
-        (1, 0, 5, 64, False, 0.7, 123, 2_000_123, "héllo\nworld"),
-        (2, 3, 6, 64, True, 0.7, -1, 0, ""),
-    ]
+    names = ["a", "b", "c", "d"]
+    got = list(wire.unpack_specs(bytes(buf), names, shift=20))
+    # the worker's own: its target's name, no phase, no planned prompt length, its clock
+    assert got == [
+        (rid, target, replace(
+            s,
+            target=names[target],
+            phase="",
+            prompt_tokens_hint=0,
+            scheduled_ns=s.scheduled_ns - 20,
+            deadline_ns=s.deadline_ns - 20 if s.deadline_ns else 0,
+        ))
+        for rid, target, s in specs
+    ]  # fmt: skip
 
 
 def test_a_not_sent_record_carries_its_reason_and_nothing_else() -> None:
