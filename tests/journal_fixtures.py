@@ -167,9 +167,22 @@ def open_test_journal(
     return j
 
 
+def before_v6(db: Path) -> None:
+    """The journal without the ``requests.conversation`` and ``turn`` columns, as every
+    v1-v5 journal on disk is (schema v5 otherwise: for the tests that make an older journal
+    of a new one)."""
+    with sqlite3.connect(db) as conn:
+        for column in ("conversation", "turn"):
+            conn.execute(f"ALTER TABLE requests DROP COLUMN {column}")
+        conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+        conn.execute("PRAGMA user_version = 5")
+
+
 def output_not_null(db: Path) -> None:
     """``requests.output_tokens`` as soakd before schema v5 made it: NOT NULL, as in every
-    v1-v4 journal on disk (for the tests that make an older journal of a new one)."""
+    v1-v4 journal on disk (``before_v6`` first: for the tests that make an older journal
+    of a new one)."""
+    before_v6(db)
     conn = sqlite3.connect(db, isolation_level=None)
     try:
         (sql,) = conn.execute(

@@ -15,6 +15,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from soakd.metrics.run import Metrics
 
 Key = tuple[str, tuple[tuple[str, str], ...]]
+NOT_CONTINUED = ("soakd_ttft_by_context_seconds", "soakd_turn_ttft_seconds")
+"""soakd_ families a resume does not continue: they start at 0 (docs/metrics.md)."""
+
+
+def continued(scrape: dict[Key, float]) -> dict[Key, float]:
+    """``scrape`` without the families a resume starts at 0 (``NOT_CONTINUED``)."""
+    return {k: v for k, v in scrape.items() if not k[0].startswith(NOT_CONTINUED)}
+
+
 """A sample's name and its labels, sorted."""
 
 

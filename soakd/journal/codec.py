@@ -195,6 +195,8 @@ def outcome_row(
         hist,
         o.usage_delta,
         o.usage_rejected or None,
+        None if o.conversation < 0 else o.conversation,
+        None if o.conversation < 0 else o.turn,
     )
     return row, ordered
 
@@ -221,6 +223,9 @@ def outcome_from_row(row: Mapping[str, Any] | sqlite3.Row) -> Outcome:
     o.usage_delta = row["usage_delta"]
     o.usage_rejected = row["usage_rejected"] or ""
     o.itl_ns = row_itl_ns(row)
+    if row["conversation"] is not None:
+        o.conversation = row["conversation"]
+        o.turn = row["turn"] or 0
     return o
 
 

@@ -5,10 +5,11 @@ soakd journal from any other SQLite file. v2 added the ``missed`` table; v3 the 
 column of ``requests`` (compact ITL gaps, codec.py); v4 the ``usage_delta`` and
 ``usage_rejected`` columns and the ``notes`` table (soakd/measure/notes.py); v5 lets
 ``requests.output_tokens`` be NULL (unknown: a non-streamed answer with text whose usage was
-absent or not taken). An older journal is brought up to date when this soakd continues it
-(``migrate``: v1 -> v2 -> v3 -> v4 -> v5, nothing rewritten; its old rows keep their exact
-gaps, and NULL usage columns) and read as it is (``request_columns``). docs/journal.md has
-the table list.
+absent or not taken); v6 the ``conversation`` and ``turn`` columns of ``requests`` (NULL:
+a single request, no conversation). An older journal is brought up to date when this soakd
+continues it (``migrate``: v1 -> ... -> v6, nothing rewritten; its old rows keep their exact
+gaps, NULL usage columns and NULL conversations) and read as it is (``request_columns``).
+docs/journal.md has the table list.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from typing import Any
 
 from soakd import __version__
 
-SCHEMA_VERSION = 5
-READS_SCHEMAS = frozenset({1, 2, 3, 4, 5})
-MIGRATES_FROM = frozenset({1, 2, 3, 4})  # continued after ``migrate``
+SCHEMA_VERSION = 6
+READS_SCHEMAS = frozenset({1, 2, 3, 4, 5, 6})
+MIGRATES_FROM = frozenset({1, 2, 3, 4, 5})  # continued after ``migrate``
 _MISSED_TABLE = """CREATE TABLE missed (
     target TEXT NOT NULL, phase TEXT NOT NULL, reason TEXT NOT NULL, count INTEGER NOT NULL,
     PRIMARY KEY (target, phase, reason)
@@ -49,6 +50,13 @@ _OUTPUT_NOT_NULL = "output_tokens INTEGER NOT NULL,"
 _OUTPUT_NULLABLE = "output_tokens INTEGER,          -- NULL: unknown (v5)"
 """v5: ``requests.output_tokens`` NULL when the count is unknown. Before v5 the column was
 NOT NULL; ``migrate`` drops the constraint in place (``_drop_output_not_null``)."""
+_CONVERSATION_COLUMNS = (
+    "ALTER TABLE requests ADD COLUMN conversation INTEGER",
+    "ALTER TABLE requests ADD COLUMN turn INTEGER",
+)
+"""v6: the conversation a request is a turn of and its turn, from 0 (both NULL: a single
+request, ``Outcome.conversation`` -1). Added last: an older table gains them as it is,
+its rows NULL."""
 APPLICATION_ID = 0x736F616B  # "soak": tells a soakd journal from any other SQLite file
 JOURNAL_FILE = "journal.db"
 LOCK_FILE = "journal.lock"
@@ -112,12 +120,12 @@ CREATE TABLE rollups (
     + ";\n"
     + _ITL_HIST_COLUMN
     + ";\n"
-    + ";\n".join((*_USAGE_COLUMNS, _NOTES_TABLE))
+    + ";\n".join((*_USAGE_COLUMNS, _NOTES_TABLE, *_CONVERSATION_COLUMNS))
     + ";\n"
 )
 
 INSERT_REQUEST = (
-    "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 REQUEST_COLUMNS = (
     "id",
@@ -147,15 +155,17 @@ REQUEST_COLUMNS = (
     "itl_hist",
     "usage_delta",
     "usage_rejected",
+    "conversation",
+    "turn",
 )
 
 
 def request_columns(version: int, *, itl: bool = True) -> str:
     """The select list of ``requests`` for a journal of schema ``version`` (``itl_hist`` is
-    NULL before v3, the usage columns before v4); without ``itl``, both gap columns are
-    left out."""
+    NULL before v3, the usage columns before v4, the conversation's before v6); without
+    ``itl``, both gap columns are left out."""
     cols = [c for c in REQUEST_COLUMNS if itl or c not in ("itl", "itl_hist")]
-    since = {"itl_hist": 3, "usage_delta": 4, "usage_rejected": 4}
+    since = {"itl_hist": 3, "usage_delta": 4, "usage_rejected": 4, "conversation": 6, "turn": 6}
     return ", ".join(f"NULL AS {c}" if version < since.get(c, 0) else c for c in cols)
 
 
@@ -197,8 +207,9 @@ def create(conn: sqlite3.Connection, meta: dict[str, Any]) -> None:
 def migrate(conn: sqlite3.Connection) -> None:
     """Bring a journal this soakd continues to SCHEMA_VERSION, in one transaction:
     v1 -> v2 the missed table, v2 -> v3 the itl_hist column, v3 -> v4 the usage columns
-    and the notes table, v4 -> v5 ``requests.output_tokens`` nullable (nothing else
-    changed). JournalError when the requests table is not one soakd made."""
+    and the notes table, v4 -> v5 ``requests.output_tokens`` nullable, v5 -> v6 the
+    conversation columns (nothing else changed). JournalError when the requests table is
+    not one soakd made."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version not in MIGRATES_FROM:
         return  # current, or refused by check_schema
@@ -213,6 +224,9 @@ def migrate(conn: sqlite3.Connection) -> None:
             conn.execute(stmt)
         conn.execute(_NOTES_TABLE)
     _drop_output_not_null(conn)
+    if "conversation" not in columns:
+        for stmt in _CONVERSATION_COLUMNS:
+            conn.execute(stmt)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     conn.execute("COMMIT")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from soakd.measure.analysis import TargetStats
+from soakd.measure.breakdown import keys_of
 from soakd.measure.notes import NoteKey, count_notes
 from soakd.model import OK, S_PER_NS, Outcome, status_class
 
@@ -62,6 +63,11 @@ TotalsKey = tuple[str, str, str, str]
 """(target, phase, outcome, status class): one row of the journal's ``totals``."""
 HistKey = tuple[str, str]
 """(kind, target): one row of ``histograms``; kind is a key of ``HISTOGRAM_BUCKETS``."""
+SplitKey = tuple[str, str, str]
+"""(by, target, key): a TTFT histogram broken down ``by`` "context" (the key: a context
+bucket) or "turn" (a turn key): soakd/measure/breakdown.py. Not journaled: after a resume
+these start again at 0 (docs/metrics.md)."""
+SPLIT_BY = ("context", "turn")
 WindowKey = tuple[str, str, int]
 """(target, phase, window index): one row of ``rollups``."""
 Hist = tuple[list[int], float]
@@ -152,6 +158,8 @@ class Fold:
     """(target, note) -> answers that carried it (soakd/measure/notes.py)."""
     phases: dict[tuple[str, str], TargetStats] | None = None
     """``by_phase`` as the writer process sent it (``from_doc``: no windows travel)."""
+    split: dict[SplitKey, Buckets] = field(default_factory=dict)
+    """TTFT by context length and by turn (``SplitKey``), successful requests only."""
 
     def __bool__(self) -> bool:
         return bool(self.totals or self.notes)
@@ -179,6 +187,7 @@ class Fold:
                 ttft = (first - sent) * S_PER_NS
                 at = self._observe("ttft", target, ttft)
                 self._candidate("ttft", target, at, o.seq, ttft, end)
+                self._split(o, ttft)
             tpot = o.tpot_ns
             if tpot is not None:
                 self._observe("tpot", target, tpot * S_PER_NS)
@@ -229,6 +238,13 @@ class Fold:
             for i, n in enumerate(b.counts):
                 have.counts[i] += n
             have.total += b.total
+        for skey, b in other.split.items():
+            have = self.split.get(skey)
+            if have is None:
+                have = self.split[skey] = Buckets(b.bounds)
+            for i, n in enumerate(b.counts):
+                have.counts[i] += n
+            have.total += b.total
         for hkey, cands in other.exemplars.items():
             mine_c = self.exemplars.setdefault(hkey, {})
             for i, cand in cands.items():
@@ -273,6 +289,7 @@ class Fold:
             ],
             "phases": [[*k, stats.to_state()] for k, stats in self.by_phase().items()],
             "notes": [[*k, n] for k, n in self.notes.items()],
+            "split": [[*k, b.counts, b.total] for k, b in self.split.items()],
         }
 
     @classmethod
@@ -290,6 +307,9 @@ class Fold:
             f.phases[(target, phase)] = TargetStats.from_state(state)
         for target, note, n in doc.get("notes", ()):
             f.notes[(target, note)] = int(n)
+        for by, target, key, counts, total in doc.get("split", ()):
+            b = f.split[(by, target, key)] = Buckets(TTFT_BUCKETS)
+            b.counts, b.total = [int(n) for n in counts], float(total)
         return f
 
     def _count(self, o: Outcome) -> None:
@@ -313,6 +333,17 @@ class Fold:
 
     def _observe(self, kind: str, target: str, value: float) -> int:
         return self._buckets(kind, target).add(value)
+
+    def _split(self, o: Outcome, ttft: float) -> None:
+        """``ttft`` (s) into the request's context-length and turn histograms."""
+        for by, key in zip(SPLIT_BY, keys_of(o), strict=True):
+            if key is None:
+                continue
+            skey = (by, o.target, key)
+            b = self.split.get(skey)
+            if b is None:
+                b = self.split[skey] = Buckets(TTFT_BUCKETS)
+            b.add(ttft)
 
     def _candidate(self, kind: str, target: str, at: int, seq: int, value: float, end: int) -> None:
         key = (kind, target)

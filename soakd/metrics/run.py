@@ -246,6 +246,26 @@ class Metrics:
             registry=c,
         )
 
+        # TTFT broken down (soakd/measure/breakdown.py): not continued by a resume, they
+        # start at 0 in a new process like the probe counters (docs/metrics.md)
+        self.ttft_by = {
+            "context": BucketHistogram(
+                mn.TTFT_BY_CONTEXT_SECONDS,
+                "TTFT of successful requests by context length: the served prompt tokens' "
+                "bucket (its upper bound; +Inf past 131072).",
+                ["target", "context"],
+                TTFT_BUCKETS,
+                registry=r,
+            ),
+            "turn": BucketHistogram(
+                mn.TURN_TTFT_SECONDS,
+                "TTFT of successful conversation turns by turn index (from 0; 16+ past 15).",
+                ["target", "turn"],
+                TTFT_BUCKETS,
+                registry=r,
+            ),
+        }
+
         self.in_flight = Gauge(
             mn.IN_FLIGHT_REQUESTS, "Requests sent and not yet finished.", ["target"], registry=r
         )
@@ -476,6 +496,8 @@ class Metrics:
         for (kind, target), b in f.hists.items():
             child: BucketChild = getattr(children[target], kind)
             child.add(b.counts, b.total)
+        for (by, target, split_key), b in f.split.items():
+            self.ttft_by[by].labels(target, split_key).add(b.counts, b.total)
         for (kind, target), candidates in f.exemplars.items():
             run = self._traced.get(target)
             if run is None:

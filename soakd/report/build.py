@@ -23,6 +23,7 @@ from soakd.measure.verdicts import compare, eligible_for_best
 from soakd.measure.verdicts import overall as overall_verdict
 from soakd.model import NS_PER_S
 from soakd.report import names
+from soakd.report.breakdowns import BREAKDOWN_NOTE, breakdowns
 from soakd.report.decisions import (
     Judging,
     best,
@@ -34,7 +35,7 @@ from soakd.report.decisions import (
     with_goodput,
 )
 from soakd.report.failing import failing_notes
-from soakd.report.model import Downtime, OutputTokens, PromptTokens, Report, Tested
+from soakd.report.model import Breakdown, Downtime, OutputTokens, PromptTokens, Report, Tested
 from soakd.report.output_tokens import Answers, output_notes, output_tokens
 from soakd.report.plots import plots, slo_lines
 from soakd.report.prompt_tokens import prompt_notes, prompt_tokens
@@ -223,6 +224,7 @@ def build_report(
         prompt_tokens=read.prompt_rows,
         prompt_sizing=read.prompt_sizing,
         output_tokens=read.output_rows,
+        breakdowns=read.breakdowns,
     )
 
 
@@ -250,6 +252,7 @@ class _Read:
     output_rows: list[OutputTokens]
     warnings: list[str]
     downtimes: list[Downtime]
+    breakdowns: list[Breakdown]
 
 
 def _read(
@@ -301,6 +304,12 @@ def _read(
                 Downtime(offset_h=row.offset_s / HOUR_S, seconds=e.seconds)
                 for row, e in each(events, records.Downtime)
             ],
+            breakdowns=breakdowns(
+                reader.conn,
+                reader.version,
+                targets,
+                list(dict.fromkeys(p.name for p in stored.plan.phases)),
+            ),
         )
 
 
@@ -365,6 +374,8 @@ def _notes(read: _Read, rows: Rows, frame: Frame) -> list[str]:
     ]
     notes += prompt_notes(read.prompt_rows, read.prompt_sizing)
     notes += output_notes(read.output_rows)
+    if read.breakdowns:
+        notes.append(BREAKDOWN_NOTE)
     return notes
 
 

@@ -10,6 +10,7 @@ import html
 import math
 from collections.abc import Sequence
 
+from soakd.report.breakdowns import context_series, context_table, turn_tables
 from soakd.report.model import PHASE_COLUMNS, Report, Series
 from soakd.report.output_tokens import output_table
 from soakd.report.prompt_tokens import prompt_table
@@ -115,6 +116,18 @@ def render_html(rep: Report) -> str:
     answers = output_table(rep)
     if answers is not None:
         parts.append(html_table(answers))
+    by_context = context_table(rep)
+    if by_context is not None:
+        parts.append(html_table(by_context))
+        parts.append(
+            svg_chart(
+                "TTFT by context length",
+                "ms",
+                context_series(rep),
+                x_label="mean served prompt tokens of the bucket (thousands)",
+            )
+        )
+    parts += [html_table(table) for table in turn_tables(rep)]
     if rep.plots:
         parts.append('<h2>Over time</h2><div class="plots">')
         markers = [(d["offset_h"], f"down {fmt_duration(d['seconds'])}") for d in rep.downtimes]
@@ -180,11 +193,13 @@ def svg_chart(
     limits: Sequence[tuple[str, float]] = (),
     phases: Sequence[tuple[float, str]] = (),
     x_end: float | None = None,
+    x_label: str | None = None,
 ) -> str:
     """A line chart as inline SVG: x in plan hours (minutes or seconds for short runs), up
     to ``x_end`` (the plan time reached: nothing past it is drawn); ``markers`` (downtime)
     and ``phases`` (each phase's start, named) as vertical lines, ``limits`` (the SLO) as
-    red dashed horizontal ones."""
+    red dashed horizontal ones. ``x_label``: x is not plan time but the quantity it names,
+    drawn as it is from 0 (the TTFT-by-context curve)."""
     e = html.escape
     left, right, top, bottom = 60, 24, 28, 62
     pw, ph = width - left - right, height - top - bottom
@@ -200,7 +215,9 @@ def svg_chart(
         return "".join(out)
     x_hi = x_end if x_end else max([*xs, *(m[0] for m in markers)])
     xunit, xscale = "hours", 1.0
-    if x_hi < 2:
+    if x_label is not None:
+        x_hi = max(xs)
+    elif x_hi < 2:
         xunit, xscale = ("minutes", 60.0) if x_hi >= 2 / 60 else ("seconds", 3600.0)
     x0, x1 = 0.0, x_hi * xscale or 1.0
     y0, y1 = 0.0, max([*ys, *(v for _, v in limits)]) * 1.08 or 1.0
@@ -224,7 +241,7 @@ def svg_chart(
         out.append(f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle">{t:g}</text>')
     out.append(
         f'<text x="{left + pw / 2}" y="{top + ph + 30}" text-anchor="middle">'
-        f"plan time ({xunit})</text>"
+        f"{e(x_label) if x_label is not None else f'plan time ({xunit})'}</text>"
     )
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#bbb"/>')
     labelled = -1e9  # a phase's name only where the last one is far enough to the left

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from soakd.report.breakdowns import context_table, turn_tables
 from soakd.report.model import PHASE_COLUMNS, Report
 from soakd.report.output_tokens import output_table
 from soakd.report.prompt_tokens import prompt_table
@@ -55,6 +56,8 @@ def render_markdown(rep: Report) -> str:
         errors_table(rep, "Errors by kind"),
         prompt_table(rep),
         output_table(rep),
+        context_table(rep),
+        *turn_tables(rep),
     ):
         if extra is not None:
             out += md_table(extra)

@@ -194,6 +194,34 @@ class OutputTokens(PlannedServed):
 
 
 @dataclass
+class SplitRow:
+    """Latency of one key of a breakdown (report/breakdowns.py): a context-length bucket
+    (its upper bound in served prompt tokens, "+Inf" past the last) or a turn ("0", ...
+    "16+"). Latencies over the successful requests; None: none."""
+
+    key: str
+    requests: int  # sent, every outcome
+    errors: int  # in the error ratio (soakd/measure/goodput.py)
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    e2e_p50_ms: float | None
+    e2e_p99_ms: float | None
+    itl_p50_ms: float | None  # the median of the requests' own median gaps
+    prompt_tokens_mean: float | None  # served prompt tokens: the context length
+
+
+@dataclass
+class Breakdown:
+    """One target's latency by context length and by turn, over the run (``phase`` None)
+    or one phase; ``by_turn`` empty when it had no conversation."""
+
+    target: str
+    phase: str | None
+    by_context: list[SplitRow]
+    by_turn: list[SplitRow]
+
+
+@dataclass
 class Report:
     run_id: str
     created: str
@@ -236,6 +264,9 @@ class Report:
     # what the journal lost or could not keep (damage, a lost WAL, a full disk): the
     # report's first lines, before anything else (build.py, _journal_warnings)
     warnings: list[str] = field(default_factory=list)
+    # latency by context length and by turn, per target: the whole run, then each phase
+    # (soakd/report/breakdowns.py)
+    breakdowns: list[Breakdown] = field(default_factory=list)
 
 
 Better = Literal["min", "max"]

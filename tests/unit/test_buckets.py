@@ -15,6 +15,7 @@ from soakd.measure.fold import HISTOGRAM_BUCKETS, ITL_BUCKETS, Buckets, Fold, fo
 from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome
 from tests.journal_fixtures import FakeClock, outcome
+from tests.scraping import NOT_CONTINUED, continued
 
 KINDS = [None] * 8 + [ErrorKind.HTTP_5XX, ErrorKind.TIMEOUT_CONNECT]
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -57,13 +58,27 @@ def test_restored_then_live_equals_counted_live_all_along() -> None:
     totals = [(*k, *v) for k, v in stored.totals.items()]
     assert resumed.restore(totals, stored.hist_counts()) == []  # type: ignore[arg-type]
     resumed.apply(fold(after))
-    want, got = scraped(live), scraped(resumed)
+    want, got = continued(scraped(live)), continued(scraped(resumed))
     assert want.keys() == got.keys()
     for key, value in want.items():
         if key[0].endswith("_sum"):  # float sums, added in another order
             assert abs(got[key] - value) <= 1e-9 * max(1.0, abs(value)), key
         else:  # buckets, counts, counters: whole numbers, exact
             assert got[key] == value, key
+
+
+def test_the_breakdowns_start_again_at_zero_after_a_resume() -> None:
+    before, after = outcomes(300, seed=1), outcomes(200, seed=2)
+    stored = fold(before)
+    resumed, fresh = metrics(), metrics()
+    totals = [(*k, *v) for k, v in stored.totals.items()]
+    assert resumed.restore(totals, stored.hist_counts()) == []  # type: ignore[arg-type]
+    resumed.apply(fold(after))
+    fresh.apply(fold(after))
+    got = {k: v for k, v in scraped(resumed).items() if k[0].startswith(NOT_CONTINUED)}
+    want = {k: v for k, v in scraped(fresh).items() if k[0].startswith(NOT_CONTINUED)}
+    assert got == want
+    assert got  # the outcomes have prompt tokens: some context buckets were counted
 
 
 def test_a_batch_folded_at_once_equals_its_outcomes_one_by_one() -> None:

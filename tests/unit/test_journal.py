@@ -41,7 +41,7 @@ from tests.journal_fixtures import (
     run_info,
     written,
 )
-from tests.scraping import scraped
+from tests.scraping import continued, scraped
 
 
 def test_itl_packs_to_four_bytes_a_gap() -> None:
@@ -95,7 +95,7 @@ def test_rows_totals_and_histograms_match_what_metrics_counted(tmp_path: Path) -
     for t in ("alpha", "beta"):
         restored.add_target(t, ["warm", "hot"])
     assert restored.restore(j2.restored.totals, j2.restored.histograms) == []
-    before, after = scraped(live, "soakd_"), scraped(restored, "soakd_")
+    before, after = continued(scraped(live, "soakd_")), continued(scraped(restored, "soakd_"))
     assert before.keys() == after.keys()
     for key, value in before.items():
         assert after[key] == pytest.approx(value, rel=1e-9), key

@@ -1,5 +1,5 @@
 """The journal's size: ITL gaps kept compactly (exact only when asked), a v2 journal read,
-exported and continued as v5, and the disk budget (journal.max_bytes): near it the rows
+exported and continued as v6, and the disk budget (journal.max_bytes): near it the rows
 stop, the rollups go on, and the report says so."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def _as_v2(db: Path) -> None:
         conn.execute("PRAGMA user_version = 2")
 
 
-def test_a_v2_journal_is_read_exported_and_continued_as_v5(tmp_path: Path) -> None:
+def test_a_v2_journal_is_read_exported_and_continued_as_v6(tmp_path: Path) -> None:
     cfg, clock = config(), FakeClock(offset_s=20)
     j = open_test_journal(tmp_path, cfg, clock, journal_cfg=JournalConfig(itl="exact"))
     old = make_outcomes(clock, 100)
@@ -158,7 +158,7 @@ def test_a_v2_journal_is_read_exported_and_continued_as_v5(tmp_path: Path) -> No
     ]
     assert all(r["itl_sorted_us"] == "" for r in exported)
     assert read_resume_state(db) is not None
-    # continued: migrated to v5 in place, old rows keep their exact gaps, new ones compact
+    # continued: migrated to v6 in place, old rows keep their exact gaps, new ones compact
     clock2 = FakeClock(offset_s=40)
     j = open_test_journal(tmp_path, cfg, clock2)
     new = make_outcomes(clock2, 100, seed=2)
@@ -166,9 +166,9 @@ def test_a_v2_journal_is_read_exported_and_continued_as_v5(tmp_path: Path) -> No
         j.record(o)
     j.close()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     with JournalReader(tmp_path) as r:
-        assert r.meta["schema_version"] == 5
+        assert r.meta["schema_version"] == 6
         rows = list(r.request_rows())
     assert len(rows) == 200
     assert [list(unpack_itl(row["itl"])) for row in rows[:100]] == [

@@ -1,7 +1,7 @@
 """Answer notes (soakd/measure/notes.py): usage not taken, usage off the stream, an unreadable
 Retry-After. Each is counted per target the same in Metrics, the journal's notes table and
 /status, named once in the log, continued by a resume, and written in the report; a v3
-journal is read and continued as v5. And Retry-After is read as HTTP writes it."""
+journal is read and continued as v6. And Retry-After is read as HTTP writes it."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def _as_v3(db: Path) -> None:
         conn.execute("PRAGMA user_version = 3")
 
 
-def test_a_v3_journal_is_read_exported_and_continued_as_v5(tmp_path: Path) -> None:
+def test_a_v3_journal_is_read_exported_and_continued_as_v6(tmp_path: Path) -> None:
     cfg, clock = config(), FakeClock(offset_s=20)
     j = open_test_journal(tmp_path, cfg, clock)
     old = outcomes(clock, 100, seed=4)
@@ -201,7 +201,7 @@ def test_a_v3_journal_is_read_exported_and_continued_as_v5(tmp_path: Path) -> No
         j.record(o)
     j.close()
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     with JournalReader(tmp_path) as r:
         rows = list(r.request_rows(itl=False))
         assert {(t, n): c for t, n, c in r.notes()} == expected(new)  # counted from v4 on
@@ -209,7 +209,7 @@ def test_a_v3_journal_is_read_exported_and_continued_as_v5(tmp_path: Path) -> No
     with (tmp_path / "v4.csv").open("w") as f:
         assert export(tmp_path, "csv", f) == 200
     header, *lines = (tmp_path / "v4.csv").read_text().splitlines()
-    assert header.endswith("usage_reported,usage_delta,usage_rejected,trace_id")
+    assert header.endswith("usage_delta,usage_rejected,conversation,turn,trace_id")
     assert sum(",negative," in line for line in lines) == sum(
         o.usage_rejected == "negative" for o in new
     )
@@ -232,7 +232,7 @@ def _output_nullable(db: Path) -> bool:
     return not notnull
 
 
-def test_a_v4_journal_is_continued_as_v5_and_keeps_an_unknown_count(tmp_path: Path) -> None:
+def test_a_v4_journal_is_continued_as_v6_and_keeps_an_unknown_count(tmp_path: Path) -> None:
     cfg, clock = config(), FakeClock(offset_s=20)
     j = open_test_journal(tmp_path, cfg, clock)
     old = outcomes(clock, 50, seed=6)
@@ -253,7 +253,7 @@ def test_a_v4_journal_is_continued_as_v5_and_keeps_an_unknown_count(tmp_path: Pa
     j.close()
     assert _output_nullable(db)
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     with JournalReader(tmp_path) as r:
         rows = list(r.request_rows(itl=False))
     assert [row["output_tokens"] for row in rows] == [o.output_tokens for o in old] + [None]
@@ -267,7 +267,8 @@ def test_a_v4_journal_is_continued_as_v5_and_keeps_an_unknown_count(tmp_path: Pa
 
 def test_the_golden_v4_journal_migrates_without_a_row_rewritten(tmp_path: Path) -> None:
     """A journal v4 soakd wrote (tests/data/report-golden): migrated in place, its rows and
-    pages as they were, its output_tokens column now taking NULL."""
+    pages as they were (the conversation columns NULL: no conversation), its
+    output_tokens column now taking NULL."""
     db = tmp_path / "journal.db"
     shutil.copyfile(Path(__file__).parent.parent / "data/report-golden/journal.db", db)
     with sqlite3.connect(db) as conn:
@@ -277,8 +278,9 @@ def test_the_golden_v4_journal_migrates_without_a_row_rewritten(tmp_path: Path) 
     conn = schema.connect(db, readonly=False)
     try:
         schema.migrate(conn)
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 5
-        assert conn.execute("SELECT * FROM requests ORDER BY id").fetchall() == before
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 6
+        after = conn.execute("SELECT * FROM requests ORDER BY id").fetchall()
+        assert after == [(*row, None, None) for row in before]
         assert conn.execute("PRAGMA page_count").fetchone()[0] == pages
     finally:
         conn.close()

@@ -268,7 +268,7 @@ def test_html_carries_the_same_numbers_and_is_self_contained(run_dir: Path) -> N
     parser.feed(page)
     side = next(t for t in parser.tables if t[0] == ["metric", "alpha", "beta"])
     _check_table({r[0]: r[1:] for r in side[1:]}, rows)
-    assert parser.svgs == 5  # latency, TTFT/ITL, throughput, errors, VRAM
+    assert parser.svgs == 6  # latency, TTFT/ITL, throughput, errors, VRAM; TTFT by context
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", page)  # nothing fetched
     assert "<script" not in page
 

@@ -55,6 +55,7 @@ REPORT_KEYS = [
     "prompt_sizing",
     "output_tokens",  # planned against served answer lengths (soakd/report/output_tokens.py)
     "warnings",  # what the journal lost or could not keep: the report's first lines
+    "breakdowns",  # latency by context length and by turn (soakd/report/breakdowns.py)
     "columns",
 ]
 ROW_KEYS = [
@@ -138,6 +139,18 @@ SHAPES = {
     ],
     "series": ["label", "points", "group", "dashed"],
     "prompt_tokens": ["target", "requests", "planned", "served", "at_start"],
+    "breakdown": ["target", "phase", "by_context", "by_turn"],
+    "split_row": [
+        "key",
+        "requests",
+        "errors",
+        "ttft_p50_ms",
+        "ttft_p99_ms",
+        "e2e_p50_ms",
+        "e2e_p99_ms",
+        "itl_p50_ms",
+        "prompt_tokens_mean",
+    ],
     "verdict": [
         "target",
         "phase",
@@ -309,6 +322,8 @@ def test_the_json_report_keeps_its_keys(run_dir: Path) -> None:
         ("column", doc["columns"]),
         ("slow", [s for by in doc["slowest"].values() for v in by.values() for s in v]),
         ("prompt_tokens", doc["prompt_tokens"]),
+        ("breakdown", doc["breakdowns"]),
+        ("split_row", [r for b in doc["breakdowns"] for r in b["by_context"]]),
     ):
         assert items, name  # the fixture has one of each
         for item in items:
