@@ -107,6 +107,43 @@ def latency() -> Dashboard:
         ),
         24,
     )
+    d.row("TTFT by context length and by turn")
+    for title, metric, label, legend, desc in (
+        (
+            "TTFT by context length, P50 and P99 (5m)",
+            "soakd_ttft_by_context_seconds",
+            "context",
+            "<= {{context}} tok",
+            "TTFT by the served prompt tokens' bucket (its upper bound, powers of two): the "
+            "curve of KV-cache pressure, a long context waiting longer for its first token. "
+            "Starts again at 0 after a resume (docs/metrics.md).",
+        ),
+        (
+            "TTFT by turn, P50 and P99 (5m)",
+            "soakd_turn_ttft_seconds",
+            "turn",
+            "turn {{turn}}",
+            "TTFT of conversation turns by turn index (16+: every later turn); each turn "
+            "sends the history so far, so the context grows turn by turn. Empty without "
+            "conversations.",
+        ),
+    ):
+        d.add(
+            timeseries(
+                title,
+                [
+                    q(
+                        f"histogram_quantile({quantile}, sum by ({BOX}, target, {label}, le) "
+                        f"(rate({metric}_bucket{{{T}}}[5m])))",
+                        f"{{{{node}}}} {{{{target}}}} {legend} {name}",
+                    )
+                    for quantile, name in ((0.5, "P50"), (0.99, "P99"))
+                ],
+                "s",
+                desc=desc,
+            ),
+            12,
+        )
     d.row("soakd (client) next to the server (vLLM /metrics)")
     d.add(
         timeseries(

@@ -215,6 +215,27 @@ def test_dashboards_have_the_required_content() -> None:
     assert table["options"]["sortBy"] == [{"displayName": "pages firing", "desc": True}]
 
 
+def test_the_latency_dashboard_breaks_ttft_down_by_context_and_turn() -> None:
+    """TTFT by context length and by turn: a P50 and a P99 per target and key, the keys
+    the metrics' bounded labels (soakd/measure/breakdown.py), read over 5 minutes."""
+    import json
+
+    panels = json.loads((obs.DASHBOARD_DIR / "soakd-latency.json").read_text())["panels"]
+    by_title = {p["title"]: p for p in panels}
+    for title, metric, label in (
+        ("TTFT by context length, P50 and P99 (5m)", "soakd_ttft_by_context_seconds", "context"),
+        ("TTFT by turn, P50 and P99 (5m)", "soakd_turn_ttft_seconds", "turn"),
+    ):
+        exprs = [t["expr"] for t in by_title[title]["targets"]]
+        assert [e.split(",")[0] for e in exprs] == [
+            "histogram_quantile(0.5",
+            "histogram_quantile(0.99",
+        ]
+        for expr in exprs:
+            assert f"rate({metric}_bucket{{" in expr
+            assert f"by (node, site, target, {label}, le)" in expr
+
+
 def test_every_dashboard_expression_keeps_node_and_site() -> None:
     """Against a central Prometheus, "All" must give one line per box: every selector
     filters on the node and site variables, every aggregation and match keeps both
