@@ -215,11 +215,3 @@ def context_series(rep: Report) -> list[Series]:
             )
         )
     return out
-
-
-BREAKDOWN_NOTE = (
-    "By context length and by turn: from the journal's request rows (the rows kept). The "
-    "context is the request's served prompt tokens (the server's usage; a request without "
-    "it is in no bucket), in power-of-two buckets; a turn counts from 0, turns from 16 on "
-    "are 16+. ITL p50 there: the median of the requests' own median gaps."
-)

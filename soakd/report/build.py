@@ -23,7 +23,7 @@ from soakd.measure.verdicts import compare, eligible_for_best
 from soakd.measure.verdicts import overall as overall_verdict
 from soakd.model import NS_PER_S
 from soakd.report import names
-from soakd.report.breakdowns import BREAKDOWN_NOTE, breakdowns
+from soakd.report.breakdowns import breakdowns
 from soakd.report.decisions import (
     Judging,
     best,
@@ -374,8 +374,6 @@ def _notes(read: _Read, rows: Rows, frame: Frame) -> list[str]:
     ]
     notes += prompt_notes(read.prompt_rows, read.prompt_sizing)
     notes += output_notes(read.output_rows)
-    if read.breakdowns:
-        notes.append(BREAKDOWN_NOTE)
     return notes
 
 

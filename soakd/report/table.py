@@ -184,6 +184,12 @@ def result(passed: bool | None, note: str = "") -> str:
 
 def definitions(rep: Report) -> list[str]:
     slices = fmt_duration(rep.slice_s)
+    broken_down = [
+        "By context length and by turn: from the journal's request rows (the rows kept). "
+        "The context is a request's served prompt tokens (the server's usage; a request "
+        "without it is in no bucket), in power-of-two buckets; a turn counts from 0, turns "
+        "from 16 on are 16+. ITL p50 there: the median of the requests' own median gaps."
+    ]
     return [
         "Latency percentiles: successful requests only; from the journal's digests "
         "(within ~1 %). TTFT: send to the first content token; ITL: gaps between content "
@@ -206,6 +212,7 @@ def definitions(rep: Report) -> list[str]:
         "counted them (shed_* outcomes, the phase they were sent in); the gateway's own "
         "breaker openings and rejections as read from it every probes.scrape_interval, in "
         "the phase of the read (so they may lag into the next phase).",
+        *(broken_down if rep.breakdowns else []),
     ]
 
 
