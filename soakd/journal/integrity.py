@@ -283,6 +283,7 @@ def _copy_by_rowid(
         s.read[name] = 0
         return []
     hi = min(hi, bound)  # a damaged last page can say any id
+    lo = max(lo, 1)  # so can a damaged page on the way to the first: ids start at 1
     failed: list[tuple[int, int]] = []
     stack = [(lo, hi)]
     probes = 0
