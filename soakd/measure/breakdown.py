@@ -20,8 +20,6 @@ from __future__ import annotations
 import bisect
 from typing import Final
 
-from soakd.model import Outcome
-
 CONTEXT_BOUNDS: Final = tuple(2**k for k in range(7, 18))
 """Upper bounds (inclusive) of the context-length buckets, in served prompt tokens:
 128, 256, ... 131,072; past the last, ``+Inf``."""
@@ -40,16 +38,16 @@ def context_of(prompt_tokens: int | None) -> str | None:
     return CONTEXT_LABELS[bisect.bisect_left(CONTEXT_BOUNDS, prompt_tokens)]
 
 
+def turn_key(turn: int) -> str:
+    """The key of a conversation's turn (from 0)."""
+    return TURN_LABELS[min(max(turn, 0), TURN_CAP)]
+
+
 def turn_of(conversation: int | None, turn: int | None) -> str | None:
     """The turn key of a request (None: not a turn of a conversation)."""
     if conversation is None or conversation < 0:
         return None
-    return TURN_LABELS[min(turn or 0, TURN_CAP)]
-
-
-def keys_of(o: Outcome) -> tuple[str | None, str | None]:
-    """(context bucket, turn key) of an outcome."""
-    return context_of(o.prompt_tokens), turn_of(o.conversation, o.turn)
+    return turn_key(turn or 0)
 
 
 def context_title(label: str) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from soakd.measure.analysis import TargetStats
-from soakd.measure.breakdown import keys_of
+from soakd.measure.breakdown import context_of, turn_key
 from soakd.measure.notes import NoteKey, count_notes
 from soakd.model import OK, S_PER_NS, Outcome, status_class
 
@@ -67,7 +67,7 @@ SplitKey = tuple[str, str, str]
 """(by, target, key): a TTFT histogram broken down ``by`` "context" (the key: a context
 bucket) or "turn" (a turn key): soakd/measure/breakdown.py. Not journaled: after a resume
 these start again at 0 (docs/metrics.md)."""
-SPLIT_BY = ("context", "turn")
+
 WindowKey = tuple[str, str, int]
 """(target, phase, window index): one row of ``rollups``."""
 Hist = tuple[list[int], float]
@@ -336,14 +336,17 @@ class Fold:
 
     def _split(self, o: Outcome, ttft: float) -> None:
         """``ttft`` (s) into the request's context-length and turn histograms."""
-        for by, key in zip(SPLIT_BY, keys_of(o), strict=True):
-            if key is None:
-                continue
-            skey = (by, o.target, key)
-            b = self.split.get(skey)
-            if b is None:
-                b = self.split[skey] = Buckets(TTFT_BUCKETS)
-            b.add(ttft)
+        context = context_of(o.prompt_tokens)
+        if context is not None:
+            self._split_buckets(("context", o.target, context)).add(ttft)
+        if o.conversation >= 0:
+            self._split_buckets(("turn", o.target, turn_key(o.turn))).add(ttft)
+
+    def _split_buckets(self, key: SplitKey) -> Buckets:
+        b = self.split.get(key)
+        if b is None:
+            b = self.split[key] = Buckets(TTFT_BUCKETS)
+        return b
 
     def _candidate(self, kind: str, target: str, at: int, seq: int, value: float, end: int) -> None:
         key = (kind, target)

@@ -15,7 +15,7 @@ from pathlib import Path
 from soakd.journal import JournalReader
 from soakd.journal.schema import SCHEMA_VERSION
 from soakd.measure.breakdown import CONTEXT_LABELS, TURN_LABELS, context_of, turn_of
-from soakd.measure.fold import fold
+from soakd.measure.fold import Fold, fold
 from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome
 from soakd.report import build_report
@@ -232,3 +232,10 @@ def test_metrics_break_ttft_down_with_bounded_labels() -> None:
     turn0 = {dict(k[1])["le"]: v for k, v in le.items() if ("turn", "0") in k[1]}
     assert turn0["0.005"] == 0
     assert turn0["0.01"] == 3  # 100 tokens: 10 ms
+    # as the journal's writer process sends its fold: the same counts
+    sent_over = Metrics()
+    for t in ("alpha", "beta"):
+        sent_over.add_target(t, ["warm"])
+    sent_over.apply(Fold.from_doc(json.loads(json.dumps(fold(sent).to_doc()))))
+    for family in ("soakd_turn_ttft_seconds", "soakd_ttft_by_context_seconds"):
+        assert scraped(sent_over, family) == scraped(m, family)
