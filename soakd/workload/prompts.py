@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from soakd.config import MAX_TOKENS, ConfigError, TokenLength, Workload
+from soakd.config import MAX_TOKENS, ConfigError, Prefix, TokenLength, Workload
 from soakd.workload.calibration import UNCALIBRATED, Calibration
 
 # Common English words, each a single token both alone and after a space in
@@ -100,7 +100,8 @@ _POOL = 1 << 16  # distinct body start positions
 _HEAD_WORDS = 4  # 40 bits: a distinct opening for every seq below 2**40
 _HEAD_MASK = (1 << 40) - 1
 _HEAD_MULT = 0x5DEECE66D  # odd, so seq -> seq * mult + key is a bijection mod 2**40
-_CHARS_PER_TOKEN = 4  # the usual estimate for English text, for file prompts
+CHARS_PER_TOKEN = 4  # the usual estimate for English text, for file prompts
+_PREFIX_SALT = 0x707265666978  # "prefix": the shared prefixes' draws, apart from the rest
 
 
 class Lengths(Protocol):
@@ -143,6 +144,21 @@ class PromptSource(Protocol):
         ...
 
 
+@runtime_checkable
+class Records(Protocol):
+    """A source whose prompts are a file's records (a prompt file, a dataset): seq ``s``
+    sends record ``record_of(s)``, which ``label`` names in its file; a record may plan its
+    answer's length (``output_tokens``; ``plans_outputs``: some record does)."""
+
+    plans_outputs: bool
+
+    def __len__(self) -> int: ...
+    def record_of(self, seq: int) -> int: ...
+    def label(self, record: int) -> str: ...
+    def length(self, seq: int) -> int: ...
+    def output_tokens(self, seq: int) -> int | None: ...
+
+
 def make_prompt_source(
     workload: Workload, calibrations: Sequence[Calibration] = ()
 ) -> PromptSource:
@@ -151,8 +167,12 @@ def make_prompt_source(
     prompts = workload.prompts
     if prompts.source == "file":
         assert prompts.file is not None  # the config model guarantees it
-        return FilePrompts(prompts.file)
-    return SyntheticPrompts(prompts.input_tokens, workload.seed, calibrations)
+        return FilePrompts(prompts.file, prompts.prefix, workload.seed)
+    if prompts.source != "synthetic":
+        from soakd.workload.datasets import open_dataset  # it builds on this module
+
+        return open_dataset(workload, calibrations)
+    return SyntheticPrompts(prompts.input_tokens, workload.seed, calibrations, prompts.prefix)
 
 
 def _mix(x: int) -> int:
@@ -212,11 +232,17 @@ class SyntheticPrompts:
     """
 
     def __init__(
-        self, lengths: TokenLength, seed: int = 0, calibrations: Sequence[Calibration] = ()
+        self,
+        lengths: Lengths,
+        seed: int = 0,
+        calibrations: Sequence[Calibration] = (),
+        prefix: Prefix | None = None,
     ) -> None:
         self.lengths = lengths
         self.seed = seed
+        self.prefix = prefix if prefix is not None and prefix.share > 0 else None
         self._key = _mix(seed & _M64)
+        self._prefix_key = _mix(self._key ^ _PREFIX_SALT)
         longest = fixed_length(lengths) if lengths.dist == "fixed" else lengths.max
         self._longest = longest
         self._pool: list[int] = []
@@ -264,10 +290,49 @@ class SyntheticPrompts:
 
     def length(self, seq: int) -> int:
         """The planned prompt length (tokens) of ``seq``."""
-        return self._length(_mix(self._key ^ (seq & _M64)))
+        return self._length(seq, _mix(self._key ^ (seq & _M64)))
 
-    def _length(self, h1: int) -> int:
+    def _length(self, seq: int, h1: int) -> int:
+        """The planned length of ``seq`` (``h1``: its draw): a dataset's subclass reads it."""
         return draw_length(self.lengths, h1)
+
+    def prefix_of(self, seq: int) -> int | None:
+        """Which shared prefix ``seq`` opens with (None: none), drawn from the seed alone."""
+        p = self.prefix
+        if p is None:
+            return None
+        h = _mix(self._prefix_key ^ (seq & _M64))
+        if (h >> 11) / 9007199254740992.0 >= p.share:
+            return None
+        return _mix(h) % p.count
+
+    def prefix_text(self, k: int, seq: int = 0) -> tuple[str, float]:
+        """(text, its cost) of shared prefix ``k``, at the calibration of ``seq``."""
+        tokens = self.prefix.tokens if self.prefix is not None else 0
+        return self.window(self._prefix_key ^ k, tokens, seq)
+
+    def _sizing_of(self, seq: int) -> _Sizing:
+        sizing = self._sizings[-1]
+        if seq < sizing.cal.from_seq:
+            sizing = next(s for s in reversed(self._sizings) if seq >= s.cal.from_seq)
+        return sizing
+
+    def window(self, key: int, tokens: float, seq: int = 0) -> tuple[str, float]:
+        """(text, its cost) of about ``tokens`` tokens at the calibration of ``seq``: pool
+        words from a place ``key`` picks, so the same key gives the same text (a shared
+        prefix, a Mooncake block). ``tokens`` is at most the longest planned prompt."""
+        sizing = self._sizing_of(seq)
+        cum = sizing.cum
+        start = _mix(key ^ 0x2545F4914F6CDD1D) % _POOL
+        base = cum[start]
+        # the window whose cost is nearest (the shorter one on a tie)
+        end = bisect_left(cum, base + tokens, start, start + sizing.max_words)
+        if end > start and base + tokens - cum[end - 1] <= cum[end] - (base + tokens):
+            end -= 1
+        if end == start:
+            return "", 0.0
+        starts = self._starts
+        return self._text[starts[start] : starts[end] - 1], cum[end] - base
 
     def spec_fields(self, seq: int) -> tuple[str, int]:
         text, n, _ = self.build(seq)
@@ -278,33 +343,28 @@ class SyntheticPrompts:
         return self.build(seq)[2]
 
     def build(self, seq: int) -> tuple[str, int, float]:
-        """(prompt text, planned tokens, tokens the calibration expects) for ``seq``."""
+        """(prompt text, planned tokens, tokens the calibration expects) for ``seq``: its
+        shared prefix if it draws one, four words that spell it, then a window of the pool."""
         h1 = _mix(self._key ^ (seq & _M64))
-        n = self._length(h1)
-        sizing = self._sizings[-1]
-        if seq < sizing.cal.from_seq:
-            sizing = next(s for s in reversed(self._sizings) if seq >= s.cal.from_seq)
+        n = self._length(seq, h1)
+        sizing = self._sizing_of(seq)
         costs = sizing.costs
         budget = n - sizing.cal.overhead
+        lead = ""
+        k = self.prefix_of(seq)
+        if k is not None and self.prefix is not None:
+            lead, cost = self.prefix_text(k, seq)
+            budget -= cost
+            lead += " "
         x = (seq * _HEAD_MULT + self._key) & _HEAD_MASK
         head = [(x >> (10 * i)) & 1023 for i in range(_HEAD_WORDS)]
         spent = sum(costs[i] for i in head)
         while len(head) > 1 and spent > budget:  # a short prompt: fewer opening words
             spent -= costs[head.pop()]
-        text = " ".join([WORDS[i] for i in head])
-        rest = budget - spent
-        cum = sizing.cum
-        start = _mix(h1 ^ 0x2545F4914F6CDD1D) % _POOL
-        base = cum[start]
-        # the window whose cost is nearest the rest (the shorter one on a tie)
-        end = bisect_left(cum, base + rest, start, start + sizing.max_words)
-        if end > start and base + rest - cum[end - 1] <= cum[end] - (base + rest):
-            end -= 1
-        estimate = sizing.cal.overhead + spent + cum[end] - base
-        if end == start:
-            return text, n, estimate
-        starts = self._starts
-        return text + " " + self._text[starts[start] : starts[end] - 1], n, estimate
+        text = lead + " ".join([WORDS[i] for i in head])
+        rest, tail_cost = self.window(h1, budget - spent, seq) if budget > spent else ("", 0.0)
+        estimate = n - budget + spent + tail_cost
+        return (text + " " + rest if rest else text), n, estimate
 
 
 class FilePrompts:
@@ -318,11 +378,17 @@ class FilePrompts:
     prefix cache will start to hit: give a file longer than the run if that matters.
     """
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, prefix: Prefix | None = None, seed: int = 0) -> None:
         self.path = Path(path)
+        # shared prefixes: the synthetic prompts' words (a word a token, uncalibrated)
+        self._prefixes = (
+            SyntheticPrompts(TokenLength(mean=prefix.tokens + 1, max=MAX_TOKENS), seed, (), prefix)
+            if prefix is not None and prefix.share > 0
+            else None
+        )
         lines = _read_jsonl(self.path)
         self._prompts: list[tuple[str, int]] = [
-            (text, max(1, round(len(text) / _CHARS_PER_TOKEN))) for text, _ in lines
+            (text, max(1, round(len(text) / CHARS_PER_TOKEN))) for text, _ in lines
         ]
         self._outputs: list[int | None] = [output for _, output in lines]
         self.plans_outputs = any(n is not None for n in self._outputs)
@@ -332,7 +398,24 @@ class FilePrompts:
         return len(self._prompts)
 
     def spec_fields(self, seq: int) -> tuple[str, int]:
-        return self._prompts[seq % len(self._prompts)]
+        text, n = self._prompts[seq % len(self._prompts)]
+        shared = self._prefixes
+        k = None if shared is None else shared.prefix_of(seq)
+        if shared is None or k is None:
+            return text, n
+        lead, cost = shared.prefix_text(k)
+        return lead + "\n" + text, n + round(cost)
+
+    def length(self, seq: int) -> int:
+        """The planned prompt length (tokens) of ``seq``."""
+        return self.spec_fields(seq)[1]
+
+    def record_of(self, seq: int) -> int:
+        """The line (0-based, blank lines left out) ``seq`` sends: the lines cycle."""
+        return seq % len(self._prompts)
+
+    def label(self, record: int) -> str:
+        return f"{self.path.name} prompt {record + 1}"
 
     def output_tokens(self, seq: int) -> int | None:
         """The planned answer length the line of ``seq`` gives (None: it gives none)."""
@@ -361,10 +444,10 @@ def _read_jsonl(path: Path) -> list[tuple[str, int | None]]:
             lines.append((text, _output_tokens(obj)))
         except _BadRecord as exc:
             raise ConfigError(f"{where}: {path}:{lineno}: {exc}") from None
-        if len(text) > MAX_TOKENS * _CHARS_PER_TOKEN:
+        if len(text) > MAX_TOKENS * CHARS_PER_TOKEN:
             raise ConfigError(
                 f"{where}: {path}:{lineno}: a prompt of {len(text):,} characters, "
-                f"~{len(text) // _CHARS_PER_TOKEN:,} tokens (at most {MAX_TOKENS:,})"
+                f"~{len(text) // CHARS_PER_TOKEN:,} tokens (at most {MAX_TOKENS:,})"
             )
     if not lines:
         raise ConfigError(f"{where}: {path} holds no prompts")
