@@ -37,6 +37,7 @@ from soakd.report.failing import failing_notes
 from soakd.report.model import Downtime, OutputTokens, PromptTokens, Report, Tested
 from soakd.report.output_tokens import Answers, output_notes, output_tokens
 from soakd.report.plots import plots, slo_lines
+from soakd.report.prefix_cache import prefix_rows
 from soakd.report.prompt_tokens import prompt_notes, prompt_tokens
 from soakd.report.rows import (
     Frame,
@@ -223,6 +224,7 @@ def build_report(
         prompt_tokens=read.prompt_rows,
         prompt_sizing=read.prompt_sizing,
         output_tokens=read.output_rows,
+        prefix_cache=prefix_rows(probe, config.workload, targets, frame.phases),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from soakd.report.model import PHASE_COLUMNS, Report
 from soakd.report.output_tokens import output_table
+from soakd.report.prefix_cache import prefix_table
 from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Table,
@@ -55,6 +56,7 @@ def render_markdown(rep: Report) -> str:
         errors_table(rep, "Errors by kind"),
         prompt_table(rep),
         output_table(rep),
+        prefix_table(rep),
     ):
         if extra is not None:
             out += md_table(extra)

@@ -31,9 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from pydantic import ValidationError
+
 from soakd.config import MAX_TOKENS, ConfigError, TokenLength, Workload
 from soakd.workload.calibration import Calibration, LocalTokenizer
-from soakd.workload.prompts import CHARS_PER_TOKEN, SyntheticPrompts, describe_lengths, seq_hash
+from soakd.workload.prompts import (
+    CHARS_PER_TOKEN,
+    FilePrompts,
+    Records,
+    SyntheticPrompts,
+    describe_lengths,
+    seq_hash,
+)
 from soakd.workload.records import WHERE, BadRecord, csv_rows, index_array, index_lines
 
 BLOCK_TOKENS: Final = 512
@@ -449,3 +458,24 @@ def source_lines(workload: Workload, source: object) -> list[str]:
             "part of their planned length"
         )
     return lines
+
+
+def stored_source(prompts: Any, seed: int, tokenizer: str | None) -> Records | None:
+    """The records of a stored run's file source (``workload.prompts`` as the journal kept
+    it), read again for the report; None when they cannot be (the file is gone, changed
+    into a bad one, or the source is synthetic)."""
+    if prompts.source == "synthetic" or prompts.file is None:
+        return None
+    try:
+        if prompts.source == "file":
+            return FilePrompts(Path(prompts.file))
+        wl = Workload.model_validate(
+            {
+                "prompts": {"source": prompts.source, "file": prompts.file},
+                "seed": seed,
+                "tokenizer": tokenizer,
+            }
+        )
+        return open_dataset(wl)
+    except (ConfigError, ValidationError):
+        return None
