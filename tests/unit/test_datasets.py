@@ -60,7 +60,8 @@ def test_sharegpt_first_human_turn_and_its_answer(tmp_path: Path) -> None:
     label = src.label(5)
     line = int(label.split(":")[1].split()[0])
     assert label == f"s.json:{line} (item 5)"
-    assert lines[line - 1].strip() == "{" and '"c5"' in lines[line]
+    assert lines[line - 1].strip() == "{"
+    assert '"c5"' in lines[line]
     # the planned answers reach each request's max_tokens
     answers = workload_answers(workload("sharegpt", path), src)
     assert answers is not None
@@ -353,7 +354,8 @@ def test_file_prompts_with_shared_prefixes(tmp_path: Path) -> None:
     src = make_prompt_source(workload("file", path, prefix={"share": 1, "count": 1, "tokens": 30}))
     assert isinstance(src, FilePrompts)
     (t0, n0), (t1, n1) = src.spec_fields(0), src.spec_fields(1)
-    assert t0.endswith("\nabcdefgh") and t1.endswith("\nijklmnop")
+    assert t0.endswith("\nabcdefgh")
+    assert t1.endswith("\nijklmnop")
     assert t0.split("\n")[0] == t1.split("\n")[0]
     assert len(t0.split("\n")[0].split()) == 30
     assert (n0, n1) == (2 + 30, 2 + 30)
