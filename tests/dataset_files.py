@@ -13,7 +13,7 @@ def sharegpt(path: Path, n: int = 12, seed: int = 1) -> Path:
     r = random.Random(seed)
     items = []
     for i in range(n):
-        question = " ".join(r.choice(("tell", "me", "about", "the", "sea")) for _ in range(20 + i))
+        question = " ".join(r.choice(("the", "sea", "sky", "red", "big")) for _ in range(20 + i))
         items.append(
             {
                 "id": f"c{i}",
