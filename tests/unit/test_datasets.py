@@ -381,3 +381,18 @@ def test_prefix_and_source_config_errors(prompts: dict[str, Any], why: str) -> N
     with pytest.raises(ValidationError) as exc:
         Workload.model_validate({"prompts": prompts})
     assert why in str(exc.value)
+
+
+# --- examples ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["sharegpt", "mooncake", "burstgpt", "shared-prefix"])
+def test_every_source_example_passes_check(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # the examples name their data as run from the repository
+    assert main(["check", f"examples/{name}.yaml"]) == 0
+    out = capsys.readouterr().out
+    shown = "shared prefixes: 60%" if name == "shared-prefix" else f"prompts: {name} examples/"
+    assert shown in out
