@@ -223,8 +223,8 @@ class MooncakePrompts(SyntheticPrompts):
 
     def __init__(self, path: Path, seed: int, calibrations: Sequence[Calibration] = ()) -> None:
         self.path = path
-        self._inputs = array("q")
-        self._outputs = array("q")
+        self._inputs = array("i")
+        self._outputs = array("i")
         self._file = index_lines(path, self._check)
         self.plans_outputs = True
         self._block_key = seq_hash(_BLOCK_SALT, seed)
@@ -256,7 +256,7 @@ class MooncakePrompts(SyntheticPrompts):
 
     @property
     def index_bytes(self) -> int:
-        return self._file.index_bytes + 8 * (len(self._inputs) + len(self._outputs))
+        return self._file.index_bytes + 4 * (len(self._inputs) + len(self._outputs))
 
     def record_of(self, seq: int) -> int:
         return seq % len(self._inputs)
@@ -331,9 +331,9 @@ class BurstGPTPrompts(SyntheticPrompts):
 
     def __init__(self, path: Path, seed: int, calibrations: Sequence[Calibration] = ()) -> None:
         self.path = path
-        self._inputs = array("l")
-        self._outputs = array("l")
-        self._lines = array("l")
+        self._inputs = array("i")  # MAX_TOKENS fits
+        self._outputs = array("i")
+        self._lines = array("i")
         self.skipped: Counter[str] = Counter()
         self._read()
         self.plans_outputs = True

@@ -4,8 +4,10 @@ demand.
 A trace or a dataset may be larger than a process should hold (a 1 GB trace, once per
 sender process). The first pass reads the file in chunks, hands each record to the
 caller's check (which keeps what it needs: a few numbers, or nothing) and keeps each
-record's byte span and line in arrays (24 bytes a record); a record is read again, when a
-request needs it, from a read-only memory map, so only the pages in use are resident.
+record's byte span and line in arrays (16 bytes a record); a record is read again, when a
+request needs it, with one ``pread`` of its span: the file stays in the page cache, shared by
+every process and never counted in one's resident memory, as pages of a memory map are
+(the kernel's read-ahead around each touched page would put most of the file there).
 Every problem is a ``ConfigError`` naming the field, the file and the line.
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 import codecs
 import csv
 import json
-import mmap
+import os
 import re
 from array import array
 from collections.abc import Callable, Iterator
@@ -44,9 +46,9 @@ class RecordFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._starts = array("q")
-        self._ends = array("q")
-        self._lines = array("q")
-        self._map: mmap.mmap | None = None
+        self._sizes = array("i")  # a record is at most MAX_RECORD bytes
+        self._lines = array("i")
+        self._fd: int | None = None
 
     def __len__(self) -> int:
         return len(self._starts)
@@ -54,24 +56,40 @@ class RecordFile:
     @property
     def index_bytes(self) -> int:
         """What the index holds in memory (the arrays' buffers)."""
-        return sum(a.buffer_info()[1] * a.itemsize for a in (self._starts, self._ends, self._lines))
+        arrays = (self._starts, self._sizes, self._lines)
+        return sum(a.buffer_info()[1] * a.itemsize for a in arrays)
 
     def add(self, start: int, end: int, line: int) -> None:
+        if end - start > MAX_RECORD:
+            raise _bad(
+                self.path, line, f"a record of {end - start:,} bytes (at most {MAX_RECORD:,})"
+            )
         self._starts.append(start)
-        self._ends.append(end)
+        self._sizes.append(end - start)
         self._lines.append(line)
 
     def line(self, i: int) -> int:
         return self._lines[i]
 
-    def read(self, i: int) -> bytes:
-        if self._map is None:
-            with self.path.open("rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        return self._map[self._starts[i] : self._ends[i]]
+    def open(self) -> None:
+        """Hold the file open from its check on: a file removed or replaced afterwards is
+        still the one checked (a ``pread`` needs no shared offset: a forked child may use
+        it too)."""
+        try:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ConfigError(f"{WHERE}: cannot read {self.path}: {exc.strerror}") from None
 
-    def problem(self, i: int, why: str) -> ConfigError:
-        return ConfigError(f"{WHERE}: {self.path}:{self._lines[i]}: {why}")
+    def read(self, i: int) -> bytes:
+        if self._fd is None:
+            self.open()
+        assert self._fd is not None
+        return os.pread(self._fd, self._sizes[i], self._starts[i])
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _open(path: Path) -> Any:
@@ -108,6 +126,7 @@ def index_lines(path: Path, check: Callable[[Any, int], None]) -> RecordFile:
             out.add(start, start + len(raw.rstrip(b"\r\n")), lineno)
     if not len(out):
         raise ConfigError(f"{WHERE}: {path} holds no records")
+    out.open()
     return out
 
 
@@ -198,6 +217,7 @@ def index_array(path: Path, check: Callable[[Any, int], None]) -> RecordFile:
             raise _bad(path, text.line_at(pos + 1), "text after the array's end")
     if not len(out):
         raise ConfigError(f"{WHERE}: {path} holds no records")
+    out.open()
     return out
 
 

@@ -139,7 +139,7 @@ def test_sharegpt_items_across_read_chunks(tmp_path: Path, monkeypatch: pytest.M
 
 def test_an_index_not_the_file_is_held(tmp_path: Path) -> None:
     """A dataset of ~15 MB is indexed in chunks of 1 MiB: the memory the pass allocates
-    at its peak is a few chunks, not the file, and what stays is the index (24 bytes a
+    at its peak is a few chunks, not the file, and what stays is the index (16 bytes a
     record)."""
     path = tmp_path / "big.json"
     item = {
@@ -161,7 +161,7 @@ def test_an_index_not_the_file_is_held(tmp_path: Path) -> None:
     assert isinstance(src, ShareGPTPrompts)
     assert len(src) == 5000
     assert peak < 8_000_000
-    assert src.index_bytes <= 5000 * 24 * 1.2
+    assert src.index_bytes <= 5000 * 16 * 1.2
     assert src.spec_fields(4999)[0] == "word " * 400
 
 
@@ -396,3 +396,12 @@ def test_every_source_example_passes_check(
     out = capsys.readouterr().out
     shown = "shared prefixes: 60%" if name == "shared-prefix" else f"prompts: {name} examples/"
     assert shown in out
+
+
+def test_the_file_checked_is_the_file_read(tmp_path: Path) -> None:
+    """The file is held open from its check: removed afterwards, its records still read."""
+    path = dataset_files.mooncake(tmp_path / "m.jsonl")
+    src = make_prompt_source(workload("mooncake", path))
+    first = src.spec_fields(3)
+    path.unlink()
+    assert src.spec_fields(3) == first
