@@ -1,10 +1,13 @@
-"""Shared prefixes against a real vLLM (CPU; V1 caches prefixes by default), issue 36: a plan
-whose requests share prefixes moves vLLM's own ``prefix_cache_hits_total`` by about the
-tokens planned to be shared, and a plan without them does not; the report puts the hit
-ratio soakd's probe read beside the plan."""
+"""Shared prefixes and dataset sources against a real vLLM (CPU; V1 caches prefixes by
+default), issue 36. A plan whose requests share prefixes moves vLLM's own
+``prefix_cache_hits_total`` by about the tokens planned to be shared, and a plan without
+them does not; the report puts the hit ratio soakd's probe read beside the plan. Each
+dataset source replays its records' planned lengths.
+"""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -14,8 +17,9 @@ import pytest
 from soakd.config import config_from_dict
 from soakd.report import build_report
 from soakd.run.app import RunOptions, Soak
-from soakd.workload.prompts import SyntheticPrompts, make_prompt_source
-from tests.vllm_server import VllmServer, sum_samples
+from soakd.workload.prompts import Records, SyntheticPrompts, make_prompt_source
+from tests import dataset_files
+from tests.vllm_server import MODEL_DIR, VllmServer, sum_samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -101,3 +105,77 @@ async def test_shared_prefixes_move_vllms_prefix_cache_hits(
     (before,) = [r for r in plain["report"] if r.phase == "run"]
     assert before.planned == "none"
     assert (before.hit_ratio or 0.0) <= 0.02
+
+
+def short_mooncake(path: Path) -> Path:
+    """A trace that fits the tiny model's 512-token context: one block each, block 0 shared
+    by every other request."""
+    lines = [
+        json.dumps(
+            {
+                "timestamp": 100 * i,
+                "input_length": 200 + 10 * i,
+                "output_length": 4 + i,
+                "hash_ids": [0 if i % 2 else 100 + i],
+            }
+        )
+        for i in range(12)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("source", ["sharegpt", "mooncake", "burstgpt"])
+async def test_a_dataset_replays_on_vllm(vllm: VllmServer, tmp_path: Path, source: str) -> None:
+    """Each source's records on vLLM (asked with ignore_eos): every answer the record's
+    planned length; the prompts, sized by vLLM's /tokenize (Mooncake, BurstGPT) or counted
+    by the model's tokenizer.json (ShareGPT, whose text is sent as it is), as planned but
+    for the chat template's tokens around a ShareGPT turn."""
+    files = {
+        "sharegpt": lambda: dataset_files.sharegpt(tmp_path / "s.json"),
+        "mooncake": lambda: short_mooncake(tmp_path / "m.jsonl"),
+        "burstgpt": lambda: dataset_files.burstgpt(tmp_path / "b.csv"),
+    }
+    path = files[source]()
+    cfg = config_from_dict(
+        {
+            "run": {"name": source, "drain_timeout": "30s"},
+            "targets": [{"name": "vllm", "base_url": vllm.base_url, "model": vllm.model}],
+            "workload": {
+                "seed": 3,
+                "tokenizer": str(MODEL_DIR / "tokenizer.json"),
+                "prompts": {"source": source, "file": str(path)},
+            },
+            "phases": [
+                {"name": "p", "duration": "6s", "load": {"mode": "closed", "concurrency": 2}}
+            ],
+        }
+    )
+    run_dir = tmp_path / "run"
+    soak = Soak(cfg, RunOptions(run_dir=run_dir, metrics_addr="127.0.0.1:0", console_logs=False))
+    assert (await soak.run()).completed
+    plan = make_prompt_source(cfg.workload)
+    assert isinstance(plan, Records)
+    with sqlite3.connect(run_dir / "journal.db") as db:
+        rows = db.execute(
+            "SELECT seq, prompt_tokens, output_tokens, error FROM requests"
+        ).fetchall()
+    assert all(error is None for *_, error in rows)
+    planned_in = sum(plan.length(seq) for seq, *_ in rows)
+    served_in = sum(n for _, n, _, _ in rows)
+    planned_out = sum(plan.output_tokens(seq) or 0 for seq, *_ in rows)
+    served_out = sum(n for _, _, n, _ in rows)
+    report = build_report(run_dir)
+    print(
+        f"vLLM {source}: {len(rows)} answers; prompt tokens planned {planned_in}, served "
+        f"{served_in} ({served_in / planned_in - 1:+.1%}); output tokens planned "
+        f"{planned_out}, served {served_out}"
+    )
+    assert len(rows) >= 12
+    assert served_out == planned_out
+    (prompts,) = report.prompt_tokens
+    assert prompts.off is not None
+    if source == "sharegpt":  # sent as it is: the template's tokens on top of each turn
+        assert 0 < served_in - planned_in <= 40 * len(rows)
+    else:
+        assert prompts.off == pytest.approx(0.0, abs=0.03)
