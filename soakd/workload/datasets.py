@@ -37,10 +37,10 @@ from soakd.config import MAX_TOKENS, ConfigError, TokenLength, Workload
 from soakd.workload.calibration import Calibration, LocalTokenizer
 from soakd.workload.prompts import (
     CHARS_PER_TOKEN,
-    FilePrompts,
     Records,
     SyntheticPrompts,
     describe_lengths,
+    make_prompt_source,
     seq_hash,
 )
 from soakd.workload.records import WHERE, BadRecord, csv_rows, index_array, index_lines
@@ -466,16 +466,12 @@ def stored_source(prompts: Any, seed: int, tokenizer: str | None) -> Records | N
     into a bad one, or the source is synthetic)."""
     if prompts.source == "synthetic" or prompts.file is None:
         return None
+    wanted: dict[str, Any] = {"source": prompts.source, "file": prompts.file}
+    if prompts.prefix is not None:
+        wanted["prefix"] = prompts.prefix.model_dump()
     try:
-        if prompts.source == "file":
-            return FilePrompts(Path(prompts.file))
-        wl = Workload.model_validate(
-            {
-                "prompts": {"source": prompts.source, "file": prompts.file},
-                "seed": seed,
-                "tokenizer": tokenizer,
-            }
-        )
-        return open_dataset(wl)
+        wl = Workload.model_validate({"prompts": wanted, "seed": seed, "tokenizer": tokenizer})
+        source = make_prompt_source(wl)
     except (ConfigError, ValidationError):
         return None
+    return source if isinstance(source, Records) else None

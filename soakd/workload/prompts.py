@@ -18,8 +18,9 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from soakd.config import MAX_TOKENS, ConfigError, Prefix, TokenLength, Workload
+from soakd.config import MAX_TOKENS, Prefix, TokenLength, Workload
 from soakd.workload.calibration import UNCALIBRATED, Calibration
+from soakd.workload.records import BadRecord, index_lines
 
 # Common English words, each a single token both alone and after a space in
 # cl100k_base, o200k_base, Llama 3 and Qwen 2.5/3 (checked with those vocabularies),
@@ -375,7 +376,8 @@ class FilePrompts:
     contents joined by newlines), with an optional ``"output_tokens"``: its answer's
     planned length (soakd/workload/answers.py); blank lines are skipped. The planned
     length is an estimate (``len(text) / 4``): soakd has no tokenizer, and the server's
-    usage count wins anyway. After one full cycle prompts repeat, so a server's
+    usage count wins anyway. The file is checked whole at once and indexed (records.py):
+    each request reads its line again. After one full cycle prompts repeat, so a server's
     prefix cache will start to hit: give a file longer than the run if that matters.
     """
 
@@ -387,99 +389,73 @@ class FilePrompts:
             if prefix is not None and prefix.share > 0
             else None
         )
-        lines = _read_jsonl(self.path)
-        self._prompts: list[tuple[str, int]] = [
-            (text, max(1, round(len(text) / CHARS_PER_TOKEN))) for text, _ in lines
-        ]
-        self._outputs: list[int | None] = [output for _, output in lines]
-        self.plans_outputs = any(n is not None for n in self._outputs)
+        self._planned = array("i")  # each line's estimate, in tokens
+        self._outputs = array("i")  # each line's planned answer length (0: none)
+        self._file = index_lines(self.path, self._check, "prompts")
+        self.plans_outputs = any(self._outputs)
         """Some line gives its answer's length."""
 
-    def __len__(self) -> int:
-        return len(self._prompts)
+    def _check(self, obj: Any, _i: int) -> None:
+        text = _prompt_text(obj)
+        if len(text) > MAX_TOKENS * CHARS_PER_TOKEN:
+            raise BadRecord(
+                f"a prompt of {len(text):,} characters, "
+                f"~{len(text) // CHARS_PER_TOKEN:,} tokens (at most {MAX_TOKENS:,})"
+            )
+        self._outputs.append(_output_tokens(obj) or 0)
+        self._planned.append(max(1, round(len(text) / CHARS_PER_TOKEN)))
 
-    def spec_fields(self, seq: int) -> tuple[str, int]:
-        text, n = self._prompts[seq % len(self._prompts)]
+    def __len__(self) -> int:
+        return len(self._planned)
+
+    def _prefix(self, seq: int) -> tuple[str, float] | None:
         shared = self._prefixes
         k = None if shared is None else shared.prefix_of(seq)
-        if shared is None or k is None:
-            return text, n
-        lead, cost = shared.prefix_text(k)
-        return lead + "\n" + text, n + round(cost)
+        return None if shared is None or k is None else shared.prefix_text(k)
+
+    def spec_fields(self, seq: int) -> tuple[str, int]:
+        record = self.record_of(seq)
+        text = _prompt_text(json.loads(self._file.read(record)))
+        n = self._planned[record]
+        lead = self._prefix(seq)
+        return (text, n) if lead is None else (lead[0] + "\n" + text, n + round(lead[1]))
 
     def length(self, seq: int) -> int:
         """The planned prompt length (tokens) of ``seq``."""
-        return self.spec_fields(seq)[1]
+        lead = self._prefix(seq)
+        return self._planned[self.record_of(seq)] + (0 if lead is None else round(lead[1]))
 
     def record_of(self, seq: int) -> int:
         """The line (0-based, blank lines left out) ``seq`` sends: the lines cycle."""
-        return seq % len(self._prompts)
+        return seq % len(self._planned)
 
     def label(self, record: int) -> str:
-        return f"{self.path.name} prompt {record + 1}"
+        return f"{self.path.name}:{self._file.line(record)}"
 
     def output_tokens(self, seq: int) -> int | None:
         """The planned answer length the line of ``seq`` gives (None: it gives none)."""
-        return self._outputs[seq % len(self._outputs)]
-
-
-def _read_jsonl(path: Path) -> list[tuple[str, int | None]]:
-    """Each line's (prompt text, planned answer length or None)."""
-    where = "workload.prompts.file"
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
-    lines: list[tuple[str, int | None]] = []
-    for lineno, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except UnicodeDecodeError:
-            raise ConfigError(f"{where}: {path}:{lineno}: not valid UTF-8") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: {path}:{lineno}: not valid JSON ({exc.msg})") from None
-        try:
-            text = _prompt_text(obj)
-            lines.append((text, _output_tokens(obj)))
-        except _BadRecord as exc:
-            raise ConfigError(f"{where}: {path}:{lineno}: {exc}") from None
-        if len(text) > MAX_TOKENS * CHARS_PER_TOKEN:
-            raise ConfigError(
-                f"{where}: {path}:{lineno}: a prompt of {len(text):,} characters, "
-                f"~{len(text) // CHARS_PER_TOKEN:,} tokens (at most {MAX_TOKENS:,})"
-            )
-    if not lines:
-        raise ConfigError(f"{where}: {path} holds no prompts")
-    return lines
-
-
-class _BadRecord(Exception):
-    """What is wrong with one JSONL record (the caller adds file:line)."""
+        return self._outputs[self.record_of(seq)] or None
 
 
 def _prompt_text(obj: Any) -> str:
     """The text of one JSONL record."""
     if not isinstance(obj, dict):
-        raise _BadRecord(
-            f'expected an object with "prompt" or "messages", got {type(obj).__name__}'
-        )
+        raise BadRecord(f'expected an object with "prompt" or "messages", got {type(obj).__name__}')
     if "prompt" in obj:
         prompt = obj["prompt"]
         if not isinstance(prompt, str) or not prompt:
-            raise _BadRecord('"prompt" must be a non-empty string')
+            raise BadRecord('"prompt" must be a non-empty string')
         return prompt
     if "messages" in obj:
         messages = obj["messages"]
         if not isinstance(messages, list) or not messages:
-            raise _BadRecord('"messages" must be a non-empty list')
+            raise BadRecord('"messages" must be a non-empty list')
         parts = [_content_text(m, i) for i, m in enumerate(messages)]
         text = "\n".join(p for p in parts if p)
         if not text:
-            raise _BadRecord('"messages" hold no text')
+            raise BadRecord('"messages" hold no text')
         return text
-    raise _BadRecord('expected a "prompt" or a "messages" key')
+    raise BadRecord('expected a "prompt" or a "messages" key')
 
 
 def _output_tokens(obj: dict[str, Any]) -> int | None:
@@ -490,7 +466,7 @@ def _output_tokens(obj: dict[str, Any]) -> int | None:
     if type(n) is not int or not 1 <= n <= MAX_TOKENS:
         shown = json.dumps(n)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise _BadRecord(
+        raise BadRecord(
             f'"output_tokens" must be a whole number of tokens from 1 to {MAX_TOKENS:,}, '
             f"got {shown}"
         )
@@ -500,7 +476,7 @@ def _output_tokens(obj: dict[str, Any]) -> int | None:
 def _content_text(message: Any, index: int) -> str:
     """A message's content: a string, or OpenAI's list of parts (text parts kept)."""
     if not isinstance(message, dict) or "content" not in message:
-        raise _BadRecord(f'messages[{index}] must be an object with "content"')
+        raise BadRecord(f'messages[{index}] must be an object with "content"')
     content = message["content"]
     if content is None:
         return ""
@@ -512,4 +488,4 @@ def _content_text(message: Any, index: int) -> str:
             for part in content
             if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
-    raise _BadRecord(f"messages[{index}].content must be a string or a list of parts")
+    raise BadRecord(f"messages[{index}].content must be a string or a list of parts")

@@ -103,9 +103,10 @@ def _bad(path: Path, line: int, why: str) -> ConfigError:
     return ConfigError(f"{WHERE}: {path}:{line}: {why}")
 
 
-def index_lines(path: Path, check: Callable[[Any, int], None]) -> RecordFile:
+def index_lines(path: Path, check: Callable[[Any, int], None], what: str = "records") -> RecordFile:
     """A JSONL file's records: each non-blank line, parsed, is given to ``check(obj, i)``
-    (``i``: the record's index), which raises ``BadRecord`` for a bad one."""
+    (``i``: the record's index), which raises ``BadRecord`` for a bad one. ``what``: the
+    records' name, for an empty file."""
     out = RecordFile(path)
     offset = 0
     with _open(path) as f:
@@ -125,7 +126,7 @@ def index_lines(path: Path, check: Callable[[Any, int], None]) -> RecordFile:
                 raise _bad(path, lineno, str(exc)) from None
             out.add(start, start + len(raw.rstrip(b"\r\n")), lineno)
     if not len(out):
-        raise ConfigError(f"{WHERE}: {path} holds no records")
+        raise ConfigError(f"{WHERE}: {path} holds no {what}")
     out.open()
     return out
 

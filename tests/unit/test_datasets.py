@@ -309,6 +309,23 @@ def test_the_report_reads_the_planned_lengths_again(tmp_path: Path) -> None:
     assert src.length(3) == make_prompt_source(workload("burstgpt", path)).spec_fields(3)[1]
     path.unlink()
     assert stored_source(StoredPrompts(source="burstgpt", file=str(path)), 0, None) is None
+    # a prompt file with shared prefixes: their tokens in the planned lengths read again
+    lines = tmp_path / "p.jsonl"
+    lines.write_text('{"prompt": "abcdefgh"}\n')
+    prefix = {"share": 1, "count": 2, "tokens": 20}
+    stored = StoredPrompts.model_validate({"source": "file", "file": str(lines), "prefix": prefix})
+    again = stored_source(stored, 7, None)
+    assert again is not None
+    made = make_prompt_source(
+        Workload.model_validate(
+            {"seed": 7, "prompts": {"source": "file", "file": str(lines), "prefix": prefix}}
+        )
+    )
+    assert (
+        [again.length(s) for s in range(5)]
+        == [made.spec_fields(s)[1] for s in range(5)]
+        == [22] * 5
+    )
 
 
 # --- shared prefixes -----------------------------------------------------------------------
@@ -359,7 +376,7 @@ def test_file_prompts_with_shared_prefixes(tmp_path: Path) -> None:
     assert t0.split("\n")[0] == t1.split("\n")[0]
     assert len(t0.split("\n")[0].split()) == 30
     assert (n0, n1) == (2 + 30, 2 + 30)
-    assert src.label(src.record_of(3)) == "p.jsonl prompt 2"
+    assert src.label(src.record_of(3)) == "p.jsonl:2"
 
 
 @pytest.mark.parametrize(
