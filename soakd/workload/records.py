@@ -152,8 +152,9 @@ class _Text:
         data = self.f.read(CHUNK)
         try:
             self.buf += self.dec.decode(data, final=not data)
-        except UnicodeDecodeError:
-            raise _bad(self.path, self.line_at(len(self.buf)), "not valid UTF-8") from None
+        except UnicodeDecodeError as exc:  # exc.start: in this chunk (and a partial character)
+            line = self.line_at(len(self.buf)) + data[: exc.start].count(b"\n")
+            raise _bad(self.path, line, "not valid UTF-8") from None
         self.eof = not data
         return True
 

@@ -111,11 +111,12 @@ def test_sharegpt_conversations_for_multi_turn(tmp_path: Path) -> None:
         ),
         ('[{"conversations": [{"from": "human", "value": "a"}]}] x', 1, "text after the array"),
         ("[]", 0, "holds no records"),
+        ('[\n {"conversations": [{"from": "human", "value": "a\udcff"}]}\n]', 2, "not valid UTF-8"),
     ],
 )
 def test_sharegpt_bad_input(tmp_path: Path, text: str, line: int, why: str) -> None:
     path = tmp_path / "s.json"
-    path.write_text(text)
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))  # \udcff: the byte 0xff
     where = f"{path}:{line}: " if line else f"{path} "
     assert problem("sharegpt", path).startswith(f"workload.prompts.file: {where}{why}")
 
