@@ -63,7 +63,7 @@ def prefix_table(rep: Report) -> Table | None:
     )
     for r in rep.prefix_cache:
         if r.queried is None:
-            shown = ["-", "-", "not served (llama.cpp has no prefix-cache counter)"]
+            shown = ["-", "-", "not served (no prefix-cache counter: llama.cpp, the simulator)"]
         else:
             ratio = r.hit_ratio
             shown = [

@@ -56,7 +56,7 @@ def test_hit_ratio_per_phase_beside_the_plan() -> None:
     assert [c.text for c in table.rows[3]][3:] == [
         "-",
         "-",
-        "not served (llama.cpp has no prefix-cache counter)",
+        "not served (no prefix-cache counter: llama.cpp, the simulator)",
     ]
 
 
