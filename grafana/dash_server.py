@@ -76,6 +76,24 @@ def server() -> Dashboard:
         ),
         8,
     )
+    d.add(
+        timeseries(
+            "Prefix cache hit ratio",
+            [
+                q(
+                    f"rate(soakd_server_prefix_cache_hits_total{{{T}}}[$__rate_interval]) / "
+                    f"rate(soakd_server_prefix_cache_queries_total{{{T}}}[$__rate_interval])",
+                    "{{node}} {{target}}",
+                ),
+            ],
+            "percentunit",
+            max_=1,
+            desc="Prompt tokens found in the server's prefix cache over those looked up "
+            "(vLLM's prefix_cache_hits/queries); the planned shared prefixes are in the "
+            "report. llama-server serves no such counter.",
+        ),
+        24,
+    )
     d.row("Health")
     d.add(
         state_timeline(

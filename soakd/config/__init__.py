@@ -75,9 +75,19 @@ from soakd.config.slo import (
     TokenPrice,
 )
 from soakd.config.targets import Failing, RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
-from soakd.config.workload import MAX_TOKENS, Load, PhaseConfig, Prompts, TokenLength, Workload
+from soakd.config.workload import (
+    DATASETS,
+    MAX_TOKENS,
+    Load,
+    PhaseConfig,
+    Prefix,
+    Prompts,
+    TokenLength,
+    Workload,
+)
 
 __all__ = [
+    "DATASETS",
     "ENV_PREFIX",
     "GATEWAY_ENV_PREFIX",
     "MAX_CONCURRENCY",
@@ -114,6 +124,7 @@ __all__ = [
     "PhaseConfig",
     "PositiveDuration",
     "PositiveRate",
+    "Prefix",
     "Probes",
     "Prompts",
     "RateLimit",

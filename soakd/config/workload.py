@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field, model_validator
 
@@ -45,21 +45,51 @@ class TokenLength(Strict):
         return self
 
 
+class Prefix(Strict):
+    """Shared prompt prefixes: a share of the requests (drawn per seq from workload.seed, the
+    same on every target) opens with one of ``count`` prefixes of ``tokens`` tokens, chosen
+    per seq; the prefix is part of the prompt's planned length."""
+
+    share: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0  # of the requests
+    count: Annotated[int, Field(ge=1, le=1_000_000)] = 1  # distinct prefixes
+    tokens: Tokens = 256  # each prefix's length, in the target's own tokens when sized
+
+
+DATASETS: Final = ("sharegpt", "mooncake", "burstgpt")
+"""The sources read from a dataset file (workload.prompts.file): docs/workloads.md."""
+
+
 class Prompts(Strict):
-    source: Literal["synthetic", "file"] = "synthetic"  # synthetic: seeded words, same for all
+    # synthetic: seeded words, same for all; file: JSONL prompts; sharegpt (a JSON array of
+    # conversations), mooncake (a JSONL trace of hash_ids), burstgpt (a CSV trace): a dataset
+    # file, docs/workloads.md
+    source: Literal["synthetic", "file", "sharegpt", "mooncake", "burstgpt"] = "synthetic"
     input_tokens: TokenLength = TokenLength()  # the prompts' planned lengths
     # the answers' planned lengths: each request's max_tokens, served whole where the target
     # is asked to (targets[].planned_output; docs/workloads.md); a prompt file's line with
     # its own output_tokens wins; unset: every request asks workload.max_tokens
     output_tokens: TokenLength | None = None
     # JSONL: {"prompt": "..."} or {"messages": [...]} per line, each with an optional
-    # "output_tokens": its answer's planned length
+    # "output_tokens": its answer's planned length; or the dataset file of sharegpt,
+    # mooncake, burstgpt
     file: Path | None = None
+    # shared prefixes (synthetic and file sources; a mooncake trace's hash_ids share their own)
+    prefix: Prefix | None = None
 
     @model_validator(mode="after")
     def _file_given(self) -> Prompts:
-        if self.source == "file" and self.file is None:
-            raise ValueError("source is 'file' but no file is given")
+        if self.source != "synthetic" and self.file is None:
+            raise ValueError(f"source is '{self.source}' but no file is given")
+        if self.prefix is not None and self.source in DATASETS:
+            raise ValueError(f"prefix is for the synthetic and file sources, not '{self.source}'")
+        if self.prefix is not None and self.source == "synthetic":
+            d = self.input_tokens
+            shortest = min(d.max, max(d.min, d.mean)) if d.dist == "fixed" else d.min
+            if self.prefix.tokens >= shortest:
+                raise ValueError(
+                    f"prefix.tokens ({self.prefix.tokens}) must be below the shortest planned "
+                    f"prompt ({shortest} tokens, input_tokens): the prefix is part of it"
+                )
         return self
 
 

@@ -115,11 +115,20 @@ class StoredTokenLength(Lenient):
     max: int = _LENGTH.max
 
 
+class StoredPrefix(Lenient):
+    """``workload.prompts.prefix`` as written (shared prefixes)."""
+
+    share: float = 0.0
+    count: int = 1
+    tokens: int = 256
+
+
 class StoredPrompts(Lenient):
     source: str = "synthetic"
     input_tokens: StoredTokenLength = StoredTokenLength()
     output_tokens: StoredTokenLength | None = None  # absent: no answer length planned
     file: str | None = None
+    prefix: StoredPrefix | None = None  # absent: no shared prefixes
 
 
 class StoredWorkload(Lenient):

@@ -86,6 +86,8 @@ SERVER_REQUESTS_RUNNING: Final = "soakd_server_requests_running"
 SERVER_REQUESTS_WAITING: Final = "soakd_server_requests_waiting"
 SERVER_KV_CACHE_USAGE_RATIO: Final = "soakd_server_kv_cache_usage_ratio"
 SERVER_PREEMPTIONS_TOTAL: Final = "soakd_server_preemptions_total"
+SERVER_PREFIX_CACHE_QUERIES_TOTAL: Final = "soakd_server_prefix_cache_queries_total"
+SERVER_PREFIX_CACHE_HITS_TOTAL: Final = "soakd_server_prefix_cache_hits_total"
 SERVER_RESIDENT_MEMORY_BYTES: Final = "soakd_server_resident_memory_bytes"
 SERVER_START_TIME_SECONDS: Final = "soakd_server_start_time_seconds"
 SERVER_RESIDENT_MEMORY_LEAK_SLOPE_BYTES_PER_HOUR: Final = (
@@ -170,6 +172,10 @@ VLLM_E2E_SECONDS: Final = "vllm:e2e_request_latency_seconds"
 VLLM_QUEUE_SECONDS: Final = "vllm:request_queue_time_seconds"
 VLLM_ITL_SECONDS: Final = "vllm:inter_token_latency_seconds"
 VLLM_GENERATION_TOKENS: Final = "vllm:generation_tokens"
+VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries"
+"""Prompt tokens looked up in the prefix cache (a counter: vllm:prefix_cache_queries_total)."""
+VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits"
+"""Of them, the tokens found there (llama.cpp serves no such counter)."""
 
 # llama.cpp's llama-server (reference: tests/data/llama-server-metrics.txt)
 LLAMACPP_REQUESTS_PROCESSING: Final = "llamacpp:requests_processing"
@@ -210,6 +216,8 @@ VLLM: Final = frozenset(
         VLLM_QUEUE_SECONDS,
         VLLM_ITL_SECONDS,
         VLLM_GENERATION_TOKENS,
+        VLLM_PREFIX_CACHE_QUERIES,
+        VLLM_PREFIX_CACHE_HITS,
     }
 )
 """The vLLM families soakd reads that today's vLLM serves (not the older aliases)."""

@@ -131,6 +131,21 @@ class ProbeMetrics:
         self.preemptions = Counter(
             mn.SERVER_PREEMPTIONS_TOTAL, "Preemptions reported by the server.", target, registry=r
         )
+        # the server's prefix cache, in prompt tokens (vllm:prefix_cache_queries_total and
+        # vllm:prefix_cache_hits_total): their ratio is its hit ratio
+        self.prefix_queries = Counter(
+            mn.SERVER_PREFIX_CACHE_QUERIES_TOTAL,
+            "Prompt tokens the server looked up in its prefix cache "
+            "(vllm:prefix_cache_queries_total).",
+            target,
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            mn.SERVER_PREFIX_CACHE_HITS_TOTAL,
+            "Prompt tokens the server found in its prefix cache (vllm:prefix_cache_hits_total).",
+            target,
+            registry=r,
+        )
         self.server_rss = Gauge(
             mn.SERVER_RESIDENT_MEMORY_BYTES,
             "The server process's resident memory.",

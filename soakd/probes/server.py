@@ -50,6 +50,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
         mn.LLAMACPP_KV_CACHE_USAGE,
     ),
     "preemptions": (mn.VLLM_PREEMPTIONS,),
+    "prefix_queries": (mn.VLLM_PREFIX_CACHE_QUERIES,),
+    "prefix_hits": (mn.VLLM_PREFIX_CACHE_HITS,),
     "rss": (mn.PROCESS_RESIDENT_MEMORY_BYTES,),
     "start_time": (mn.PROCESS_START_TIME_SECONDS,),
     # cumulative sums and counts behind the server-side latency means
@@ -82,6 +84,8 @@ class ServerReading:
     waiting: float | None = None
     kv_cache: float | None = None  # 0-1
     preemptions: float | None = None  # cumulative, since the server started
+    prefix_queries: float | None = None  # prompt tokens, cumulative likewise
+    prefix_hits: float | None = None
     rss: float | None = None  # bytes
     start_time: float | None = None  # Unix seconds
     # cumulative since the server started: seconds and observations
@@ -185,6 +189,8 @@ class ServerScraper:
         self._clock = clock
         self._wall = wall
         self._preempt_last: float | None = None
+        self._counted_last: dict[str, float] = {}  # a counter re-exported -> its last reading
+        self._counted: dict[str, float] = {}  # -> what soakd counted of it since it started
         self._hist_last: dict[str, tuple[float, float]] = {}  # kind -> (sum, count)
         self._means = metrics.server_means  # a series once there is a mean: none for
         # what the server does not measure (llama.cpp has no TTFT)
@@ -194,6 +200,12 @@ class ServerScraper:
         self._waiting = metrics.waiting.labels(*t)
         self._kv = metrics.kv_cache.labels(*t)
         self._preempt = metrics.preemptions.labels(*t)
+        # ServerReading field -> soakd's counter family of it (a series once the server
+        # serves it: llama.cpp serves none), and its name
+        self._counters = {
+            "prefix_queries": (metrics.prefix_queries, mn.SERVER_PREFIX_CACHE_QUERIES_TOTAL),
+            "prefix_hits": (metrics.prefix_hits, mn.SERVER_PREFIX_CACHE_HITS_TOTAL),
+        }
         self._rss = metrics.server_rss.labels(*t)
         self._start = metrics.server_start.labels(*t)
         self._rss_leak_family = metrics.server_rss_leak_slope  # a series once there is a slope
@@ -221,6 +233,19 @@ class ServerScraper:
                 if delta > 0:
                     self._preempt.inc(delta)
             self._preempt_last = r.preemptions
+        for field, (family, name) in self._counters.items():
+            now = getattr(r, field)
+            if now is None:
+                continue
+            last = self._counted_last.get(field)
+            self._counted_last[field] = now
+            if last is None:
+                continue  # the baseline: what the server counted before soakd looked
+            delta = now - last if now >= last else now  # smaller: a new server process
+            family.labels(self.target).inc(delta)
+            total = self._counted[field] = self._counted.get(field, 0.0) + delta
+            # soakd's count since it started: the report takes its increase per phase
+            samples.append(Sample(wall, name, total, labels))
         if r.start_time is not None:
             self._start.set(r.start_time)
         self.state.saw_start_time(r.start_time)  # may count a restart (resets the RSS slope)

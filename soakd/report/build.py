@@ -38,6 +38,7 @@ from soakd.report.failing import failing_notes
 from soakd.report.model import Breakdown, Downtime, OutputTokens, PromptTokens, Report, Tested
 from soakd.report.output_tokens import Answers, output_notes, output_tokens
 from soakd.report.plots import plots, slo_lines
+from soakd.report.prefix_cache import prefix_rows
 from soakd.report.prompt_tokens import prompt_notes, prompt_tokens
 from soakd.report.rows import (
     Frame,
@@ -225,6 +226,7 @@ def build_report(
         prompt_sizing=read.prompt_sizing,
         output_tokens=read.output_rows,
         breakdowns=read.breakdowns,
+        prefix_cache=prefix_rows(probe, config.workload, targets, frame.phases),
     )
 
 

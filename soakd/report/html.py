@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from soakd.report.breakdowns import context_series, context_table, turn_tables
 from soakd.report.model import PHASE_COLUMNS, Report, Series
 from soakd.report.output_tokens import output_table
+from soakd.report.prefix_cache import prefix_table
 from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Cell,
@@ -128,6 +129,9 @@ def render_html(rep: Report) -> str:
             )
         )
     parts += [html_table(table) for table in turn_tables(rep)]
+    prefixes = prefix_table(rep)
+    if prefixes is not None:
+        parts.append(html_table(prefixes))
     if rep.plots:
         parts.append('<h2>Over time</h2><div class="plots">')
         markers = [(d["offset_h"], f"down {fmt_duration(d['seconds'])}") for d in rep.downtimes]

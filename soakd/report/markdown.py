@@ -5,6 +5,7 @@ from __future__ import annotations
 from soakd.report.breakdowns import context_table, turn_tables
 from soakd.report.model import PHASE_COLUMNS, Report
 from soakd.report.output_tokens import output_table
+from soakd.report.prefix_cache import prefix_table
 from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Table,
@@ -58,6 +59,7 @@ def render_markdown(rep: Report) -> str:
         output_table(rep),
         context_table(rep),
         *turn_tables(rep),
+        prefix_table(rep),
     ):
         if extra is not None:
             out += md_table(extra)

@@ -222,6 +222,24 @@ class Breakdown:
 
 
 @dataclass
+class PrefixCacheRow:
+    """A target's prefix cache in one phase (``phase`` "run": over the run), as its server
+    counted it, beside the shared prefixes planned (report/prefix_cache.py)."""
+
+    target: str
+    phase: str
+    planned: str  # the shared prefixes planned, in words ("none": none)
+    queried: float | None  # prompt tokens looked up (None: the server counts none)
+    hits: float | None  # of them, found in the cache
+
+    @property
+    def hit_ratio(self) -> float | None:
+        if not self.queried or self.hits is None:
+            return None
+        return self.hits / self.queried
+
+
+@dataclass
 class Report:
     run_id: str
     created: str
@@ -261,6 +279,9 @@ class Report:
     prompt_sizing: str | None = None  # how the synthetic prompts were sized (calibration)
     # planned against served answer lengths, per target (empty: none planned)
     output_tokens: list[OutputTokens] = field(default_factory=list)
+    # the server's prefix-cache hit ratio beside the shared prefixes planned, per target
+    # and phase (empty: no server counted it, none planned)
+    prefix_cache: list[PrefixCacheRow] = field(default_factory=list)
     # what the journal lost or could not keep (damage, a lost WAL, a full disk): the
     # report's first lines, before anything else (build.py, _journal_warnings)
     warnings: list[str] = field(default_factory=list)

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from pydantic import ValidationError
 
-from soakd.config import ConfigError, TokenLength
+from soakd.config import TokenLength
 from soakd.journal.stored import StoredConfig, StoredWorkload
 from soakd.report.model import OutputTokens, Report
 from soakd.report.table import Table, planned_table
 from soakd.workload.answers import answer_lengths, asked_as
-from soakd.workload.prompts import FilePrompts, describe_lengths
+from soakd.workload.datasets import stored_source
+from soakd.workload.prompts import describe_lengths
 from soakd.workload.sizing import WARN_SHARE
 
 _ASKED = {
@@ -47,12 +47,9 @@ class Answers:
             except ValidationError:
                 return
         source = None
-        if prompts.source == "file":
-            if prompts.file is None:
-                return
-            try:
-                source = FilePrompts(Path(prompts.file))
-            except ConfigError:
+        if prompts.source != "synthetic":
+            source = stored_source(prompts, workload.seed, workload.tokenizer)
+            if source is None:
                 return  # a prompt file no longer there: its lines' lengths are unknown
         answers = answer_lengths(lengths, workload.seed, source)
         if answers is None:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 from pydantic import ValidationError
 
-from soakd.config import ConfigError, TokenLength
+from soakd.config import TokenLength
 from soakd.journal.records import (
     CalibrationStage,
     Logged,
@@ -27,7 +26,8 @@ from soakd.journal.stored import StoredWorkload
 from soakd.report.model import PromptTokens, Report
 from soakd.report.table import Table, fmt_mean, planned_table
 from soakd.workload.calibration import Calibration
-from soakd.workload.prompts import FilePrompts, SyntheticPrompts, fixed_length
+from soakd.workload.datasets import stored_source
+from soakd.workload.prompts import SyntheticPrompts, fixed_length
 from soakd.workload.sizing import WARN_SHARE, stored
 
 
@@ -87,14 +87,9 @@ def _planner(workload: StoredWorkload) -> Callable[[int], int] | None:
     """Planned tokens by seq, from the stored config (None: cannot be rebuilt, e.g. a
     prompt file no longer there)."""
     prompts = workload.prompts
-    if prompts.source == "file":
-        if prompts.file is None:
-            return None
-        try:
-            source = FilePrompts(Path(prompts.file))
-        except ConfigError:
-            return None
-        return lambda seq: source.spec_fields(seq)[1]
+    if prompts.source != "synthetic":
+        source = stored_source(prompts, workload.seed, workload.tokenizer)
+        return None if source is None else source.length
     try:
         lengths = TokenLength.model_validate(prompts.input_tokens.model_dump())
     except ValidationError:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from soakd.report.model import TERMINAL_COLUMNS, Report
 from soakd.report.output_tokens import output_table
+from soakd.report.prefix_cache import prefix_table
 from soakd.report.prompt_tokens import prompt_table
 from soakd.report.table import (
     Table,
@@ -81,6 +82,9 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     answers = output_table(rep)
     if answers is not None:
         out.append(rich_table(answers))
+    prefixes = prefix_table(rep)
+    if prefixes is not None:
+        out.append(rich_table(prefixes))
     out += [Text(f"note: {note}", style="dim") for note in rep.notes]
     return out
 

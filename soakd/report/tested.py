@@ -51,10 +51,14 @@ def _iso(wall: float | None) -> str:
 
 def _prompt_plan(prompts: StoredPrompts) -> str:
     """The workload's prompt lengths, as configured (``workload.prompts``)."""
-    if prompts.source == "file":
+    if prompts.source != "synthetic":
         name = str(prompts.file or "?").rsplit("/", 1)[-1]
-        return f"file {name} (its own lengths)"
-    return describe_lengths(prompts.input_tokens)
+        return f"{prompts.source} {name} (its own lengths)"
+    shown = describe_lengths(prompts.input_tokens)
+    p = prompts.prefix
+    if p is not None and p.share > 0:
+        shown += f", {p.share:.0%} with one of {p.count} shared prefixes of {p.tokens}"
+    return shown
 
 
 def _endpoint(t: StoredTarget) -> str:

@@ -44,7 +44,7 @@ def check_start(cfg: Config) -> None:
             exporter.tls.context()
     except ConfigError as exc:
         problems += exc.problems
-    if cfg.workload.prompts.source == "file":
+    if cfg.workload.prompts.source != "synthetic":
         from soakd.workload.prompts import make_prompt_source
 
         try:

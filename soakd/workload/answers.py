@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from soakd.tracing import is_local_url
 from soakd.workload.prompts import (
-    FilePrompts,
     Lengths,
     PromptSource,
+    Records,
     describe_lengths,
     draw_length,
     fixed_length,
@@ -45,7 +45,7 @@ class AnswerLengths:
     """The planned answer length of each seq (None: none planned)."""
 
     def __init__(
-        self, lengths: Lengths | None, seed: int = 0, lines: FilePrompts | None = None
+        self, lengths: Lengths | None, seed: int = 0, lines: Records | None = None
     ) -> None:
         self.lengths = lengths
         self._key = seq_hash(_SALT, seed)  # not the prompts' key: the two draws are apart
@@ -73,8 +73,8 @@ def answer_lengths(
     lengths: Lengths | None, seed: int, source: PromptSource | None = None
 ) -> AnswerLengths | None:
     """The planned answer lengths of a workload (None: none is planned): ``lengths`` is
-    ``workload.prompts.output_tokens``, ``source`` the prompts (a file's lines may plan)."""
-    answers = AnswerLengths(lengths, seed, source if isinstance(source, FilePrompts) else None)
+    ``workload.prompts.output_tokens``, ``source`` the prompts (a file's records may plan)."""
+    answers = AnswerLengths(lengths, seed, source if isinstance(source, Records) else None)
     return answers if answers.planned else None
 
 
@@ -115,12 +115,16 @@ def asked_whole(asks: PlannedOutput, tokens: int) -> dict[str, object]:
 def answer_lines(cfg: Config) -> list[str]:
     """What ``soakd check`` says of the answers' planned lengths (nothing: none planned)."""
     wl = cfg.workload
-    source = make_prompt_source(wl) if wl.prompts.source == "file" else None
+    source = make_prompt_source(wl) if wl.prompts.source != "synthetic" else None
     if workload_answers(wl, source) is None:
         return []
     shown = []
-    if isinstance(source, FilePrompts) and source.plans_outputs:
-        shown.append("the prompt file's lines'")
+    if isinstance(source, Records) and source.plans_outputs:
+        shown.append(
+            "the prompt file's lines'"
+            if wl.prompts.source == "file"
+            else f"the {wl.prompts.source} file's records'"
+        )
     if wl.prompts.output_tokens is not None:
         shown.append(f"{describe_lengths(wl.prompts.output_tokens)} tokens, seed {wl.seed}")
     lines = [f"answers: planned, {', else '.join(shown)}: each request's max_tokens"]

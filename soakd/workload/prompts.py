@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from soakd.config import MAX_TOKENS, ConfigError, TokenLength, Workload
+from soakd.config import MAX_TOKENS, Prefix, TokenLength, Workload
 from soakd.workload.calibration import UNCALIBRATED, Calibration
+from soakd.workload.records import BadRecord, index_lines
 
 # Common English words, each a single token both alone and after a space in
 # cl100k_base, o200k_base, Llama 3 and Qwen 2.5/3 (checked with those vocabularies),
@@ -100,7 +101,8 @@ _POOL = 1 << 16  # distinct body start positions
 _HEAD_WORDS = 4  # 40 bits: a distinct opening for every seq below 2**40
 _HEAD_MASK = (1 << 40) - 1
 _HEAD_MULT = 0x5DEECE66D  # odd, so seq -> seq * mult + key is a bijection mod 2**40
-_CHARS_PER_TOKEN = 4  # the usual estimate for English text, for file prompts
+CHARS_PER_TOKEN = 4  # the usual estimate for English text, for file prompts
+_PREFIX_SALT = 0x707265666978  # "prefix": the shared prefixes' draws, apart from the rest
 
 
 class Lengths(Protocol):
@@ -143,6 +145,22 @@ class PromptSource(Protocol):
         ...
 
 
+@runtime_checkable
+class Records(Protocol):
+    """A source whose prompts are a file's records (a prompt file, a dataset): seq ``s``
+    sends record ``record_of(s)``, which ``label`` names in its file; a record may plan its
+    answer's length (``output_tokens``; ``plans_outputs``: some record does)."""
+
+    plans_outputs: bool
+
+    def __len__(self) -> int: ...
+    def spec_fields(self, seq: int) -> tuple[str, int]: ...
+    def record_of(self, seq: int) -> int: ...
+    def label(self, record: int) -> str: ...
+    def length(self, seq: int) -> int: ...
+    def output_tokens(self, seq: int) -> int | None: ...
+
+
 def make_prompt_source(
     workload: Workload, calibrations: Sequence[Calibration] = ()
 ) -> PromptSource:
@@ -151,8 +169,12 @@ def make_prompt_source(
     prompts = workload.prompts
     if prompts.source == "file":
         assert prompts.file is not None  # the config model guarantees it
-        return FilePrompts(prompts.file)
-    return SyntheticPrompts(prompts.input_tokens, workload.seed, calibrations)
+        return FilePrompts(prompts.file, prompts.prefix, workload.seed)
+    if prompts.source != "synthetic":
+        from soakd.workload.datasets import open_dataset  # it builds on this module
+
+        return open_dataset(workload, calibrations)
+    return SyntheticPrompts(prompts.input_tokens, workload.seed, calibrations, prompts.prefix)
 
 
 def _mix(x: int) -> int:
@@ -212,11 +234,17 @@ class SyntheticPrompts:
     """
 
     def __init__(
-        self, lengths: TokenLength, seed: int = 0, calibrations: Sequence[Calibration] = ()
+        self,
+        lengths: Lengths,
+        seed: int = 0,
+        calibrations: Sequence[Calibration] = (),
+        prefix: Prefix | None = None,
     ) -> None:
         self.lengths = lengths
         self.seed = seed
+        self.prefix = prefix if prefix is not None and prefix.share > 0 else None
         self._key = _mix(seed & _M64)
+        self._prefix_key = _mix(self._key ^ _PREFIX_SALT)
         longest = fixed_length(lengths) if lengths.dist == "fixed" else lengths.max
         self._longest = longest
         self._pool: list[int] = []
@@ -264,10 +292,49 @@ class SyntheticPrompts:
 
     def length(self, seq: int) -> int:
         """The planned prompt length (tokens) of ``seq``."""
-        return self._length(_mix(self._key ^ (seq & _M64)))
+        return self._length(seq, _mix(self._key ^ (seq & _M64)))
 
-    def _length(self, h1: int) -> int:
+    def _length(self, seq: int, h1: int) -> int:
+        """The planned length of ``seq`` (``h1``: its draw): a dataset's subclass reads it."""
         return draw_length(self.lengths, h1)
+
+    def prefix_of(self, seq: int) -> int | None:
+        """Which shared prefix ``seq`` opens with (None: none), drawn from the seed alone."""
+        p = self.prefix
+        if p is None:
+            return None
+        h = _mix(self._prefix_key ^ (seq & _M64))
+        if (h >> 11) / 9007199254740992.0 >= p.share:
+            return None
+        return _mix(h) % p.count
+
+    def prefix_text(self, k: int, seq: int = 0) -> tuple[str, float]:
+        """(text, its cost) of shared prefix ``k``, at the calibration of ``seq``."""
+        tokens = self.prefix.tokens if self.prefix is not None else 0
+        return self.window(self._prefix_key ^ k, tokens, seq)
+
+    def _sizing_of(self, seq: int) -> _Sizing:
+        sizing = self._sizings[-1]
+        if seq < sizing.cal.from_seq:
+            sizing = next(s for s in reversed(self._sizings) if seq >= s.cal.from_seq)
+        return sizing
+
+    def window(self, key: int, tokens: float, seq: int = 0) -> tuple[str, float]:
+        """(text, its cost) of about ``tokens`` tokens at the calibration of ``seq``: pool
+        words from a place ``key`` picks, so the same key gives the same text (a shared
+        prefix, a Mooncake block). ``tokens`` is at most the longest planned prompt."""
+        sizing = self._sizing_of(seq)
+        cum = sizing.cum
+        start = _mix(key ^ 0x2545F4914F6CDD1D) % _POOL
+        base = cum[start]
+        # the window whose cost is nearest (the shorter one on a tie)
+        end = bisect_left(cum, base + tokens, start, start + sizing.max_words)
+        if end > start and base + tokens - cum[end - 1] <= cum[end] - (base + tokens):
+            end -= 1
+        if end == start:
+            return "", 0.0
+        starts = self._starts
+        return self._text[starts[start] : starts[end] - 1], cum[end] - base
 
     def spec_fields(self, seq: int) -> tuple[str, int]:
         text, n, _ = self.build(seq)
@@ -278,33 +345,28 @@ class SyntheticPrompts:
         return self.build(seq)[2]
 
     def build(self, seq: int) -> tuple[str, int, float]:
-        """(prompt text, planned tokens, tokens the calibration expects) for ``seq``."""
+        """(prompt text, planned tokens, tokens the calibration expects) for ``seq``: its
+        shared prefix if it draws one, four words that spell it, then a window of the pool."""
         h1 = _mix(self._key ^ (seq & _M64))
-        n = self._length(h1)
-        sizing = self._sizings[-1]
-        if seq < sizing.cal.from_seq:
-            sizing = next(s for s in reversed(self._sizings) if seq >= s.cal.from_seq)
+        n = self._length(seq, h1)
+        sizing = self._sizing_of(seq)
         costs = sizing.costs
         budget = n - sizing.cal.overhead
+        lead = ""
+        k = self.prefix_of(seq)
+        if k is not None and self.prefix is not None:
+            lead, cost = self.prefix_text(k, seq)
+            budget -= cost
+            lead += " "
         x = (seq * _HEAD_MULT + self._key) & _HEAD_MASK
         head = [(x >> (10 * i)) & 1023 for i in range(_HEAD_WORDS)]
         spent = sum(costs[i] for i in head)
         while len(head) > 1 and spent > budget:  # a short prompt: fewer opening words
             spent -= costs[head.pop()]
-        text = " ".join([WORDS[i] for i in head])
-        rest = budget - spent
-        cum = sizing.cum
-        start = _mix(h1 ^ 0x2545F4914F6CDD1D) % _POOL
-        base = cum[start]
-        # the window whose cost is nearest the rest (the shorter one on a tie)
-        end = bisect_left(cum, base + rest, start, start + sizing.max_words)
-        if end > start and base + rest - cum[end - 1] <= cum[end] - (base + rest):
-            end -= 1
-        estimate = sizing.cal.overhead + spent + cum[end] - base
-        if end == start:
-            return text, n, estimate
-        starts = self._starts
-        return text + " " + self._text[starts[start] : starts[end] - 1], n, estimate
+        text = lead + " ".join([WORDS[i] for i in head])
+        rest, tail_cost = self.window(h1, budget - spent, seq) if budget > spent else ("", 0.0)
+        estimate = n - budget + spent + tail_cost
+        return (text + " " + rest if rest else text), n, estimate
 
 
 class FilePrompts:
@@ -314,88 +376,86 @@ class FilePrompts:
     contents joined by newlines), with an optional ``"output_tokens"``: its answer's
     planned length (soakd/workload/answers.py); blank lines are skipped. The planned
     length is an estimate (``len(text) / 4``): soakd has no tokenizer, and the server's
-    usage count wins anyway. After one full cycle prompts repeat, so a server's
+    usage count wins anyway. The file is checked whole at once and indexed (records.py):
+    each request reads its line again. After one full cycle prompts repeat, so a server's
     prefix cache will start to hit: give a file longer than the run if that matters.
     """
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, prefix: Prefix | None = None, seed: int = 0) -> None:
         self.path = Path(path)
-        lines = _read_jsonl(self.path)
-        self._prompts: list[tuple[str, int]] = [
-            (text, max(1, round(len(text) / _CHARS_PER_TOKEN))) for text, _ in lines
-        ]
-        self._outputs: list[int | None] = [output for _, output in lines]
-        self.plans_outputs = any(n is not None for n in self._outputs)
+        # shared prefixes: the synthetic prompts' words (a word a token, uncalibrated)
+        self._prefixes = (
+            SyntheticPrompts(TokenLength(mean=prefix.tokens + 1, max=MAX_TOKENS), seed, (), prefix)
+            if prefix is not None and prefix.share > 0
+            else None
+        )
+        self._planned = array("i")  # each line's estimate, in tokens
+        self._outputs = array("i")  # each line's planned answer length (0: none)
+        self._file = index_lines(self.path, self._check, "prompts")
+        self.plans_outputs = any(self._outputs)
         """Some line gives its answer's length."""
 
+    def _check(self, obj: Any, _i: int) -> None:
+        text = _prompt_text(obj)
+        if len(text) > MAX_TOKENS * CHARS_PER_TOKEN:
+            raise BadRecord(
+                f"a prompt of {len(text):,} characters, "
+                f"~{len(text) // CHARS_PER_TOKEN:,} tokens (at most {MAX_TOKENS:,})"
+            )
+        self._outputs.append(_output_tokens(obj) or 0)
+        self._planned.append(max(1, round(len(text) / CHARS_PER_TOKEN)))
+
     def __len__(self) -> int:
-        return len(self._prompts)
+        return len(self._planned)
+
+    def _prefix(self, seq: int) -> tuple[str, float] | None:
+        shared = self._prefixes
+        k = None if shared is None else shared.prefix_of(seq)
+        return None if shared is None or k is None else shared.prefix_text(k)
 
     def spec_fields(self, seq: int) -> tuple[str, int]:
-        return self._prompts[seq % len(self._prompts)]
+        record = self.record_of(seq)
+        text = _prompt_text(json.loads(self._file.read(record)))
+        n = self._planned[record]
+        lead = self._prefix(seq)
+        return (text, n) if lead is None else (lead[0] + "\n" + text, n + round(lead[1]))
+
+    def length(self, seq: int) -> int:
+        """The planned prompt length (tokens) of ``seq``."""
+        lead = self._prefix(seq)
+        return self._planned[self.record_of(seq)] + (0 if lead is None else round(lead[1]))
+
+    def record_of(self, seq: int) -> int:
+        """The line (0-based, blank lines left out) ``seq`` sends: the lines cycle."""
+        return seq % len(self._planned)
+
+    def label(self, record: int) -> str:
+        return f"{self.path.name}:{self._file.line(record)}"
 
     def output_tokens(self, seq: int) -> int | None:
         """The planned answer length the line of ``seq`` gives (None: it gives none)."""
-        return self._outputs[seq % len(self._outputs)]
-
-
-def _read_jsonl(path: Path) -> list[tuple[str, int | None]]:
-    """Each line's (prompt text, planned answer length or None)."""
-    where = "workload.prompts.file"
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
-    lines: list[tuple[str, int | None]] = []
-    for lineno, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw)
-        except UnicodeDecodeError:
-            raise ConfigError(f"{where}: {path}:{lineno}: not valid UTF-8") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{where}: {path}:{lineno}: not valid JSON ({exc.msg})") from None
-        try:
-            text = _prompt_text(obj)
-            lines.append((text, _output_tokens(obj)))
-        except _BadRecord as exc:
-            raise ConfigError(f"{where}: {path}:{lineno}: {exc}") from None
-        if len(text) > MAX_TOKENS * _CHARS_PER_TOKEN:
-            raise ConfigError(
-                f"{where}: {path}:{lineno}: a prompt of {len(text):,} characters, "
-                f"~{len(text) // _CHARS_PER_TOKEN:,} tokens (at most {MAX_TOKENS:,})"
-            )
-    if not lines:
-        raise ConfigError(f"{where}: {path} holds no prompts")
-    return lines
-
-
-class _BadRecord(Exception):
-    """What is wrong with one JSONL record (the caller adds file:line)."""
+        return self._outputs[self.record_of(seq)] or None
 
 
 def _prompt_text(obj: Any) -> str:
     """The text of one JSONL record."""
     if not isinstance(obj, dict):
-        raise _BadRecord(
-            f'expected an object with "prompt" or "messages", got {type(obj).__name__}'
-        )
+        raise BadRecord(f'expected an object with "prompt" or "messages", got {type(obj).__name__}')
     if "prompt" in obj:
         prompt = obj["prompt"]
         if not isinstance(prompt, str) or not prompt:
-            raise _BadRecord('"prompt" must be a non-empty string')
+            raise BadRecord('"prompt" must be a non-empty string')
         return prompt
     if "messages" in obj:
         messages = obj["messages"]
         if not isinstance(messages, list) or not messages:
-            raise _BadRecord('"messages" must be a non-empty list')
+            raise BadRecord('"messages" must be a non-empty list')
         parts = [_content_text(m, i) for i, m in enumerate(messages)]
         text = "\n".join(p for p in parts if p)
         if not text:
-            raise _BadRecord('"messages" hold no text')
+            raise BadRecord('"messages" hold no text')
         return text
-    raise _BadRecord('expected a "prompt" or a "messages" key')
+    raise BadRecord('expected a "prompt" or a "messages" key')
 
 
 def _output_tokens(obj: dict[str, Any]) -> int | None:
@@ -406,7 +466,7 @@ def _output_tokens(obj: dict[str, Any]) -> int | None:
     if type(n) is not int or not 1 <= n <= MAX_TOKENS:
         shown = json.dumps(n)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise _BadRecord(
+        raise BadRecord(
             f'"output_tokens" must be a whole number of tokens from 1 to {MAX_TOKENS:,}, '
             f"got {shown}"
         )
@@ -416,7 +476,7 @@ def _output_tokens(obj: dict[str, Any]) -> int | None:
 def _content_text(message: Any, index: int) -> str:
     """A message's content: a string, or OpenAI's list of parts (text parts kept)."""
     if not isinstance(message, dict) or "content" not in message:
-        raise _BadRecord(f'messages[{index}] must be an object with "content"')
+        raise BadRecord(f'messages[{index}] must be an object with "content"')
     content = message["content"]
     if content is None:
         return ""
@@ -428,4 +488,4 @@ def _content_text(message: Any, index: int) -> str:
             for part in content
             if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
-    raise _BadRecord(f"messages[{index}].content must be a string or a list of parts")
+    raise BadRecord(f"messages[{index}].content must be a string or a list of parts")

@@ -35,11 +35,11 @@ from soakd.workload.calibration import (
     TokenizeError,
     costs_from_pieces,
 )
+from soakd.workload.datasets import source_lines
 from soakd.workload.prompts import (
     WORDS,
     PromptSource,
     SyntheticPrompts,
-    describe_lengths,
     make_prompt_source,
 )
 
@@ -271,11 +271,7 @@ async def plan_lines(cfg: Config) -> list[str]:
     tokenizer file is a ConfigError); a target's /tokenize is asked at start only."""
     wl = cfg.workload
     prompts = make_prompt_source(wl)
-    if isinstance(prompts, SyntheticPrompts):
-        shape = describe_lengths(wl.prompts.input_tokens)
-        lines = [f"prompts: synthetic, {shape} tokens, seed {wl.seed}"]
-    else:
-        lines = [f"prompts: {wl.prompts.file}, planned at 4 characters a token"]
+    lines = source_lines(wl, prompts)
     if wl.calibrate == "off":
         return [*lines, "  sizing: off (workload.calibrate): a word a token, as planned"]
     names = ", ".join(t.name for t in cfg.targets)

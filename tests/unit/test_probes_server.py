@@ -63,6 +63,8 @@ def test_vllm_page_as_captured() -> None:
         waiting=0.0,
         kv_cache=0.0,
         preemptions=0.0,
+        prefix_queries=2487.0,
+        prefix_hits=0.0,
         rss=7.54118656e8,
         start_time=1.79596457106e9,
         ttft_sum=8.008665800094604,
@@ -74,6 +76,26 @@ def test_vllm_page_as_captured() -> None:
         itl_sum=189.00370669900292,
         itl_count=21675.0,
     )
+
+
+def test_prefix_cache_counters_are_re_exported_from_the_first_reading_on() -> None:
+    """vLLM's prefix-cache counters (prompt tokens looked up, found): soakd counts what they
+    rose by since its first scrape (the server's earlier count is its baseline), a smaller
+    count is a new server process, and each scrape journals soakd's count so far."""
+    s, reg, samples = scraper()
+    for queries, hits in ((1000.0, 100.0), (1600.0, 400.0), (200.0, 50.0)):
+        s.apply(ServerReading(prefix_queries=queries, prefix_hits=hits))
+    assert get(reg, "soakd_server_prefix_cache_queries_total") == 600 + 200
+    assert get(reg, "soakd_server_prefix_cache_hits_total") == 300 + 50
+    journaled = [(x.name, x.value) for x in samples if "prefix" in x.name]
+    assert journaled[-2:] == [
+        ("soakd_server_prefix_cache_queries_total", 800.0),
+        ("soakd_server_prefix_cache_hits_total", 350.0),
+    ]
+    # llama.cpp serves no such counter: no series at all, not a zero
+    s2, reg2, _ = scraper()
+    s2.apply(parse_server_metrics(LLAMA))
+    assert get(reg2, "soakd_server_prefix_cache_hits_total") is None
 
 
 def test_vllm_page_under_load() -> None:

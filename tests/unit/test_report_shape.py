@@ -54,6 +54,7 @@ REPORT_KEYS = [
     "prompt_tokens",  # planned against served, per target (soakd/report/prompt_tokens.py)
     "prompt_sizing",
     "output_tokens",  # planned against served answer lengths (soakd/report/output_tokens.py)
+    "prefix_cache",  # the server's prefix-cache hit ratio beside the plan (prefix_cache.py)
     "warnings",  # what the journal lost or could not keep: the report's first lines
     "breakdowns",  # latency by context length and by turn (soakd/report/breakdowns.py)
     "columns",
