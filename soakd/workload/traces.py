@@ -26,6 +26,7 @@ FORMATS = ("mooncake", "burstgpt")
 """The trace formats, and the prompt sources whose file is a trace (``trace_of``)."""
 _FIELD = {"mooncake": "timestamp", "burstgpt": "Timestamp"}
 _UNIT_NS = {"mooncake": NS_PER_S // 1000, "burstgpt": NS_PER_S}
+_UNIT = {"mooncake": "ms", "burstgpt": "s"}
 
 
 def format_of(path: Path, given: str | None) -> str:
@@ -57,7 +58,8 @@ def read_trace(path: Path, fmt: str, where: str) -> TraceTimes:
                 elif ns < last:
                     raise ConfigError(
                         f"{where}: {path}:{lineno}: field {field!r} goes backwards "
-                        f"({value:g}, below line {last_line}'s {last / _UNIT_NS[fmt]:g})"
+                        f"({value:g} {_UNIT[fmt]}, below line {last_line}'s "
+                        f"{last / _UNIT_NS[fmt]:g} {_UNIT[fmt]})"
                     )
                 last, last_line = ns, lineno
                 times.append(ns - first)
