@@ -111,13 +111,15 @@ class Load(Strict):
     def _shape(self) -> Load:
         check_load(self.mode, **self._given())
         for keys, mode in ((_TRACE_KEYS, "trace"), (_DAILY_KEYS, "daily")):
-            stray = [k for k in keys if k in self.model_fields_set and self.mode != mode]
+            fields = type(self).model_fields
+            stray = [k for k in keys if self.mode != mode and getattr(self, k) != fields[k].default]
             if stray:
                 raise ValueError(f"{', '.join(stray)}: only for mode {mode!r}, not {self.mode!r}")
         return self
 
     def _given(self) -> dict[str, Any]:
-        """The fields as written (unset ones None), for the mode's own check."""
+        """The fields as written (unset ones None), for the mode's own check. A stray key is
+        one set away from its default: a dumped config holds every key."""
         return {k: getattr(self, k) for k in type(self).model_fields if k != "mode"} | {
             k: None for k in (*_DAILY_KEYS, "rate_end") if k not in self.model_fields_set
         }
