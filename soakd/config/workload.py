@@ -82,20 +82,21 @@ class Load(Strict):
     max_in_flight: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 0
     # open loop: a send whose instant is more than this past is not made (counted, late)
     max_lateness: PositiveDuration = 1.0
-    # trace: a trace's timestamps replayed (docs/workloads.md, "Arrivals from traces and
-    # from the clock"); the file: this, else workload.prompts.file when its source is a trace
+    # mode trace: the trace file whose timestamps are replayed as send instants
+    # (docs/workloads.md, "Arrivals from traces and from the clock"); unset: the prompt
+    # file, when workload.prompts.source is mooncake or burstgpt
     trace: Path | None = None
-    format: Literal["mooncake", "burstgpt"] | None = None  # unset: .csv is burstgpt
-    speed: Speed = 1.0  # 2: twice as fast
-    loop: bool = True  # start over (one mean gap after the last record) to fill the phase
-    # daily: a 24 h cycle of rates in timezone: hours (24 rates, 00:00 first), or a cosine
-    # from low (12 h from the peak) to high (at peak_hour)
+    format: Literal["mooncake", "burstgpt"] | None = None  # the trace's; unset: .csv is burstgpt
+    speed: Speed = 1.0  # mode trace: how much faster than the trace (2: twice as fast)
+    loop: bool = True  # mode trace: start over, one mean gap after the last record
+    # mode daily: 24 rates in req/s, one an hour from 00:00 (each at its hour's middle,
+    # linear between); or low, high and peak_hour
     hours: list[PositiveRate] | None = None
-    low: PositiveRate | None = None
-    high: PositiveRate | None = None
-    peak_hour: Annotated[float, Field(ge=0, lt=24)] | None = None
-    arrival: Literal["poisson", "constant"] = "poisson"
-    timezone: str | None = None  # an IANA name (Europe/Paris); unset: the box's own
+    low: PositiveRate | None = None  # mode daily: req/s 12 h from the peak (a cosine)
+    high: PositiveRate | None = None  # mode daily: req/s at peak_hour
+    peak_hour: Annotated[float, Field(ge=0, lt=24)] | None = None  # mode daily: 14.5 is 14:30
+    arrival: Literal["poisson", "constant"] = "poisson"  # mode daily: random, or evenly spaced
+    timezone: str | None = None  # mode daily: an IANA name (Europe/Paris); unset: the box's
 
     @field_validator("timezone")
     @classmethod
