@@ -38,11 +38,12 @@ def format_of(path: Path, given: str | None) -> str:
 
 def read_trace(path: Path, fmt: str, where: str) -> TraceTimes:
     """The trace's instants; ``where``: the config field that names it (for messages)."""
-    field = _FIELD[fmt]
+    field, unit = _FIELD[fmt], _UNIT[fmt]
     times: array[int] = array("q")
     window: deque[int] = deque()  # the instants within the last second
     busiest = 0
-    first = last = 0
+    first: float = 0
+    last: float = 0
     last_line = 0
     try:
         with path.open("rb") as fh:
@@ -52,17 +53,17 @@ def read_trace(path: Path, fmt: str, where: str) -> TraceTimes:
                         f"{where}: {path}:{lineno}: field {field!r} must be a number >= 0, "
                         f"got {value!r}"
                     )
-                ns = round(value * _UNIT_NS[fmt])
                 if not times:
-                    first = ns
-                elif ns < last:
+                    first = value
+                elif value < last:
                     raise ConfigError(
                         f"{where}: {path}:{lineno}: field {field!r} goes backwards "
-                        f"({value:g} {_UNIT[fmt]}, below line {last_line}'s "
-                        f"{last / _UNIT_NS[fmt]:g} {_UNIT[fmt]})"
+                        f"({value:g} {unit}, below line {last_line}'s {last:g} {unit})"
                     )
-                last, last_line = ns, lineno
-                times.append(ns - first)
+                last, last_line = value, lineno
+                # from the first record: exact for whole ms (a Mooncake timestamp is ~1.7e12)
+                ns = round((value - first) * _UNIT_NS[fmt])
+                times.append(ns)
                 window.append(ns)
                 while window[0] <= ns - NS_PER_S:
                     window.popleft()
@@ -96,7 +97,7 @@ def _values(
                 f"{where}: {path}:{lineno}: field {field!r} must be a number (ms), "
                 f"got {_shown(value)}"
             )
-        yield lineno, float(value)
+        yield lineno, value
 
 
 def _csv_values(
@@ -119,7 +120,8 @@ def _csv_values(
                 continue
             lineno = reader.line_num
             try:
-                value = float(row[col])
+                text = row[col].strip()
+                value: float = int(text) if text.isdigit() else float(text)
             except (IndexError, ValueError):
                 got = _shown(row[col]) if col < len(row) else "nothing"
                 raise ConfigError(

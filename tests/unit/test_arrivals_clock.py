@@ -54,13 +54,14 @@ def trace_shape(path: Path, fmt: str = "mooncake", **fields: Any) -> Trace:
 def test_a_trace_replays_its_timestamps_relative_to_the_first_scaled_by_speed(
     tmp_path: Path,
 ) -> None:
-    path = mooncake(tmp_path / "t.jsonl", [5000, 5000, 5100, 5400, 6000])
-    once = trace_shape(path, speed=2.0, loop=False)
-    assert list(arrivals(once, 10 * NS, random.Random(0))) == [0, 0, 50 * MS, 200 * MS, 500 * MS]
+    epoch = 1_700_000_000_000  # ms: Mooncake's stamps are epoch-sized, past a float's ns
+    stamps = [epoch + t for t in (5000, 5000, 5100, 5400, 6001)]
+    once = trace_shape(mooncake(tmp_path / "t.jsonl", stamps), speed=2.0, loop=False)
+    assert list(arrivals(once, 10 * NS, random.Random(0))) == [0, 0, 50 * MS, 200 * MS, 500_500_000]
     assert once.expected(10 * NS) == 5  # not looped: nothing after the trace ends
     assert once.expected(200 * MS) == 3  # the instants before 200 ms
-    # the mean rate at that speed: 5 records a period (span 1 s + a mean gap of 0.25 s) / 2
-    assert once.rate == pytest.approx(5 / 1.25 * 2)
+    # the mean rate at that speed: 5 records a period (span 1.001 s and a mean gap) / 2
+    assert once.rate == pytest.approx(5 / (1.001 * 5 / 4) * 2)
 
 
 def test_a_looped_trace_starts_over_one_mean_gap_after_its_last_record(tmp_path: Path) -> None:
