@@ -405,3 +405,13 @@ def test_a_trace_load_needs_a_trace_and_its_keys_belong_to_it(
         2,
         "soakd: error: phases[p].load: speed: only for mode 'trace', not 'poisson'",
     )
+
+
+def test_the_examples_check(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the trace's path is the repo's
+    assert main(["check", "examples/daily.yaml", "examples/trace.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "daily poisson 0.2-3 req/s (mean 1.6), peak 14:00 Europe/Paris" in out
+    assert "trace mooncake-sample.jsonl (mooncake, 240 records over 54.469s) x2" in out
