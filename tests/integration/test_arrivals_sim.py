@@ -5,6 +5,7 @@ rehearsed in 90 s shows three peaks where the calendar puts them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import sqlite3
@@ -148,3 +149,95 @@ async def test_a_rehearsed_72h_daily_plan_shows_three_peaks(tmp_path: Path) -> N
     assert all(max(by_hour[24 * d : 24 * d + 24]) > 5 * troughs[d] for d in range(3))
     mean = statistics.fmean(by_hour)  # the rates are the configured ones: 21 req/s a mean
     assert mean * 72 == pytest.approx(21 * 90, rel=0.1)
+
+
+async def stop_after(cfg: dict[str, Any], run_dir: Path, seconds: float, **options: Any) -> None:
+    """A first session, stopped (as by SIGTERM) ``seconds`` into its plan."""
+    soak = Soak(
+        config_from_dict(cfg),
+        RunOptions(
+            run_dir=run_dir, metrics_addr=f"127.0.0.1:{free_port()}", console_logs=False, **options
+        ),
+    )
+    task = asyncio.create_task(soak.run())
+    for _ in range(round(seconds * 20) + 600):  # bounded: a start that hangs fails here
+        if soak.runner is not None and soak.runner.offset_ns() >= seconds * 1e9:
+            break
+        await asyncio.sleep(0.05)
+    assert soak.runner is not None
+    soak.runner.stop()
+    result = await task
+    assert not result.completed
+
+
+def sessions(run_dir: Path) -> dict[int, list[tuple[int, int]]]:
+    """(seq, scheduled_ns) of each session's requests."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    with sqlite3.connect(run_dir / "journal.db") as db:
+        for session, seq, scheduled in db.execute(
+            "SELECT session, seq, scheduled_ns FROM requests ORDER BY seq"
+        ):
+            out.setdefault(session, []).append((seq, scheduled))
+    return out
+
+
+async def test_a_resumed_trace_goes_on_at_the_instant_it_stopped(tmp_path: Path) -> None:
+    stamps = sorted({round(i * 37.3) % 6000 for i in range(300)})  # 6 s of trace, looped
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 10_000 + s}) + "\n" for s in stamps))
+    phase = {"name": "replay", "duration": "14s", "load": {"mode": "trace", "trace": str(trace)}}
+    run_dir = tmp_path / "run"
+    await stop_after(config(phase), run_dir, 5.0)
+    await run(config(phase), run_dir)  # the same run dir: resumed
+
+    first, second = sessions(run_dir)[1], sessions(run_dir)[2]
+    span = (stamps[-1] - stamps[0]) * MS
+    period = span + round(span / (len(stamps) - 1))  # and one mean gap
+    planned = [
+        p * period + (s - stamps[0]) * MS
+        for p in range(3)
+        for s in stamps
+        if p * period + (s - stamps[0]) * MS < 14e9
+    ]
+    assert [t for _, t in first] == planned[: len(first)]
+    # the second session starts at the plan clock's last heartbeat of the first (up to a
+    # commit before its stop: those instants are sent again) and goes on along the trace:
+    # every instant after that sent, or counted as not made (a stall of the busy box)
+    resumed = planned.index(second[0][1])
+    assert resumed <= len(first)
+    again = iter(planned[resumed:])
+    assert all(t in again for _, t in second)  # in the trace's order, none made up
+    with sqlite3.connect(run_dir / "journal.db") as db:
+        (missed,) = db.execute("SELECT COALESCE(SUM(count), 0) FROM missed").fetchone()
+    assert len(second) + missed == len(planned) - resumed
+    assert second[0][0] > first[-1][0]  # its seqs go on from the first session's
+
+
+async def test_a_resumed_daily_plan_keeps_its_cycle_on_the_calendar(tmp_path: Path) -> None:
+    phase = {
+        "name": "days",
+        "duration": "72h",
+        "load": {"mode": "daily", "low": 4, "high": 80, "peak_hour": 3, "timezone": "UTC"},
+    }
+    run_dir = tmp_path / "run"
+    await stop_after(config(phase), run_dir, 15.0, rehearse_s=36.0)  # 72 h in 36 s
+    await asyncio.sleep(2.0)  # a downtime: the plan clock does not run
+    await run(config(phase), run_dir)  # resumed, rehearsed as the first session was
+
+    plan = stored_plan(run_dir)
+    scale = plan["scale"]
+    anchor_h = plan["phases"][0]["loads"]["sim"]["anchor_s"] / 3600
+    second = sessions(run_dir)[2]
+    by_hour = [0] * 72
+    for _, scheduled in second:
+        by_hour[min(71, int(scheduled / scale / 3600e9))] += 1
+    resumed_h = second[0][1] / scale / 3600e9
+    assert 29 <= resumed_h < 32  # 15 s of 36: hour 30 of 72
+    # the peaks after the resume are where the calendar of the first session put them
+    want = [w for w in ((3 - anchor_h) % 24 + 24 * d for d in range(3)) if w > resumed_h + 4]
+    smooth = [statistics.fmean(by_hour[max(0, h - 1) : h + 2]) for h in range(72)]
+    for w in want:
+        window = range(max(0, round(w) - 8), min(72, round(w) + 8))
+        got = max(window, key=lambda h: smooth[h]) + 0.5
+        print(f"resumed at plan hour {resumed_h:.1f}: a peak at {got}, the calendar's {w:.2f}")
+        assert abs(got - w) <= 2.5
