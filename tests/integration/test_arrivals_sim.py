@@ -200,16 +200,16 @@ async def test_a_resumed_trace_goes_on_at_the_instant_it_stopped(tmp_path: Path)
         if p * period + (s - stamps[0]) * MS < 14e9
     ]
     assert [t for _, t in first] == planned[: len(first)]
-    # the second session starts at the plan clock's last heartbeat of the first (up to a
-    # commit before its stop: those instants are sent again) and goes on along the trace:
-    # every instant after that sent, or counted as not made (a stall of the busy box)
+    # the second session starts at the plan clock's last heartbeat of the first (a commit
+    # before or after its last send) and goes on along the trace: each instant sent or
+    # counted as not made (at the stop, or a stall of the busy box), none made up
     resumed = planned.index(second[0][1])
-    assert resumed <= len(first)
     again = iter(planned[resumed:])
-    assert all(t in again for _, t in second)  # in the trace's order, none made up
+    assert all(t in again for _, t in second)  # in the trace's order
     with sqlite3.connect(run_dir / "journal.db") as db:
         (missed,) = db.execute("SELECT COALESCE(SUM(count), 0) FROM missed").fetchone()
-    assert len(second) + missed == len(planned) - resumed
+    assert resumed <= len(first) + missed  # nothing lost between the sessions unsaid
+    assert len(second) + missed >= len(planned) - resumed
     assert second[0][0] > first[-1][0]  # its seqs go on from the first session's
 
 
