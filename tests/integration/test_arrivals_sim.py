@@ -73,13 +73,13 @@ async def run(cfg: dict[str, Any], run_dir: Path, **options: Any) -> float:
 
 
 async def test_a_mooncake_trace_replays_at_its_planned_instants(tmp_path: Path) -> None:
-    # 20 s of trace: Poisson gaps at ~15 req/s, a burst of 30 at 8 s, a lull from 12 to 15 s
+    # 20 s of trace: Poisson gaps at ~30 req/s, a burst of 30 at 8 s, a lull from 12 to 15 s
     rng = random.Random(5)
     stamps, t = [], 1_700_000_000_000  # ms, as Mooncake's (relative to the first record)
     while t < 1_700_000_020_000:
         if not 1_700_000_012_000 <= t < 1_700_000_015_000:
             stamps.append(t)
-        t += round(rng.expovariate(15) * 1000)
+        t += round(rng.expovariate(30) * 1000)
     stamps += [1_700_000_008_000 + 10 * i for i in range(30)]
     stamps.sort()
     trace = tmp_path / "trace.jsonl"
@@ -111,9 +111,9 @@ async def test_a_mooncake_trace_replays_at_its_planned_instants(tmp_path: Path) 
         f"trace replay: {len(rows)} sends, dispatch lag p50 {p50 / MS:.3f} ms, p99 "
         f"{p99 / MS:.3f} ms; poisson beside it p50 {base50 / MS:.3f} ms, p99 {base99 / MS:.3f} ms"
     )
-    # under 2 ms; on a box busy enough that a Poisson schedule's lag is past that too (a
-    # shared 2-core runner), no worse than it: the lag is the box's, not the replay's
-    assert p99 < max(2 * MS, 2 * base99)
+    # under 2 ms on a quiet box; on one shared with other work (a 2-core runner) the lag is
+    # the box's: then no worse than the Poisson schedule's beside it, by 2 ms or a factor 2
+    assert p99 < max(2 * MS, base99 + 2 * MS, 2 * base99)
 
 
 async def test_a_rehearsed_72h_daily_plan_shows_three_peaks(tmp_path: Path) -> None:
