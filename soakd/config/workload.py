@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from tzlocal import get_localzone_name
 
 from soakd.config.base import (
     MAX_CONCURRENCY,
@@ -93,10 +95,15 @@ class Prompts(Strict):
         return self
 
 
+Speed = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
+_TRACE_KEYS = ("trace", "format", "speed", "loop")
+_DAILY_KEYS = ("hours", "low", "high", "peak_hour", "arrival", "timezone")
+
+
 class Load(Strict):
     """The load shape of one target in one phase."""
 
-    mode: Literal["closed", "constant", "poisson", "ramp", "idle"] = "closed"
+    mode: Literal["closed", "constant", "poisson", "ramp", "idle", "trace", "daily"] = "closed"
     concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 1  # closed loop
     rate: PositiveRate = 0.0  # req/s: constant, poisson, and where a ramp starts
     rate_end: PositiveRate | None = None  # req/s where a ramp ends
@@ -105,16 +112,54 @@ class Load(Strict):
     max_in_flight: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 0
     # open loop: a send whose instant is more than this past is not made (counted, late)
     max_lateness: PositiveDuration = 1.0
+    # mode trace: the trace file whose timestamps are replayed as send instants
+    # (docs/workloads.md, "Arrivals from traces and from the clock"); unset: the prompt
+    # file, when workload.prompts.source is mooncake or burstgpt
+    trace: Path | None = None
+    format: Literal["mooncake", "burstgpt"] | None = None  # the trace's; unset: .csv is burstgpt
+    speed: Speed = 1.0  # mode trace: how much faster than the trace (2: twice as fast)
+    loop: bool = True  # mode trace: start over, one mean gap after the last record
+    # mode daily: 24 rates in req/s, one an hour from 00:00 (each at its hour's middle,
+    # linear between); or low, high and peak_hour
+    hours: list[PositiveRate] | None = None
+    low: PositiveRate | None = None  # mode daily: req/s 12 h from the peak (a cosine)
+    high: PositiveRate | None = None  # mode daily: req/s at peak_hour
+    peak_hour: Annotated[float, Field(ge=0, lt=24)] | None = None  # mode daily: 14.5 is 14:30
+    arrival: Literal["poisson", "constant"] = "poisson"  # mode daily: random, or evenly spaced
+    timezone: str | None = None  # mode daily: an IANA name (Europe/Paris); unset: the box's
+
+    @field_validator("timezone")
+    @classmethod
+    def _zone(cls, name: str | None) -> str | None:
+        if name is not None:
+            try:
+                ZoneInfo(name)
+            except (ZoneInfoNotFoundError, ValueError):
+                raise ValueError(f"{name!r} is not a known time zone (e.g. Europe/Paris)") from None
+        return name
 
     @model_validator(mode="after")
     def _shape(self) -> Load:
-        check_load(self.mode, concurrency=self.concurrency, rate=self.rate, rate_end=self.rate_end)
+        check_load(self.mode, **self._given())
+        for keys, mode in ((_TRACE_KEYS, "trace"), (_DAILY_KEYS, "daily")):
+            fields = type(self).model_fields
+            stray = [k for k in keys if self.mode != mode and getattr(self, k) != fields[k].default]
+            if stray:
+                raise ValueError(f"{', '.join(stray)}: only for mode {mode!r}, not {self.mode!r}")
         return self
 
-    def shape(self, max_connections: int = 0) -> LoadShape:
+    def _given(self) -> dict[str, Any]:
+        """The fields as written (unset ones None), for the mode's own check. A stray key is
+        one set away from its default: a dumped config holds every key."""
+        return {k: getattr(self, k) for k in type(self).model_fields if k != "mode"} | {
+            k: None for k in (*_DAILY_KEYS, "rate_end") if k not in self.model_fields_set
+        }
+
+    def shape(self, max_connections: int = 0, **trace: Any) -> LoadShape:
         """This load as the plan holds it (its mode's class, the fields it uses). An open
         loop's in-flight cap defaults to the target's connection pool: a send past it would
-        only queue inside soakd for a connection, its wait hidden in its TTFT."""
+        only queue inside soakd for a connection, its wait hidden in its TTFT. ``trace``: a
+        trace load's file, format and instants, as the plan read them (``shapes.Fields``)."""
         return shape_of(
             self.mode,
             concurrency=self.concurrency,
@@ -122,7 +167,24 @@ class Load(Strict):
             rate_end=self.rate_end or 0.0,
             max_in_flight=self.max_in_flight or max_connections,
             max_lateness_ns=round(self.max_lateness * NS_PER_S),
+            speed=self.speed,
+            loop=self.loop,
+            hours=tuple(self.hours or ()),
+            low=self.low or 0.0,
+            high=self.high or 0.0,
+            peak_hour=self.peak_hour or 0.0,
+            arrival=self.arrival,
+            timezone=self.timezone or local_zone(),
+            **trace,
         )
+
+
+def local_zone() -> str:
+    """The box's time zone, by its IANA name (UTC when it has none)."""
+    try:
+        return get_localzone_name() or "UTC"
+    except (LookupError, ValueError, OSError):  # no zone, or a name tzlocal cannot read
+        return "UTC"
 
 
 class PhaseConfig(Strict):

@@ -211,6 +211,22 @@ class StoredLoad(Lenient):
     rate: int | float | None = None  # as written (a describe() prints it)
     rate_end: int | float | None = None
     max_in_flight: int | None = None
+    # trace (shapes.Trace.doc)
+    trace: str | None = None
+    format: str | None = None
+    speed: float | None = None
+    loop: bool | None = None
+    records: int | None = None
+    span_ns: int | None = None
+    # daily (shapes.Daily.doc)
+    hours: list[float] | None = None
+    low: float | None = None
+    high: float | None = None
+    peak_hour: float | None = None
+    arrival: str | None = None
+    timezone: str | None = None
+    anchor_s: float | None = None
+    scale: float | None = None
 
 
 class StoredPhase(Lenient):

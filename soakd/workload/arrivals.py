@@ -9,8 +9,12 @@ offset`` and a late wake-up never shifts the instants that follow it.
 - ``ramp``: a Poisson process whose rate changes linearly from ``rate`` to
   ``rate_end`` over the phase. Built by time-rescaling: unit-rate Poisson points
   in "expected requests so far" space, mapped back through the exact inverse of
-  the cumulative rate (``shapes.Curve``), so the instantaneous rate is right at
+  the cumulative rate (``curves.Curve``), so the instantaneous rate is right at
   every instant (not a staircase of constant steps).
+- ``daily``: the same, through a daily cycle's cumulative rate (``curves.DayCurve``); with
+  ``arrival: constant`` the points are 0, 1, 2... in that space (evenly spaced in expected
+  requests, so closer together where the rate is high).
+- ``trace``: the trace's own instants, scaled and looped (``TraceArrivals``).
 
 ``closed`` (a fixed number of workers) and ``idle`` have no schedule: the runner
 handles them, and asking for their arrivals is a bug (TypeError).
@@ -22,11 +26,13 @@ import math
 import random
 
 from soakd.model import NS_PER_S
-from soakd.shapes import LoadShape, OpenLoad
+from soakd.shapes import Curve, LoadShape, OpenLoad, Trace
 
 
-def arrivals(shape: LoadShape, duration_ns: int, rng: random.Random) -> Arrivals:
+def arrivals(shape: LoadShape, duration_ns: int, rng: random.Random) -> Arrivals | TraceArrivals:
     """Send offsets in ns from the phase start, increasing, all below ``duration_ns``."""
+    if isinstance(shape, Trace):
+        return TraceArrivals(shape, duration_ns)
     if not isinstance(shape, OpenLoad):
         raise TypeError(f"load mode {shape.mode!r} has no arrival schedule")
     return Arrivals(shape, duration_ns, rng)
@@ -44,7 +50,18 @@ class Arrivals:
     process in an interval is Poisson(L(b) - L(a)), and the process is memoryless after
     it)."""
 
-    __slots__ = ("_curve", "_done", "_duration", "_expected", "_gap", "_k", "_k_end", "_rng", "_s")
+    __slots__ = (
+        "_curve",
+        "_done",
+        "_duration",
+        "_expected",
+        "_gap",
+        "_k",
+        "_k_end",
+        "_rng",
+        "_s",
+        "_spaced",
+    )
 
     def __init__(self, shape: OpenLoad, duration_ns: int, rng: random.Random) -> None:
         self._duration = duration_ns
@@ -54,8 +71,10 @@ class Arrivals:
         self._curve = curve = shape.curve(max(0, duration_ns) / NS_PER_S)
         self._expected = curve.total
         self._done = duration_ns <= 0 or self._expected <= 0
-        self._gap = NS_PER_S / curve.r0 if shape.spaced and curve.r0 > 0 else 0.0
-        self._k_end = self._first_k(duration_ns) if self._gap else 0
+        flat = isinstance(curve, Curve) and curve.a == 0.0 and curve.r0 > 0
+        self._gap = NS_PER_S / curve.rate(0.0) if shape.spaced and flat else 0.0
+        self._spaced = shape.spaced  # and not flat: points 0, 1, 2... through the inverse
+        self._k_end = self._first_k(duration_ns) if self._spaced and not self._done else 0
 
     def __iter__(self) -> Arrivals:
         return self
@@ -63,12 +82,12 @@ class Arrivals:
     def __next__(self) -> int:
         if self._done:
             raise StopIteration
-        if self._gap:
+        if self._spaced:
             # k * gap, not a running sum: no drift over 2.6e8 steps
             if self._k >= self._k_end:
                 self._done = True
                 raise StopIteration
-            offset = int(self._k * self._gap)
+            offset = self._instant(self._k)
             self._k += 1
             return offset
         self._s += self._rng.expovariate(1.0)
@@ -86,7 +105,7 @@ class Arrivals:
         shapes, a draw with the right distribution)."""
         if self._done:
             return 0
-        if self._gap:
+        if self._spaced:
             k = min(self._k_end, max(self._k, self._first_k(offset_ns)))
             skipped, self._k = k - self._k, k
             return skipped
@@ -99,12 +118,51 @@ class Arrivals:
             self._done = True
         return skipped
 
+    def _instant(self, k: int) -> int:
+        """Point k of an evenly spaced schedule: k * gap, or the inverse of s = k."""
+        if self._gap:
+            return int(k * self._gap)
+        return int(self._curve.inverse(float(k)) * NS_PER_S)
+
     def _first_k(self, offset_ns: int) -> int:
-        """The smallest k whose instant int(k * gap) is at or after ``offset_ns``."""
-        k = max(0, math.ceil(offset_ns / self._gap) - 1)
-        while int(k * self._gap) < offset_ns:
+        """The smallest k whose instant is at or after ``offset_ns`` (an evenly spaced
+        schedule: the instants of k below ``_k_end``)."""
+        if self._gap:
+            k = max(0, math.ceil(offset_ns / self._gap) - 1)
+        else:
+            k = max(0, math.ceil(self._curve.at(offset_ns / NS_PER_S)) - 1)
+        while self._instant(k) < offset_ns:
             k += 1
+        while k > 0 and self._instant(k - 1) >= offset_ns:
+            k -= 1
         return k
+
+
+class TraceArrivals:
+    """A trace's instants in one phase (``Trace.instant``), lazily; ``skip_to`` is exact
+    (``Trace.count_before``: a bisection)."""
+
+    __slots__ = ("_end", "_k", "_shape")
+
+    def __init__(self, shape: Trace, duration_ns: int) -> None:
+        self._shape = shape
+        self._k = 0
+        self._end = shape.count_before(duration_ns)  # the instants below the phase's end
+
+    def __iter__(self) -> TraceArrivals:
+        return self
+
+    def __next__(self) -> int:
+        if self._k >= self._end:
+            raise StopIteration
+        self._k += 1
+        return self._shape.instant(self._k - 1)
+
+    def skip_to(self, offset_ns: int) -> int:
+        """Drop the instants before ``offset_ns``; how many there were."""
+        k = min(self._end, max(self._k, self._shape.count_before(offset_ns)))
+        skipped, self._k = k - self._k, k
+        return skipped
 
 
 def poisson_count(mean: float, rng: random.Random) -> int:

@@ -7,18 +7,25 @@ again (an NTP step cannot stretch or shorten a phase).
 
 Cron expressions are the usual five fields, in UTC, with crontab's day-of-week
 numbers (0 or 7 = Sunday); APScheduler 3 only computes the next fire time.
+
+The same holds for a daily cycle (``load.mode: daily``): each phase's shape is ``placed``
+at the calendar instant the phase begins (its time of day in the load's zone), once. A
+resumed run rebuilds the plan from the first session's calendar start, so its cycle stands
+where the first session's did. A trace load's file is read here, once per file.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from apscheduler.triggers.cron import CronTrigger
 
-from soakd.config import Config, ConfigError, PhaseConfig, format_duration
+from soakd.config import Config, ConfigError, Load, PhaseConfig, format_duration
 from soakd.model import NS_PER_S, Phase, Plan
-from soakd.shapes import LoadShape
+from soakd.shapes import LoadShape, TraceTimes
+from soakd.workload.traces import FORMATS, format_of, read_trace
 
 MAX_PHASES = 100_000  # a looped plan of tiny phases would otherwise fill memory
 _DOW_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -49,7 +56,9 @@ def build_plan(
     last phase shortened; with ``run.loop`` the phases repeat until that cap.
     ``rehearse_s`` then compresses the whole plan into that many seconds:
     ``Plan.scale`` is rehearsal time over configured time, and loads keep their
-    configured rates (a rehearsal runs the real load, only for less time).
+    configured rates (a rehearsal runs the real load, only for less time), but for the
+    shapes whose time is the point (``placed``): a daily cycle runs compressed, rates
+    kept, and a trace replays faster by the same factor.
     """
     cap_ns = _cap_ns(cfg, duration_cap_s)
     if cfg.run.loop:
@@ -92,9 +101,11 @@ def build_plan(
         scale = rehearse_s * NS_PER_S / t
         bounds = [(pc, round(a * scale), round(b * scale)) for pc, a, b in bounds]
 
-    shapes = {pc.name: _shapes(cfg, pc) for pc in cfg.phases}
+    traces: dict[tuple[Path, str], TraceTimes] = {}
+    shapes = {pc.name: _shapes(cfg, pc, traces) for pc in cfg.phases}
     phases = tuple(
-        Phase(i, pc.name, a, b, dict(shapes[pc.name])) for i, (pc, a, b) in enumerate(bounds)
+        Phase(i, pc.name, a, b, _placed(shapes[pc.name], start, a / scale, scale))
+        for i, (pc, a, b) in enumerate(bounds)
     )
     return Plan(phases, scale)
 
@@ -153,7 +164,8 @@ def describe_plan(plan: Plan, cfg: Config, max_rows: int = 60) -> str:
         lines.append(
             f"rehearsal: the plan in {_dur(plan.duration_ns)} "
             f"(scale {plan.scale:.3g}: 1 s of rehearsal stands for "
-            f"{format_duration(1 / plan.scale)}); loads keep their configured rates"
+            f"{format_duration(1 / plan.scale)}); loads keep their configured rates, "
+            "a daily cycle runs compressed, a trace replays faster by the same factor"
         )
     for name in targets:
         parts = []
@@ -185,8 +197,50 @@ def _cap_ns(cfg: Config, duration_cap_s: float | None) -> int | None:
     return min(caps) if caps else None
 
 
-def _shapes(cfg: Config, pc: PhaseConfig) -> dict[str, LoadShape]:
-    return {t.name: cfg.load_for(pc, t.name).shape(t.max_connections) for t in cfg.targets}
+def _shapes(
+    cfg: Config, pc: PhaseConfig, traces: dict[tuple[Path, str], TraceTimes]
+) -> dict[str, LoadShape]:
+    out: dict[str, LoadShape] = {}
+    for t in cfg.targets:
+        load = cfg.load_for(pc, t.name)
+        where = f"phases[{pc.name}]." + (f"targets[{t.name}]" if t.name in pc.targets else "load")
+        trace = _trace(cfg, load, where, traces) if load.mode == "trace" else {}
+        out[t.name] = load.shape(t.max_connections, **trace)
+    return out
+
+
+def _trace(
+    cfg: Config, load: Load, where: str, traces: dict[tuple[Path, str], TraceTimes]
+) -> dict[str, object]:
+    """A trace load's file, format and instants (each file read once): ``load.trace``,
+    else the prompt source's file when that source is a trace."""
+    prompts = cfg.workload.prompts
+    if load.trace is not None:
+        path, fmt, where = load.trace, format_of(load.trace, load.format), f"{where}.trace"
+    elif prompts.source in FORMATS and prompts.file is not None:
+        path, fmt, where = prompts.file, prompts.source, "workload.prompts.file"
+    else:
+        raise ConfigError(
+            f"{where}.trace: mode 'trace' needs a trace file: load.trace, or "
+            f"workload.prompts.source {' or '.join(FORMATS)} with its file"
+        )
+    times = traces.get((path, fmt))
+    if times is None:
+        times = traces[path, fmt] = read_trace(path, fmt, where)
+    if load.loop and not times.period_ns:
+        raise ConfigError(
+            f"{where}: {path}: its {times.records} record(s) fall at one instant: nothing "
+            "to loop over (loop: false, or a trace that spans some time)"
+        )
+    return {"trace": str(path), "format": fmt, "times": times}
+
+
+def _placed(
+    shapes: dict[str, LoadShape], start: datetime, configured_ns: float, scale: float
+) -> dict[str, LoadShape]:
+    """A phase's loads, placed where it begins (``LoadShape.placed``)."""
+    begins = start + timedelta(microseconds=configured_ns // 1000)
+    return {name: shape.placed(begins, scale) for name, shape in shapes.items()}
 
 
 def _is_cron(text: str) -> bool:

@@ -15,7 +15,7 @@ SOAKD = Path(__file__).resolve().parents[2] / "soakd"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # the vocabulary: what flows (model), then the words built on it
-    ("units",),
+    ("units", "curves"),
     ("model",),
     ("types", "outcome_record", "shapes", "profiles"),
     # leaves that know no other room
