@@ -75,7 +75,18 @@ from soakd.config.slo import (
     TokenPrice,
 )
 from soakd.config.targets import Failing, RateLimit, SpendGuard, TargetConfig, Timeouts, Tls
-from soakd.config.workload import MAX_TOKENS, Load, PhaseConfig, Prompts, TokenLength, Workload
+from soakd.config.workload import (
+    MAX_TOKENS,
+    MAX_TURNS,
+    Conversations,
+    Load,
+    PhaseConfig,
+    Prompts,
+    ThinkTime,
+    TokenLength,
+    TurnCount,
+    Workload,
+)
 
 __all__ = [
     "ENV_PREFIX",
@@ -83,6 +94,7 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_DURATION_S",
     "MAX_TOKENS",
+    "MAX_TURNS",
     "REGRESSION_KEYS",
     "THRESHOLDS_MOVED",
     "AlertLimits",
@@ -91,6 +103,7 @@ __all__ = [
     "Concurrency",
     "Config",
     "ConfigError",
+    "Conversations",
     "Count",
     "Decisions",
     "Duration",
@@ -125,10 +138,12 @@ __all__ = [
     "Strict",
     "TargetConfig",
     "TargetCost",
+    "ThinkTime",
     "Timeouts",
     "Tls",
     "TokenLength",
     "TokenPrice",
+    "TurnCount",
     "VramBreaker",
     "Workload",
     "config_from_dict",

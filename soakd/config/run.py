@@ -167,6 +167,18 @@ class Config(Strict):
         )
         if repeated:  # a second phase of a name: the report and the journal merged them
             raise ValueError(repeated)
+        if self.workload.conversations is not None:
+            completions = [t.name for t in self.targets if t.api != "chat"]
+            if completions:  # a conversation is chat messages: a completions prompt has none
+                raise ValueError(
+                    "workload.conversations: every target must speak api 'chat', but "
+                    f"{', '.join(completions)} speak 'completions'"
+                )
+            if self.workload.prompts.source == "file":
+                raise ValueError(
+                    "workload.conversations: synthetic conversations draw their own user "
+                    "turns; prompts.source 'file' is not used with them"
+                )
         known = set(names)
         gated = {t.name for t in self.targets if t.gateway is not None}
         if self.compare is not None:

@@ -142,6 +142,10 @@ class PromptSource(Protocol):
         """(prompt text, planned prompt tokens) for ``seq``."""
         ...
 
+    def length(self, seq: int) -> int:
+        """The planned prompt tokens of ``seq``, its text not built (the planner's view)."""
+        ...
+
 
 def make_prompt_source(
     workload: Workload, calibrations: Sequence[Calibration] = ()
@@ -333,6 +337,9 @@ class FilePrompts:
 
     def spec_fields(self, seq: int) -> tuple[str, int]:
         return self._prompts[seq % len(self._prompts)]
+
+    def length(self, seq: int) -> int:
+        return self._prompts[seq % len(self._prompts)][1]
 
     def output_tokens(self, seq: int) -> int | None:
         """The planned answer length the line of ``seq`` gives (None: it gives none)."""

@@ -389,6 +389,7 @@ class PromptLengths:
         on_calibration: Callable[[PromptCalibration], None] | None = None,
         next_seq: Callable[[], int] = _no_seq,
         measured: StartMeasure | None = None,
+        on_corrected: Callable[[Calibration], None] | None = None,
     ) -> None:
         self.prompts = prompts
         self.total = {name: _Tally() for name in names}
@@ -402,6 +403,9 @@ class PromptLengths:
         self._served: list[int] = []
         self._sample_target: str | None = reference
         self._on_calibration = on_calibration
+        # told of each correction, after the prompts here took it: the senders' builders
+        # take it too (soakd/workload/build.py)
+        self._on_corrected = on_corrected
         # the next prompt seq no target has used: the runner's counter, shared with it
         # (soakd/run/assemble.py), read when a check corrects the calibration
         self.next_seq = next_seq
@@ -421,8 +425,8 @@ class PromptLengths:
 
     def record(self, o: Finished) -> None:
         served = o.prompt_tokens
-        if o.error is not None or served is None or served <= 0:
-            return
+        if o.error is not None or served is None or served <= 0 or o.conversation >= 0:
+            return  # a conversation's turn is planned by its history, not by its seq
         seq = o.seq
         synthetic = self._synthetic
         planned = synthetic.length(seq) if synthetic else self.prompts.spec_fields(seq)[1]
@@ -458,6 +462,8 @@ class PromptLengths:
                 if current.source == "none":
                     new = replace(new, reference=self._sample_target or "")
                 prompts.calibrate(new)
+                if self._on_corrected is not None:
+                    self._on_corrected(new)
                 for tally in self._recent.values():
                     tally.requests = tally.planned = tally.served = 0
                 self._warned.clear()  # new prompts: each target is looked at again
