@@ -97,6 +97,9 @@ class Talks:
         ``deadline_ns``: an open-loop arrival's), each later one the think time after the
         answer before it."""
         plan = self.plan
+        phase = current()
+        if phase is None:  # its load ended before its first turn went: none started
+            return None
         key = conversation_key(name)
         conv = self._seq[key]
         self._seq[key] = conv + 1
@@ -108,7 +111,6 @@ class Talks:
         ended = ""
         scheduled = first_ns
         for turn in range(plan.turns(conv)):
-            phase = current()
             if turn:
                 await self._sleep_until(now_ns() + int(plan.think_s(conv, turn) * 1e9))
                 while gate is not None and (wait := gate.delay_s()) > 0 and not self._stopping():
@@ -120,9 +122,6 @@ class Talks:
                 if gate is not None:
                     gate.sent()
                 scheduled, deadline_ns = now_ns(), 0
-            if phase is None:  # the first turn's load ended before it went
-                ended = "phase_ended"
-                break
             context += plan.user_tokens(conv, turn)
             spec = self.spec(
                 name, phase, conv, turn, tuple(history), context, scheduled, deadline_ns

@@ -1,0 +1,200 @@
+"""Multi-turn conversations through the runner (soakd/workload/talks.py), the messages a
+sender's Builder makes of each turn (soakd/workload/build.py). No network: a target here
+builds each turn's messages as a sending process would, and answers with text of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from soakd.config import Conversations, ThinkTime, TokenLength, TurnCount, Workload
+from soakd.model import ErrorKind, Outcome, RequestSpec
+from soakd.shapes import Closed, Constant
+from soakd.workload.build import Builder, Message
+from soakd.workload.conversations import conversation_key, make_conversations
+from soakd.workload.runner import Runner
+from tests.fakes import Prompts, Sink, plan_of
+
+
+def workload(turns: int = 4, think: float = 0.0, on_failure: str = "end") -> Workload:
+    return Workload(
+        seed=7,
+        conversations=Conversations(
+            turns=TurnCount(mean=turns),
+            user_tokens=TokenLength(dist="uniform", min=5, max=40),
+            think_time=ThinkTime(mean=think),
+            on_failure=on_failure,  # type: ignore[arg-type]
+        ),
+    )
+
+
+class Talker:
+    """A chat server in a box: builds each request's messages with a real Builder, answers
+    with text naming itself and the seq; fails the turns in ``fail_turns``."""
+
+    def __init__(self, name: str, wl: Workload, fail_turns: tuple[int, ...] = ()) -> None:
+        self.name = name
+        self.builder = Builder(wl)
+        self.fail_turns = fail_turns
+        self.seen: list[tuple[RequestSpec, list[Message]]] = []
+        self.sent_at: dict[tuple[int, int], int] = {}
+        self.answered_at: dict[tuple[int, int], int] = {}
+
+    async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        o = outcome or Outcome.planned(spec)
+        o.sent_ns = time.perf_counter_ns()
+        self.sent_at[spec.conversation, spec.turn] = o.sent_ns
+        self.seen.append((spec, self.builder.messages(spec)))
+        await asyncio.sleep(0.002)
+        o.first_token_ns = o.end_ns = time.perf_counter_ns()
+        self.answered_at[spec.conversation, spec.turn] = o.end_ns
+        if spec.turn in self.fail_turns:
+            o.status, o.error = 500, ErrorKind.HTTP_5XX
+            o.answer = "half an ans" if spec.keep_answer else None
+            return o
+        o.status, o.output_tokens = 200, 3
+        o.answer = f"{self.name} answers seq {spec.seq}" if spec.keep_answer else None
+        return o
+
+    async def aclose(self) -> None:
+        pass
+
+
+def run(
+    wl: Workload, loads: dict[str, Any], *targets: Talker, ms: int = 300
+) -> tuple[Runner, Sink]:
+    assert wl.conversations is not None
+    sink = Sink()
+    runner = Runner(
+        plan_of(("p", ms, loads)),
+        {t.name: t for t in targets},
+        Prompts(),
+        [sink],
+        max_tokens=8,
+        temperature=0.7,
+        conversations=make_conversations(wl),
+        on_failure=wl.conversations.on_failure,
+    )
+    return runner, sink
+
+
+async def drive(runner: Runner) -> None:
+    await runner.run()
+    await runner.drain(5)
+
+
+def by_conversation(t: Talker) -> dict[int, list[tuple[RequestSpec, list[Message]]]]:
+    out: dict[int, list[tuple[RequestSpec, list[Message]]]] = {}
+    for spec, msgs in t.seen:
+        out.setdefault(spec.conversation, []).append((spec, msgs))
+    return out
+
+
+async def test_each_turn_sends_the_history_with_its_servers_answers() -> None:
+    wl = workload(turns=4)
+    a = Talker("a", wl)
+    runner, sink = run(wl, {"a": Closed(2)}, a)
+    await drive(runner)
+    convs = by_conversation(a)
+    whole = [turns for turns in convs.values() if len(turns) == 4]
+    assert whole, "no conversation ran its four turns"
+    for turns in whole:
+        for t, (spec, msgs) in enumerate(turns):
+            assert spec.turn == t
+            # user0, assistant0, ..., user_t: the context grows two messages a turn
+            assert [m["role"] for m in msgs] == ["user", "assistant"] * t + ["user"]
+            answers = [m["content"] for m in msgs if m["role"] == "assistant"]
+            # each answer as this server gave it to that earlier turn, in order
+            assert answers == [f"a answers seq {s.seq}" for s, _ in turns[:t]]
+            # the earlier user turns are the same text each time they are sent again
+            earlier = turns[t - 1][1] if t else []
+            assert msgs[: len(earlier)][::2] == earlier[::2]
+            assert spec.keep_answer == (t < 3)  # the last answer is kept by nobody
+    # every turn is a request of its own, numbered by the target's seq
+    assert sorted(o.seq for o in sink.outcomes) == list(range(len(sink.outcomes)))
+    counts = runner.conversation_counts["a"]
+    assert counts.started == len(convs)
+    assert counts.finished >= len(whole)
+    assert counts.started == counts.finished + counts.ended_early
+    # the next conversation number is kept beside the next seq (the journal stores both)
+    assert runner.next_seq[conversation_key("a")] == len(convs)
+
+
+async def test_two_targets_get_the_same_user_turns_and_planned_lengths() -> None:
+    wl = workload(turns=3)
+    a, b = Talker("a", wl), Talker("b", wl)
+    runner, _ = run(wl, {"a": Closed(1), "b": Closed(3)}, a, b)
+    await drive(runner)
+    ca, cb = by_conversation(a), by_conversation(b)
+    both = set(ca) & set(cb)
+    assert len(both) >= 2
+    for conv in both:
+        for (sa, ma), (sb, mb) in zip(ca[conv], cb[conv], strict=False):
+            assert sa.turn == sb.turn
+            assert [m["content"] for m in ma if m["role"] == "user"] == [
+                m["content"] for m in mb if m["role"] == "user"
+            ]
+            assert sa.max_tokens == sb.max_tokens
+            # the answers in the history are each target's own
+            assert all("a answers" in m["content"] for m in ma if m["role"] == "assistant")
+            assert all("b answers" in m["content"] for m in mb if m["role"] == "assistant")
+
+
+async def test_a_failed_turn_ends_the_conversation_and_is_counted() -> None:
+    wl = workload(turns=4, on_failure="end")
+    a = Talker("a", wl, fail_turns=(1,))
+    runner, _ = run(wl, {"a": Closed(2)}, a)
+    await drive(runner)
+    assert {spec.turn for spec, _ in a.seen} == {0, 1}  # no turn after the failed one
+    counts = runner.conversation_counts["a"]
+    assert counts.finished == 0
+    assert counts.ended[ErrorKind.HTTP_5XX.value] >= counts.started - 2  # the last may be cut
+    assert counts.started == counts.ended_early
+
+
+async def test_continue_goes_on_with_the_history_as_far_as_it_got() -> None:
+    wl = workload(turns=3, on_failure="continue")
+    a = Talker("a", wl, fail_turns=(1,))
+    runner, _ = run(wl, {"a": Closed(1)}, a)
+    await drive(runner)
+    turns = by_conversation(a)[0]
+    assert [s.turn for s, _ in turns] == [0, 1, 2]
+    last = turns[2][1]
+    # the failed turn's user message stays, with whatever of its answer arrived
+    assert [m["content"] for m in last if m["role"] == "assistant"] == [
+        f"a answers seq {turns[0][0].seq}",
+        "half an ans",
+    ]
+    assert runner.conversation_counts["a"].finished >= 1
+
+
+async def test_think_time_passes_between_an_answer_and_the_next_turn() -> None:
+    wl = workload(turns=3, think=0.05)
+    a = Talker("a", wl)
+    runner, _ = run(wl, {"a": Closed(1)}, a, ms=400)
+    await drive(runner)
+    gaps = [
+        a.sent_at[conv, turn] - a.answered_at[conv, turn - 1]
+        for conv, turn in a.sent_at
+        if turn > 0
+    ]
+    assert gaps
+    assert min(gaps) >= 50_000_000
+
+
+async def test_an_open_loop_arrival_starts_a_conversation() -> None:
+    wl = workload(turns=3, think=0.01)
+    a = Talker("a", wl)
+    runner, sink = run(wl, {"a": Constant(rate=50)}, a, ms=400)
+    await drive(runner)
+    counts = runner.conversation_counts["a"]
+    # 50 arrivals a second for 0.4 s: about 20 conversations, each of up to three turns
+    assert 10 <= counts.started <= 30
+    assert sum(1 for o in sink.outcomes if o.turn == 0) == counts.started
+    assert len(sink.outcomes) > counts.started  # later turns followed their first
+    # offered = started + missed, counted per conversation
+    missed = sum(runner.missed.values())
+    assert counts.started + missed >= 10
+    # the conversations cut by the phase's end are counted so
+    assert counts.started == counts.finished + counts.ended_early
