@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 
 from soakd.workload.answers import AnswerLengths
 from soakd.workload.calibration import Calibration
-from soakd.workload.prompts import SyntheticPrompts, draw_length, seq_hash
+from soakd.workload.prompts import SyntheticPrompts, describe_lengths, draw_length, seq_hash
 
 if TYPE_CHECKING:
     from soakd.config import Conversations as ConversationsConfig
@@ -125,6 +125,29 @@ def draw_think(d: ThinkTime, h: int) -> float:
     else:
         s = d.mean
     return min(d.max, max(d.min, s))
+
+
+def describe_think(d: ThinkTime) -> str:
+    """A think time in words: "fixed 0.5 s", "uniform 1-5 s", "exponential, mean 2 s"."""
+    if d.dist == "uniform":
+        return f"uniform {d.min:g}-{d.max:g} s"
+    if d.dist == "exponential":
+        return f"exponential, mean {d.mean:g} s (at most {d.max:g} s)"
+    return f"fixed {min(d.max, max(d.min, d.mean)):g} s"
+
+
+def conversation_lines(workload: Workload) -> list[str]:
+    """What ``soakd check`` says of the conversations (nothing: single requests)."""
+    cfg = workload.conversations
+    if cfg is None:
+        return []
+    return [
+        f"conversations: {describe_lengths(cfg.turns)} turns, user turns "
+        f"{describe_lengths(cfg.user_tokens)} tokens, think time {describe_think(cfg.think_time)}"
+        f", seed {workload.seed}; after a failed turn: {cfg.on_failure}",
+        "  the load unit: a closed loop's concurrency is conversations at once, an open "
+        "loop's arrival starts one; each turn sends every earlier turn and its answer",
+    ]
 
 
 def make_conversations(

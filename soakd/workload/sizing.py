@@ -271,7 +271,9 @@ async def plan_lines(cfg: Config) -> list[str]:
     tokenizer file is a ConfigError); a target's /tokenize is asked at start only."""
     wl = cfg.workload
     prompts = make_prompt_source(wl)
-    if isinstance(prompts, SyntheticPrompts):
+    if wl.conversations is not None:  # their user turns are the prompts (below)
+        lines = ["prompts: synthetic, the conversations' user turns"]
+    elif isinstance(prompts, SyntheticPrompts):
         shape = describe_lengths(wl.prompts.input_tokens)
         lines = [f"prompts: synthetic, {shape} tokens, seed {wl.seed}"]
     else:
@@ -296,6 +298,12 @@ async def plan_lines(cfg: Config) -> list[str]:
             f"  sizing: at start, by the first target whose /tokenize answers ({names}); "
             "else by the first answers' usage"
         )
+    if wl.conversations is not None:
+        return [
+            *lines,
+            "  each target's own count: measured at start (a turn's context holds the "
+            "answers served, so no seq's plan is checked against it)",
+        ]
     lines.append(
         "  each target's own count: measured at start, then from its answers "
         "(a warning past 10 % off the plan)"

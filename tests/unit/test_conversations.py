@@ -6,9 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
-from soakd.config import Conversations, ThinkTime, TokenLength, TurnCount, Workload
+import pytest
+
+from soakd.config import (
+    ConfigError,
+    Conversations,
+    ThinkTime,
+    TokenLength,
+    TurnCount,
+    Workload,
+    config_from_dict,
+    load_config,
+)
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.shapes import Closed, Constant
 from soakd.workload.build import Builder, Message
@@ -198,3 +210,37 @@ async def test_an_open_loop_arrival_starts_a_conversation() -> None:
     assert counts.started + missed >= 10
     # the conversations cut by the phase's end are counted so
     assert counts.started == counts.finished + counts.ended_early
+
+
+def base_config(**workload: object) -> dict[str, Any]:
+    return {
+        "targets": [
+            {"name": "a", "base_url": "http://127.0.0.1:9", "model": "m"},
+            {"name": "b", "base_url": "http://127.0.0.1:9", "model": "m", "api": "completions"},
+        ],
+        "workload": {"conversations": {"turns": 3}, **workload},
+        "phases": [{"name": "p", "duration": "1m"}],
+    }
+
+
+def test_a_completions_target_is_refused_in_one_line_naming_it() -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(base_config())
+    text = str(err.value)
+    assert "workload.conversations: every target must speak api 'chat'" in text
+    assert "but b speak 'completions'" in text
+    assert len(text.splitlines()) == 1
+
+
+def test_turns_and_think_time_take_a_bare_number_or_a_distribution() -> None:
+    cfg = Conversations.model_validate({"turns": 6, "think_time": "500ms"})
+    assert (cfg.turns.dist, cfg.turns.mean, cfg.think_time.mean) == ("fixed", 6, 0.5)
+    with pytest.raises(ValueError, match="min"):
+        Conversations.model_validate({"turns": {"dist": "uniform", "min": 5, "max": 2}})
+    with pytest.raises(ValueError):
+        Conversations.model_validate({"turns": 0})
+
+
+def test_the_example_is_a_valid_config() -> None:
+    cfg = load_config(Path(__file__).parents[2] / "examples" / "conversations.yaml", environ={})
+    assert cfg.workload.conversations is not None
