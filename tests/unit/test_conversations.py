@@ -244,3 +244,24 @@ def test_turns_and_think_time_take_a_bare_number_or_a_distribution() -> None:
 def test_the_example_is_a_valid_config() -> None:
     cfg = load_config(Path(__file__).parents[2] / "examples" / "conversations.yaml", environ={})
     assert cfg.workload.conversations is not None
+
+
+async def test_a_resumed_run_goes_on_with_new_conversation_numbers() -> None:
+    wl = workload(turns=2)
+    a = Talker("a", wl)
+    assert wl.conversations is not None
+    seqs = {"a": 40, conversation_key("a"): 17}  # as the journal stored them
+    runner = Runner(
+        plan_of(("p", 100, {"a": Closed(1)})),
+        {"a": a},
+        Prompts(),
+        [],
+        max_tokens=8,
+        temperature=0.7,
+        seqs=seqs,
+        conversations=make_conversations(wl),
+    )
+    await drive(runner)
+    first = a.seen[0][0]
+    assert (first.seq, first.conversation, first.turn) == (40, 17, 0)
+    assert seqs[conversation_key("a")] == 17 + runner.conversation_counts["a"].started
