@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from soakd.model import RequestSpec
-from soakd.workload.calibration import Calibration
+from soakd.workload.calibration import UNCALIBRATED, Calibration
 from soakd.workload.conversations import make_conversations
 from soakd.workload.prompts import SyntheticPrompts, make_prompt_source
 
@@ -28,6 +28,10 @@ class Builder:
     """Turns a ``RequestSpec`` into what a chat or completions body says."""
 
     def __init__(self, workload: Workload, calibrations: Sequence[Calibration] = ()) -> None:
+        if calibrations and calibrations[0].from_seq > 0:
+            # the seqs before the first calibration were sized by none (the usage fallback
+            # measures from the first answers): a worker started later builds them alike
+            calibrations = [UNCALIBRATED, *calibrations]
         self.prompts = make_prompt_source(workload, calibrations)
         self.conversations = make_conversations(workload, calibrations)
 
