@@ -65,7 +65,7 @@ from soakd.tracing import HEADER as TRACEPARENT
 from soakd.tracing import traceparent, wants_traceparent
 from soakd.types import NotSent
 from soakd.workload.answers import asked_whole, target_asks
-from soakd.workload.build import Builder
+from soakd.workload.build import GIVEN, Builds
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
 
@@ -97,10 +97,10 @@ class OpenAITarget:
         secret: SecretStr | None = None,
         run_id: str | None = None,
         refused: str | None = None,
-        builder: Builder | None = None,
+        builder: Builds = GIVEN,
     ) -> None:
         self.name = cfg.name
-        self._builder = builder  # makes each spec's text (None: the spec's own prompt)
+        self._builder = builder  # makes each spec's text (GIVEN: the spec's own prompt)
         # why every request would be refused before it is written (open_target's check of
         # the headers and URL); None: they can go on the wire
         self._refused = refused
@@ -177,12 +177,10 @@ class OpenAITarget:
         if spec.output_planned:  # the planned length, whole (soakd/workload/answers.py)
             body.update(asked_whole(self._asks, spec.max_tokens))
         body.update(self._fixed)
-        build = self._builder
         if self._chat:
-            user = [{"role": "user", "content": spec.prompt}]
-            body["messages"] = build.messages(spec) if build is not None else user
+            body["messages"] = self._builder.messages(spec)
         else:
-            body["prompt"] = build.text(spec) if build is not None else spec.prompt
+            body["prompt"] = self._builder.text(spec)
         return dumps(body).encode()
 
     async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
@@ -539,7 +537,7 @@ async def open_target(
     *,
     run_id: str | None = None,
     on_learn: OnLearn | None = None,
-    builder: Builder | None = None,
+    builder: Builds = GIVEN,
 ) -> OpenAITarget:
     """Build the client for one target: read its key once, set up TLS, the proxy and
     the connection pool. Raises ConfigError (naming the setting, never the key).

@@ -11,7 +11,7 @@ built (docs/workloads.md, "Where the text is built").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from soakd.model import RequestSpec
 from soakd.workload.calibration import UNCALIBRATED, Calibration
@@ -22,6 +22,26 @@ if TYPE_CHECKING:
     from soakd.config import Workload
 
 Message = dict[str, str]
+
+
+class Builds(Protocol):
+    """What a client asks of a builder: a chat body's messages, a completions prompt."""
+
+    def messages(self, spec: RequestSpec) -> list[Message]: ...
+    def text(self, spec: RequestSpec) -> str: ...
+
+
+class Given:
+    """The spec's own text (``RequestSpec.prompt``): the preflight's probe, a test's."""
+
+    def messages(self, spec: RequestSpec) -> list[Message]:
+        return [{"role": "user", "content": spec.prompt}]
+
+    def text(self, spec: RequestSpec) -> str:
+        return spec.prompt
+
+
+GIVEN = Given()
 
 
 class Builder:
