@@ -21,6 +21,7 @@ from soakd.config import (
     config_from_dict,
     load_config,
 )
+from soakd.metrics.run import Metrics
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.shapes import Closed, Constant
 from soakd.workload.build import Builder, Message
@@ -265,3 +266,33 @@ async def test_a_resumed_run_goes_on_with_new_conversation_numbers() -> None:
     first = a.seen[0][0]
     assert (first.seq, first.conversation, first.turn) == (40, 17, 0)
     assert seqs[conversation_key("a")] == 17 + runner.conversation_counts["a"].started
+
+
+async def test_the_exporter_counts_what_the_runner_counted() -> None:
+    wl = workload(turns=3, on_failure="end")
+    a = Talker("a", wl, fail_turns=(2,))
+    metrics = Metrics()
+    runner = Runner(
+        plan_of(("p", 200, {"a": Closed(2)})),
+        {"a": a},
+        Prompts(),
+        [],
+        max_tokens=8,
+        temperature=0.7,
+        conversations=make_conversations(wl),
+        on_conversation=metrics.conversation,
+    )
+    await drive(runner)
+    counts = runner.conversation_counts["a"]
+    exported = {
+        (s.labels["event"], s.labels["reason"]): s.value
+        for family in metrics.registry.collect()
+        if family.name == "soakd_conversations"
+        for s in family.samples
+        if s.name == "soakd_conversations_total"
+    }
+    assert exported[("started", "")] == counts.started > 0
+    assert exported[("ended_early", "http_5xx")] == counts.ended["http_5xx"] > 0
+    assert sum(v for (event, _), v in exported.items() if event == "ended_early") == (
+        counts.ended_early
+    )
