@@ -177,6 +177,11 @@ class Runner:
         return self._seq
 
     @property
+    def under_way(self) -> dict[str, int]:
+        """Open-loop conversations started and not ended, per target (the cap's count)."""
+        return self._live
+
+    @property
     def conversation_counts(self) -> dict[str, ConversationTally]:
         """Conversations started, finished, ended early, per target (none: single requests)."""
         return self._talks.counts if self._talks is not None else {}

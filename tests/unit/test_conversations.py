@@ -296,3 +296,29 @@ async def test_the_exporter_counts_what_the_runner_counted() -> None:
     assert sum(v for (event, _), v in exported.items() if event == "ended_early") == (
         counts.ended_early
     )
+
+
+async def test_an_open_loops_cap_counts_conversations_under_way() -> None:
+    """max_in_flight caps the conversations under way, in a think time too: an arrival
+    that finds them all under way is one conversation not started (offered = started +
+    missed), and no admitted conversation's later turn is ever counted missed."""
+    wl = workload(turns=3, think=0.05)
+    a = Talker("a", wl)
+    runner, sink = run(wl, {"a": Constant(rate=100, max_in_flight=2)}, a, ms=400)
+    live: list[int] = []
+
+    async def watch() -> None:
+        while True:
+            live.append(runner.under_way["a"])
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
+    await drive(runner)
+    watcher.cancel()
+    counts = runner.conversation_counts["a"]
+    assert max(live) == 2
+    missed = runner.missed[("a", "p", "in_flight_cap")]
+    assert counts.started + missed + runner.missed.get(("a", "p", "late"), 0) == 40
+    assert missed > counts.started  # 0.1 s a conversation, two at once: most arrivals miss
+    # each admitted conversation sent its turns in order, none of them missed
+    assert sum(1 for o in sink.outcomes if o.turn == 0) == counts.started
