@@ -10,6 +10,7 @@ each end is counted (``ConversationTally``; ``soakd_conversations_total``).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -96,7 +97,6 @@ class Talks:
         the load it belongs to has ended); the first turn is due at ``first_ns`` (by
         ``deadline_ns``: an open-loop arrival's), each later one the think time after the
         answer before it."""
-        plan = self.plan
         phase = current()
         if phase is None:  # its load ended before its first turn went: none started
             return None
@@ -104,21 +104,41 @@ class Talks:
         conv = self._seq[key]
         self._seq[key] = conv + 1
         self._count(name, "started", "")
+        try:
+            outcome, ended = await self._turns(name, conv, current, phase, first_ns, deadline_ns)
+        except asyncio.CancelledError:  # the drain deadline cut a turn: counted, then gone
+            self._count(name, "ended_early", "stopped")
+            raise
+        self._count(name, "ended_early" if ended else "finished", ended)
+        return outcome
+
+    async def _turns(
+        self,
+        name: str,
+        conv: int,
+        current: Callable[[], Phase | None],
+        phase: Phase,
+        scheduled: int,
+        deadline_ns: int,
+    ) -> tuple[Outcome | None, str]:
+        """Send the conversation's turns: its last outcome, and why it ended early ("":
+        every turn sent)."""
+        plan = self.plan
         gate = self._gates.get(name)
         history: list[str] = []
         context = 0  # the planned prompt tokens: the user turns, and the answers served
         outcome: Outcome | None = None
         ended = ""
-        scheduled = first_ns
         for turn in range(plan.turns(conv)):
             if turn:
                 await self._sleep_until(now_ns() + int(plan.think_s(conv, turn) * 1e9))
                 while gate is not None and (wait := gate.delay_s()) > 0 and not self._stopping():
                     await self._sleep_until(now_ns() + int(min(wait, 1.0) * 1e9))
-                phase = current()
-                if self._stopping() or phase is None:
+                now = current()
+                if self._stopping() or now is None:
                     ended = "stopped" if self._stopping() else "phase_ended"
                     break
+                phase = now
                 if gate is not None:
                     gate.sent()
                 scheduled, deadline_ns = now_ns(), 0
@@ -139,8 +159,7 @@ class Talks:
                 break
             history.append(outcome.answer or "")
             context += outcome.output_tokens or 0
-        self._count(name, "ended_early" if ended else "finished", ended)
-        return outcome
+        return outcome, ended
 
     def _count(self, name: str, event: str, reason: str) -> None:
         tally = self.counts[name]

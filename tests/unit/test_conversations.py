@@ -322,3 +322,22 @@ async def test_an_open_loops_cap_counts_conversations_under_way() -> None:
     assert missed > counts.started  # 0.1 s a conversation, two at once: most arrivals miss
     # each admitted conversation sent its turns in order, none of them missed
     assert sum(1 for o in sink.outcomes if o.turn == 0) == counts.started
+
+
+async def test_a_turn_cut_at_the_drain_deadline_ends_its_conversation_counted() -> None:
+    wl = workload(turns=3)
+    slow = Talker("a", wl)
+    original = slow.send
+
+    async def send(spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
+        if spec.turn == 1:
+            await asyncio.sleep(30)  # past any drain deadline
+        return await original(spec, outcome)
+
+    slow.send = send  # type: ignore[method-assign]
+    runner, _ = run(wl, {"a": Closed(2)}, slow, ms=100)
+    await runner.run()
+    assert await runner.drain(0.2) == 2  # the two turns in flight, cut
+    counts = runner.conversation_counts["a"]
+    assert counts.ended["stopped"] == 2
+    assert counts.started == counts.finished + counts.ended_early == 2
