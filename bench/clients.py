@@ -218,10 +218,10 @@ async def soakd_hot(
     from soakd.run.stats import RunStats
     from soakd.shapes import Closed
     from soakd.targets.openai import open_target
+    from soakd.workload.build import Builder
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner
 
-    target = await open_target(TargetConfig(name="t", base_url=url, model="tiny-llama"))
     metrics = Metrics()
     stats = RunStats(["t"])
     metrics.add_target("t", ["p"])
@@ -245,6 +245,9 @@ async def soakd_hot(
 
     plan = Plan((Phase(0, "p", 0, int(max_s * 1e9), {"t": Closed(conc)}),))
     workload = Workload(max_tokens=tokens, prompts=Prompts(input_tokens=TokenLength(mean=20)))
+    # the text is built where it is sent: this process's builder (soakd/workload/build.py)
+    cfg = TargetConfig(name="t", base_url=url, model="tiny-llama")
+    target = await open_target(cfg, builder=Builder(workload))
     folding = Folding(metrics, stats)
     runner = Runner(
         plan,

@@ -135,6 +135,9 @@ class _Prompts:
     def spec_fields(self, seq: int) -> tuple[str, int]:
         return "hello", 1
 
+    def length(self, seq: int) -> int:
+        return 1
+
 
 class _Sink:
     def __init__(self) -> None:

@@ -118,10 +118,10 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
     from soakd.run.stats import RunStats
     from soakd.shapes import Closed
     from soakd.targets.openai import open_target
+    from soakd.workload.build import Builder
     from soakd.workload.prompts import make_prompt_source
     from soakd.workload.runner import Runner
 
-    target = await open_target(TargetConfig(name="t", base_url=url, model="soakd-sim"))
     metrics = Metrics()
     stats = RunStats(["t"])
     metrics.add_target("t", ["p"])
@@ -145,6 +145,9 @@ async def soakd_client(url: str, n: int, conc: int, tokens: int) -> dict[str, ob
 
     plan = Plan((Phase(0, "p", 0, 10**15, {"t": Closed(conc)}),))
     workload = Workload(max_tokens=tokens, prompts=Prompts(input_tokens=TokenLength(mean=20)))
+    # the text is built where it is sent: this process's builder (soakd/workload/build.py)
+    cfg = TargetConfig(name="t", base_url=url, model="soakd-sim")
+    target = await open_target(cfg, builder=Builder(workload))
     folding = Folding(metrics, stats)
     runner = Runner(
         plan,

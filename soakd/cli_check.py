@@ -33,6 +33,7 @@ def check_configs(args: argparse.Namespace) -> int:
 def _check_one(path: Path, args: argparse.Namespace) -> None:
     from soakd.run.startcheck import check_start
     from soakd.workload.answers import answer_lines
+    from soakd.workload.conversations import conversation_lines
     from soakd.workload.plan import build_plan, describe_plan
     from soakd.workload.sizing import plan_lines
 
@@ -44,7 +45,7 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
     prompt_lines = asyncio.run(plan_lines(cfg))  # a bad tokenizer file: a ConfigError
     print(f"{path}: ok")
     print(describe_plan(plan, cfg))
-    print("\n".join(prompt_lines + answer_lines(cfg)))
+    print("\n".join(prompt_lines + conversation_lines(cfg.workload) + answer_lines(cfg)))
     from soakd.workers.senders import senders_for
 
     n, why = senders_for(cfg.run.workers, plan, cfg.workload.longest_answer)

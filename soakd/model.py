@@ -152,6 +152,8 @@ class RequestSpec:
     target: str
     phase: str
     seq: int
+    # the text given outright (the preflight's probe); "": the sending process's builder
+    # makes it from seq, conversation and turn (soakd/workload/build.py)
     prompt: str
     prompt_tokens_hint: int  # the planned length; the server's usage count wins
     max_tokens: int
@@ -173,6 +175,9 @@ class RequestSpec:
     keep_answer: bool = False
     """Keep the answer's text on the Outcome (``Outcome.answer``): a conversation's next
     turn holds it, a check judges it. Off for every other request: soakd keeps no text."""
+    history: tuple[str, ...] = ()
+    """A conversation's turn: the answers its server gave to the earlier turns, in order
+    ("" where none arrived); the sender's builder puts them between the user turns."""
 
 
 @dataclass(slots=True)
@@ -336,6 +341,10 @@ class Finished(Protocol):
     def retry_after_s(self) -> float | None: ...
     @property
     def retry_after_unreadable(self) -> bool: ...
+    @property
+    def conversation(self) -> int: ...
+    @property
+    def turn(self) -> int: ...
     @property
     def ok(self) -> bool: ...
     @property

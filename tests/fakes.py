@@ -57,6 +57,9 @@ class Prompts(PromptSource):
     def spec_fields(self, seq: int) -> tuple[str, int]:
         return f"prompt {seq}", 2
 
+    def length(self, seq: int) -> int:
+        return 2
+
 
 def plan_of(*phases: tuple[str, int, dict[str, LoadShape]]) -> Plan:
     out, start = [], 0

@@ -167,6 +167,19 @@ class Config(Strict):
         )
         if repeated:  # a second phase of a name: the report and the journal merged them
             raise ValueError(repeated)
+        if self.workload.conversations is not None:
+            completions = [t.name for t in self.targets if t.api != "chat"]
+            if completions:  # a conversation is chat messages: a completions prompt has none
+                raise ValueError(
+                    "workload.conversations: every target must speak api 'chat', but "
+                    f"{', '.join(completions)} speak 'completions'"
+                )
+            source = self.workload.prompts.source
+            if source != "synthetic":
+                raise ValueError(
+                    "workload.conversations: synthetic conversations draw their own user "
+                    f"turns; prompts.source {source!r} is not used with them"
+                )
         known = set(names)
         gated = {t.name for t in self.targets if t.gateway is not None}
         if self.compare is not None:

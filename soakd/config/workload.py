@@ -99,6 +99,67 @@ Speed = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
 _TRACE_KEYS = ("trace", "format", "speed", "loop")
 _DAILY_KEYS = ("hours", "low", "high", "peak_hour", "arrival", "timezone")
 
+MAX_TURNS = 1000
+"""The most turns a conversation may plan (a typo of 1e6 turns would be a run of one
+conversation whose context no server holds)."""
+
+
+class TurnCount(Strict):
+    """A distribution of a conversation's turns, drawn per conversation from workload.seed."""
+
+    dist: Literal["fixed", "uniform", "normal"] = "fixed"  # uniform: from min to max
+    mean: Annotated[int, Field(ge=1, le=MAX_TURNS)] = 4  # fixed and normal
+    stddev: Annotated[float, Field(ge=0, le=MAX_TURNS, allow_inf_nan=False)] = 0.0  # normal
+    min: Annotated[int, Field(ge=1, le=MAX_TURNS)] = 1  # clamped to min..max
+    max: Annotated[int, Field(ge=1, le=MAX_TURNS)] = MAX_TURNS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare(cls, value: object) -> object:
+        return {"mean": value} if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> TurnCount:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
+class ThinkTime(Strict):
+    """The pause between an answer and the conversation's next turn, drawn per turn."""
+
+    dist: Literal["fixed", "uniform", "exponential"] = "fixed"
+    mean: Duration = 0.0  # fixed and exponential (seconds, or "500ms", "2s")
+    min: Duration = 0.0  # uniform: from min to max; every draw is clamped to min..max
+    max: Duration = 3600.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare(cls, value: object) -> object:
+        return {"mean": value} if isinstance(value, int | float | str) else value
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ThinkTime:
+        if not 0 <= self.min <= self.max:
+            raise ValueError(f"need 0 <= min ({self.min:g}s) <= max ({self.max:g}s)")
+        if self.mean < 0:
+            raise ValueError(f"mean must not be negative, got {self.mean:g}s")
+        return self
+
+
+class Conversations(Strict):
+    """Multi-turn conversations (docs/workloads.md, "Multi-turn conversations"): each turn
+    sends the history so far, the answers as the server gave them, so the context grows.
+    The load unit is the conversation: a closed loop holds ``concurrency`` conversations at
+    once, an open loop's arrivals each start one."""
+
+    turns: TurnCount = TurnCount()  # a number, or a distribution per conversation
+    user_tokens: TokenLength = TokenLength(mean=128)  # each user turn's planned length
+    think_time: ThinkTime = ThinkTime()  # a number of seconds, or a distribution per turn
+    # after a failed turn: end the conversation (counted, by the error), or go on with the
+    # history as far as it got (the failed turn's user message and whatever answer arrived)
+    on_failure: Literal["end", "continue"] = "end"
+
 
 class Load(Strict):
     """The load shape of one target in one phase."""
@@ -214,6 +275,8 @@ class Workload(Strict):
     # a token, as planned (docs/metrics.md, "Prompt tokens")
     calibrate: Literal["auto", "off"] = "auto"
     tokenizer: Path | None = None  # a tokenizer.json to count with (pip install 'soakd[tokenizer]')
+    # multi-turn conversations instead of single requests (chat targets only)
+    conversations: Conversations | None = None
 
     @property
     def longest_answer(self) -> int:

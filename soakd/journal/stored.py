@@ -29,7 +29,7 @@ never rewritten.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -143,6 +143,8 @@ class StoredWorkload(Lenient):
     # (not "auto", the config's default)
     calibrate: str | None = None
     tokenizer: str | None = None
+    # multi-turn conversations (their plan, as configured); None: single requests
+    conversations: dict[str, Any] | None = None
 
 
 class StoredRunSection(Lenient):

@@ -368,6 +368,8 @@ class SessionRow(SummaryRow):
     errors_by_kind: dict[str, int]
     goodput: NotRequired[float | None]
     goodput_rps: NotRequired[float]
+    # started, finished, ended early by reason (workload.conversations: soakd/workload/talks.py)
+    conversations: NotRequired[dict[str, object]]
 
 
 def summary_row(stats: TargetStats, seconds: float) -> SummaryRow:

@@ -181,6 +181,14 @@ class Metrics:
             ["target", "phase", "reason"],
             registry=c,
         )
+        self.conversations = Counter(
+            mn.CONVERSATIONS_TOTAL,
+            "Multi-turn conversations (workload.conversations), by event: started, "
+            "finished (every turn sent), ended_early, with its reason (the failed turn's "
+            "outcome, not_sent, phase_ended, stopped; empty for the others).",
+            ["target", "event", "reason"],
+            registry=c,
+        )
         self.oom_errors = Counter(
             mn.OOM_ERRORS_TOTAL,
             "Requests whose error body said the device ran out of memory.",
@@ -458,6 +466,10 @@ class Metrics:
             self.requests.labels(target, phase, OK, "2xx")
             for reason in MissReason:
                 self.sends_missed.labels(target, phase, reason)
+
+    def conversation(self, target: str, event: str, reason: str) -> None:
+        """The runner's ``on_conversation``: one started, finished or ended early."""
+        self.conversations.labels(target, event, reason).inc()
 
     def missed(self, target: str, phase: str, reason: str, n: int) -> None:
         """A SendLedger's ``on_miss``: planned sends not made."""

@@ -46,6 +46,8 @@ class Answers:
                 lengths = TokenLength.model_validate(prompts.output_tokens.model_dump())
             except ValidationError:
                 return
+        if workload.conversations is not None and (lengths is None or lengths.dist != "fixed"):
+            return  # a conversation's answers are drawn by (conversation, turn), not by seq
         source = None
         if prompts.source != "synthetic":
             source = stored_source(prompts, workload.seed, workload.tokenizer)

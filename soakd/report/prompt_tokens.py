@@ -85,7 +85,10 @@ def _pairs(
 
 def _planner(workload: StoredWorkload) -> Callable[[int], int] | None:
     """Planned tokens by seq, from the stored config (None: cannot be rebuilt, e.g. a
-    prompt file no longer there)."""
+    prompt file no longer there; conversations, whose turns' context holds the answers
+    served: no seq's plan is theirs)."""
+    if workload.conversations is not None:
+        return None
     prompts = workload.prompts
     if prompts.source != "synthetic":
         source = stored_source(prompts, workload.seed, workload.tokenizer)

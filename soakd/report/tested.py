@@ -101,7 +101,11 @@ def what_was_tested(
     hosts = [
         e.host for row in events if isinstance(e := row.event, RunStarted | RunResumed) and e.host
     ]
-    prompts = _prompt_plan(workload.prompts)
+    prompts = (
+        "conversations: the turns so far"  # each turn's context: every earlier turn, answered
+        if workload.conversations is not None
+        else _prompt_plan(workload.prompts)
+    )
     targets = []
     for t in config.targets:
         mean_in, mean_out = served.get(t.name, (None, None))

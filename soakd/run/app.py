@@ -304,6 +304,9 @@ class Soak:
             tally = s.goodput.total[name]
             row["goodput"] = tally.goodput
             row["goodput_rps"] = tally.good / active if active > 0 else 0.0
+        talks = runner.conversation_counts if runner is not None else {}
+        for name, counted in talks.items():  # this session's conversations, by how they ended
+            summary[name]["conversations"] = counted.doc()
         self._summary = summary
         write_summary(
             s.run_dir,
@@ -328,6 +331,7 @@ class Soak:
             cancelled=self._cancelled,
             requests={k: v["requests"] for k, v in summary.items()},
             errors={k: v["errors"] for k, v in summary.items()},
+            **({"conversations": {k: v.doc() for k, v in talks.items()}} if talks else {}),
         )
 
     async def _final_gateway_read(self, parts: Parts) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -56,11 +56,12 @@ from soakd.types import Target
 from soakd.workers.reuse import NoReuse
 from soakd.workers.senders import Senders, WorkerStartError, open_senders, senders_for
 from soakd.workload.answers import workload_answers
-from soakd.workload.calibration import LocalTokenizer, TokenCounter, TokenizeError
+from soakd.workload.calibration import Calibration, LocalTokenizer, TokenCounter, TokenizeError
+from soakd.workload.conversations import make_conversations
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.ledger import SendLedger
 from soakd.workload.plan import build_plan
-from soakd.workload.prompts import PromptSource, make_prompt_source
+from soakd.workload.prompts import PromptSource, SyntheticPrompts, make_prompt_source
 from soakd.workload.runner import Runner
 from soakd.workload.sizing import (
     TOKENIZE_TIMEOUT_S,
@@ -323,6 +324,7 @@ async def assemble(
             run_dir=s.run_dir,
             registry=s.metrics.registry,
             no_reuse=no_reuse,
+            workload=s.cfg.workload,
         )
     except WorkerStartError as exc:
         raise StartError("run.workers", exc) from None
@@ -337,8 +339,17 @@ async def assemble(
     )
     # the next prompt seq per target: the runner counts on in this dict (a resume continues
     # the stored ones), the prompt lengths' check reads it
-    seqs = {name: s.resume.next_seq.get(name, 0) if s.resume else 0 for name in s.names}
-    lengths = await _size_prompts(s, journal, servers.urls, partial(_unused_seq, seqs))
+    # (and the next conversation number, under conversation_key: soakd/workload/talks.py)
+    seqs = dict(s.resume.next_seq) if s.resume else {}
+    for name in s.names:
+        seqs.setdefault(name, 0)
+    lengths = await _size_prompts(
+        s, journal, servers.urls, partial(_unused_seq, seqs, s.names), senders.calibrate
+    )
+    if isinstance(lengths.prompts, SyntheticPrompts):  # sized: so is what the senders build
+        for cal in lengths.prompts.calibrations:
+            senders.calibrate(cal)
+    wl = s.cfg.workload
     runner = Runner(
         s.plan,
         senders.targets,
@@ -360,15 +371,18 @@ async def assemble(
         ledger=ledger,
         lead_ns=senders.lead_ns,
         on_sink_failure=lambda sink: s.metrics.sink_failures.labels(sink).inc(),
-        answers=workload_answers(s.cfg.workload, lengths.prompts),  # planned answer lengths
+        answers=workload_answers(wl, lengths.prompts),  # planned answer lengths
+        conversations=make_conversations(wl),  # their plan; the senders build their text
+        on_failure=wl.conversations.on_failure if wl.conversations else "end",
+        on_conversation=s.metrics.conversation,
     )
     journal.attach(runner)
     return Parts(journal, ledger, guards, no_reuse, senders, probes, gateways, lengths, runner)
 
 
-def _unused_seq(seqs: dict[str, int]) -> int:
+def _unused_seq(seqs: dict[str, int], names: Sequence[str]) -> int:
     """The next prompt seq no target has used."""
-    return max(seqs.values(), default=0)
+    return max((seqs[name] for name in names), default=0)
 
 
 def _guard(s: Setup, tcfg: TargetConfig, journal: Journal) -> TargetGuard:
@@ -393,7 +407,11 @@ def _guard(s: Setup, tcfg: TargetConfig, journal: Journal) -> TargetGuard:
 
 
 async def _size_prompts(
-    s: Setup, journal: Journal, urls: dict[str, str], next_seq: Callable[[], int]
+    s: Setup,
+    journal: Journal,
+    urls: dict[str, str],
+    next_seq: Callable[[], int],
+    on_corrected: Callable[[Calibration], None],
 ) -> PromptLengths:
     """The prompts, sized in the reference's tokens: measured now (``urls``: each
     target's server), or as the run measured them before a resume; and the sink that
@@ -424,11 +442,13 @@ async def _size_prompts(
     return PromptLengths(
         prompts,
         s.names,
-        checks=done.checks_left if auto else 0,
+        # a conversation's history is rebuilt every turn: its sizing never changes mid-run
+        checks=done.checks_left if auto and wl.conversations is None else 0,
         reference=reference,
         on_calibration=journal.event,
         next_seq=next_seq,
         measured=measure,
+        on_corrected=on_corrected,
     )
 
 

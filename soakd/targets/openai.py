@@ -65,6 +65,7 @@ from soakd.tracing import HEADER as TRACEPARENT
 from soakd.tracing import traceparent, wants_traceparent
 from soakd.types import NotSent
 from soakd.workload.answers import asked_whole, target_asks
+from soakd.workload.build import GIVEN, Builds
 
 __all__ = ["ERROR_BODY_LIMIT", "JSON_BODY_LIMIT", "OpenAITarget", "open_target"]
 
@@ -96,8 +97,10 @@ class OpenAITarget:
         secret: SecretStr | None = None,
         run_id: str | None = None,
         refused: str | None = None,
+        builder: Builds = GIVEN,
     ) -> None:
         self.name = cfg.name
+        self._builder = builder  # makes each spec's text (GIVEN: the spec's own prompt)
         # why every request would be refused before it is written (open_target's check of
         # the headers and URL); None: they can go on the wire
         self._refused = refused
@@ -175,9 +178,9 @@ class OpenAITarget:
             body.update(asked_whole(self._asks, spec.max_tokens))
         body.update(self._fixed)
         if self._chat:
-            body["messages"] = [{"role": "user", "content": spec.prompt}]
+            body["messages"] = self._builder.messages(spec)
         else:
-            body["prompt"] = spec.prompt
+            body["prompt"] = self._builder.text(spec)
         return dumps(body).encode()
 
     async def send(self, spec: RequestSpec, outcome: Outcome | None = None) -> Outcome:
@@ -530,13 +533,18 @@ def target_headers(
 
 
 async def open_target(
-    cfg: TargetConfig, *, run_id: str | None = None, on_learn: OnLearn | None = None
+    cfg: TargetConfig,
+    *,
+    run_id: str | None = None,
+    on_learn: OnLearn | None = None,
+    builder: Builds = GIVEN,
 ) -> OpenAITarget:
     """Build the client for one target: read its key once, set up TLS, the proxy and
     the connection pool. Raises ConfigError (naming the setting, never the key).
     ``run_id``: the run's, from which each request's traceparent is derived (when the
     target sends one: soakd/tracing.py). ``on_learn``: told when the pool learns that the
-    server closes (or keeps again) its connections after answers with a status."""
+    server closes (or keeps again) its connections after answers with a status.
+    ``builder``: makes each request's text (soakd/workload/build.py)."""
     key = cfg.api_key()
     ssl_arg = cfg.ssl_context()
     proxy, proxy_auth = (
@@ -580,6 +588,7 @@ async def open_target(
         secret=key,
         run_id=run_id,
         refused=refused,
+        builder=builder,
     )
     log.debug("target_opened", target=cfg.name, endpoint=cfg.endpoint, proxy=proxy is not None)
     return target

@@ -1,8 +1,9 @@
 """Workers room, the sender: ``python -m soakd.workers.child FD``, one per worker.
 
-It only sends and times. The parent plans every request (which, when, with which prompt)
-and hands it over on the socket ``FD``; the worker opens its own connection pool per
-target, sends each request at its instant, fills the Outcome on its own monotonic clock
+It builds, sends and times. The parent plans every request (which, when, which seq,
+conversation and turn) and hands it over on the socket ``FD``; the worker builds its text
+from the workload the HELLO gave it (soakd/workload/build.py), opens its own connection
+pool per target, sends each request at its instant, fills the Outcome on its own monotonic clock
 and hands the finished ones back in batches (soakd/workers/wire.py). It keeps nothing: no
 journal, no registry, no plan.
 
@@ -30,12 +31,13 @@ from typing import Any
 import structlog
 
 from soakd import runtime
-from soakd.config import TargetConfig
+from soakd.config import TargetConfig, Workload
 from soakd.logs import setup_logging
 from soakd.model import ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.targets.openai import OpenAITarget, open_target
 from soakd.types import NotSent
 from soakd.workers import wire
+from soakd.workload.build import Builder
 from soakd.workload.timer import sleep_until_ns
 
 log = structlog.get_logger()
@@ -115,8 +117,18 @@ async def serve(sock: socket.socket) -> int:
     hello: dict[str, Any] = json.loads(first[1])
     structlog.contextvars.bind_contextvars(worker=hello["index"])
     cfgs = [TargetConfig.model_validate(t) for t in hello["targets"]]
+    # this worker builds its requests' text itself, as soakd's own process would
+    builder = Builder(
+        Workload.model_validate(hello["workload"]),
+        [wire.read_calibration(c) for c in hello["calibrations"]],
+    )
     targets = [
-        await open_target(cfg, run_id=hello["run_id"], on_learn=partial(_tell_closes, writer, i))
+        await open_target(
+            cfg,
+            run_id=hello["run_id"],
+            on_learn=partial(_tell_closes, writer, i),
+            builder=builder,
+        )
         for i, cfg in enumerate(cfgs)
     ]
     sender = Sender(targets, writer)
@@ -135,6 +147,8 @@ async def serve(sock: socket.socket) -> int:
                 writer.write(wire.frame(wire.PONG, wire.pack_clock(t0, now_ns())))
             elif kind == wire.CLOCK:
                 sender.shift, _ = wire.unpack_clock(payload)
+            elif kind == wire.CALIBRATE:
+                builder.calibrate(wire.read_calibration(json.loads(payload)))
     except (OSError, wire.WireError) as exc:
         log.warning("worker_link_lost", error=f"{type(exc).__name__}: {exc}")
     finally:

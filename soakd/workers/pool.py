@@ -32,12 +32,13 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from soakd import outcome_record
-from soakd.config import TargetConfig
+from soakd.config import TargetConfig, Workload
 from soakd.metrics import names as mn
 from soakd.model import ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.spawn import Backoff, socket_pair, spawn_module
 from soakd.types import NotSent, SendGate
 from soakd.workers import wire
+from soakd.workload.calibration import Calibration
 
 if TYPE_CHECKING:
     from soakd.workers.reuse import NoReuse
@@ -272,11 +273,20 @@ class WorkerPool:
         log_dir: Path,
         metrics: WorkerMetrics | None = None,
         no_reuse: NoReuse | None = None,
+        workload: Workload | None = None,
     ) -> None:
         self.workers = [Worker(i) for i in range(n)]
         self._names = [t.name for t in targets]
         self._no_reuse = no_reuse
-        self._hello = {"run_id": run_id, "targets": [t.model_dump(mode="json") for t in targets]}
+        # what a worker builds its requests' text from (soakd/workload/build.py): the
+        # workload, and every calibration so far (a restarted worker gets them all)
+        self._calibrations: list[dict[str, Any]] = []
+        self._hello = {
+            "run_id": run_id,
+            "targets": [t.model_dump(mode="json") for t in targets],
+            "workload": (workload or Workload()).model_dump(mode="json"),
+            "calibrations": self._calibrations,
+        }
         self._log_dir = log_dir
         self._metrics = metrics
         self._count = metrics.count if metrics is not None else None
@@ -288,6 +298,16 @@ class WorkerPool:
         self._restarts: set[asyncio.Task[None]] = set()
         self.restarts = 0
         self.lost = 0
+
+    def calibrate(self, cal: Calibration) -> None:
+        """Size what the workers build from ``cal.from_seq`` on by ``cal``: written at once,
+        ahead of this turn's SEND batch (no request of that seq or later was planned before
+        it), and in every later HELLO."""
+        doc = wire.calibration_doc(cal)
+        self._calibrations.append(doc)
+        for w in self.workers:  # started or starting: each got the HELLO before this
+            if w.writer is not None and not w.writer.is_closing():
+                w.writer.write(wire.json_frame(wire.CALIBRATE, doc))
 
     # --- lifecycle ----------------------------------------------------------------------
 

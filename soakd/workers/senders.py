@@ -26,7 +26,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry
 
-from soakd.config import TargetConfig
+from soakd.config import TargetConfig, Workload
 from soakd.model import Plan
 from soakd.targets.openai import open_target
 from soakd.types import SendGate, Target
@@ -39,6 +39,8 @@ from soakd.workers.pool import (
     WorkerPool,
 )
 from soakd.workers.reuse import NoReuse
+from soakd.workload.build import Builder
+from soakd.workload.calibration import Calibration
 
 SENDER_RPS: Final = 600.0
 """Requests a second one sender times well (one loop saturates at 1.5-1.9k of 16 tokens)."""
@@ -90,6 +92,14 @@ def senders_for(setting: int | str, plan: Plan, max_tokens: int) -> tuple[int, s
 class Senders:
     targets: dict[str, Target] = field(default_factory=dict)
     pool: WorkerPool | None = None
+    builder: Builder | None = None  # this process's, when it sends itself
+
+    def calibrate(self, cal: Calibration) -> None:
+        """Size the text built from ``cal.from_seq`` on by ``cal``, wherever it is built."""
+        if self.pool is not None:
+            self.pool.calibrate(cal)
+        if self.builder is not None:
+            self.builder.calibrate(cal)
 
     @property
     def lead_ns(self) -> int:
@@ -129,27 +139,33 @@ async def open_senders(
     run_dir: Path,
     registry: CollectorRegistry,
     no_reuse: NoReuse | None = None,
+    workload: Workload | None = None,
 ) -> Senders:
     """The run's ``n`` senders (``senders_for``). ConfigError for a target's key or TLS files
     (named, read here first, also when workers read them again); WorkerStartError when a
     worker cannot start. ``no_reuse`` hears what their connection pools learn about closes
-    after answers."""
+    after answers. Each sending process builds its requests' text from ``workload``
+    (soakd/workload/build.py), calibrated as ``Senders.calibrate`` says."""
+    workload = workload or Workload()
     if n == 1:  # soakd's own process is the one sender, and it is up
         WorkerMetrics(registry, 1).up.set(1)
+        builder = Builder(workload)
         return Senders(
             {
                 c.name: await open_target(
                     c,
                     run_id=run_id,
                     on_learn=partial(no_reuse.learned, c.name, 0) if no_reuse else None,
+                    builder=builder,
                 )
                 for c in cfgs
-            }
+            },
+            builder=builder,
         )
     for c in cfgs:  # the same errors, here and at once, as with one process
         c.api_key()
         c.ssl_context()
-    pool = WorkerPool(n, cfgs, run_id, run_dir, WorkerMetrics(registry, n), no_reuse)
+    pool = WorkerPool(n, cfgs, run_id, run_dir, WorkerMetrics(registry, n), no_reuse, workload)
     senders = Senders({c.name: RemoteTarget(c.name, i, pool) for i, c in enumerate(cfgs)}, pool)
     try:
         await pool.start()

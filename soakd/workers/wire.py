@@ -6,13 +6,18 @@ speaks it too; this link's frames are up to ``MAX_FRAME``). Requests and outcome
 pickle, no per-request object on the wire, and nothing a newer soakd on the other end
 could misread, since both ends are the same installed code.
 
-- ``HELLO`` (parent -> worker, JSON): the worker's index, the run id and the targets'
-  resolved configs (secrets by reference only: the worker reads its keys itself).
+- ``HELLO`` (parent -> worker, JSON): the worker's index, the run id, the targets'
+  resolved configs (secrets by reference only: the worker reads its keys itself), the
+  workload and the calibrations so far: what the worker builds each request's text from
+  (soakd/workload/build.py).
 - ``READY`` (worker -> parent, JSON): the worker's pid.
 - ``SEND`` (parent -> worker): requests, each ``id, target, seq, max_tokens, planned
   (the answer length is planned: 1), temperature, scheduled_ns, deadline_ns, conversation,
-  turn, keep_answer`` and the prompt. The instants are on the
-  parent's clock; the worker converts them with the offset the parent measured.
+  turn, keep_answer`` and a conversation's history (the answers its server gave to the
+  earlier turns, each length-prefixed): no prompt text, the worker builds it. The instants
+  are on the parent's clock; the worker converts them with the offset the parent measured.
+- ``CALIBRATE`` (parent -> worker, JSON): a calibration measured or corrected since the
+  HELLO (its ``from_seq`` on), written ahead of any SEND that needs it.
 - ``CANCEL`` (parent -> worker): request ids to cut (the drain deadline passed).
 - ``PING`` / ``PONG``: the clock check (``t0`` from the parent, ``t1`` the worker's now).
 - ``OUTCOMES`` (worker -> parent): finished requests, each the id and the Outcome's record
@@ -38,15 +43,17 @@ from soakd.framing import HEAD as HEAD  # the link's frames (soakd/framing.py)
 from soakd.framing import frame as frame
 from soakd.measure.analysis import itl_keys
 from soakd.model import Outcome, RequestSpec
+from soakd.workload.calibration import Calibration
 
-HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES = range(1, 10)
+HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES, CALIBRATE = range(1, 11)
 
 MAX_FRAME: Final = 64 << 20
 """A frame longer than this is a broken peer, not data."""
 
-_SPEC = struct.Struct("<IHqIBdqqqIBI")
+_SPEC = struct.Struct("<IHqIBdqqqIBH")
 # id, target, seq, max_tokens, planned, temperature, scheduled, deadline (0: none),
-# conversation (-1: none), turn, keep_answer, len(prompt)
+# conversation (-1: none), turn, keep_answer, answers in the history (each: u32 length, text)
+_LEN = struct.Struct("<I")
 _RID = struct.Struct("<I")  # an OUTCOMES entry: the request id, then its record
 _CLOCK = struct.Struct("<qq")
 _CLOSES = struct.Struct("<HHB")  # target, status, closes
@@ -65,7 +72,7 @@ def json_frame(kind: int, doc: dict[str, Any]) -> bytes:
 
 def pack_spec(buf: bytearray, rid: int, target: int, spec: RequestSpec) -> None:
     """Append one request to a SEND batch."""
-    text = spec.prompt.encode()
+    history = spec.history
     buf += _SPEC.pack(
         rid,
         target,
@@ -78,17 +85,20 @@ def pack_spec(buf: bytearray, rid: int, target: int, spec: RequestSpec) -> None:
         spec.conversation,
         spec.turn,
         spec.keep_answer,
-        len(text),
+        len(history),
     )
-    buf += text
+    for answer in history:
+        text = answer.encode()
+        buf += _LEN.pack(len(text))
+        buf += text
 
 
 def unpack_specs(
     payload: bytes, names: Sequence[str] = (), shift: int = 0
 ) -> Iterator[tuple[int, int, RequestSpec]]:
     """``(id, target index, spec)`` per request: the spec's target named from ``names``
-    (empty when not given), its phase left empty, ``shift`` (the parent's clock minus the
-    reader's) taken from its instants."""
+    (empty when not given), its phase and prompt left empty (the worker's builder makes
+    the text), ``shift`` (the parent's clock minus the reader's) taken from its instants."""
     at, end, size = 0, len(payload), _SPEC.size
     while at < end:
         if at + size > end:
@@ -108,9 +118,19 @@ def unpack_specs(
             n,
         ) = _SPEC.unpack_from(payload, at)
         at += size
-        if at + n > end:
-            raise WireError("SEND batch ends inside a prompt")
-        prompt = payload[at : at + n].decode()
+        history: tuple[str, ...] = ()
+        if n:
+            answers = []
+            for _ in range(n):
+                if at + _LEN.size > end:
+                    raise WireError("SEND batch ends inside a history")
+                (length,) = _LEN.unpack_from(payload, at)
+                at += _LEN.size
+                if at + length > end:
+                    raise WireError("SEND batch ends inside a history")
+                answers.append(payload[at : at + length].decode())
+                at += length
+            history = tuple(answers)
         yield (
             rid,
             target,
@@ -118,7 +138,7 @@ def unpack_specs(
                 names[target] if names else "",
                 "",
                 seq,
-                prompt,
+                "",
                 0,
                 max_tokens,
                 temp,
@@ -128,11 +148,38 @@ def unpack_specs(
                 conversation,
                 turn,
                 keep == 1,
+                history,
             ),
         )
-        at += n
     if at != end:
         raise WireError("SEND batch ends inside a request")
+
+
+def calibration_doc(cal: Calibration) -> dict[str, Any]:
+    """A calibration as HELLO and CALIBRATE carry it."""
+    return {
+        "source": cal.source,
+        "reference": cal.reference,
+        "costs": list(cal.costs) if cal.costs is not None else None,
+        "scale": cal.scale,
+        "overhead": cal.overhead,
+        "from_seq": cal.from_seq,
+    }
+
+
+def read_calibration(doc: dict[str, Any]) -> Calibration:
+    """``calibration_doc``'s inverse (WireError: not one)."""
+    try:
+        return Calibration.read(
+            doc["source"],
+            doc["reference"],
+            doc["costs"],
+            doc["scale"],
+            doc["overhead"],
+            doc["from_seq"],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"not a calibration ({exc})") from None
 
 
 def pack_ids(buf: bytearray, rid: int) -> None:

@@ -443,7 +443,9 @@ def source_lines(workload: Workload, source: object) -> list[str]:
     """What ``soakd check`` says of the prompts' source: what it is, its records and what
     they plan, the records skipped and why, the shared prefixes."""
     prompts = workload.prompts
-    if isinstance(source, ShareGPTPrompts | MooncakePrompts | BurstGPTPrompts):
+    if workload.conversations is not None:  # their user turns are the prompts
+        lines = ["prompts: synthetic, the conversations' user turns"]
+    elif isinstance(source, ShareGPTPrompts | MooncakePrompts | BurstGPTPrompts):
         lines = source.describe()
     elif prompts.source == "file":
         lines = [f"prompts: {prompts.file}, planned at {CHARS_PER_TOKEN} characters a token"]

@@ -144,6 +144,10 @@ class PromptSource(Protocol):
         """(prompt text, planned prompt tokens) for ``seq``."""
         ...
 
+    def length(self, seq: int) -> int:
+        """The planned prompt tokens of ``seq``, its text not built (the planner's view)."""
+        ...
+
 
 @runtime_checkable
 class Records(Protocol):

@@ -32,9 +32,11 @@ from soakd.model import ErrorKind, MissReason, Outcome, Phase, Plan, RequestSpec
 from soakd.shapes import LoadShape, OpenLoad
 from soakd.types import NotSent, OutcomeRecorder, OutcomeSink, SendGate, Target
 from soakd.workload.arrivals import arrivals
+from soakd.workload.conversations import Conversations, ConversationTally
 from soakd.workload.failing import failing_cause
 from soakd.workload.ledger import SendLedger
 from soakd.workload.prompts import PromptSource
+from soakd.workload.talks import Talks
 from soakd.workload.timer import sleep_until_ns
 
 log = structlog.get_logger()
@@ -88,6 +90,9 @@ class Runner:
         lead_ns: int = 0,
         on_sink_failure: Callable[[str], None] | None = None,
         answers: Callable[[int], int | None] | None = None,
+        conversations: Conversations | None = None,
+        on_failure: str = "end",
+        on_conversation: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.plan = plan
         self.targets = targets
@@ -115,11 +120,31 @@ class Runner:
         for name in targets:
             self._seq.setdefault(name, 0)
         self._busy = dict.fromkeys(targets, 0)  # in flight per target, counted at the spawn
+        self._gates = dict(gates or {})  # spend caps and Retry-After pauses, per target
+        # conversations (the load unit when set): each target's numbered on their own, the
+        # next number kept beside the target's next seq (the journal stores both)
+        self._talks = (
+            Talks(
+                conversations,
+                seqs=self._seq,
+                busy=self._busy,
+                gates=self._gates,
+                one=self._one,
+                sleep_until=self._sleep_until,
+                stopping=lambda: self.stopping,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                on_failure=on_failure,
+                on_event=on_conversation,
+            )
+            if conversations is not None
+            else None
+        )
+        self._live = dict.fromkeys(targets, 0)  # conversations under way per target
         self.ledger = ledger if ledger is not None else SendLedger()  # sends not made
         self._pools = {name: _Pool() for name in targets}  # closed-loop workers
         self._drivers: set[asyncio.Task[None]] = set()  # open-loop dispatchers
         self._requests: set[asyncio.Task[Any]] = set()  # requests and closed-loop workers
-        self._gates = dict(gates or {})  # spend caps and Retry-After pauses, per target
         self.failures: dict[str, int] = {}  # tasks that died of an exception, per target
         # open loop: hand a request to its target this long before its instant (worker
         # processes send at the instant themselves); 0: at the instant. With a lead, the
@@ -150,6 +175,16 @@ class Runner:
     def next_seq(self) -> dict[str, int]:
         """The next prompt seq per target (the journal stores it for a resume)."""
         return self._seq
+
+    @property
+    def under_way(self) -> dict[str, int]:
+        """Open-loop conversations started and not ended, per target (the cap's count)."""
+        return self._live
+
+    @property
+    def conversation_counts(self) -> dict[str, ConversationTally]:
+        """Conversations started, finished, ended early, per target (none: single requests)."""
+        return self._talks.counts if self._talks is not None else {}
 
     @property
     def missed(self) -> dict[tuple[str, str, str], int]:
@@ -298,6 +333,26 @@ class Runner:
         self._requests.add(task)
         task.add_done_callback(partial(self._sent_done, name))
 
+    def _start_conversation(
+        self, talks: Talks, name: str, phase: Phase, due: int, deadline: int
+    ) -> None:
+        """Spawn one open-loop conversation; under way from here (for the cap). Its later
+        turns are sent in its phase only: the phase's end ends it (``phase_ended``)."""
+        self._live[name] += 1
+        current = partial(self._same_phase, phase)
+        task = asyncio.get_running_loop().create_task(talks.run(name, current, due, deadline))
+        self._requests.add(task)
+        task.add_done_callback(partial(self._talk_done, name))
+
+    def _same_phase(self, phase: Phase) -> Phase | None:
+        return phase if self.phase is phase else None
+
+    def _talk_done(self, name: str, task: asyncio.Task[Any]) -> None:
+        self._live[name] -= 1
+        self._requests.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._failed(name, "conversation_failed", task)
+
     def _sent_done(self, name: str, task: asyncio.Task[Any]) -> None:
         self._requests.discard(task)
         self._busy[name] -= 1
@@ -309,14 +364,13 @@ class Runner:
     ) -> RequestSpec:
         seq = self._seq[name]
         self._seq[name] = seq + 1
-        prompt, tokens = self.prompts.spec_fields(seq)
         answer = self._answers(seq) if self._answers is not None else None
         return RequestSpec(
             name,
             phase.name,
             seq,
-            prompt,
-            tokens,
+            "",  # the text is built where it is sent (soakd/workload/build.py)
+            self.prompts.length(seq),
             answer or self.max_tokens,
             self.temperature,
             scheduled_ns,
@@ -392,11 +446,14 @@ class Runner:
                         await self._sleep_until(now_ns() + int(min(wait, 1.0) * 1e9))
                         continue
                     gate.sent()
-                self._busy[name] += 1
-                try:
-                    outcome = await self._one(name, self._spec(name, pool.phase, now_ns()))
-                finally:
-                    self._busy[name] -= 1
+                if self._talks is not None:
+                    outcome = await self._talks.run(name, partial(_pool_phase, pool), now_ns())
+                else:
+                    self._busy[name] += 1
+                    try:
+                        outcome = await self._one(name, self._spec(name, pool.phase, now_ns()))
+                    finally:
+                        self._busy[name] -= 1
                 if (
                     outcome is None
                     or failing_cause(outcome) is not None
@@ -430,7 +487,11 @@ class Runner:
             schedule.skip_to(resumed_at)
         cap, late = shape.max_in_flight, shape.max_lateness_ns
         gate = self._gates.get(name)
-        busy, miss, pname = self._busy, self.ledger.miss, phase.name
+        miss, pname = self.ledger.miss, phase.name
+        # what the in-flight cap counts: requests, or conversations under way (an arrival
+        # starts one; its later turns are its own, never missed)
+        talks = self._talks
+        busy = self._live if talks is not None else self._busy
         lead, slack = self._lead_ns, self._slack_ns
         # handed over ``lead`` early and not due yet: not in flight for the cap (with a
         # worker process they wait there for their instant)
@@ -463,7 +524,10 @@ class Runner:
                 else:
                     if gate is not None:
                         gate.sent()
-                    self._send(name, self._spec(name, phase, due, due + late))
+                    if talks is not None:
+                        self._start_conversation(talks, name, phase, due, due + late)
+                    else:
+                        self._send(name, self._spec(name, phase, due, due + late))
                     if due > now:
                         ahead.append(due)
                 offset = -1
@@ -475,6 +539,11 @@ class Runner:
             if due_now:
                 miss(name, pname, MissReason.LATE, due_now)
             raise
+
+
+def _pool_phase(pool: _Pool) -> Phase | None:
+    """A closed-loop worker's phase: None once the pool wants fewer workers than it has."""
+    return pool.phase if pool.workers <= pool.want else None
 
 
 def _named(

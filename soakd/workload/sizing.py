@@ -292,6 +292,12 @@ async def plan_lines(cfg: Config) -> list[str]:
             f"  sizing: at start, by the first target whose /tokenize answers ({names}); "
             "else by the first answers' usage"
         )
+    if wl.conversations is not None:
+        return [
+            *lines,
+            "  each target's own count: measured at start (a turn's context holds the "
+            "answers served, so no seq's plan is checked against it)",
+        ]
     lines.append(
         "  each target's own count: measured at start, then from its answers "
         "(a warning past 10 % off the plan)"
@@ -385,6 +391,7 @@ class PromptLengths:
         on_calibration: Callable[[PromptCalibration], None] | None = None,
         next_seq: Callable[[], int] = _no_seq,
         measured: StartMeasure | None = None,
+        on_corrected: Callable[[Calibration], None] | None = None,
     ) -> None:
         self.prompts = prompts
         self.total = {name: _Tally() for name in names}
@@ -398,6 +405,9 @@ class PromptLengths:
         self._served: list[int] = []
         self._sample_target: str | None = reference
         self._on_calibration = on_calibration
+        # told of each correction, after the prompts here took it: the senders' builders
+        # take it too (soakd/workload/build.py)
+        self._on_corrected = on_corrected
         # the next prompt seq no target has used: the runner's counter, shared with it
         # (soakd/run/assemble.py), read when a check corrects the calibration
         self.next_seq = next_seq
@@ -417,8 +427,8 @@ class PromptLengths:
 
     def record(self, o: Finished) -> None:
         served = o.prompt_tokens
-        if o.error is not None or served is None or served <= 0:
-            return
+        if o.error is not None or served is None or served <= 0 or o.conversation >= 0:
+            return  # a conversation's turn is planned by its history, not by its seq
         seq = o.seq
         synthetic = self._synthetic
         planned = synthetic.length(seq) if synthetic else self.prompts.spec_fields(seq)[1]
@@ -454,6 +464,8 @@ class PromptLengths:
                 if current.source == "none":
                     new = replace(new, reference=self._sample_target or "")
                 prompts.calibrate(new)
+                if self._on_corrected is not None:
+                    self._on_corrected(new)
                 for tally in self._recent.values():
                     tally.requests = tally.planned = tally.served = 0
                 self._warned.clear()  # new prompts: each target is looked at again

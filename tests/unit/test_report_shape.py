@@ -240,6 +240,7 @@ SESSION_KEYS = [
     "errors_by_kind",
     "goodput",
     "goodput_rps",
+    "conversations",  # with workload.conversations only
 ]
 
 
@@ -352,6 +353,7 @@ def test_a_summary_row_keeps_its_keys() -> None:
     stats = RunStats(["a"])
     assert list(stats.recent()["a"]) == SUMMARY_KEYS == list(SummaryRow.__annotations__)
     session = stats.overall(1.0, {"a": {"late": 2}})["a"]
-    assert [*session, "goodput", "goodput_rps"] == SESSION_KEYS  # goodput: added at the end
+    # goodput: added at the end; conversations: then, when the run has them
+    assert [*session, "goodput", "goodput_rps", "conversations"] == SESSION_KEYS
     assert list(SessionRow.__annotations__) == SESSION_KEYS
     assert session["missed"] == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import typing
 from array import array
 from dataclasses import asdict, replace
@@ -15,6 +16,7 @@ from soakd.types import NotSent
 from soakd.workers import wire
 from soakd.workers.pool import WAKE_SLICE, Wakeups, Worker, WorkerGate
 from soakd.workers.reuse import NoReuse
+from soakd.workload.calibration import Calibration
 from soakd.workload.runner import Runner
 from tests.waiting import until
 
@@ -77,16 +79,22 @@ def spec(
     return RequestSpec("t", "p", seq, prompt, 3, 64, 0.7, scheduled, deadline, planned)
 
 
-def test_specs_round_trip_with_any_prompt() -> None:
+def test_specs_round_trip_with_their_history_and_no_text() -> None:
+    """A request travels as its numbers; a conversation's turn with the answers its server
+    gave before (any text, empty ones too). No prompt text crosses: the worker builds it."""
     buf = bytearray()
     specs = [
-        (1, 0, spec(5, "héllo\nworld", 123, 2_000_123)),
+        (1, 0, spec(5, "", 123, 2_000_123)),
         (2, 3, spec(6, "", -1, planned=True)),  # its answer length planned: asked whole
         # a conversation's third turn, its answer kept for the next
-        (3, 1, replace(spec(7, "next", 50), conversation=12, turn=2, keep_answer=True)),
-    ]
+        (3, 1, replace(
+            spec(7, "", 50), conversation=12, turn=2, keep_answer=True,
+            history=("héllo\nworld ✓", ""),
+        )),
+    ]  # fmt: skip
     for rid, target, s in specs:
         wire.pack_spec(buf, rid, target, s)
+    wire.pack_spec(buf, 4, 0, spec(8, "never sent", 1))  # a spec's own text stays home
     names = ["a", "b", "c", "d"]
     got = list(wire.unpack_specs(bytes(buf), names, shift=20))
     # the worker's own: its target's name, no phase, no planned prompt length, its clock
@@ -100,7 +108,15 @@ def test_specs_round_trip_with_any_prompt() -> None:
             deadline_ns=s.deadline_ns - 20 if s.deadline_ns else 0,
         ))
         for rid, target, s in specs
-    ]  # fmt: skip
+    ] + [(4, 0, replace(spec(8, "", -19), target="a", phase="", prompt_tokens_hint=0))]  # fmt: skip
+
+
+def test_a_calibration_travels_whole() -> None:
+    cal = Calibration("tokenize", "a", (1, 2, 1), 1.25, 3.0, 77)
+    doc = json.loads(json.dumps(wire.calibration_doc(cal)))
+    assert wire.read_calibration(doc) == cal
+    with pytest.raises(wire.WireError):
+        wire.read_calibration({**doc, "scale": -1})
 
 
 def test_a_not_sent_record_carries_its_reason_and_nothing_else() -> None:
@@ -200,14 +216,16 @@ def test_outbox_one_frame_per_kind_and_a_cut_never_overtakes_its_request() -> No
     assert len(writer.frames) == 2
 
 
-def test_outbox_splits_a_turn_of_long_prompts_into_frames_the_other_end_reads() -> None:
-    """24 prompts of a million tokens (~7 MB each) sent in one turn: one frame would be
-    160 MB, past MAX_FRAME, and the worker would drop the connection (seen: both workers
-    died, 24 requests lost). Split, every frame is within it and every request arrives."""
+def test_outbox_splits_a_turn_of_long_histories_into_frames_the_other_end_reads() -> None:
+    """24 conversation turns, each after an answer of a million tokens (~7 MB), sent in one
+    turn: one frame would be 160 MB, past MAX_FRAME, and the worker would drop the
+    connection (seen with prompts, when they travelled: both workers died, 24 requests
+    lost). Split, every frame is within it and every request arrives."""
     box = wire.Outbox()
-    prompt = "word " * 1_400_000
+    answer = "word " * 1_400_000
     for rid in range(24):
-        wire.pack_spec(box.buf(wire.SEND), rid, 0, spec(rid, prompt, 1_000_000))
+        turn = replace(spec(rid, "", 1_000_000), conversation=rid, turn=1, history=(answer,))
+        wire.pack_spec(box.buf(wire.SEND), rid, 0, turn)
     writer = _Writer()
     box.write_to(writer)  # type: ignore[arg-type]
     sizes = [wire.HEAD.unpack_from(f)[0] for f in writer.frames]
