@@ -175,10 +175,18 @@ class Config(Strict):
                     f"{', '.join(completions)} speak 'completions'"
                 )
             source = self.workload.prompts.source
-            if source != "synthetic":
+            if source == "sharegpt":  # the dataset's conversations: its turns, its lengths
+                given = {"turns", "user_tokens"} & self.workload.conversations.model_fields_set
+                if given:
+                    raise ValueError(
+                        f"workload.conversations.{min(given)}: the sharegpt file's "
+                        "conversations give their own turns and lengths; leave it out"
+                    )
+            elif source != "synthetic":
                 raise ValueError(
                     "workload.conversations: synthetic conversations draw their own user "
-                    f"turns; prompts.source {source!r} is not used with them"
+                    f"turns; prompts.source {source!r} is not used with them (sharegpt "
+                    "gives its own)"
                 )
         known = set(names)
         gated = {t.name for t in self.targets if t.gateway is not None}

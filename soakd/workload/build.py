@@ -53,7 +53,7 @@ class Builder:
             # measures from the first answers): a worker started later builds them alike
             calibrations = [UNCALIBRATED, *calibrations]
         self.prompts = make_prompt_source(workload, calibrations)
-        self.conversations = make_conversations(workload, calibrations)
+        self.conversations = make_conversations(workload, calibrations, self.prompts)
 
     def calibrate(self, cal: Calibration) -> None:
         """Size what is built from ``cal.from_seq`` on by ``cal`` (soakd/workload/sizing.py)."""

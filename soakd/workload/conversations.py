@@ -15,11 +15,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import lru_cache
 from typing import TYPE_CHECKING, Final, Protocol
 
 from soakd.workload.answers import AnswerLengths
 from soakd.workload.calibration import Calibration
-from soakd.workload.prompts import SyntheticPrompts, describe_lengths, draw_length, seq_hash
+from soakd.workload.datasets import ConversationSource, ShareGPTPrompts, Turn
+from soakd.workload.prompts import (
+    SyntheticPrompts,
+    describe_lengths,
+    draw_length,
+    make_prompt_source,
+    seq_hash,
+)
 
 if TYPE_CHECKING:
     from soakd.config import Conversations as ConversationsConfig
@@ -141,6 +149,14 @@ def conversation_lines(workload: Workload) -> list[str]:
     cfg = workload.conversations
     if cfg is None:
         return []
+    if workload.prompts.source == "sharegpt":
+        return [
+            f"conversations: the sharegpt file's, its user turns and answer lengths, think "
+            f"time {describe_think(cfg.think_time)}, seed {workload.seed}; after a failed "
+            f"turn: {cfg.on_failure}",
+            "  the load unit: a closed loop's concurrency is conversations at once, an open "
+            "loop's arrival starts one; each turn sends every earlier turn and its answer",
+        ]
     return [
         f"conversations: {describe_lengths(cfg.turns)} turns, user turns "
         f"{describe_lengths(cfg.user_tokens)} tokens, think time {describe_think(cfg.think_time)}"
@@ -150,13 +166,67 @@ def conversation_lines(workload: Workload) -> list[str]:
     ]
 
 
+class DatasetConversations:
+    """A ShareGPT file's conversations (``workload.prompts.source: sharegpt`` with
+    ``workload.conversations``): conversation ``conv`` is the file's item ``conv`` (cycled),
+    its user turns and the lengths of the answers that followed them in the dataset (the
+    answers planned); the think times are the config's. A conversation's turns are read
+    again from the file for each of its turns (one ``pread``), the last few kept."""
+
+    def __init__(self, cfg: ConversationsConfig, source: ConversationSource, seed: int = 0) -> None:
+        self.cfg = cfg
+        self._source = source
+        self._think_key = seq_hash(_THINK_SALT, seed)
+        self._read = lru_cache(maxsize=_KEPT)(self._turns)
+
+    def _turns(self, item: int) -> tuple[Turn, ...]:
+        return tuple(self._source.turns(item))
+
+    def _turn(self, conv: int, turn: int) -> Turn:
+        return self._read(conv % len(self._source))[turn]
+
+    def calibrate(self, cal: Calibration) -> None:
+        """Nothing: a dataset's text is its own."""
+
+    def turns(self, conv: int) -> int:
+        return len(self._read(conv % len(self._source)))
+
+    def user(self, conv: int, turn: int) -> tuple[str, int]:
+        t = self._turn(conv, turn)
+        return t.user, t.user_tokens
+
+    def user_tokens(self, conv: int, turn: int) -> int:
+        return self._turn(conv, turn).user_tokens
+
+    def answer_tokens(self, conv: int, turn: int) -> int | None:
+        return self._turn(conv, turn).answer_tokens
+
+    def system(self, conv: int) -> str | None:
+        return self._source.system(conv % len(self._source))
+
+    def think_s(self, conv: int, turn: int) -> float:
+        return draw_think(self.cfg.think_time, seq_hash(self._think_key, turn_index(conv, turn)))
+
+
+_KEPT: Final = 64
+"""Dataset conversations whose turns a process keeps parsed (a closed loop's few at once)."""
+
+
 def make_conversations(
-    workload: Workload, calibrations: Sequence[Calibration] = ()
-) -> SyntheticConversations | None:
-    """The workload's conversations (None: single requests)."""
+    workload: Workload, calibrations: Sequence[Calibration] = (), source: object = None
+) -> SyntheticConversations | DatasetConversations | None:
+    """The workload's conversations (None: single requests): a ShareGPT file's when the
+    prompts' source is one (``source``, the prompts as made, else read here), else
+    synthetic."""
     cfg = workload.conversations
     if cfg is None:
         return None
+    if workload.prompts.source == "sharegpt":
+        if not isinstance(source, ShareGPTPrompts):
+            made = make_prompt_source(workload)
+            assert isinstance(made, ShareGPTPrompts)  # the source the config names
+            source = made
+        return DatasetConversations(cfg, source, workload.seed)
     lengths = workload.prompts.output_tokens
     answers = AnswerLengths(lengths, workload.seed) if lengths is not None else None
     return SyntheticConversations(cfg, workload.seed, answers, calibrations)
