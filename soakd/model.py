@@ -172,7 +172,14 @@ class RequestSpec:
     """Its turn in that conversation, from 0."""
     keep_answer: bool = False
     """Keep the answer's text on the Outcome (``Outcome.answer``): a conversation's next
-    turn holds it, a check judges it. Off for every other request: soakd keeps no text."""
+    turn holds it, a check judges it. Off for every other request: soakd keeps no text.
+    Kept at temperature 0, it is also asked with ``seed`` ANSWER_SEED (a check's answer is
+    to be the same each time)."""
+
+
+ANSWER_SEED: Final = 0
+"""The ``seed`` of a request that keeps its answer at temperature 0 (a check's): the same
+answer each time where the server honours it (``targets[].extra_body`` may override it)."""
 
 
 @dataclass(slots=True)
@@ -350,6 +357,8 @@ class Finished(Protocol):
     def e2e_ns(self) -> int: ...
     @property
     def tpot_ns(self) -> int | None: ...
+    @property
+    def answer(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,8 @@ from typing import Any
 
 import structlog
 
+from soakd.checks.mix import Checks, Judged
+from soakd.checks.verdict import PASS, RESULTS
 from soakd.config import Config, ConfigError, Slo, TargetConfig
 from soakd.gateway.fronts import Fronts
 from soakd.journal import (
@@ -42,6 +44,7 @@ from soakd.journal.metrics import JournalMetrics
 from soakd.journal.stored import StoredOptions
 from soakd.measure.goodput import GoodputWindow
 from soakd.measure.notes import Notes
+from soakd.metrics.checks import CheckMetrics
 from soakd.metrics.run import GuardMetrics, Metrics, ProbeMetrics, RunSeries
 from soakd.model import Phase, Plan, SpendCap
 from soakd.probes import Probes, make_probes
@@ -339,12 +342,13 @@ async def assemble(
     # the stored ones), the prompt lengths' check reads it
     seqs = {name: s.resume.next_seq.get(name, 0) if s.resume else 0 for name in s.names}
     lengths = await _size_prompts(s, journal, servers.urls, partial(_unused_seq, seqs))
+    checks = _checks(s, journal)
     runner = Runner(
         s.plan,
         senders.targets,
         lengths.prompts,
         # the sinks read each outcome as ``Finished``: no ITL, with workers or without
-        [s.goodput, probes.outcome_sink, s.notes, lengths],
+        [s.goodput, probes.outcome_sink, s.notes, lengths, *([checks] if checks else [])],
         guards=guards,  # each outcome's 429 or spend reaches the gates first
         # then the journal, the one reader of the whole outcome (ITL included): it folds
         # each outcome once and hands the folds on to Metrics and RunStats once
@@ -361,9 +365,35 @@ async def assemble(
         lead_ns=senders.lead_ns,
         on_sink_failure=lambda sink: s.metrics.sink_failures.labels(sink).inc(),
         answers=workload_answers(s.cfg.workload, lengths.prompts),  # planned answer lengths
+        checks=checks.spec if checks else None,  # a share of the requests are checks
     )
     journal.attach(runner)
     return Parts(journal, ledger, guards, no_reuse, senders, probes, gateways, lengths, runner)
+
+
+def _checks(s: Setup, journal: Journal) -> Checks | None:
+    """``checks:`` mixed into the load (docs/checks.md): each verdict journaled, counted and,
+    when it is no pass, logged (the first per target, then at each power of two)."""
+    cfg = s.cfg.checks
+    if cfg is None:
+        return None
+    metrics = CheckMetrics(s.metrics.registry)
+    kinds = [*cfg.kinds, *(["file"] if cfg.file else []), *(["reference"] if cfg.reference else [])]
+    metrics.start(s.names, kinds, RESULTS)
+    failed: dict[str, int] = {}
+
+    def emit(j: Judged) -> None:
+        journal.event(
+            records.CheckJudged(j.target, j.phase, j.seq, j.check, j.result, j.score, j.answer)
+        )
+        metrics.judged(j.target, j.check, j.result)
+        if j.result != PASS:
+            n = failed[j.target] = failed.get(j.target, 0) + 1
+            if n & (n - 1) == 0:
+                log.warning("check_failed", target=j.target, check=j.check, result=j.result,
+                            seq=j.seq, score=j.score, failed=n)  # fmt: skip
+
+    return Checks(cfg, emit)
 
 
 def _unused_seq(seqs: dict[str, int]) -> int:

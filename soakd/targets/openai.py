@@ -34,7 +34,14 @@ from yarl import URL
 
 from soakd import __version__
 from soakd.config import TargetConfig
-from soakd.model import GATEWAY_ORIGIN_HEADER, ErrorKind, MissReason, Outcome, RequestSpec
+from soakd.model import (
+    ANSWER_SEED,
+    GATEWAY_ORIGIN_HEADER,
+    ErrorKind,
+    MissReason,
+    Outcome,
+    RequestSpec,
+)
 from soakd.net import env_proxy, header_problem, url_problem
 from soakd.targets.errors import (
     ERROR_BODY,
@@ -173,6 +180,8 @@ class OpenAITarget:
         }
         if spec.output_planned:  # the planned length, whole (soakd/workload/answers.py)
             body.update(asked_whole(self._asks, spec.max_tokens))
+        if spec.keep_answer and spec.temperature == 0:  # a check's: the same answer each time
+            body["seed"] = ANSWER_SEED
         body.update(self._fixed)
         if self._chat:
             body["messages"] = [{"role": "user", "content": spec.prompt}]

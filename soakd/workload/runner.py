@@ -88,6 +88,7 @@ class Runner:
         lead_ns: int = 0,
         on_sink_failure: Callable[[str], None] | None = None,
         answers: Callable[[int], int | None] | None = None,
+        checks: Callable[[RequestSpec], RequestSpec] | None = None,
     ) -> None:
         self.plan = plan
         self.targets = targets
@@ -99,6 +100,8 @@ class Runner:
         self._on_sink_failure = on_sink_failure  # the exporter's counter
         self.max_tokens = max_tokens
         self._answers = answers  # seq -> planned answer length (None: max_tokens caps it)
+        # a planned spec -> itself, or the check sent in its place (soakd/checks/mix.py)
+        self._checks = checks
         self.temperature = temperature
         self.seed = seed
         self._on_phase = on_phase
@@ -311,7 +314,7 @@ class Runner:
         self._seq[name] = seq + 1
         prompt, tokens = self.prompts.spec_fields(seq)
         answer = self._answers(seq) if self._answers is not None else None
-        return RequestSpec(
+        spec = RequestSpec(
             name,
             phase.name,
             seq,
@@ -323,6 +326,7 @@ class Runner:
             deadline_ns,
             answer is not None,
         )
+        return spec if self._checks is None else self._checks(spec)
 
     async def _one(self, name: str, spec: RequestSpec) -> Outcome | None:
         """Send one request and hand its Outcome to every sink; None when it was not sent

@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("config",),
     ("tracing", "measure", "gpu", "http"),
     ("metrics",),
+    ("checks",),
     ("journal", "sim"),
     ("workload",),
     ("targets",),
