@@ -227,6 +227,9 @@ class Outcome:
     # (``RequestSpec.keep_answer``): whatever arrived, even of a failed request; None: not
     # kept. Never journaled, logged or exported: an answer may hold anything
     answer: str | None = field(default=None, repr=False)
+    # with a kept answer: the ``model`` and ``system_fingerprint`` its first chunk (or its
+    # body) carried ("": none), what the checks watch for a model changed under its name
+    identity: tuple[str, str] | None = field(default=None, repr=False)
     # the record this outcome came in from a sender worker (soakd/outcome_record.py), its
     # instants already on soakd's clock: the journal copies it into its packet as it is.
     # While it is set, soakd's own copy lacks the ITL gaps and buckets (nothing in soakd's
@@ -359,6 +362,8 @@ class Finished(Protocol):
     def tpot_ns(self) -> int | None: ...
     @property
     def answer(self) -> str | None: ...
+    @property
+    def identity(self) -> tuple[str, str] | None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Final
 
 from soakd.checks import builtin
 from soakd.checks.expect import Expected, read_checks
+from soakd.checks.identity import Identities
 from soakd.checks.similarity import rouge_l
 from soakd.checks.verdict import FAIL, PASS, UNPARSEABLE, Verdict
 from soakd.config import ChecksConfig
@@ -56,9 +57,15 @@ class _Pending:
 class Checks:
     """Checks mixed into the load (``checks:``): the runner's spec hook and a sink."""
 
-    def __init__(self, cfg: ChecksConfig, emit: Callable[[Judged], None]) -> None:
+    def __init__(
+        self,
+        cfg: ChecksConfig,
+        emit: Callable[[Judged], None],
+        identities: Identities | None = None,
+    ) -> None:
         self._cfg = cfg
         self._emit = emit
+        self._identities = identities  # the kept answers' model and fingerprint, watched
         self._file = read_checks(cfg.file) if cfg.file is not None else []
         self._sources: list[str] = [*cfg.kinds]
         if self._file:
@@ -117,6 +124,9 @@ class Checks:
     def record(self, outcome: Finished) -> None:
         """A sink: judge the outcome when it was a check's. A failed request is not
         judged (its failure is counted as the request's)."""
+        identity = outcome.identity
+        if identity is not None and self._identities is not None and outcome.ok:
+            self._identities.seen(outcome.target, identity)
         pending = self._pending.pop((outcome.target, outcome.seq), None)
         if pending is None or not outcome.ok or outcome.answer is None:
             return

@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 
+from soakd.checks.identity import Identities, Seen
 from soakd.checks.mix import Checks, Judged
 from soakd.checks.verdict import PASS, RESULTS
 from soakd.config import Config, ConfigError, Slo, TargetConfig
@@ -393,7 +394,19 @@ def _checks(s: Setup, journal: Journal) -> Checks | None:
                 log.warning("check_failed", target=j.target, check=j.check, result=j.result,
                             seq=j.seq, score=j.score, failed=n)  # fmt: skip
 
-    return Checks(cfg, emit)
+    def identified(target: str, now: Seen, before: Seen | None) -> None:
+        previous = before or ("", "")
+        journal.event(records.Identity(target, *now, *previous))
+        metrics.identified(target, *now, changed=before is not None)
+        if before is None:
+            log.info("target_identity", target=target, model=now[0], fingerprint=now[1])
+        else:
+            was = {"was_model": before[0], "was_fingerprint": before[1]}
+            log.warning(
+                "target_identity_changed", target=target, model=now[0], fingerprint=now[1], **was
+            )
+
+    return Checks(cfg, emit, Identities(identified))
 
 
 def _unused_seq(seqs: dict[str, int]) -> int:

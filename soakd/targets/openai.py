@@ -66,6 +66,7 @@ from soakd.targets.stream import (
     apply_usage,
     choice_text,
     idle_cut,
+    served_by,
     settle_usage,
 )
 from soakd.tracing import HEADER as TRACEPARENT
@@ -448,6 +449,7 @@ class OpenAITarget:
             return
         if keep:
             out.answer = text or ""
+            out.identity = served_by(obj)
         if text:
             out.content_chunks = 1
             out.first_token_ns = out.last_token_ns = end
