@@ -23,6 +23,7 @@ from soakd.measure.verdicts import compare, eligible_for_best
 from soakd.measure.verdicts import overall as overall_verdict
 from soakd.model import NS_PER_S
 from soakd.report import names
+from soakd.report.checks import checked
 from soakd.report.decisions import (
     Judging,
     best,
@@ -178,8 +179,14 @@ def build_report(
     spec = read.judging.spec
     comparison = compare(spec, rows.overall, judged.whole) if spec is not None else None
     eligible = {t for t in targets if eligible_for_best(rows.overall[t], judged.whole.get(t))}
+    answers = checked(
+        read.events,
+        {(t, p): r.requests for p, by in rows.by_phase.items() for t, r in by.items()},
+        targets,
+    )
     notes = [
         *failing_notes(read.events, rows.overall, targets, frame.active_s),  # the biggest news
+        *(f"identity changed: {line}" for line in (answers.identity if answers else [])),
         *cost_notes,
         *money_notes,
         *_notes(read, rows, frame),
@@ -223,6 +230,7 @@ def build_report(
         prompt_tokens=read.prompt_rows,
         prompt_sizing=read.prompt_sizing,
         output_tokens=read.output_rows,
+        checks=answers,
     )
 
 

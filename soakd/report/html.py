@@ -10,6 +10,7 @@ import html
 import math
 from collections.abc import Sequence
 
+from soakd.report.checks import check_tables
 from soakd.report.model import PHASE_COLUMNS, Report, Series
 from soakd.report.output_tokens import output_table
 from soakd.report.prompt_tokens import prompt_table
@@ -115,6 +116,7 @@ def render_html(rep: Report) -> str:
     answers = output_table(rep)
     if answers is not None:
         parts.append(html_table(answers))
+    parts += [html_table(t) for t in check_tables(rep.checks)]
     if rep.plots:
         parts.append('<h2>Over time</h2><div class="plots">')
         markers = [(d["offset_h"], f"down {fmt_duration(d['seconds'])}") for d in rep.downtimes]

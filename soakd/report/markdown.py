@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from soakd.report.checks import check_tables
 from soakd.report.model import PHASE_COLUMNS, Report
 from soakd.report.output_tokens import output_table
 from soakd.report.prompt_tokens import prompt_table
@@ -55,6 +56,7 @@ def render_markdown(rep: Report) -> str:
         errors_table(rep, "Errors by kind"),
         prompt_table(rep),
         output_table(rep),
+        *check_tables(rep.checks),
     ):
         if extra is not None:
             out += md_table(extra)

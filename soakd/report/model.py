@@ -8,11 +8,14 @@ report's keys and order: add at the end, rename never.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict
 
 from soakd.measure.analysis import Quantiles, quantile_of
 from soakd.measure.verdicts import CompareVerdict, Verdict
 from soakd.report.slowest import SlowRequest
+
+if TYPE_CHECKING:
+    from soakd.report.checks import Checked  # its module draws its tables (imports this one)
 
 LatencyKind = Literal["ttft", "itl", "tpot", "e2e"]
 LATENCY_KINDS: tuple[LatencyKind, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -233,6 +236,7 @@ class Report:
     prompt_sizing: str | None = None  # how the synthetic prompts were sized (calibration)
     # planned against served answer lengths, per target (empty: none planned)
     output_tokens: list[OutputTokens] = field(default_factory=list)
+    checks: Checked | None = None  # the answers to checks (soakd/report/checks.py)
     # what the journal lost or could not keep (damage, a lost WAL, a full disk): the
     # report's first lines, before anything else (build.py, _journal_warnings)
     warnings: list[str] = field(default_factory=list)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from soakd.report.checks import check_tables
 from soakd.report.model import TERMINAL_COLUMNS, Report
 from soakd.report.output_tokens import output_table
 from soakd.report.prompt_tokens import prompt_table
@@ -81,6 +82,7 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     answers = output_table(rep)
     if answers is not None:
         out.append(rich_table(answers))
+    out += [rich_table(t) for t in check_tables(rep.checks)]
     out += [Text(f"note: {note}", style="dim") for note in rep.notes]
     return out
 
