@@ -8,7 +8,7 @@ format what this returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from soakd.config import format_duration
@@ -23,7 +23,7 @@ from soakd.measure.verdicts import compare, eligible_for_best
 from soakd.measure.verdicts import overall as overall_verdict
 from soakd.model import NS_PER_S
 from soakd.report import names
-from soakd.report.checks import checked
+from soakd.report.checks import checked, correct_ratio
 from soakd.report.decisions import (
     Judging,
     best,
@@ -174,16 +174,20 @@ def build_report(
             rehearsal=rehearsal,
         )
     )
-    judged = verdicts(rows, targets, read.judging.slos, read.tallies)
-    rows = rows.map(lambda r: with_goodput(r, judged.of(r)))
-    spec = read.judging.spec
-    comparison = compare(spec, rows.overall, judged.whole) if spec is not None else None
-    eligible = {t for t in targets if eligible_for_best(rows.overall[t], judged.whole.get(t))}
     answers = checked(
         read.events,
         {(t, p): r.requests for p, by in rows.by_phase.items() for t, r in by.items()},
         targets,
     )
+    if answers is not None:  # the checks' pass ratio, judged by slo.correct_ratio
+        rows = rows.map(
+            lambda r: replace(r, correct_ratio=correct_ratio(answers, r.target, r.phase))
+        )
+    judged = verdicts(rows, targets, read.judging.slos, read.tallies)
+    rows = rows.map(lambda r: with_goodput(r, judged.of(r)))
+    spec = read.judging.spec
+    comparison = compare(spec, rows.overall, judged.whole) if spec is not None else None
+    eligible = {t for t in targets if eligible_for_best(rows.overall[t], judged.whole.get(t))}
     notes = [
         *failing_notes(read.events, rows.overall, targets, frame.active_s),  # the biggest news
         *(f"identity changed: {line}" for line in (answers.identity if answers else [])),

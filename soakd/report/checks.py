@@ -103,6 +103,15 @@ def checked(
     return Checked(rows, failing, spread, identity)
 
 
+def correct_ratio(c: Checked | None, target: str, phase: str | None) -> float | None:
+    """Checks passed / judged of ``target`` in ``phase`` (None: over the run); None: none."""
+    if c is None:
+        return None
+    rows = [r for r in c.rows if r.target == target and (phase is None or r.phase == phase)]
+    judged = sum(r.judged for r in rows)
+    return sum(r.passed for r in rows) / judged if judged else None
+
+
 def _one_line(answer: str) -> str:
     """An answer as one table cell: its line breaks and pipes shown, not obeyed."""
     return answer.replace("\n", "⏎").replace("|", "¦") or "(empty)"

@@ -54,6 +54,7 @@ class Row:
     goodput: float | None = None
     goodput_rps: float | None = None
     error_ratio: float | None = None  # errors / (requests - shed - not_judged)
+    correct_ratio: float | None = None  # checks passed / judged (report/checks.py); None: none
     latency_ms: dict[str, Quantiles] = field(default_factory=dict)  # LatencyKind -> Quantiles
     lag_p99_ms: float | None = None  # soakd's own dispatch lag: high = client-limited
     jitter: float | None = None
