@@ -81,7 +81,7 @@ class Checks:
 
     def is_check(self, target: str, seq: int, scheduled_ns: int) -> bool:
         if self._below:
-            return ((seq + self._cfg.seed) * _GOLDEN) & _MASK < self._below
+            return ((seq + self._cfg.seed + 1) * _GOLDEN) & _MASK < self._below
         due = self._next_ns.get(target, 0)
         if scheduled_ns < due:
             return False
@@ -165,3 +165,19 @@ class Checks:
             return Verdict(UNPARSEABLE)
         score = rouge_l(kept, answer)
         return Verdict(PASS if score >= ref.threshold else FAIL, round(score, 4))
+
+
+def describe_checks(cfg: ChecksConfig) -> str:
+    """``checks: 5 % of each target's requests: number_words, ... (soakd check)."""
+    rate = f"{cfg.share * 100:g} % of" if cfg.share is not None else f"one every {cfg.every:g} s of"
+    kinds = [*cfg.kinds]
+    if cfg.file is not None:
+        kinds.append(f"{cfg.file} ({len(read_checks(cfg.file))} checks)")
+    if cfg.reference is not None:
+        ref = cfg.reference
+        whose = f"{ref.target}'s" if ref.target else "each target's own"
+        kinds.append(
+            f"reference ({len(ref.prompts)} prompts against {whose} first answers, "
+            f"ROUGE-L below {ref.threshold:g} fails)"
+        )
+    return f"checks: {rate} each target's requests, at temperature 0: {', '.join(kinds)}"

@@ -21,12 +21,15 @@ BuiltinKind = Literal["number_words", "arithmetic", "echo"]
 
 def _share(value: Any) -> Any:
     """``"1%"`` -> 0.01; a bare number is a fraction (0.01)."""
+    share = value
     if isinstance(value, str) and value.strip().endswith("%"):
         try:
-            return float(value.strip()[:-1]) / 100
+            share = float(value.strip()[:-1]) / 100
         except ValueError:
             raise ValueError(f"bad percentage {value!r}") from None
-    return value
+    if isinstance(share, int | float) and not isinstance(share, bool) and share > 1:
+        raise ValueError(f"a share is at most 100 % (1), got {value!r}")
+    return share
 
 
 Share = Annotated[
@@ -37,7 +40,8 @@ Share = Annotated[
 
 
 class Reference(Strict):
-    """Prompts whose first answers are kept; later answers are scored against them."""
+    """Prompts whose first answers are kept; later answers are scored against them
+    (ROUGE-L F1) and fail below ``threshold``."""
 
     prompts: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     # whose first answers are the reference: each target's own (None), or one target's
@@ -48,15 +52,18 @@ class Reference(Strict):
 
 
 class ChecksConfig(Strict):
-    """``checks:``. Exactly one of ``share`` and ``every``."""
+    """Checks mixed into the load (docs/checks.md): requests whose answers soakd judges,
+    sent at temperature 0 on the same path and load shape. Exactly one of ``share`` and
+    ``every``."""
 
-    share: Share | None = None  # this share of each target's requests are checks
-    every: PositiveDuration | None = None  # or one check every this long, per target
-    kinds: tuple[BuiltinKind, ...] = ("number_words", "arithmetic", "echo")
+    share: Share | None = None  # this share of each target's requests are checks: 1% or 0.01
+    every: PositiveDuration | None = None  # or one check every this long per target (30s)
+    # the built-in checks mixed in (an empty list: only the file's and reference's)
+    kinds: list[BuiltinKind] = Field(default_factory=lambda: ["number_words", "arithmetic", "echo"])
     file: Path | None = None  # JSONL of the user's own checks (soakd/checks/expect.py)
     reference: Reference | None = None
     max_tokens: Annotated[int, Field(ge=1, le=4096)] = 32  # a built-in or file check's cap
-    seed: int = 0  # which check each seq is
+    seed: int = 0  # which requests are checks, and which check each is
 
     @model_validator(mode="after")
     def _one_rate(self) -> ChecksConfig:
