@@ -170,7 +170,7 @@ class Checks:
 def describe_checks(cfg: ChecksConfig) -> str:
     """``checks: 5 % of each target's requests: number_words, ... (soakd check)."""
     rate = f"{cfg.share * 100:g} % of" if cfg.share is not None else f"one every {cfg.every:g} s of"
-    kinds = [*cfg.kinds]
+    kinds: list[str] = [*cfg.kinds]
     if cfg.file is not None:
         kinds.append(f"{cfg.file} ({len(read_checks(cfg.file))} checks)")
     if cfg.reference is not None:

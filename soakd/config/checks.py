@@ -17,6 +17,7 @@ from soakd.config.base import PositiveDuration, Strict
 
 BuiltinKind = Literal["number_words", "arithmetic", "echo"]
 """The built-in checks (soakd/checks/builtin.py): answers soakd computes itself."""
+BUILTIN_KINDS: tuple[BuiltinKind, ...] = ("number_words", "arithmetic", "echo")
 
 
 def _share(value: Any) -> Any:
@@ -39,6 +40,10 @@ Share = Annotated[
 ]
 
 
+def _all_kinds() -> list[BuiltinKind]:
+    return list(BUILTIN_KINDS)
+
+
 class Reference(Strict):
     """Prompts whose first answers are kept; later answers are scored against them
     (ROUGE-L F1) and fail below ``threshold``."""
@@ -59,7 +64,7 @@ class ChecksConfig(Strict):
     share: Share | None = None  # this share of each target's requests are checks: 1% or 0.01
     every: PositiveDuration | None = None  # or one check every this long per target (30s)
     # the built-in checks mixed in (an empty list: only the file's and reference's)
-    kinds: list[BuiltinKind] = Field(default_factory=lambda: ["number_words", "arithmetic", "echo"])
+    kinds: list[BuiltinKind] = Field(default_factory=_all_kinds)
     file: Path | None = None  # JSONL of the user's own checks (soakd/checks/expect.py)
     reference: Reference | None = None
     max_tokens: Annotated[int, Field(ge=1, le=4096)] = 32  # a built-in or file check's cap

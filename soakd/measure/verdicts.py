@@ -118,10 +118,10 @@ def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) 
             value = getattr(row, key)
             out.append(_at_most(key, limit, value, "ratio", "no request judged"))
     if slo.correct_ratio is not None:  # a floor: the share of checks answered right
-        value = row.correct_ratio
-        met = None if value is None else value >= slo.correct_ratio
-        why = "" if value is not None else "no check judged"
-        out.append(Criterion("correct_ratio", slo.correct_ratio, value, "min_ratio", met, why))
+        right = row.correct_ratio
+        met = None if right is None else right >= slo.correct_ratio
+        why = "" if right is not None else "no check judged"
+        out.append(Criterion("correct_ratio", slo.correct_ratio, right, "min_ratio", met, why))
     if slo.jitter is not None:
         out.append(
             _at_most(
