@@ -54,6 +54,7 @@ REPORT_KEYS = [
     "prompt_tokens",  # planned against served, per target (soakd/report/prompt_tokens.py)
     "prompt_sizing",
     "output_tokens",  # planned against served answer lengths (soakd/report/output_tokens.py)
+    "checks",  # the answers to checks (soakd/report/checks.py); null without checks
     "warnings",  # what the journal lost or could not keep: the report's first lines
     "columns",
 ]
@@ -80,6 +81,7 @@ ROW_KEYS = [
     "goodput",
     "goodput_rps",
     "error_ratio",
+    "correct_ratio",  # checks passed / judged (docs/checks.md)
     "latency_ms",
     "lag_p99_ms",
     "jitter",
