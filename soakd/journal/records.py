@@ -113,12 +113,15 @@ class Preflight(Event):
     """A target asked once before the journal opened (soakd/targets/preflight.py)."""
 
     kind = EventKind.PREFLIGHT
+    OMIT_NONE = frozenset({"models", "version"})
     target: str
     ok: bool
     line: str
     seconds: float
     unreached: bool = False
     warning: bool = False
+    models: tuple[str, ...] | None = None  # its models list (with checks: docs/checks.md)
+    version: str | None = None  # vLLM's /version
 
 
 class CalibrationStage(enum.StrEnum):

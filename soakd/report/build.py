@@ -190,6 +190,7 @@ def build_report(
     eligible = {t for t in targets if eligible_for_best(rows.overall[t], judged.whole.get(t))}
     notes = [
         *failing_notes(read.events, rows.overall, targets, frame.active_s),  # the biggest news
+        *(f"identity at start: {line}" for line in (answers.started if answers else [])),
         *(f"identity changed: {line}" for line in (answers.identity if answers else [])),
         *cost_notes,
         *money_notes,

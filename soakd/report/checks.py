@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from soakd.journal.records import CheckJudged, Identity, Logged, each
+from soakd.journal.records import CheckJudged, Identity, Logged, Preflight, each
 from soakd.report.table import Cell, Table, cells, fmt_duration
 
 FIRST_FAILING = 10
@@ -57,6 +57,7 @@ class Checked:
     failing: list[Failing] = field(default_factory=list)
     similarity: list[Similarity] = field(default_factory=list)
     identity: list[str] = field(default_factory=list)  # one line a change
+    started: list[str] = field(default_factory=list)  # what each target said it was at start
 
 
 def checked(
@@ -81,7 +82,8 @@ def checked(
         for row, e in each(events, Identity)
         if e.previous_model or e.previous_fingerprint
     ]
-    if not counts and not identity:
+    started = _started(events)
+    if not counts and not identity and not started:
         return None
     rank = {t: i for i, t in enumerate(order)}
     rows = []
@@ -100,7 +102,25 @@ def checked(
             )
         )
     spread = [_spread(t, scores[t]) for t in sorted(scores, key=lambda t: rank.get(t, 1 << 30))]
-    return Checked(rows, failing, spread, identity)
+    return Checked(rows, failing, spread, identity, started)
+
+
+def _started(events: list[Logged]) -> list[str]:
+    """Per target, its first answers' model (and fingerprint), its models list and vLLM's
+    version, as the checks saw them at start."""
+    said: dict[str, list[str]] = {}
+    for _, e in each(events, Identity):
+        if not e.previous_model and not e.previous_fingerprint and e.target not in said:
+            said[e.target] = [f"answers as {_named(e.model, e.fingerprint)}"]
+    for _, p in each(events, Preflight):
+        if p.target not in said:
+            continue
+        if p.models is not None:
+            shown = ", ".join(p.models[:5]) + (" ..." if len(p.models) > 5 else "")
+            said[p.target].append(f"lists {shown or 'no model'}")
+        if p.version is not None:
+            said[p.target].append(f"vLLM {p.version}")
+    return [f"{t}: {'; '.join(parts)}" for t, parts in said.items()]
 
 
 def correct_ratio(c: Checked | None, target: str, phase: str | None) -> float | None:

@@ -202,7 +202,7 @@ async def _preflight(s: Setup, servers: list[TargetConfig]) -> tuple[Preflight, 
     """Ask each server once; a problem ends the start (ConfigError: one line a target,
     exit 2). Warnings go on: the server's own trouble, a target meant to fail, and on a
     resume one that does not answer yet (a reboot: the run pauses it until it does)."""
-    answers = tuple(await preflight(servers))
+    answers = tuple(await preflight(servers, identity=s.cfg.checks is not None))
     problems = []
     for r, tcfg in zip(answers, servers, strict=True):
         if r.ok and not r.warning:
@@ -240,7 +240,11 @@ async def start_journal(s: Setup, servers: Servers) -> Journal:
     if s.resume is not None and journal.restored is not None:
         _resumed(s, s.resume, journal, journal.restored)
     for r in servers.preflight:
-        journal.event(records.Preflight(r.target, r.ok, r.line, r.seconds, r.unreached, r.warning))
+        journal.event(
+            records.Preflight(
+                r.target, r.ok, r.line, r.seconds, r.unreached, r.warning, r.models, r.version
+            )
+        )
     return journal
 
 
@@ -343,7 +347,7 @@ async def assemble(
     # the stored ones), the prompt lengths' check reads it
     seqs = {name: s.resume.next_seq.get(name, 0) if s.resume else 0 for name in s.names}
     lengths = await _size_prompts(s, journal, servers.urls, partial(_unused_seq, seqs))
-    checks = _checks(s, journal)
+    checks = _checks(s, journal, servers.preflight)
     runner = Runner(
         s.plan,
         senders.targets,
@@ -372,7 +376,7 @@ async def assemble(
     return Parts(journal, ledger, guards, no_reuse, senders, probes, gateways, lengths, runner)
 
 
-def _checks(s: Setup, journal: Journal) -> Checks | None:
+def _checks(s: Setup, journal: Journal, asked: tuple[Preflight, ...]) -> Checks | None:
     """``checks:`` mixed into the load (docs/checks.md): each verdict journaled, counted and,
     when it is no pass, logged (the first per target, then at each power of two)."""
     cfg = s.cfg.checks
@@ -406,7 +410,11 @@ def _checks(s: Setup, journal: Journal) -> Checks | None:
                 "target_identity_changed", target=target, model=now[0], fingerprint=now[1], **was
             )
 
-    return Checks(cfg, emit, Identities(identified))
+    identities = Identities(identified)
+    for r in asked:  # what each target said it is at start: its preflight's answer
+        if r.identity is not None:
+            identities.seen(r.target, r.identity)
+    return Checks(cfg, emit, identities)
 
 
 def _unused_seq(seqs: dict[str, int]) -> int:

@@ -267,6 +267,8 @@ class _Runtime:
 
 
 RUNTIME: Final = web.AppKey("soakd_sim_runtime", _Runtime)
+SIM_VERSION: Final = "0.32.0+soakd-sim"
+"""What ``/version`` answers: vLLM's version the wire format follows (wire.py), marked."""
 
 
 async def _stream_response(
@@ -393,6 +395,11 @@ async def _json(request: web.Request) -> Any:
         raise ApiError(400, "BadRequestError", "JSON decode error") from None
 
 
+async def _version(_request: web.Request) -> web.Response:
+    """vLLM's ``GET /version``: the version whose wire format the simulator speaks."""
+    return web.json_response({"version": SIM_VERSION})
+
+
 async def _health(request: web.Request) -> web.Response:
     """Empty 200 while the engine runs, 503 once it died: as vLLM's /health."""
     return web.Response(status=503 if request.app[RUNTIME].dead else 200)
@@ -416,6 +423,7 @@ def make_app(profile: Profile, model: str = "soakd-sim") -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_get("/health", _health)
+    app.router.add_get("/version", _version)
     app.router.add_get("/metrics", _metrics)
     return app
 

@@ -274,3 +274,21 @@ async def test_the_simulator_answers_checks_right_then_wrong(stream: bool) -> No
         await right_sim.aclose()
         await wrong_sim.aclose()
     assert [j.result for j in judged] == ["pass"] * 6 + ["fail"] * 6
+
+
+async def test_the_preflight_records_what_the_target_says_it_is() -> None:
+    from soakd.config import TargetConfig
+    from soakd.profiles import get_profile
+    from soakd.sim.server import SIM_VERSION, start_sim
+    from soakd.targets.preflight import preflight
+
+    sim = await start_sim("127.0.0.1", 0, get_profile("fast"), "m")
+    try:
+        cfg = TargetConfig(name="a", base_url=sim.url, model="m")
+        (asked,) = await preflight([cfg], identity=True)
+        (plain,) = await preflight([cfg])
+    finally:
+        await sim.aclose()
+    assert asked.ok
+    assert (asked.models, asked.version, asked.identity) == (("m",), SIM_VERSION, ("m", ""))
+    assert plain.identity is None  # asked as a check only when the run has checks
