@@ -50,10 +50,12 @@ class Profile:
     seed: int = 0
     # Drift (docs/checks.md): from this many seconds after the start, a check's answer is
     # wrong (a number off by one, a text reversed); and the answers' ``model`` becomes
-    # ``drift_model`` (the same name still accepted, as a proxy that moved it would). None: never
+    # ``drift_model``, their system_fingerprint ``drift_fingerprint`` (the same name still
+    # accepted, as a proxy that moved it would). None: never
     wrong_answers_after_s: float | None = None
     model_switch_after_s: float | None = None
     drift_model: str = "soakd-sim-0925"
+    drift_fingerprint: str = "fp_sim0925"  # the answers' system_fingerprint after the switch
 
     # The card, for the DCGM-exporter metrics.
     gpu_name: str

@@ -154,10 +154,12 @@ class _Runtime:
     def drifted(self, after_s: float | None) -> bool:
         return after_s is not None and self.clock() - self.started >= after_s
 
-    def answer_model(self) -> str:
-        """The ``model`` the answers carry: the served one, or another after the switch."""
-        drift = self.drifted(self.profile.model_switch_after_s)
-        return self.profile.drift_model if drift else self.model
+    def answer_model(self) -> tuple[str, str | None]:
+        """The ``model`` and ``system_fingerprint`` the answers carry: the served one (and
+        none, as vLLM), or another after the switch."""
+        if self.drifted(self.profile.model_switch_after_s):
+            return self.profile.drift_model, self.profile.drift_fingerprint
+        return self.model, None
 
     def submit(self, req: SimRequest) -> _Stream:
         pieces = None
@@ -328,9 +330,9 @@ async def _full_response(
         text = "".join(VOCAB[word(st.words_from, i)] for i in range(n))
     created = int(time.time())
     finish = st.finish
-    body = completion_body(
-        req.chat, request_id, created, rt.answer_model(), text, finish, st.prompt_tokens, n
-    )
+    model, fingerprint = rt.answer_model()
+    body = completion_body(req.chat, request_id, created, model, text, finish, st.prompt_tokens, n)
+    body["system_fingerprint"] = fingerprint
     rt.metrics.generation_tokens.inc(n)
     return web.json_response(body)
 
@@ -348,7 +350,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     st = rt.submit(req)
     try:
         if req.stream:
-            frames = Frames(chat, request_id, int(time.time()), rt.answer_model())
+            frames = Frames(chat, request_id, int(time.time()), *rt.answer_model())
             return await _stream_response(request, rt, st, req, frames)
         return await _full_response(rt, st, req, request_id)
     finally:

@@ -287,12 +287,15 @@ class Frames:
     The JSON is what vLLM 0.32 writes (``model_dump_json(exclude_unset=True)``).
     """
 
-    def __init__(self, chat: bool, request_id: str, created: int, model: str) -> None:
+    def __init__(
+        self, chat: bool, request_id: str, created: int, model: str, fingerprint: str | None = None
+    ) -> None:
         obj = "chat.completion.chunk" if chat else "text_completion"
-        head = json.dumps(
-            {"id": request_id, "object": obj, "created": created, "model": model},
-            separators=(",", ":"),
-        )[:-1]
+        fields: dict[str, Any] = {"id": request_id, "object": obj, "created": created}
+        fields["model"] = model
+        if fingerprint is not None:  # a drift fault's (vLLM sends none)
+            fields["system_fingerprint"] = fingerprint
+        head = json.dumps(fields, separators=(",", ":"))[:-1]
         self.head = head
         if chat:
             self.role: bytes = (

@@ -133,7 +133,7 @@ async def test_drift_is_detected_alerted_and_reported(tmp_path: Path) -> None:
         assert _counter(text, "soakd_checks_total", target="drift", result="fail") > 0
         assert _counter(text, "soakd_checks_total", target="steady", result="fail") == 0
         assert (
-            'soakd_target_identity_info{fingerprint="",model="soakd-sim-0925",target="drift"} 1.0'
+            'soakd_target_identity_info{fingerprint="fp_sim0925",model="soakd-sim-0925",target="drift"} 1.0'
             in text
         )
         assert "AnswersWrong" not in str(
@@ -160,7 +160,7 @@ async def test_drift_is_detected_alerted_and_reported(tmp_path: Path) -> None:
     assert -0.2 < detect_fail < 2 * EVERY_S + 1, detect_fail
     assert -0.2 < detect_model < 2 * EVERY_S + 1, detect_model
     md = render_markdown(build_report(tmp_path / "run"))
-    assert "identity changed: drift: m → soakd-sim-0925 at" in md
+    assert "identity changed: drift: m → soakd-sim-0925 (fp_sim0925) at" in md
     assert "## Checks: the first failing answers" in md
     assert "| steady | steady |" in md
     assert "100.00 %" in md
