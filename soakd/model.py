@@ -173,8 +173,13 @@ class RequestSpec:
     keep_answer: bool = False
     """Keep the answer's text on the Outcome (``Outcome.answer``): a conversation's next
     turn holds it, a check judges it. Off for every other request: soakd keeps no text.
-    Kept at temperature 0, it is also asked with ``seed`` ANSWER_SEED (a check's answer is
-    to be the same each time)."""
+    Kept at temperature 0, it is also asked with a ``seed`` (``seed``)."""
+
+    @property
+    def seed(self) -> int | None:
+        """The body's ``seed``: ANSWER_SEED for an answer kept at temperature 0 (a check's,
+        to be the same each time); None: none sent."""
+        return ANSWER_SEED if self.keep_answer and self.temperature == 0 else None
 
 
 ANSWER_SEED: Final = 0

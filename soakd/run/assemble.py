@@ -54,6 +54,7 @@ from soakd.run.rundir import new_run_id
 from soakd.run.session import RunOptions, StartError, _close_all
 from soakd.run.stats import RunStats
 from soakd.sim.spawn import SimProcess, spawn_sim
+from soakd.targets.errors import redact
 from soakd.targets.preflight import Preflight, preflight
 from soakd.targets.tokenize import open_tokenizer
 from soakd.types import Target
@@ -386,10 +387,13 @@ def _checks(s: Setup, journal: Journal, asked: tuple[Preflight, ...]) -> Checks 
     kinds = [*cfg.kinds, *(["file"] if cfg.file else []), *(["reference"] if cfg.reference else [])]
     metrics.start(s.names, kinds, RESULTS)
     failed: dict[str, int] = {}
+    keys = {t.name: key.get_secret_value() for t in s.cfg.targets if (key := t.api_key())}
 
     def emit(j: Judged) -> None:
+        key = keys.get(j.target)
+        shown = redact(j.answer, key) if key and j.answer else j.answer  # a server's echo
         journal.event(
-            records.CheckJudged(j.target, j.phase, j.seq, j.check, j.result, j.score, j.answer)
+            records.CheckJudged(j.target, j.phase, j.seq, j.check, j.result, j.score, shown)
         )
         metrics.judged(j.target, j.check, j.result)
         if j.result != PASS:

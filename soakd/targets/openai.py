@@ -34,14 +34,7 @@ from yarl import URL
 
 from soakd import __version__
 from soakd.config import TargetConfig
-from soakd.model import (
-    ANSWER_SEED,
-    GATEWAY_ORIGIN_HEADER,
-    ErrorKind,
-    MissReason,
-    Outcome,
-    RequestSpec,
-)
+from soakd.model import GATEWAY_ORIGIN_HEADER, ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.net import env_proxy, header_problem, url_problem
 from soakd.targets.errors import (
     ERROR_BODY,
@@ -181,8 +174,8 @@ class OpenAITarget:
         }
         if spec.output_planned:  # the planned length, whole (soakd/workload/answers.py)
             body.update(asked_whole(self._asks, spec.max_tokens))
-        if spec.keep_answer and spec.temperature == 0:  # a check's: the same answer each time
-            body["seed"] = ANSWER_SEED
+        if spec.seed is not None:  # a check's: the same answer each time
+            body["seed"] = spec.seed
         body.update(self._fixed)
         if self._chat:
             body["messages"] = [{"role": "user", "content": spec.prompt}]

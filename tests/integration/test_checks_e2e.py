@@ -132,10 +132,8 @@ async def test_drift_is_detected_alerted_and_reported(tmp_path: Path) -> None:
         text = await scrape()
         assert _counter(text, "soakd_checks_total", target="drift", result="fail") > 0
         assert _counter(text, "soakd_checks_total", target="steady", result="fail") == 0
-        assert (
-            'soakd_target_identity_info{fingerprint="fp_sim0925",model="soakd-sim-0925",target="drift"} 1.0'
-            in text
-        )
+        now = 'fingerprint="fp_sim0925",model="soakd-sim-0925",target="drift"'
+        assert f"soakd_target_identity_info{{{now}}} 1.0" in text
         assert "AnswersWrong" not in str(
             [a["labels"] for _, _, a in webhook.alerts() if a["labels"].get("target") == "steady"]
         )

@@ -293,3 +293,67 @@ async def test_the_preflight_records_what_the_target_says_it_is() -> None:
     assert asked.ok
     assert (asked.models, asked.version, asked.identity) == (("m",), SIM_VERSION, ("m", ""))
     assert plain.identity is None  # asked as a check only when the run has checks
+
+
+async def test_a_check_is_asked_with_a_seed_and_nothing_else_is() -> None:
+    import json
+
+    from soakd.config import TargetConfig
+    from soakd.targets.openai import open_target
+
+    target = await open_target(TargetConfig(name="a", base_url="http://127.0.0.1:9", model="m"))
+    try:
+        check = Checks(ChecksConfig(share=1.0), lambda _: None).spec(SPEC)
+        asked = json.loads(target.body(check))
+        plain = json.loads(target.body(SPEC))
+        greedy = json.loads(target.body(replace(SPEC, temperature=0.0)))
+    finally:
+        await target.aclose()
+    assert (asked["seed"], asked["temperature"]) == (0, 0.0)
+    assert "seed" not in plain
+    assert "seed" not in greedy  # temperature 0 alone: the body as before
+
+
+def test_the_reports_checks_and_the_correct_ratio_verdict() -> None:
+    from soakd.config import Slo
+    from soakd.journal.records import CheckJudged, Identity, Logged
+    from soakd.measure.goodput import Tally
+    from soakd.measure.verdicts import judge
+    from soakd.report.checks import check_tables, checked, correct_ratio
+    from soakd.report.model import Row
+
+    def at(s: float, e: Any) -> Logged:
+        return Logged(1, 1e9 + s, int(s * 1e9), e)
+
+    events = [at(i, CheckJudged("a", "steady", i, "echo", "pass")) for i in range(9)]
+    events += [
+        at(9, CheckJudged("a", "spike", 9, "echo", "fail", None, "olleh\\nworld")),
+        at(10, CheckJudged("b", "steady", 10, "reference", "pass", 0.9)),
+        at(11, CheckJudged("b", "steady", 11, "reference", "fail", 0.2, "x")),
+        at(0, Identity("b", "gpt-x-0613", "fp_1")),
+        at(3725, Identity("b", "gpt-x-0925", "fp_2", "gpt-x-0613", "fp_1")),
+    ]
+    c = checked(events, {("a", "steady"): 90, ("a", "spike"): 10, ("b", "steady"): 20}, ["a", "b"])
+    assert c is not None
+    assert [(r.target, r.phase, r.judged, r.pass_ratio, r.share) for r in c.rows] == [
+        ("a", "steady", 9, 1.0, 0.1),
+        ("a", "spike", 1, 0.0, 0.1),
+        ("b", "steady", 2, 0.5, 0.1),
+    ]
+    assert correct_ratio(c, "a", None) == 0.9
+    assert c.identity == ["b: gpt-x-0613 (fp_1) → gpt-x-0925 (fp_2) at 1h02m05s"]
+    assert [(s.target, s.n, s.low, s.high) for s in c.similarity] == [("b", 2, 0.2, 0.9)]
+    titles = [t.title for t in check_tables(c)]
+    assert titles == [
+        "Checks: answers judged (pass ratio per target and phase)",
+        "Checks: the first failing answers",
+        "Checks: reference similarity (ROUGE-L F1)",
+    ]
+    assert c.failing[0].answer == "olleh\\nworld"
+    verdict = judge("a", None, Slo(correct_ratio=0.95), Row("a", None, correct_ratio=0.9), Tally())
+    assert [(x.name, x.measured, x.passed) for x in verdict.criteria] == [
+        ("correct_ratio", 0.9, False)
+    ]
+    none = judge("a", None, Slo(correct_ratio=0.95), Row("a", None), Tally())
+    assert none.criteria[0].passed is None
+    assert none.criteria[0].note == "no check judged"
