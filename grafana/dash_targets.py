@@ -49,4 +49,23 @@ def targets() -> Dashboard:
         ),
     ]:
         d.add(timeseries(title, [q(f"{metric}{{{T}}}", "{{node}} {{target}}")], unit), 12)
+    by = "sum by (node, site, target)"
+    d.add(
+        timeseries(
+            "Checks passed (5m)",
+            [
+                q(
+                    f'{by} (increase(soakd_checks_total{{{T}, result="pass"}}[5m]))'
+                    f" / {by} (increase(soakd_checks_total{{{T}}}[5m]))",
+                    "{{node}} ({{site}}) {{target}}",
+                )
+            ],
+            "percentunit",
+            max_=1,
+            desc="Share of the checks judged in the last 5 minutes that passed, per target, "
+            "node and site (docs/checks.md; only with checks: in the config). AnswersWrong "
+            "pages below 90 %.",
+        ),
+        12,
+    )
     return d

@@ -50,6 +50,10 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
 
     n, why = senders_for(cfg.run.workers, plan, cfg.workload.longest_answer)
     print(f"senders: {n} worker processes ({why})" if n > 1 else f"senders: this process ({why})")
+    if cfg.checks is not None:
+        from soakd.checks.mix import describe_checks
+
+        print(describe_checks(cfg.checks))
     if not cfg.slo.empty or any(not t.slo.empty for t in cfg.targets):
         from soakd.measure.verdicts import describe_slo
 

@@ -174,10 +174,22 @@ class RequestSpec:
     """Its turn in that conversation, from 0."""
     keep_answer: bool = False
     """Keep the answer's text on the Outcome (``Outcome.answer``): a conversation's next
-    turn holds it, a check judges it. Off for every other request: soakd keeps no text."""
+    turn holds it, a check judges it. Off for every other request: soakd keeps no text.
+    Kept at temperature 0, it is also asked with a ``seed`` (``seed``)."""
     history: tuple[str, ...] = ()
     """A conversation's turn: the answers its server gave to the earlier turns, in order
     ("" where none arrived); the sender's builder puts them between the user turns."""
+
+    @property
+    def seed(self) -> int | None:
+        """The body's ``seed``: ANSWER_SEED for an answer kept at temperature 0 (a check's,
+        to be the same each time); None: none sent."""
+        return ANSWER_SEED if self.keep_answer and self.temperature == 0 else None
+
+
+ANSWER_SEED: Final = 0
+"""The ``seed`` of a request that keeps its answer at temperature 0 (a check's): the same
+answer each time where the server honours it (``targets[].extra_body`` may override it)."""
 
 
 @dataclass(slots=True)
@@ -225,6 +237,9 @@ class Outcome:
     # (``RequestSpec.keep_answer``): whatever arrived, even of a failed request; None: not
     # kept. Never journaled, logged or exported: an answer may hold anything
     answer: str | None = field(default=None, repr=False)
+    # with a kept answer: the ``model`` and ``system_fingerprint`` its first chunk (or its
+    # body) carried ("": none), what the checks watch for a model changed under its name
+    identity: tuple[str, str] | None = field(default=None, repr=False)
     # the record this outcome came in from a sender worker (soakd/outcome_record.py), its
     # instants already on soakd's clock: the journal copies it into its packet as it is.
     # While it is set, soakd's own copy lacks the ITL gaps and buckets (nothing in soakd's
@@ -359,6 +374,10 @@ class Finished(Protocol):
     def e2e_ns(self) -> int: ...
     @property
     def tpot_ns(self) -> int | None: ...
+    @property
+    def answer(self) -> str | None: ...
+    @property
+    def identity(self) -> tuple[str, str] | None: ...
 
 
 @dataclass(frozen=True, slots=True)

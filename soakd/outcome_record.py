@@ -143,7 +143,7 @@ def pack(buf: bytearray, o: Outcome, target: int = NO_NAME, phase: int = NO_NAME
     with it (a worker leaves them unfilled: soakd fills them). Its ITL buckets travel when
     counted (``o.itl_keys``); otherwise the reader counts them."""
     detail = o.error_detail.encode()[:0xFFFF] if o.error_detail else b""
-    answer = None if o.answer is None else o.answer.encode()
+    answer = None if o.answer is None else _answer_tail(o.answer, o.identity)
     gaps = o.itl_ns
     keys = o.itl_keys
     error = o.error
@@ -271,9 +271,9 @@ def fill(
     o.error_detail = str(data[start : start + n], "utf-8", "replace") if n else ""
     start += n
     if n_answer == NO_ANSWER:
-        o.answer = None
+        o.answer = o.identity = None
     else:
-        o.answer = str(data[start : start + n_answer], "utf-8", "replace")
+        o.answer, o.identity = _answer_of(str(data[start : start + n_answer], "utf-8", "replace"))
         start += n_answer
     if not tails:
         return
@@ -318,3 +318,15 @@ def read_all(data: bytes, names: Sequence[str]) -> Iterator[Outcome]:
     while at < end:
         o, at = read(view, at, names)
         yield o
+
+
+def _answer_tail(answer: str, identity: tuple[str, str] | None) -> bytes:
+    """The answer's tail: its text, then NUL, the model, NUL, the fingerprint (neither holds
+    a NUL: soakd/targets/stream.py served_by); an identity not seen travels as NUL NUL."""
+    model, fingerprint = identity if identity is not None else ("", "")
+    return f"{answer}\0{model}\0{fingerprint}".encode()
+
+
+def _answer_of(tail: str) -> tuple[str, tuple[str, str] | None]:
+    answer, model, fingerprint = tail.rsplit("\0", 2)
+    return answer, (model, fingerprint) if model or fingerprint else None

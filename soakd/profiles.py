@@ -48,6 +48,14 @@ class Profile:
     # once with HTTP 500 "CUDA out of memory" (a card whose activations do not fit).
     oom_above_running: int | None = None
     seed: int = 0
+    # Drift (docs/checks.md): from this many seconds after the start, a check's answer is
+    # wrong (a number off by one, a text reversed); and the answers' ``model`` becomes
+    # ``drift_model``, their system_fingerprint ``drift_fingerprint`` (the same name still
+    # accepted, as a proxy that moved it would). None: never
+    wrong_answers_after_s: float | None = None
+    model_switch_after_s: float | None = None
+    drift_model: str = "soakd-sim-0925"
+    drift_fingerprint: str = "fp_sim0925"  # the answers' system_fingerprint after the switch
 
     # The card, for the DCGM-exporter metrics.
     gpu_name: str
@@ -220,6 +228,15 @@ PROFILES: dict[str, Profile] = {
         _H200,
         _FAST,
         # Random 500s and early EOS, for exercising error accounting quickly.
+        # Right answers for a while, then wrong ones, and another model under the same name:
+        # what the checks and the identity watch are for (docs/checks.md)
+        dataclasses.replace(
+            _FAST,
+            name="fast-drift",
+            description="fast, then after 5 s wrong answers to checks and another model",
+            wrong_answers_after_s=5.0,
+            model_switch_after_s=5.0,
+        ),
         dataclasses.replace(
             _FAST,
             name="fast-flaky",

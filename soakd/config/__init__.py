@@ -9,6 +9,7 @@ is the one way in:
 - ``targets``: ``TargetConfig`` and its timeouts, TLS, spend caps and 429 handling
 - ``workload``: prompts, load shapes, phases
 - ``gateway``: GPU source, probe intervals, the guard gateway's settings and file
+- ``checks``: answers checked while the load runs (docs/checks.md)
 - ``slo``: SLOs, alert-only limits, costs, report and compare
 - ``run``: exporter, journal, run block, and the root ``Config``
 - ``loader``: YAML, the env overlay, one-line errors
@@ -31,6 +32,7 @@ from soakd.config.base import (
     parse_bytes,
     parse_duration,
 )
+from soakd.config.checks import BuiltinKind, ChecksConfig, Reference
 from soakd.config.gateway import (
     Concurrency,
     ErrorBreaker,
@@ -101,7 +103,9 @@ __all__ = [
     "REGRESSION_KEYS",
     "THRESHOLDS_MOVED",
     "AlertLimits",
+    "BuiltinKind",
     "Bytes",
+    "ChecksConfig",
     "Compare",
     "Concurrency",
     "Config",
@@ -134,6 +138,7 @@ __all__ = [
     "Probes",
     "Prompts",
     "RateLimit",
+    "Reference",
     "Regression",
     "ReportConfig",
     "RunConfig",

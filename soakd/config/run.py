@@ -22,6 +22,7 @@ from soakd.config.base import (
     parse_bytes,
     repeated_name,
 )
+from soakd.config.checks import ChecksConfig
 from soakd.config.gateway import GpuConfig, Probes
 from soakd.config.slo import AlertLimits, Compare, ReportConfig, Slo
 from soakd.config.targets import TargetConfig
@@ -158,6 +159,7 @@ class Config(Strict):
     slo: Slo = Slo()
     alert_limits: AlertLimits = AlertLimits()
     compare: Compare | None = None
+    checks: ChecksConfig | None = None
 
     @model_validator(mode="after")
     def _names(self) -> Config:
@@ -199,6 +201,12 @@ class Config(Strict):
                     )
             if self.compare.baseline == self.compare.candidate:
                 raise ValueError("compare: baseline and candidate are the same target")
+        ref = self.checks.reference if self.checks is not None else None
+        if ref is not None and ref.target is not None and ref.target not in known:
+            raise ValueError(
+                f"checks.reference.target: unknown target {ref.target!r} "
+                f"(known: {', '.join(names)})"
+            )
         for phase in self.phases:
             unknown = sorted(set(phase.targets) - known)
             if unknown:

@@ -45,6 +45,8 @@ class Slo(Strict):
     # every failed request (4xx, 5xx, transport, timeouts, bad answers) / judged requests
     error_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
     server_error_ratio: Annotated[float, Field(ge=0, le=1)] | None = None  # 5xx / judged
+    # checks passed / checks judged, at least (docs/checks.md; needs ``checks:``)
+    correct_ratio: Annotated[float, Field(ge=0, le=1)] | None = None
     jitter: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None  # stdev / mean
     oom_events: Annotated[int, Field(ge=0)] | None = None  # out-of-memory events, at most
     # the target's peak GPU memory (its process, else its GPUs'), at most

@@ -48,6 +48,8 @@ class EventKind(enum.StrEnum):
     ROWS_STOPPED = "rows_stopped"
     RETENTION = "retention"
     JOURNAL_WRITE_ERRORS = "journal_write_errors"
+    CHECK = "check"
+    IDENTITY = "identity"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +113,15 @@ class Preflight(Event):
     """A target asked once before the journal opened (soakd/targets/preflight.py)."""
 
     kind = EventKind.PREFLIGHT
+    OMIT_NONE = frozenset({"models", "version"})
     target: str
     ok: bool
     line: str
     seconds: float
     unreached: bool = False
     warning: bool = False
+    models: tuple[str, ...] | None = None  # its models list (with checks: docs/checks.md)
+    version: str | None = None  # vLLM's /version
 
 
 class CalibrationStage(enum.StrEnum):
@@ -302,6 +307,35 @@ class JournalWriteErrors(Event):
     dropped_requests: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class CheckJudged(Event):
+    """A check's answer judged (soakd/checks/mix.py): its kind, its result (pass, fail,
+    unparseable), a reference check's similarity, and a failing answer's first characters."""
+
+    kind = EventKind.CHECK
+    OMIT_NONE = frozenset({"score"})
+    target: str
+    phase: str
+    seq: int
+    check: str
+    result: str
+    score: float | None = None
+    answer: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Identity(Event):
+    """What a target said it is (soakd/checks/identity.py): the ``model`` and
+    ``system_fingerprint`` of its answers; at its first answer, then at each change."""
+
+    kind = EventKind.IDENTITY
+    target: str
+    model: str
+    fingerprint: str
+    previous_model: str = ""
+    previous_fingerprint: str = ""
+
+
 EVENTS: Mapping[EventKind, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -323,6 +357,8 @@ EVENTS: Mapping[EventKind, type[Event]] = {
         RowsStopped,
         Retention,
         JournalWriteErrors,
+        CheckJudged,
+        Identity,
     )
 }
 """Every kind's class: one each (tests/unit/test_records.py walks them all)."""

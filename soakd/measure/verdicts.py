@@ -41,6 +41,7 @@ class RowLike(Protocol):
     output_tps: float | None
     rps: float | None
     active_s: float
+    correct_ratio: float | None  # checks passed / judged (docs/checks.md); None: no checks
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Criterion:
     name: str
     limit: float
     measured: float | None
-    unit: str  # "s", "ratio", "count", "bytes"; "min_count": a floor, not a ceiling
+    unit: str  # "s", "ratio", "count", "bytes"; "min_count", "min_ratio": floors, not ceilings
     passed: bool | None
     note: str = ""
 
@@ -116,6 +117,11 @@ def judge(target: str, phase: str | None, slo: Slo, row: RowLike, tally: Tally) 
         if limit is not None:
             value = getattr(row, key)
             out.append(_at_most(key, limit, value, "ratio", "no request judged"))
+    if slo.correct_ratio is not None:  # a floor: the share of checks answered right
+        right = row.correct_ratio
+        met = None if right is None else right >= slo.correct_ratio
+        why = "" if right is not None else "no check judged"
+        out.append(Criterion("correct_ratio", slo.correct_ratio, right, "min_ratio", met, why))
     if slo.jitter is not None:
         out.append(
             _at_most(
@@ -263,6 +269,8 @@ def describe_slo(slo: Slo) -> str:
             text = f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
         elif key in ("error_ratio", "server_error_ratio", "jitter"):
             text = f"{value * 100:g} %"
+        elif key == "correct_ratio":
+            text = f"at least {value * 100:g} %"
         elif key == "vram_peak":
             text = f"{value / 1e9:g} GB"
         else:

@@ -115,6 +115,11 @@ JOURNAL_ROWS_DROPPED_TOTAL: Final = "soakd_journal_rows_dropped_total"
 JOURNAL_WRITER_RESTARTS_TOTAL: Final = "soakd_journal_writer_restarts_total"
 RUN_DOWNTIME_SECONDS_TOTAL: Final = "soakd_run_downtime_seconds_total"
 RUN_RESUMES_TOTAL: Final = "soakd_run_resumes_total"
+# --- checks (CheckMetrics: soakd/metrics/checks.py) -------------------------------------
+CHECKS_TOTAL: Final = "soakd_checks_total"
+TARGET_IDENTITY_INFO: Final = "soakd_target_identity_info"
+TARGET_IDENTITY_CHANGES_TOTAL: Final = "soakd_target_identity_changes_total"
+
 # --- send guards (GuardMetrics) -------------------------------------------------------
 TARGET_PAUSED: Final = "soakd_target_paused"
 TARGET_PAUSES_TOTAL: Final = "soakd_target_pauses_total"

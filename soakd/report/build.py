@@ -8,7 +8,7 @@ format what this returns.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from soakd.config import format_duration
@@ -24,6 +24,7 @@ from soakd.measure.verdicts import overall as overall_verdict
 from soakd.model import NS_PER_S
 from soakd.report import names
 from soakd.report.breakdowns import breakdowns
+from soakd.report.checks import checked, correct_ratio
 from soakd.report.decisions import (
     Judging,
     best,
@@ -175,6 +176,15 @@ def build_report(
             rehearsal=rehearsal,
         )
     )
+    answers = checked(
+        read.events,
+        {(t, p): r.requests for p, by in rows.by_phase.items() for t, r in by.items()},
+        targets,
+    )
+    if answers is not None:  # the checks' pass ratio, judged by slo.correct_ratio
+        rows = rows.map(
+            lambda r: replace(r, correct_ratio=correct_ratio(answers, r.target, r.phase))
+        )
     judged = verdicts(rows, targets, read.judging.slos, read.tallies)
     rows = rows.map(lambda r: with_goodput(r, judged.of(r)))
     spec = read.judging.spec
@@ -182,6 +192,8 @@ def build_report(
     eligible = {t for t in targets if eligible_for_best(rows.overall[t], judged.whole.get(t))}
     notes = [
         *failing_notes(read.events, rows.overall, targets, frame.active_s),  # the biggest news
+        *(f"identity at start: {line}" for line in (answers.started if answers else [])),
+        *(f"identity changed: {line}" for line in (answers.identity if answers else [])),
         *cost_notes,
         *money_notes,
         *_notes(read, rows, frame),
@@ -227,6 +239,7 @@ def build_report(
         output_tokens=read.output_rows,
         breakdowns=read.breakdowns,
         prefix_cache=prefix_rows(probe, config.workload, targets, frame.phases),
+        checks=answers,
     )
 
 

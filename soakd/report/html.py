@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 
 from soakd.report.breakdowns import context_series, context_table, turn_tables
+from soakd.report.checks import check_tables
 from soakd.report.model import PHASE_COLUMNS, Report, Series
 from soakd.report.output_tokens import output_table
 from soakd.report.prefix_cache import prefix_table
@@ -132,6 +133,7 @@ def render_html(rep: Report) -> str:
     prefixes = prefix_table(rep)
     if prefixes is not None:
         parts.append(html_table(prefixes))
+    parts += [html_table(t) for t in check_tables(rep.checks)]
     if rep.plots:
         parts.append('<h2>Over time</h2><div class="plots">')
         markers = [(d["offset_h"], f"down {fmt_duration(d['seconds'])}") for d in rep.downtimes]

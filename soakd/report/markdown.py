@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from soakd.report.breakdowns import context_table, turn_tables
+from soakd.report.checks import check_tables
 from soakd.report.model import PHASE_COLUMNS, Report
 from soakd.report.output_tokens import output_table
 from soakd.report.prefix_cache import prefix_table
@@ -60,6 +61,7 @@ def render_markdown(rep: Report) -> str:
         context_table(rep),
         *turn_tables(rep),
         prefix_table(rep),
+        *check_tables(rep.checks),
     ):
         if extra is not None:
             out += md_table(extra)

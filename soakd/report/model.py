@@ -8,11 +8,14 @@ report's keys and order: add at the end, rename never.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict
 
 from soakd.measure.analysis import Quantiles, quantile_of
 from soakd.measure.verdicts import CompareVerdict, Verdict
 from soakd.report.slowest import SlowRequest
+
+if TYPE_CHECKING:
+    from soakd.report.checks import Checked  # its module draws its tables (imports this one)
 
 LatencyKind = Literal["ttft", "itl", "tpot", "e2e"]
 LATENCY_KINDS: tuple[LatencyKind, ...] = ("ttft", "itl", "tpot", "e2e")
@@ -51,6 +54,7 @@ class Row:
     goodput: float | None = None
     goodput_rps: float | None = None
     error_ratio: float | None = None  # errors / (requests - shed - not_judged)
+    correct_ratio: float | None = None  # checks passed / judged (report/checks.py); None: none
     latency_ms: dict[str, Quantiles] = field(default_factory=dict)  # LatencyKind -> Quantiles
     lag_p99_ms: float | None = None  # soakd's own dispatch lag: high = client-limited
     jitter: float | None = None
@@ -282,6 +286,7 @@ class Report:
     # the server's prefix-cache hit ratio beside the shared prefixes planned, per target
     # and phase (empty: no server counted it, none planned)
     prefix_cache: list[PrefixCacheRow] = field(default_factory=list)
+    checks: Checked | None = None  # the answers to checks (soakd/report/checks.py)
     # what the journal lost or could not keep (damage, a lost WAL, a full disk): the
     # report's first lines, before anything else (build.py, _journal_warnings)
     warnings: list[str] = field(default_factory=list)

@@ -155,7 +155,7 @@ def fmt_criterion(unit: str, value: float | None) -> str:
         return "-"
     if unit == "s":
         return fmt_ms(value * 1000)
-    if unit == "ratio":
+    if unit in ("ratio", "min_ratio"):
         return fmt_ratio(value)
     if unit == "bytes":
         return fmt_bytes(value)
@@ -163,7 +163,10 @@ def fmt_criterion(unit: str, value: float | None) -> str:
 
 
 def fmt_limit(unit: str, value: float) -> str:
-    """A criterion's limit: a ceiling as a value, a floor (``min_count``) as "at least"."""
+    """A criterion's limit: a ceiling as a value, a floor (``min_count``, ``min_ratio``) as
+    "at least"."""
+    if unit == "min_ratio":
+        return f"at least {fmt_ratio(value)}"
     return f"at least {value:,.0f}" if unit == "min_count" else fmt_criterion(unit, value)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from soakd.report.checks import check_tables
 from soakd.report.model import TERMINAL_COLUMNS, Report
 from soakd.report.output_tokens import output_table
 from soakd.report.prefix_cache import prefix_table
@@ -85,6 +86,7 @@ def terminal_summary(rep: Report) -> list[RenderableType]:
     prefixes = prefix_table(rep)
     if prefixes is not None:
         out.append(rich_table(prefixes))
+    out += [rich_table(t) for t in check_tables(rep.checks)]
     out += [Text(f"note: {note}", style="dim") for note in rep.notes]
     return out
 

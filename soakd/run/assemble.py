@@ -23,6 +23,9 @@ from typing import Any
 
 import structlog
 
+from soakd.checks.identity import Identities, Seen
+from soakd.checks.mix import Checks, Judged
+from soakd.checks.verdict import PASS, RESULTS
 from soakd.config import Config, ConfigError, Slo, TargetConfig
 from soakd.gateway.fronts import Fronts
 from soakd.journal import (
@@ -42,6 +45,7 @@ from soakd.journal.metrics import JournalMetrics
 from soakd.journal.stored import StoredOptions
 from soakd.measure.goodput import GoodputWindow
 from soakd.measure.notes import Notes
+from soakd.metrics.checks import CheckMetrics
 from soakd.metrics.run import GuardMetrics, Metrics, ProbeMetrics, RunSeries
 from soakd.model import Phase, Plan, SpendCap
 from soakd.probes import Probes, make_probes
@@ -50,6 +54,7 @@ from soakd.run.rundir import new_run_id
 from soakd.run.session import RunOptions, StartError, _close_all
 from soakd.run.stats import RunStats
 from soakd.sim.spawn import SimProcess, spawn_sim
+from soakd.targets.errors import redact
 from soakd.targets.preflight import Preflight, preflight
 from soakd.targets.tokenize import open_tokenizer
 from soakd.types import Target
@@ -199,7 +204,7 @@ async def _preflight(s: Setup, servers: list[TargetConfig]) -> tuple[Preflight, 
     """Ask each server once; a problem ends the start (ConfigError: one line a target,
     exit 2). Warnings go on: the server's own trouble, a target meant to fail, and on a
     resume one that does not answer yet (a reboot: the run pauses it until it does)."""
-    answers = tuple(await preflight(servers))
+    answers = tuple(await preflight(servers, identity=s.cfg.checks is not None))
     problems = []
     for r, tcfg in zip(answers, servers, strict=True):
         if r.ok and not r.warning:
@@ -237,7 +242,11 @@ async def start_journal(s: Setup, servers: Servers) -> Journal:
     if s.resume is not None and journal.restored is not None:
         _resumed(s, s.resume, journal, journal.restored)
     for r in servers.preflight:
-        journal.event(records.Preflight(r.target, r.ok, r.line, r.seconds, r.unreached, r.warning))
+        journal.event(
+            records.Preflight(
+                r.target, r.ok, r.line, r.seconds, r.unreached, r.warning, r.models, r.version
+            )
+        )
     return journal
 
 
@@ -350,12 +359,13 @@ async def assemble(
         for cal in lengths.prompts.calibrations:
             senders.calibrate(cal)
     wl = s.cfg.workload
+    checks = _checks(s, journal, servers.preflight)
     runner = Runner(
         s.plan,
         senders.targets,
         lengths.prompts,
         # the sinks read each outcome as ``Finished``: no ITL, with workers or without
-        [s.goodput, probes.outcome_sink, s.notes, lengths],
+        [s.goodput, probes.outcome_sink, s.notes, lengths, *([checks] if checks else [])],
         guards=guards,  # each outcome's 429 or spend reaches the gates first
         # then the journal, the one reader of the whole outcome (ITL included): it folds
         # each outcome once and hands the folds on to Metrics and RunStats once
@@ -375,9 +385,54 @@ async def assemble(
         conversations=make_conversations(wl),  # their plan; the senders build their text
         on_failure=wl.conversations.on_failure if wl.conversations else "end",
         on_conversation=s.metrics.conversation,
+        checks=checks.spec if checks else None,  # a share of the requests are checks
     )
     journal.attach(runner)
     return Parts(journal, ledger, guards, no_reuse, senders, probes, gateways, lengths, runner)
+
+
+def _checks(s: Setup, journal: Journal, asked: tuple[Preflight, ...]) -> Checks | None:
+    """``checks:`` mixed into the load (docs/checks.md): each verdict journaled, counted and,
+    when it is no pass, logged (the first per target, then at each power of two)."""
+    cfg = s.cfg.checks
+    if cfg is None:
+        return None
+    metrics = CheckMetrics(s.metrics.registry)
+    kinds = [*cfg.kinds, *(["file"] if cfg.file else []), *(["reference"] if cfg.reference else [])]
+    metrics.start(s.names, kinds, RESULTS)
+    failed: dict[str, int] = {}
+    keys = {t.name: key.get_secret_value() for t in s.cfg.targets if (key := t.api_key())}
+
+    def emit(j: Judged) -> None:
+        key = keys.get(j.target)
+        shown = redact(j.answer, key) if key and j.answer else j.answer  # a server's echo
+        journal.event(
+            records.CheckJudged(j.target, j.phase, j.seq, j.check, j.result, j.score, shown)
+        )
+        metrics.judged(j.target, j.check, j.result)
+        if j.result != PASS:
+            n = failed[j.target] = failed.get(j.target, 0) + 1
+            if n & (n - 1) == 0:
+                log.warning("check_failed", target=j.target, check=j.check, result=j.result,
+                            seq=j.seq, score=j.score, failed=n)  # fmt: skip
+
+    def identified(target: str, now: Seen, before: Seen | None) -> None:
+        previous = before or ("", "")
+        journal.event(records.Identity(target, *now, *previous))
+        metrics.identified(target, *now, changed=before is not None)
+        if before is None:
+            log.info("target_identity", target=target, model=now[0], fingerprint=now[1])
+        else:
+            was = {"was_model": before[0], "was_fingerprint": before[1]}
+            log.warning(
+                "target_identity_changed", target=target, model=now[0], fingerprint=now[1], **was
+            )
+
+    identities = Identities(identified)
+    for r in asked:  # what each target said it is at start: its preflight's answer
+        if r.identity is not None:
+            identities.seen(r.target, r.identity)
+    return Checks(cfg, emit, identities)
 
 
 def _unused_seq(seqs: dict[str, int], names: Sequence[str]) -> int:

@@ -51,6 +51,13 @@ def check_start(cfg: Config) -> None:
             make_prompt_source(cfg.workload)  # read and parsed as the run will
         except ConfigError as exc:
             problems += exc.problems
+    if cfg.checks is not None and cfg.checks.file is not None:
+        from soakd.checks.expect import read_checks
+
+        try:
+            read_checks(cfg.checks.file)  # read and parsed as the run will
+        except ConfigError as exc:
+            problems += exc.problems
     if problems:
         raise ConfigError.of(problems)
 

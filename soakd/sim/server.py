@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import signal
 import time
@@ -36,15 +37,18 @@ from soakd.sim.wire import (
     DONE,
     SSE_CONTENT_TYPE,
     VOCAB,
+    VOCAB_JSON,
     ApiError,
     Frames,
     SimRequest,
+    answer_pieces,
     completion_body,
     error_body,
     error_response,
     parse,
     tokenize,
     word,
+    wrong,
 )
 
 log = structlog.get_logger()
@@ -66,6 +70,8 @@ class _Stream:
     scheduled_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float = 0.0
+    pieces: list[str] | None = None  # a check's answer, token by token, as JSON strings
+    words_from: int = -1  # what its words follow from (word()): its id, or its prompt's
 
 
 class _Runtime:
@@ -91,6 +97,7 @@ class _Runtime:
             ),
         )
         self.created = int(time.time())
+        self.started = self.clock()  # the drift faults count from here (docs/checks.md)
         self.dead = False
         self._rng = random.Random(profile.seed + 1)  # faults; the engine has its own
         self._streams: dict[int, _Stream] = {}
@@ -144,11 +151,33 @@ class _Runtime:
     def new_request_id(self, chat: bool) -> str:
         return f"{'chatcmpl' if chat else 'cmpl'}-{self._rng.getrandbits(128):032x}"
 
+    def drifted(self, after_s: float | None) -> bool:
+        return after_s is not None and self.clock() - self.started >= after_s
+
+    def answer_model(self) -> tuple[str, str | None]:
+        """The ``model`` and ``system_fingerprint`` the answers carry: the served one (and
+        none, as vLLM), or another after the switch."""
+        if self.drifted(self.profile.model_switch_after_s):
+            return self.profile.drift_model, self.profile.drift_fingerprint
+        return self.model, None
+
     def submit(self, req: SimRequest) -> _Stream:
+        pieces = None
+        max_tokens, ignore_eos = req.max_tokens, req.ignore_eos
+        wrong_now = self.drifted(self.profile.wrong_answers_after_s)
+        if req.answer is not None:  # a check: its answer, right until the drift fault
+            said = answer_pieces(wrong(req.answer) if wrong_now else req.answer)
+            pieces = [json.dumps(p) for p in said]
+            max_tokens, ignore_eos = min(max_tokens, len(pieces)), True
+        elif req.words_from is not None and wrong_now:  # temperature 0: the words reversed
+            pieces = [
+                VOCAB_JSON[word(req.words_from, max_tokens - 1 - i)] for i in range(max_tokens)
+            ]
         seq_id = self.engine.submit(
-            req.prompt_tokens, req.max_tokens, ignore_eos=req.ignore_eos, min_tokens=req.min_tokens
+            req.prompt_tokens, max_tokens, ignore_eos=ignore_eos, min_tokens=req.min_tokens
         )
-        st = _Stream(seq_id, req.prompt_tokens, arrival=self.clock())
+        words_from = seq_id if req.words_from is None else req.words_from
+        st = _Stream(seq_id, req.prompt_tokens, self.clock(), pieces=pieces, words_from=words_from)
         self._streams[seq_id] = st
         self.metrics.params_max_tokens.observe(req.max_tokens)
         self._wake.set()
@@ -240,6 +269,8 @@ class _Runtime:
 
 
 RUNTIME: Final = web.AppKey("soakd_sim_runtime", _Runtime)
+SIM_VERSION: Final = "0.32.0+soakd-sim"
+"""What ``/version`` answers: vLLM's version the wire format follows (wire.py), marked."""
 
 
 async def _stream_response(
@@ -258,9 +289,14 @@ async def _stream_response(
             if ready > sent:
                 parts = [frames.role] if sent == 0 and frames.role else []
                 ok_finish = st.finish if st.finish in ("stop", "length") else None
+                if ok_finish and st.pieces is not None and ready == len(st.pieces):
+                    ok_finish = "stop"  # a check's answer said whole
                 for i in range(sent, ready):
                     finish = ok_finish if done and i == ready - 1 else None
-                    parts.append(frames.token(word(st.seq_id, i), finish).encode())
+                    if st.pieces is not None:
+                        parts.append(frames.text(st.pieces[i], finish).encode())
+                    else:
+                        parts.append(frames.token(word(st.words_from, i), finish).encode())
                 await resp.write(b"".join(parts))
                 # Counted once written, so the counter equals what clients received.
                 rt.metrics.generation_tokens.inc(ready - sent)
@@ -288,12 +324,15 @@ async def _full_response(
     if st.finish == "error":
         return error_response(500, "InternalServerError", "Internal server error")
     n = st.ready
-    text = "".join(VOCAB[word(st.seq_id, i)] for i in range(n))
+    if st.pieces is not None:
+        text = "".join(json.loads(p) for p in st.pieces[:n])
+    else:
+        text = "".join(VOCAB[word(st.words_from, i)] for i in range(n))
     created = int(time.time())
     finish = st.finish
-    body = completion_body(
-        req.chat, request_id, created, rt.model, text, finish, st.prompt_tokens, n
-    )
+    model, fingerprint = rt.answer_model()
+    body = completion_body(req.chat, request_id, created, model, text, finish, st.prompt_tokens, n)
+    body["system_fingerprint"] = fingerprint
     rt.metrics.generation_tokens.inc(n)
     return web.json_response(body)
 
@@ -311,7 +350,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     st = rt.submit(req)
     try:
         if req.stream:
-            frames = Frames(chat, request_id, int(time.time()), rt.model)
+            frames = Frames(chat, request_id, int(time.time()), *rt.answer_model())
             return await _stream_response(request, rt, st, req, frames)
         return await _full_response(rt, st, req, request_id)
     finally:
@@ -358,6 +397,11 @@ async def _json(request: web.Request) -> Any:
         raise ApiError(400, "BadRequestError", "JSON decode error") from None
 
 
+async def _version(_request: web.Request) -> web.Response:
+    """vLLM's ``GET /version``: the version whose wire format the simulator speaks."""
+    return web.json_response({"version": SIM_VERSION})
+
+
 async def _health(request: web.Request) -> web.Response:
     """Empty 200 while the engine runs, 503 once it died: as vLLM's /health."""
     return web.Response(status=503 if request.app[RUNTIME].dead else 200)
@@ -381,6 +425,7 @@ def make_app(profile: Profile, model: str = "soakd-sim") -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_get("/health", _health)
+    app.router.add_get("/version", _version)
     app.router.add_get("/metrics", _metrics)
     return app
 

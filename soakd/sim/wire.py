@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from soakd.checks import builtin
 from soakd.profiles import Profile
 
 # Output text: short words, one a token, each with its leading space (as BPE tokens).
@@ -83,6 +84,10 @@ class SimRequest:
     include_usage: bool
     ignore_eos: bool
     min_tokens: int = 0  # no EOS before this many tokens (vLLM's sampling parameter)
+    answer: str | None = None  # a check's right answer (soakd/checks/builtin.py): said as is
+    # temperature 0: the words follow from the prompt (the same answer each time); None:
+    # from the request's own id
+    words_from: int | None = None
 
 
 # -- request parsing ------------------------------------------------------------------
@@ -146,6 +151,9 @@ def parse(body: object, chat: bool, profile: Profile, model: str) -> SimRequest:
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
 
     prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
+    text = _last_text(body, chat)
+    answer = builtin.solve(text)
+    greedy = body.get("temperature") == 0
     limit = profile.max_model_len
     if prompt_tokens >= limit:
         raise ApiError(
@@ -183,7 +191,32 @@ def parse(body: object, chat: bool, profile: Profile, model: str) -> SimRequest:
         include_usage=include_usage,
         ignore_eos=body.get("ignore_eos") is True,
         min_tokens=min(_min_tokens(body.get("min_tokens"), requested), max_tokens),
+        answer=answer,
+        words_from=zlib.crc32(text.encode()) if greedy else None,
     )
+
+
+def _last_text(body: dict[str, Any], chat: bool) -> str:
+    """The prompt's text a check would be in: the last message's, or the prompt's."""
+    if not chat:
+        prompt = body.get("prompt")
+        return prompt if isinstance(prompt, str) else ""
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    content = last.get("content") if isinstance(last, dict) else None
+    return content if isinstance(content, str) else ""
+
+
+def answer_pieces(answer: str) -> list[str]:
+    """A check's answer as the tokens streamed: one a word, each after the first with its
+    leading space, as BPE tokens come."""
+    words = answer.split(" ")
+    return [words[0], *(" " + w for w in words[1:])]
+
+
+def wrong(answer: str) -> str:
+    """A plausible wrong answer: a number off by one, any other text reversed."""
+    return str(int(answer) + 1) if answer.isdigit() else answer[::-1]
 
 
 def _min_tokens(value: object, max_tokens: int | None) -> int:
@@ -254,12 +287,15 @@ class Frames:
     The JSON is what vLLM 0.32 writes (``model_dump_json(exclude_unset=True)``).
     """
 
-    def __init__(self, chat: bool, request_id: str, created: int, model: str) -> None:
+    def __init__(
+        self, chat: bool, request_id: str, created: int, model: str, fingerprint: str | None = None
+    ) -> None:
         obj = "chat.completion.chunk" if chat else "text_completion"
-        head = json.dumps(
-            {"id": request_id, "object": obj, "created": created, "model": model},
-            separators=(",", ":"),
-        )[:-1]
+        fields: dict[str, Any] = {"id": request_id, "object": obj, "created": created}
+        fields["model"] = model
+        if fingerprint is not None:  # a drift fault's (vLLM sends none)
+            fields["system_fingerprint"] = fingerprint
+        head = json.dumps(fields, separators=(",", ":"))[:-1]
         self.head = head
         if chat:
             self.role: bytes = (
@@ -286,9 +322,13 @@ class Frames:
             )
 
     def token(self, word: int, finish: str | None) -> str:
+        return self.text(VOCAB_JSON[word], finish)
+
+    def text(self, piece: str, finish: str | None) -> str:
+        """One token's frame; ``piece`` is its JSON string."""
         if finish is None:
-            return self._pre + VOCAB_JSON[word] + self._open
-        return self._pre + VOCAB_JSON[word] + self._close[0] + finish + self._close[1]
+            return self._pre + piece + self._open
+        return self._pre + piece + self._close[0] + finish + self._close[1]
 
     def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         total = prompt_tokens + completion_tokens

@@ -59,6 +59,7 @@ from soakd.targets.stream import (
     apply_usage,
     choice_text,
     idle_cut,
+    served_by,
     settle_usage,
 )
 from soakd.tracing import HEADER as TRACEPARENT
@@ -176,6 +177,8 @@ class OpenAITarget:
         }
         if spec.output_planned:  # the planned length, whole (soakd/workload/answers.py)
             body.update(asked_whole(self._asks, spec.max_tokens))
+        if spec.seed is not None:  # a check's: the same answer each time
+            body["seed"] = spec.seed
         body.update(self._fixed)
         if self._chat:
             body["messages"] = self._builder.messages(spec)
@@ -442,6 +445,7 @@ class OpenAITarget:
             return
         if keep:
             out.answer = text or ""
+            out.identity = served_by(obj)
         if text:
             out.content_chunks = 1
             out.first_token_ns = out.last_token_ns = end

@@ -28,7 +28,7 @@ import asyncio
 import difflib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from json import loads
 from typing import Final
 from urllib.parse import urlsplit
@@ -38,7 +38,7 @@ import aiohttp
 from soakd.config import TargetConfig, Timeouts
 from soakd.model import ErrorKind, Outcome, RequestSpec
 from soakd.targets.errors import body_error, client_error
-from soakd.targets.openai import open_target
+from soakd.targets.openai import OpenAITarget, open_target
 
 __all__ = ["PREFLIGHT_TIMEOUT_S", "Preflight", "preflight", "preflight_one"]
 
@@ -68,14 +68,21 @@ class Preflight:
     seconds: float
     unreached: bool = False  # the problem is that nothing answered (refused, no connection)
     warning: bool = False
+    # what the target said it is at start (docs/checks.md): its models list, vLLM's
+    # /version, and the model and system_fingerprint its answer named (None: not seen)
+    models: tuple[str, ...] | None = None
+    version: str | None = None
+    identity: tuple[str, str] | None = None
 
 
-async def preflight(cfgs: Sequence[TargetConfig]) -> list[Preflight]:
-    """Every target at once, each as the run's client would ask it."""
-    return list(await asyncio.gather(*(preflight_one(c) for c in cfgs)))
+async def preflight(cfgs: Sequence[TargetConfig], *, identity: bool = False) -> list[Preflight]:
+    """Every target at once, each as the run's client would ask it. ``identity``: its one
+    token asked as a check is (temperature 0, a seed, its answer's model and fingerprint
+    kept: docs/checks.md)."""
+    return list(await asyncio.gather(*(preflight_one(c, identity=identity) for c in cfgs)))
 
 
-async def preflight_one(cfg: TargetConfig) -> Preflight:
+async def preflight_one(cfg: TargetConfig, *, identity: bool = False) -> Preflight:
     """Ask one target. Raises ConfigError only for the key or TLS files (as ``run``)."""
     started = time.monotonic()
     target = await open_target(_tiny(cfg))
@@ -93,11 +100,29 @@ async def preflight_one(cfg: TargetConfig) -> Preflight:
                     return _judge(cfg, o, None, started)
             else:
                 models = _model_ids(body) if status == 200 else None
+        version = await _version(target, url) if identity else None
         spec = RequestSpec(cfg.name, "preflight", 0, PROMPT, 3, 1, 0.0, time.perf_counter_ns())
-        outcome = await target.send(spec)
-        return _judge(cfg, outcome, models, started)
+        outcome = await target.send(replace(spec, keep_answer=identity))
+        found = _judge(cfg, outcome, models, started)
+        listed = tuple(models) if models is not None else None
+        return replace(found, models=listed, version=version, identity=outcome.identity)
     finally:
         await target.aclose()
+
+
+async def _version(target: OpenAITarget, models_url: str | None) -> str | None:
+    """vLLM's ``GET /version`` (``{"version": "0.11.0"}``), beside the models list's
+    ``/v1``; None: no such answer (another server)."""
+    if models_url is None or "/v1/models" not in models_url:
+        return None
+    try:
+        url = models_url.rsplit("/v1/models", 1)[0] + "/version"
+        status, body = await target.get(url, MODELS_TIMEOUT_S, 4096)
+        doc = loads(body) if status == 200 else None
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    return version[:100] if isinstance(version, str) else None
 
 
 def _tiny(cfg: TargetConfig) -> TargetConfig:

@@ -90,6 +90,7 @@ class StreamParser:
         "cm",
         "done",
         "finished",
+        "identity",
         "idle_s",
         "kept",
         "last_choice_ns",
@@ -111,6 +112,7 @@ class StreamParser:
     ) -> None:
         self.out = out
         self.kept: list[str] | None = [] if keep else None  # the answer's pieces
+        self.identity: tuple[str, str] | None = None  # with ``kept``: its first chunk's
         self.bounds = bounds
         self.chat = chat
         self.cm = cm
@@ -128,6 +130,7 @@ class StreamParser:
         answer); nothing when the request did not ask."""
         if self.kept is not None:
             self.out.answer = "".join(self.kept)
+            self.out.identity = self.identity
 
     def answer_end(self, now: int) -> int:
         """Where a whole answer's E2E ends: the arrival of its last chunk that carried a
@@ -165,6 +168,8 @@ class StreamParser:
             raise Fault(ErrorKind.BAD_CHUNK, "chunk is not JSON") from None  # deep nesting
         if type(obj) is not dict:
             raise Fault(ErrorKind.BAD_CHUNK, "chunk is not a JSON object")
+        if self.kept is not None and self.identity is None:
+            self.identity = served_by(obj)
         try:
             choices = obj.get("choices")
             if choices:
@@ -287,3 +292,16 @@ def _implausible(count: object, limit: int) -> str:
     if count < 0:
         return "negative"
     return "implausible" if count > limit else ""
+
+
+IDENTITY_CHARS = 200
+"""Longest ``model`` or ``system_fingerprint`` kept (a longer one is cut)."""
+
+
+def served_by(obj: dict[str, Any]) -> tuple[str, str]:
+    """An answer's ``model`` and ``system_fingerprint`` ("" when absent or not text)."""
+    model, fingerprint = obj.get("model"), obj.get("system_fingerprint")
+    return (
+        model[:IDENTITY_CHARS].replace("\0", "") if isinstance(model, str) else "",
+        fingerprint[:IDENTITY_CHARS].replace("\0", "") if isinstance(fingerprint, str) else "",
+    )

@@ -14,7 +14,8 @@ could misread, since both ends are the same installed code.
 - ``SEND`` (parent -> worker): requests, each ``id, target, seq, max_tokens, planned
   (the answer length is planned: 1), temperature, scheduled_ns, deadline_ns, conversation,
   turn, keep_answer`` and a conversation's history (the answers its server gave to the
-  earlier turns, each length-prefixed): no prompt text, the worker builds it. The instants
+  earlier turns, each length-prefixed): no prompt text, the worker builds it, but for a
+  check's few words, given outright (soakd/checks/mix.py). The instants
   are on the parent's clock; the worker converts them with the offset the parent measured.
 - ``CALIBRATE`` (parent -> worker, JSON): a calibration measured or corrected since the
   HELLO (its ``from_seq`` on), written ahead of any SEND that needs it.
@@ -50,9 +51,11 @@ HELLO, READY, SEND, CANCEL, PING, PONG, OUTCOMES, CLOCK, CLOSES, CALIBRATE = ran
 MAX_FRAME: Final = 64 << 20
 """A frame longer than this is a broken peer, not data."""
 
-_SPEC = struct.Struct("<IHqIBdqqqIBH")
+_SPEC = struct.Struct("<IHqIBdqqqIBHI")
 # id, target, seq, max_tokens, planned, temperature, scheduled, deadline (0: none),
-# conversation (-1: none), turn, keep_answer, answers in the history (each: u32 length, text)
+# conversation (-1: none), turn, keep_answer, answers in the history (each: u32 length,
+# text), the bytes of a text given outright (a check's: the only text the parent makes;
+# 0: the worker's builder makes it), then that text
 _LEN = struct.Struct("<I")
 _RID = struct.Struct("<I")  # an OUTCOMES entry: the request id, then its record
 _CLOCK = struct.Struct("<qq")
@@ -73,6 +76,7 @@ def json_frame(kind: int, doc: dict[str, Any]) -> bytes:
 def pack_spec(buf: bytearray, rid: int, target: int, spec: RequestSpec) -> None:
     """Append one request to a SEND batch."""
     history = spec.history
+    given = spec.prompt.encode() if spec.prompt else b""
     buf += _SPEC.pack(
         rid,
         target,
@@ -86,19 +90,22 @@ def pack_spec(buf: bytearray, rid: int, target: int, spec: RequestSpec) -> None:
         spec.turn,
         spec.keep_answer,
         len(history),
+        len(given),
     )
     for answer in history:
         text = answer.encode()
         buf += _LEN.pack(len(text))
         buf += text
+    buf += given
 
 
 def unpack_specs(
     payload: bytes, names: Sequence[str] = (), shift: int = 0
 ) -> Iterator[tuple[int, int, RequestSpec]]:
     """``(id, target index, spec)`` per request: the spec's target named from ``names``
-    (empty when not given), its phase and prompt left empty (the worker's builder makes
-    the text), ``shift`` (the parent's clock minus the reader's) taken from its instants."""
+    (empty when not given), its phase empty, its prompt empty unless the parent gave one
+    (a check's; else the worker's builder makes the text), ``shift`` (the parent's clock
+    minus the reader's) taken from its instants."""
     at, end, size = 0, len(payload), _SPEC.size
     while at < end:
         if at + size > end:
@@ -116,6 +123,7 @@ def unpack_specs(
             turn,
             keep,
             n,
+            n_given,
         ) = _SPEC.unpack_from(payload, at)
         at += size
         history: tuple[str, ...] = ()
@@ -131,6 +139,10 @@ def unpack_specs(
                 answers.append(payload[at : at + length].decode())
                 at += length
             history = tuple(answers)
+        if at + n_given > end:
+            raise WireError("SEND batch ends inside a prompt")
+        given = payload[at : at + n_given].decode() if n_given else ""
+        at += n_given
         yield (
             rid,
             target,
@@ -138,7 +150,7 @@ def unpack_specs(
                 names[target] if names else "",
                 "",
                 seq,
-                "",
+                given,
                 0,
                 max_tokens,
                 temp,

@@ -63,8 +63,9 @@ class Builder:
             self.conversations.calibrate(cal)
 
     def text(self, spec: RequestSpec) -> str:
-        """A single request's prompt (a completions body's ``prompt``)."""
-        return self.prompts.spec_fields(spec.seq)[0]
+        """A single request's prompt (a completions body's ``prompt``): the text the spec
+        was given outright (a check's), else its seq's."""
+        return spec.prompt or self.prompts.spec_fields(spec.seq)[0]
 
     def messages(self, spec: RequestSpec) -> list[Message]:
         """A chat body's ``messages``: the prompt as one user message; a conversation's

@@ -93,6 +93,7 @@ class Runner:
         conversations: Conversations | None = None,
         on_failure: str = "end",
         on_conversation: Callable[[str, str, str], None] | None = None,
+        checks: Callable[[RequestSpec], RequestSpec] | None = None,
     ) -> None:
         self.plan = plan
         self.targets = targets
@@ -104,6 +105,8 @@ class Runner:
         self._on_sink_failure = on_sink_failure  # the exporter's counter
         self.max_tokens = max_tokens
         self._answers = answers  # seq -> planned answer length (None: max_tokens caps it)
+        # a planned spec -> itself, or the check sent in its place (soakd/checks/mix.py)
+        self._checks = checks
         self.temperature = temperature
         self.seed = seed
         self._on_phase = on_phase
@@ -365,7 +368,7 @@ class Runner:
         seq = self._seq[name]
         self._seq[name] = seq + 1
         answer = self._answers(seq) if self._answers is not None else None
-        return RequestSpec(
+        spec = RequestSpec(
             name,
             phase.name,
             seq,
@@ -377,6 +380,7 @@ class Runner:
             deadline_ns,
             answer is not None,
         )
+        return spec if self._checks is None else self._checks(spec)
 
     async def _one(self, name: str, spec: RequestSpec) -> Outcome | None:
         """Send one request and hand its Outcome to every sink; None when it was not sent

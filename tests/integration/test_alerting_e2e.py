@@ -64,6 +64,7 @@ from prometheus_client import (
 
 from soakd.config import AlertLimits, Slo
 from soakd.gateway.metrics import GatewayMetrics
+from soakd.metrics.checks import CheckMetrics
 from soakd.metrics.run import THROTTLE_REASONS, Metrics, ProbeMetrics
 from soakd.probes.gateways import GatewayExport
 from soakd.workers.pool import WorkerMetrics
@@ -99,6 +100,8 @@ class FakeSoakd:
         self.registry = CollectorRegistry()
         self.m = m = Metrics(self.registry)
         self.p = p = ProbeMetrics(self.registry)
+        self.checks = CheckMetrics(self.registry)  # checks: all pass (AnswersWrong stays quiet)
+        self.checks.start(TARGETS, ["echo"], ["pass", "fail", "unparseable"])
         self.rng = random.Random(4)
         m.build_info.info({"version": "test", "run_id": "e2e", "node": "ci"})
         m.set_limits(
@@ -201,6 +204,8 @@ class FakeSoakd:
                     m.itl.labels(target).observe(rng.uniform(0.01, 0.04))
                 m.output_tokens.labels(target).inc(64)
                 m.prompt_tokens.labels(target).inc(200)
+                if rng.random() < 0.1:  # a check in ten requests
+                    self.checks.judged(target, "echo", "pass")
             p.running.labels(target).set(rng.randint(2, 6))
             p.waiting.labels(target).set(rng.randint(0, 2))
             p.kv_cache.labels(target).set(rng.uniform(0.2, 0.6))
@@ -680,6 +685,7 @@ def _soak_config(vllm_url: str, spare_url: str) -> dict[str, Any]:
             "leak_window": "2m",
         },
         "probes": {"scrape_interval": "1s", "health_interval": "1s"},
+        "checks": {"every": "1s", "kinds": ["echo"]},  # the checks panel's data
         # the edge team's bar, as the shipped configs set it: each key is a limit gauge
         "slo": {
             "vram_peak": LIMIT,

@@ -263,3 +263,47 @@ async def test_vllm_through_workers_counts_match_across_a_worker_kill(
     assert ok <= finished <= ok + lost
     assert finished + aborted <= ok + lost
     assert result.summary["vllm"]["requests"] == ok + lost
+
+
+@pytest.mark.vllm
+async def test_reference_checks_pass_on_vllm_at_temperature_0(
+    vllm: VllmServer, tmp_path: Path
+) -> None:
+    """Reference checks (docs/checks.md) against vLLM's own first answers, at temperature 0
+    with a seed, while 4 streams keep its batch busy: the same prompt is answered the same
+    way whatever it was batched with (the figure is printed: docs/checks.md)."""
+    from soakd.journal import JournalReader, records
+
+    prompts = [
+        "Describe a soak test in two sentences.",
+        "List three things that make a server slower over days.",
+        "What is a key-value cache?",
+    ]
+    cfg = config_from_dict(
+        {
+            "run": {"name": "checks", "drain_timeout": "30s"},
+            "targets": [{"name": "vllm", "base_url": vllm.base_url, "model": vllm.model}],
+            "workload": {"max_tokens": MAX_TOKENS, "prompts": {"input_tokens": {"mean": 32}}},
+            "phases": [
+                {"name": "steady", "duration": "20s", "load": {"mode": "closed", "concurrency": 4}}
+            ],
+            "checks": {
+                "share": "30%",
+                "kinds": [],
+                "reference": {"prompts": prompts, "max_tokens": 24, "threshold": 0.99},
+            },
+        }
+    )
+    _, result, text, _ = await soaked(vllm, cfg, tmp_path / "run")
+    assert result.summary["vllm"]["errors"] == 0
+    judged = [
+        e for _, e in records.each(JournalReader(tmp_path / "run").events(), records.CheckJudged)
+    ]
+    passed = sum(e.result == "pass" for e in judged)
+    assert len(judged) >= 10
+    assert count(text, "soakd_checks_total", target="vllm", check="reference") == len(judged)
+    print(
+        f"\nvLLM CPU, reference checks at temperature 0 under a closed loop of 4: "
+        f"{passed}/{len(judged)} passed, scores {sorted({e.score for e in judged})}"
+    )
+    assert passed / len(judged) >= 0.9

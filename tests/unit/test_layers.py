@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("net", "childlog", "logs", "runtime", "lifeline", "framing", "jsondiff"),
     ("spawn",),
     ("config",),
-    ("tracing", "measure", "gpu", "http"),
+    ("tracing", "measure", "gpu", "http", "checks"),
     ("metrics",),
     ("journal", "sim"),
     ("workload",),

@@ -32,6 +32,7 @@ SAMPLES: dict[str, Any] = {
     "ErrorKind | None": lambda: ErrorKind.SHED_QUEUE_TIMEOUT,
     "array[int]": lambda: array("q", [1, 2, 5_000_000_000, next(_N)]),  # a gap over 4.29 s
     "dict[int, int] | None": lambda: None,  # the ITL buckets: counted from the gaps below
+    "tuple[str, str] | None": lambda: (f"gpt-x-{next(_N)}", "fp_ü"),  # a kept answer's identity
 }
 BY_NAME: dict[str, Any] = {
     "status": 503,  # uint16

@@ -51,6 +51,9 @@ ONE_OF_EACH: list[records.Event] = [
     records.RowsStopped(1_900_000_000, 2_000_000_000),
     records.Retention(requests=12),
     records.JournalWriteErrors("disk I/O error", 2500 * 10**9, 3, 2510 * 10**9, True, 7),
+    records.CheckJudged("alpha", "steady", 41, "echo", "fail", None, "Sure! here it is"),
+    records.CheckJudged("alpha", "steady", 42, "reference", "pass", 0.83),
+    records.Identity("cloud", "gpt-x-0925", "fp_2", "gpt-x-0613", "fp_1"),
 ]
 
 

@@ -55,6 +55,7 @@ REPORT_KEYS = [
     "prompt_sizing",
     "output_tokens",  # planned against served answer lengths (soakd/report/output_tokens.py)
     "prefix_cache",  # the server's prefix-cache hit ratio beside the plan (prefix_cache.py)
+    "checks",  # the answers to checks (soakd/report/checks.py); null without checks
     "warnings",  # what the journal lost or could not keep: the report's first lines
     "breakdowns",  # latency by context length and by turn (soakd/report/breakdowns.py)
     "columns",
@@ -82,6 +83,7 @@ ROW_KEYS = [
     "goodput",
     "goodput_rps",
     "error_ratio",
+    "correct_ratio",  # checks passed / judged (docs/checks.md)
     "latency_ms",
     "lag_p99_ms",
     "jitter",

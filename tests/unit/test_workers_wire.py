@@ -81,7 +81,8 @@ def spec(
 
 def test_specs_round_trip_with_their_history_and_no_text() -> None:
     """A request travels as its numbers; a conversation's turn with the answers its server
-    gave before (any text, empty ones too). No prompt text crosses: the worker builds it."""
+    gave before (any text, empty ones too). No prompt text crosses but a text given outright
+    (a check's, which the parent chose): the worker builds the rest."""
     buf = bytearray()
     specs = [
         (1, 0, spec(5, "", 123, 2_000_123)),
@@ -94,7 +95,8 @@ def test_specs_round_trip_with_their_history_and_no_text() -> None:
     ]  # fmt: skip
     for rid, target, s in specs:
         wire.pack_spec(buf, rid, target, s)
-    wire.pack_spec(buf, 4, 0, spec(8, "never sent", 1))  # a spec's own text stays home
+    # a check: its own few words, kept answer, at temperature 0
+    wire.pack_spec(buf, 4, 0, replace(spec(8, "Write 42 in wörds", 1), keep_answer=True))
     names = ["a", "b", "c", "d"]
     got = list(wire.unpack_specs(bytes(buf), names, shift=20))
     # the worker's own: its target's name, no phase, no planned prompt length, its clock
@@ -108,7 +110,10 @@ def test_specs_round_trip_with_their_history_and_no_text() -> None:
             deadline_ns=s.deadline_ns - 20 if s.deadline_ns else 0,
         ))
         for rid, target, s in specs
-    ] + [(4, 0, replace(spec(8, "", -19), target="a", phase="", prompt_tokens_hint=0))]  # fmt: skip
+    ] + [(4, 0, replace(
+        spec(8, "Write 42 in wörds", -19), target="a", phase="", prompt_tokens_hint=0,
+        keep_answer=True,
+    ))]  # fmt: skip
 
 
 def test_a_calibration_travels_whole() -> None:
