@@ -1,4 +1,4 @@
-"""CLI: parse, call, print. ``soakd run | check | report | export | sim | gateway``.
+"""CLI: parse, call, print. ``soakd run | check | capacity | report | export | sim | gateway``.
 Exit 2 on bad input, one line each."""
 
 from __future__ import annotations
@@ -194,6 +194,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--salvage",
         action="store_true",
         help="a damaged journal: export the rows that are readable (what was lost: on stderr)",
+    )
+
+    cap = sub.add_parser(
+        "capacity", help="find each target's knee: the highest load at which its SLO holds"
+    )
+    cap.add_argument("config", type=Path)
+    cap.add_argument(
+        "--by",
+        choices=("rate", "concurrency"),
+        help="sweep open-loop rate or closed-loop concurrency (default: capacity.by, else "
+        "the first phase's load mode)",
+    )
+    cap.add_argument(
+        "--max-time",
+        type=_duration,
+        metavar="D",
+        help="the whole sweep's bound (default capacity.max_time, 10m)",
+    )
+    cap.add_argument("--out", type=Path, metavar="FILE", help="also write the result's JSON here")
+    cap.add_argument(
+        "--run-dir", type=Path, metavar="DIR", help="default runs/<name>-capacity-<time>"
+    )
+    cap.add_argument("--metrics-addr", type=_addr, metavar="HOST:PORT")
+    cap.add_argument(
+        "--check", action="store_true", help="exit 1 when a knee is below its capacity.floor"
     )
 
     sim = sub.add_parser("sim", help="serve the embedded vLLM-like simulator")
@@ -465,6 +490,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from soakd.capacity.command import run_capacity
+    from soakd.run.session import StartError
+
+    try:
+        return run_capacity(args)
+    except StartError as exc:  # a simulator or gateway soakd starts did not come up
+        _fail(str(exc))
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     from soakd.logs import setup_logging
     from soakd.profiles import PROFILES
@@ -511,6 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {
         "run": cmd_run,
         "check": cmd_check,
+        "capacity": cmd_capacity,
         "report": cmd_report,
         "export": cmd_export,
         "sim": cmd_sim,

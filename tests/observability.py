@@ -269,6 +269,7 @@ def soakd_sample_names() -> set[str]:
     (soakd/probes/gateways.py). No ``*_created``: soakd switches them off."""
     from soakd.gateway.metrics import GatewayMetrics
     from soakd.journal.metrics import JournalMetrics
+    from soakd.metrics.capacity import CapacityMetrics
     from soakd.metrics.run import (
         LIMIT_HELP,
         GuardMetrics,
@@ -284,6 +285,7 @@ def soakd_sample_names() -> set[str]:
     JournalMetrics(registry)
     GuardMetrics(registry)
     WorkerMetrics(registry, 2)
+    CapacityMetrics(registry)
     suffixes = {
         "counter": ("_total",),
         "gauge": ("",),

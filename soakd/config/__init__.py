@@ -31,6 +31,7 @@ from soakd.config.base import (
     parse_bytes,
     parse_duration,
 )
+from soakd.config.capacity import CapacityConfig
 from soakd.config.gateway import (
     Concurrency,
     ErrorBreaker,
@@ -87,6 +88,7 @@ __all__ = [
     "THRESHOLDS_MOVED",
     "AlertLimits",
     "Bytes",
+    "CapacityConfig",
     "Compare",
     "Concurrency",
     "Config",

@@ -22,6 +22,7 @@ from soakd.config.base import (
     parse_bytes,
     repeated_name,
 )
+from soakd.config.capacity import CapacityConfig
 from soakd.config.gateway import GpuConfig, Probes
 from soakd.config.slo import AlertLimits, Compare, ReportConfig, Slo
 from soakd.config.targets import TargetConfig
@@ -158,6 +159,7 @@ class Config(Strict):
     slo: Slo = Slo()
     alert_limits: AlertLimits = AlertLimits()
     compare: Compare | None = None
+    capacity: CapacityConfig | None = None  # soakd capacity (docs/capacity.md)
 
     @model_validator(mode="after")
     def _names(self) -> Config:
@@ -203,7 +205,28 @@ class Config(Strict):
                 )
         if self.run.loop and self.run.duration is None:
             raise ValueError("run.loop needs run.duration, or it would never end")
+        if self.capacity is not None:
+            problem = self.capacity_problem()
+            if problem:
+                raise ValueError(problem)
         return self
+
+    def capacity_problem(self) -> str | None:
+        """Why these targets cannot be swept (``soakd capacity``, and ``soakd check`` of a
+        config with a ``capacity`` block): a floor for an unknown target, a target with no
+        SLO to judge a step by. None: they can."""
+        names = [t.name for t in self.targets]
+        cap = self.capacity or CapacityConfig()
+        for name in cap.floor:
+            if name not in names:
+                return f"capacity.floor.{name}: unknown target (known: {', '.join(names)})"
+        for name in names:
+            if self.slo_for(name).empty:
+                return (
+                    f"targets[{name}].slo: no SLO to judge a capacity step by; set slo (or "
+                    "the target's slo) with e.g. ttft_p99, e2e_p99 or error_ratio"
+                )
+        return None
 
     def target(self, name: str) -> TargetConfig:
         return next(t for t in self.targets if t.name == name)

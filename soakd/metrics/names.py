@@ -110,6 +110,11 @@ JOURNAL_ROWS_DROPPED_TOTAL: Final = "soakd_journal_rows_dropped_total"
 JOURNAL_WRITER_RESTARTS_TOTAL: Final = "soakd_journal_writer_restarts_total"
 RUN_DOWNTIME_SECONDS_TOTAL: Final = "soakd_run_downtime_seconds_total"
 RUN_RESUMES_TOTAL: Final = "soakd_run_resumes_total"
+# --- soakd capacity (CapacityMetrics) ----------------------------------------------------
+CAPACITY_STEP: Final = "soakd_capacity_step"
+CAPACITY_RATE: Final = "soakd_capacity_rate"
+CAPACITY_VERDICT: Final = "soakd_capacity_verdict"
+CAPACITY_KNEE: Final = "soakd_capacity_knee"
 # --- send guards (GuardMetrics) -------------------------------------------------------
 TARGET_PAUSED: Final = "soakd_target_paused"
 TARGET_PAUSES_TOTAL: Final = "soakd_target_pauses_total"

@@ -1,0 +1,101 @@
+"""``soakd capacity`` against simulators whose capacity is known from their profile: the knee
+found is within 10 % of it, for three profiles; and a sweep never runs past its bound."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from soakd.capacity.result import read_result
+from soakd.capacity.sweep import sweep
+from soakd.cli import main
+from soakd.config import config_from_dict
+from soakd.profiles import get_profile
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ANSWER = 32  # tokens an answer, every one served whole (the profiles have no EOS)
+PROFILES = ("cap-4", "cap-8", "cap-32")
+
+
+def capacity_of(name: str, answer: int = ANSWER) -> float:
+    """Requests a second the profile serves at most (docs/capacity.md): a full batch of
+    ``max_num_seqs``, each answer holding its slot for ``answer`` steps."""
+    p = get_profile(name)
+    seqs = p.max_num_seqs
+    step = p.decode_s_per_step * (1 + p.decode_slowdown_per_seq * (seqs - 1))
+    return seqs / (answer * step)
+
+
+def _port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def sweep_config(profiles: tuple[str, ...], **capacity: Any) -> dict[str, Any]:
+    return {
+        "run": {"name": "cap"},
+        "targets": [{"name": p, "simulator": p, "model": "m"} for p in profiles],
+        "workload": {"max_tokens": ANSWER, "prompts": {"input_tokens": {"mean": 16}}},
+        "phases": [{"name": "p", "duration": "1m", "load": {"mode": "constant", "rate": 1}}],
+        # loose enough that the queue decides: past capacity it rises without end
+        "slo": {"e2e_p99": "30s", "error_ratio": 0.01},
+        "capacity": {"start": 4, "min_step": "4s", "max_step": "6s", **capacity},
+        "gpu": {"source": "none"},
+    }
+
+
+def test_knee_within_ten_percent_of_each_profiles_capacity(tmp_path: Path) -> None:
+    cfg = config_from_dict(sweep_config(PROFILES, max_time="6m"))
+    result = asyncio.run(sweep(cfg, tmp_path / "sweep", metrics_addr=_port()))
+    for name in PROFILES:
+        knee = result.targets[name]
+        expected = capacity_of(name)
+        assert knee.knee is not None, knee
+        assert abs(knee.knee - expected) <= 0.10 * expected, (name, knee.knee, expected)
+        assert knee.by == "rate"
+        # the curve: below the knee every step held, and what failed above it is named
+        held = [p for p in knee.steps if p.passed]
+        assert max(p.load for p in held) == knee.knee
+        assert all(p.achieved_rps > 0 and p.e2e_p99_ms for p in held)
+        assert knee.limit in {"queue_rising", "e2e_p99", "offered_not_sent"}
+        # the simulator's own queue judged it, and its KV cache was read
+        assert all(p.queue_source == "server" and p.kv_cache_max is not None for p in knee.steps)
+    assert result.seconds <= 6 * 60
+
+
+def test_never_past_its_time_bound_and_the_cli_writes_the_result(tmp_path: Path) -> None:
+    """A bound too short to finish: the sweep stops at it, says so, and the JSON is whole;
+    ``--check`` against a floor the knee cannot reach exits 1."""
+    raw = sweep_config(("cap-8",), max_time="9s", floor={"cap-8": 500})
+    raw["capacity"]["ceiling"] = 1000
+    cfg_file = tmp_path / "c.json"
+    cfg_file.write_text(json.dumps(raw))
+    out = tmp_path / "knee.json"
+    code = main(
+        [
+            "capacity",
+            str(cfg_file),
+            "--out",
+            str(out),
+            "--run-dir",
+            str(tmp_path / "sweep"),
+            "--metrics-addr",
+            _port(),
+            "--check",
+        ]
+    )
+    assert code == 1  # below its floor
+    doc = json.loads(out.read_text())
+    knee = doc["targets"]["cap-8"]
+    assert doc["seconds"] <= 9.0
+    assert knee["ended"] == "time bound reached"
+    assert sum(s["seconds"] for s in knee["steps"]) <= 9.0
+    assert (tmp_path / "sweep" / "capacity.json").exists()
+    assert read_result(out) == {"cap-8": ("rate", knee["knee"])}
