@@ -20,15 +20,16 @@ class CapacityConfig(Strict):
     ``precision`` of each other; each step between ``min_step`` and ``max_step`` long,
     the whole sweep within ``max_time``."""
 
-    by: Literal["rate", "concurrency"] | None = None  # None: the first phase's load mode
+    # sweep open-loop rate or closed-loop concurrency (unset: the first phase's load mode)
+    by: Literal["rate", "concurrency"] | None = None
     arrivals: Literal["constant", "poisson"] = "constant"  # an open-loop step's sends
     start: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0  # the first step's load
-    factor: Annotated[float, Field(gt=1, le=10, allow_inf_nan=False)] = 2.0
-    # the highest load tried (None: 1000 req/s, or the target's max_connections)
+    factor: Annotated[float, Field(gt=1, le=10, allow_inf_nan=False)] = 2.0  # the ramp's growth
+    # the highest load tried (unset: 1000 req/s, or the target's max_connections)
     ceiling: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     precision: Annotated[float, Field(gt=0, lt=1)] = 0.05  # bisection's stop: (fail-pass)/pass
-    min_step: PositiveDuration = 5.0
-    max_step: PositiveDuration = 30.0
+    min_step: PositiveDuration = 5.0  # a step's least: then it ends once its queue is steady
+    max_step: PositiveDuration = 30.0  # a step's most: a queue still rising then fails it
     # steady: the last third's mean queue depth at most the middle third's times (1 + this),
     # or one request more
     steady_tolerance: Annotated[float, Field(ge=0, le=10)] = 0.1
@@ -37,27 +38,24 @@ class CapacityConfig(Strict):
     floor: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
         default_factory=dict
     )  # target -> the lowest knee `soakd capacity --check` accepts
-    # plans relative to capacity (``rate: 70%``): the knees, from a stored result ...
+    # a plan's shares of the knee (rate: 70%) resolved from this soakd capacity result
     result: Path | None = None
-    measure: bool = False  # ... or measured before the run starts
+    measure: bool = False  # no result: measure the knees before the run starts
 
     @model_validator(mode="after")
     def _bounds(self) -> CapacityConfig:
         if self.min_step > self.max_step:
             raise ValueError(
-                f"capacity.min_step ({self.min_step:g}s) is above capacity.max_step "
-                f"({self.max_step:g}s)"
+                f"min_step ({self.min_step:g}s) is above max_step ({self.max_step:g}s)"
             )
         if self.ceiling is not None:
             if self.start > self.ceiling:
-                raise ValueError(
-                    f"capacity.start ({self.start:g}) is above capacity.ceiling ({self.ceiling:g})"
-                )
+                raise ValueError(f"start ({self.start:g}) is above ceiling ({self.ceiling:g})")
             for target, floor in self.floor.items():
                 if floor > self.ceiling:
                     raise ValueError(
-                        f"capacity.floor.{target}: {floor:g} is above capacity.ceiling "
-                        f"({self.ceiling:g}): no sweep could pass it"
+                        f"floor.{target}: {floor:g} is above ceiling ({self.ceiling:g}): no "
+                        "sweep could pass it"
                     )
         return self
 

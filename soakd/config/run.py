@@ -159,7 +159,7 @@ class Config(Strict):
     slo: Slo = Slo()
     alert_limits: AlertLimits = AlertLimits()
     compare: Compare | None = None
-    capacity: CapacityConfig | None = None  # soakd capacity (docs/capacity.md)
+    capacity: CapacityConfig | None = None  # the knee's search: soakd capacity (docs/capacity.md)
 
     @model_validator(mode="after")
     def _names(self) -> Config:

@@ -1,0 +1,143 @@
+"""``soakd capacity``'s pure parts and its bad input: which load the search tries next, when
+a queue is steady, and the config problems that stop a sweep before it starts (one line
+naming the field, exit 2, at ``soakd check`` and ``soakd capacity``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from soakd.capacity.result import read_result
+from soakd.capacity.search import Search, steady
+from soakd.cli import main
+from soakd.config import ConfigError
+
+
+def exit_code(argv: list[str]) -> int | str | None:
+    """``soakd ARGV``'s exit status, returned or raised."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code
+
+
+def drive(search: Search, capacity: float) -> list[float]:
+    """Run the search against a server that holds every load up to ``capacity``."""
+    tried = []
+    while (load := search.next()) is not None:
+        tried.append(load)
+        search.record(load, load <= capacity)
+        assert len(tried) < 50
+    return tried
+
+
+def test_ramp_then_bisection_to_precision() -> None:
+    s = Search(start=1, factor=2, ceiling=1000, precision=0.05)
+    tried = drive(s, 13.0)
+    assert tried[:5] == [1, 2, 4, 8, 16]  # geometric until the first failure
+    assert s.passed is not None and s.failed is not None
+    assert s.passed <= 13.0 < s.failed
+    assert s.failed - s.passed <= 0.05 * s.passed
+    assert s.knee == s.passed
+    assert 13.0 * 0.95 <= s.knee <= 13.0
+
+
+def test_held_up_to_the_ceiling() -> None:
+    s = Search(start=10, factor=3, ceiling=50, precision=0.05)
+    assert drive(s, 1e9) == [10, 30, 50]
+    assert s.at_ceiling and s.knee == 50
+
+
+def test_concurrency_is_whole_and_stops_between_neighbours() -> None:
+    s = Search(start=1, factor=2, ceiling=256, precision=0.01, whole=True)
+    tried = drive(s, 11)
+    assert all(t == int(t) for t in tried)
+    assert s.knee == 11 and s.failed == 12
+
+
+def test_a_first_step_that_fails_steps_down_then_gives_up() -> None:
+    s = Search(start=8, factor=2, ceiling=100, precision=0.05)
+    assert drive(s, 2.5)[:3] == [8, 4, 2]
+    assert s.knee is not None and 2 <= s.knee <= 2.5
+    none = Search(start=8, factor=2, ceiling=100, precision=0.05)
+    assert drive(none, 0.01) == [8, 4, 2, 1]
+    assert none.knee is None
+
+
+def test_steady_judges_the_last_third_against_the_middle() -> None:
+    flat = [(t / 4, 3.0) for t in range(40)]
+    rising = [(t / 4, t * 0.5) for t in range(40)]
+    warm_up_then_flat = [(t / 4, min(t, 8) * 1.0) for t in range(40)]
+    assert steady(flat, 0.1) is True
+    assert steady(rising, 0.1) is False
+    assert steady(warm_up_then_flat, 0.1) is True  # the first third is the warm-up
+    assert steady([(0.0, 1.0), (0.25, 2.0)], 0.1) is None  # too few to tell
+    assert steady([], 0.1) is None
+
+
+BASE = """
+targets:
+  - {name: a, simulator: fast, model: m}
+phases:
+  - {name: p, duration: 1m}
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ("capacity: {max_time: 1m}\n", "targets[a].slo: no SLO to judge a capacity step by"),
+        (
+            "slo: {e2e_p99: 1s}\ncapacity: {ceiling: 10, floor: {a: 20}}\n",
+            "capacity: floor.a: 20 is above ceiling (10)",
+        ),
+        ("slo: {e2e_p99: 1s}\ncapacity: {floor: {b: 2}}\n", "capacity.floor.b: unknown target"),
+        (
+            "slo: {e2e_p99: 1s}\ncapacity: {min_step: 1m, max_step: 10s}\n",
+            "capacity: min_step (60s) is above max_step (10s)",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["check", "capacity"])
+def test_bad_capacity_config_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: str, said: str, command: str
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BASE + extra)
+    assert exit_code([command, str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert said in err
+    assert len(err.splitlines()) == 1
+
+
+def test_capacity_without_a_capacity_block_still_needs_an_slo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``soakd check`` of a config that never sweeps says nothing; ``soakd capacity`` of it
+    stops before any server starts or directory is made."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(BASE)
+    assert main(["check", str(cfg)]) == 0
+    capsys.readouterr()
+    assert exit_code(["capacity", str(cfg), "--run-dir", str(tmp_path / "sweep")]) == 2
+    assert "targets[a].slo: no SLO" in capsys.readouterr().err
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_result_that_cannot_be_read_names_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "knee.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"^capacity.result: .*knee.json: cannot be read"):
+        read_result(bad)
+    bad.write_text(json.dumps({"format": 99}))
+    with pytest.raises(ConfigError, match="not a soakd capacity result"):
+        read_result(bad)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        read_result(tmp_path / "missing.json")
+    good = {"format": 1, "targets": {"a": {"by": "rate", "knee": 9.5}, "b": {"knee": None}}}
+    bad.write_text(json.dumps(good))
+    assert read_result(bad) == {"a": ("rate", 9.5)}
+    (tmp_path / "capacity.json").write_text(json.dumps(good))
+    assert read_result(tmp_path) == {"a": ("rate", 9.5)}
