@@ -269,6 +269,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from soakd.run.startcheck import check_start
 
     cfg = load_config(args.config)
+    if cfg.shares:  # loads written as a share of the knee: resolved before the plan
+        from soakd.capacity.command import default_dir
+        from soakd.capacity.shares import resolve_shares, share_lines
+
+        cfg = asyncio.run(resolve_shares(cfg, default_dir(cfg)))
+        for line in share_lines(cfg):
+            print(f"soakd: {line}", file=sys.stderr)
     check_start(cfg)  # before the run dir is touched (`soakd check` says the same)
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(

@@ -12,11 +12,11 @@ from pathlib import Path
 from rich.console import Console
 
 from soakd.capacity.result import CapacityResult, StepPoint, curve_table, knee_text
+from soakd.capacity.shares import RESULT_FILE
 from soakd.capacity.sweep import sweep
 from soakd.config import Config, ConfigError, load_config
 from soakd.logs import close_logging, setup_logging
 
-RESULT_FILE = "capacity.json"
 EXIT_BELOW_FLOOR = 1
 
 

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from soakd.capacity.result import CapacityResult, StepPoint, TargetKnee
 from soakd.capacity.search import Search
 from soakd.capacity.step import StepOutcome, run_step
-from soakd.config import CapacityConfig, Config, ConfigError, TargetConfig
+from soakd.config import CapacityConfig, Config, ConfigError, PhaseConfig, TargetConfig
 from soakd.http import Board, start_exporter
 from soakd.metrics.capacity import CapacityMetrics
 from soakd.model import NS_PER_S
@@ -222,7 +222,11 @@ async def sweep(
     cap = cfg.capacity or CapacityConfig()
     bound = max_time_s if max_time_s is not None else cap.max_time
     await asyncio.to_thread(run_dir.mkdir, parents=True, exist_ok=True)
-    setup = Setup.open(cfg, RunOptions(run_dir=run_dir))
+    bys = {t.name: sweep_by(cfg, t.name, by) for t in cfg.targets}
+    # the servers are started as a run's, with a plan of its own (the config's may hold
+    # shares of the knee this sweep is to measure)
+    plain = cfg.model_copy(update={"phases": [PhaseConfig(name="capacity", duration=60)]})
+    setup = Setup.open(plain, RunOptions(run_dir=run_dir))
     registry = CollectorRegistry(auto_describe=True)
     metrics = CapacityMetrics(registry)
     state = SweepState()
@@ -250,7 +254,7 @@ async def sweep(
                 tcfg,
                 senders.targets[tcfg.name],
                 metrics_endpoint(tcfg, servers.urls[tcfg.name]),
-                sweep_by(cfg, tcfg.name, by),
+                bys[tcfg.name],
                 time.monotonic() + share,
             )
         state.ready = False

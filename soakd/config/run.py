@@ -189,6 +189,15 @@ class Config(Strict):
                 )
             for t in self.targets:
                 load = phase.targets.get(t.name, phase.load)
+                if load.unresolved:  # a share of the knee: checked once resolved
+                    if self.capacity is None or not (self.capacity.result or self.capacity.measure):
+                        where = f"targets.{t.name}" if t.name in phase.targets else "load"
+                        raise ValueError(
+                            f"phases[{phase.name}].{where}.{load.share_of}: a share of the "
+                            "knee needs capacity.result (a soakd capacity result) or "
+                            "capacity.measure: true"
+                        )
+                    continue
                 if load.shape().concurrency > t.max_connections:
                     raise ValueError(
                         f"phase {phase.name!r}: concurrency {load.concurrency} for "
@@ -227,6 +236,46 @@ class Config(Strict):
                     "the target's slo) with e.g. ttft_p99, e2e_p99 or error_ratio"
                 )
         return None
+
+    @property
+    def shares(self) -> list[tuple[str, str, Load]]:
+        """Every (phase, target, load) written as a share of the knee."""
+        return [
+            (phase.name, t.name, load)
+            for phase in self.phases
+            for t in self.targets
+            if (load := self.load_for(phase, t.name)).share_of is not None
+        ]
+
+    def share_texts(self) -> dict[str, dict[str, str]]:
+        """phase -> target -> what its share of the knee resolved to (the plan table,
+        /status, the report)."""
+        out: dict[str, dict[str, str]] = {}
+        for phase, target, load in self.shares:
+            out.setdefault(phase, {})[target] = load.share_text() or ""
+        return out
+
+    def with_knees(self, knees: dict[str, tuple[str, float]], where: str) -> Config:
+        """The config with every share resolved against ``knees`` (target -> (by, knee),
+        from ``where``), as each target's own load in its phase. ConfigError, one line
+        naming the load, when a target has no knee of the share's kind."""
+        phases = []
+        for phase in self.phases:
+            targets = dict(phase.targets)
+            for t in self.targets:
+                load = self.load_for(phase, t.name)
+                if not load.unresolved:
+                    continue
+                by, knee = knees.get(t.name, ("", 0.0))
+                if by != load.share_of or knee <= 0:
+                    field = f"targets.{t.name}" if t.name in phase.targets else "load"
+                    raise ConfigError(
+                        f"phases[{phase.name}].{field}.{load.share_of}: {where} has no knee "
+                        f"by {load.share_of} for target {t.name}"
+                    )
+                targets[t.name] = load.of_knee(knee)
+            phases.append(phase.model_copy(update={"targets": targets}))
+        return Config.model_validate(self.model_copy(update={"phases": phases}).model_dump())
 
     def target(self, name: str) -> TargetConfig:
         return next(t for t in self.targets if t.name == name)

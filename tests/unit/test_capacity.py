@@ -37,7 +37,8 @@ def test_ramp_then_bisection_to_precision() -> None:
     s = Search(start=1, factor=2, ceiling=1000, precision=0.05)
     tried = drive(s, 13.0)
     assert tried[:5] == [1, 2, 4, 8, 16]  # geometric until the first failure
-    assert s.passed is not None and s.failed is not None
+    assert s.passed is not None
+    assert s.failed is not None
     assert s.passed <= 13.0 < s.failed
     assert s.failed - s.passed <= 0.05 * s.passed
     assert s.knee == s.passed
@@ -47,20 +48,23 @@ def test_ramp_then_bisection_to_precision() -> None:
 def test_held_up_to_the_ceiling() -> None:
     s = Search(start=10, factor=3, ceiling=50, precision=0.05)
     assert drive(s, 1e9) == [10, 30, 50]
-    assert s.at_ceiling and s.knee == 50
+    assert s.at_ceiling
+    assert s.knee == 50
 
 
 def test_concurrency_is_whole_and_stops_between_neighbours() -> None:
     s = Search(start=1, factor=2, ceiling=256, precision=0.01, whole=True)
     tried = drive(s, 11)
     assert all(t == int(t) for t in tried)
-    assert s.knee == 11 and s.failed == 12
+    assert s.knee == 11
+    assert s.failed == 12
 
 
 def test_a_first_step_that_fails_steps_down_then_gives_up() -> None:
     s = Search(start=8, factor=2, ceiling=100, precision=0.05)
     assert drive(s, 2.5)[:3] == [8, 4, 2]
-    assert s.knee is not None and 2 <= s.knee <= 2.5
+    assert s.knee is not None
+    assert 2 <= s.knee <= 2.5
     none = Search(start=8, factor=2, ceiling=100, precision=0.05)
     assert drive(none, 0.01) == [8, 4, 2, 1]
     assert none.knee is None
@@ -141,3 +145,74 @@ def test_a_result_that_cannot_be_read_names_the_key(tmp_path: Path) -> None:
     assert read_result(bad) == {"a": ("rate", 9.5)}
     (tmp_path / "capacity.json").write_text(json.dumps(good))
     assert read_result(tmp_path) == {"a": ("rate", 9.5)}
+
+
+SHARES = """
+targets:
+  - {name: a, simulator: fast, model: m}
+  - {name: b, simulator: fast, model: m}
+phases:
+  - {name: warm, duration: 1m, load: {mode: closed, concurrency: 2}}
+  - name: steady
+    duration: 1h
+    load: {mode: poisson, rate: 70%}
+    targets: {b: {mode: closed, concurrency: 50%}}
+  - {name: over, duration: 1m, load: {mode: constant, rate: 120%}}
+slo: {e2e_p99: 30s}
+"""
+
+
+def knees_file(tmp_path: Path, knees: dict[str, tuple[str, float]]) -> Path:
+    path = tmp_path / "knees.json"
+    targets = {name: {"by": by, "knee": knee} for name, (by, knee) in knees.items()}
+    path.write_text(json.dumps({"format": 1, "targets": targets}))
+    return path
+
+
+def test_shares_of_the_knee_resolve_from_a_stored_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rate: 70%`` and ``concurrency: 50%``: the plan shows the numbers, and what each
+    share resolved to is said; a run stores the share and the knee with its load."""
+    from soakd.config import load_config
+    from soakd.run.app import RunOptions, Soak
+
+    knees = knees_file(tmp_path, {"a": ("rate", 10.0), "b": ("rate", 20.0)})
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(SHARES + f"capacity: {{result: {knees}}}\n")
+    assert exit_code(["check", str(cfg_file)]) == 2  # b's concurrency share: no such knee
+    assert "phases[steady].targets.b.concurrency: capacity.result" in capsys.readouterr().err
+    knees_file(tmp_path, {"a": ("rate", 10.0), "b": ("concurrency", 8.0)})
+    assert exit_code(["check", str(cfg_file)]) == 2  # b's rate share (over): no such knee
+    assert "phases[over].load.rate: capacity.result" in capsys.readouterr().err
+    cfg_file.write_text(
+        SHARES.replace("rate: 120%", "rate: 2") + f"capacity: {{result: {knees}}}\n"
+    )
+    assert exit_code(["check", str(cfg_file)]) == 0
+    out = capsys.readouterr().out
+    assert "poisson 7 req/s" in out  # a: 70 % of 10
+    assert "phase steady, a: rate 70% of the knee 10 req/s = 7 req/s" in out
+    assert "phase steady, b: concurrency 50% of the knee 8 = 4" in out
+    from soakd.capacity.shares import from_result
+
+    cfg = from_result(load_config(cfg_file))
+    status = Soak(cfg, RunOptions(run_dir=tmp_path / "run")).status()
+    assert status.shares["steady"]["a"] == "rate 70% of the knee 10 req/s = 7 req/s"
+    assert status.doc()["shares"]["steady"]["b"] == "concurrency 50% of the knee 8 = 4"
+    assert "over" not in status.shares
+
+
+def test_a_share_with_no_result_and_no_measurement_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(SHARES)
+    for argv in (["check"], ["run", "--run-dir", str(tmp_path / "r")]):
+        assert exit_code([*argv, str(cfg_file)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.endswith(
+            "phases[steady].load.rate: a share of the knee needs capacity.result (a soakd "
+            "capacity result) or capacity.measure: true"
+        )
+        assert len(err.splitlines()) == 1
+    assert not (tmp_path / "r").exists()

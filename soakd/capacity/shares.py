@@ -1,0 +1,46 @@
+"""Capacity room, plans relative to capacity: a load written as a share of the knee
+(``rate: 70%``) resolved before the plan is built, from ``capacity.result`` (a file
+``soakd capacity`` wrote, or its directory) or from a sweep run then
+(``capacity.measure: true``; docs/capacity.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from soakd.capacity.result import read_result
+from soakd.capacity.sweep import sweep
+from soakd.config import CapacityConfig, Config
+
+RESULT_FILE = "capacity.json"
+
+
+def from_result(cfg: Config) -> Config:
+    """``cfg`` with its shares resolved from ``capacity.result`` (ConfigError, one line,
+    when the file cannot be read or lacks a target's knee)."""
+    cap = cfg.capacity or CapacityConfig()
+    assert cap.result is not None
+    return cfg.with_knees(read_result(cap.result), f"capacity.result {cap.result}")
+
+
+async def resolve_shares(cfg: Config, sweep_dir: Path) -> Config:
+    """``cfg`` with every share of the knee resolved: from ``capacity.result`` when set,
+    else measured now by a sweep written to ``sweep_dir``. Unchanged without shares."""
+    if not cfg.shares:
+        return cfg
+    cap = cfg.capacity or CapacityConfig()
+    if cap.result is not None:
+        return from_result(cfg)
+    result = await sweep(cfg, sweep_dir)
+    result.write(sweep_dir / RESULT_FILE)
+    knees = read_result(sweep_dir / RESULT_FILE, "capacity.measure")
+    return cfg.with_knees(knees, f"the sweep in {sweep_dir}")
+
+
+def share_lines(cfg: Config) -> list[str]:
+    """One line per share: ``phase steady, cap-4: rate 70% of the knee 12 req/s = 8.4
+    req/s``."""
+    return [
+        f"phase {phase}, {target}: {text}"
+        for phase, by_target in cfg.share_texts().items()
+        for target, text in by_target.items()
+    ]
