@@ -273,7 +273,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from soakd.capacity.command import default_dir
         from soakd.capacity.shares import resolve_shares, share_lines
 
-        cfg = asyncio.run(resolve_shares(cfg, default_dir(cfg)))
+        cfg = asyncio.run(resolve_shares(cfg, default_dir(cfg), args.metrics_addr))
         for line in share_lines(cfg):
             print(f"soakd: {line}", file=sys.stderr)
     check_start(cfg)  # before the run dir is touched (`soakd check` says the same)

@@ -99,3 +99,32 @@ def test_never_past_its_time_bound_and_the_cli_writes_the_result(tmp_path: Path)
     assert sum(s["seconds"] for s in knee["steps"]) <= 9.0
     assert (tmp_path / "sweep" / "capacity.json").exists()
     assert read_result(out) == {"cap-8": ("rate", knee["knee"])}
+
+
+def test_run_measures_the_knee_first_and_soaks_at_its_share(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``capacity.measure: true``: ``soakd run`` sweeps first, then runs the plan at 50 %
+    of the knee found; the run's stored config keeps the share and the knee."""
+    import yaml
+
+    monkeypatch.chdir(tmp_path)  # the sweep's directory: runs/<name>-capacity-<time>
+    raw = sweep_config(("cap-32",), measure=True, max_time="14s", start=16)
+    raw["capacity"] |= {"min_step": "2s", "max_step": "3s"}
+    raw["phases"] = [
+        {"name": "steady", "duration": "2s", "load": {"mode": "constant", "rate": "50%"}}
+    ]
+    cfg_file = tmp_path / "c.json"
+    cfg_file.write_text(json.dumps(raw))
+    run_dir = tmp_path / "run"
+    argv = ["run", str(cfg_file), "--run-dir", str(run_dir), "--no-live"]
+    assert main([*argv, "--metrics-addr", _port()]) == 0
+    err = capsys.readouterr().err
+    (sweep_dir,) = (tmp_path / "runs").glob("cap-capacity-*")
+    knee = read_result(sweep_dir)["cap-32"]
+    assert knee[0] == "rate"
+    assert f"phase steady, cap-32: rate 50% of the knee {knee[1]:.4g} req/s" in err
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text())
+    load = stored["phases"][0]["targets"]["cap-32"]
+    assert load["rate"] == pytest.approx(knee[1] / 2)
+    assert (load["share"], load["share_of"], load["knee"]) == (0.5, "rate", knee[1])

@@ -216,3 +216,9 @@ def test_a_share_with_no_result_and_no_measurement_is_one_line(
         )
         assert len(err.splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_the_example_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "capacity.yaml"
+    assert exit_code(["check", str(example)]) == 0
+    assert "slo cap-32: e2e_p99 30s, error_ratio 1 %" in capsys.readouterr().out
