@@ -273,9 +273,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         from soakd.capacity.command import default_dir
         from soakd.capacity.shares import resolve_shares, share_lines
 
-        cfg = asyncio.run(resolve_shares(cfg, default_dir(cfg), args.metrics_addr))
+        cfg, knees = asyncio.run(resolve_shares(cfg, default_dir(cfg), args.metrics_addr))
         for line in share_lines(cfg):
             print(f"soakd: {line}", file=sys.stderr)
+    else:
+        knees = None
     check_start(cfg)  # before the run dir is touched (`soakd check` says the same)
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(
@@ -289,6 +291,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         preflight=args.preflight,
     )
     soak = Soak(cfg, opts)
+    if knees is not None:  # the knees the shares resolved against, for the report
+        soak.run_dir.mkdir(parents=True, exist_ok=True)
+        (soak.run_dir / "capacity.json").write_bytes(knees.read_bytes())
     loss = soak.resume.loss if soak.resume is not None else None
     if loss is not None:  # said before the live view hides the log; journaled too
         _warn(f"{loss.describe()}; the run goes on from where it had got to")

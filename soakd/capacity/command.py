@@ -16,6 +16,7 @@ from soakd.capacity.shares import RESULT_FILE
 from soakd.capacity.sweep import sweep
 from soakd.config import Config, ConfigError, load_config
 from soakd.logs import close_logging, setup_logging
+from soakd.report.capacity import capacity_page
 
 EXIT_BELOW_FLOOR = 1
 
@@ -55,6 +56,7 @@ def run_capacity(args: argparse.Namespace) -> int:
     finally:
         close_logging()
     result.write(run_dir / RESULT_FILE)
+    (run_dir / "capacity.html").write_text(capacity_page(result.doc()))
     if args.out is not None:
         result.write(args.out)
     return print_result(result, console, check=args.check, where=args.out or run_dir / RESULT_FILE)

@@ -22,19 +22,23 @@ def from_result(cfg: Config) -> Config:
     return cfg.with_knees(read_result(cap.result), f"capacity.result {cap.result}")
 
 
-async def resolve_shares(cfg: Config, sweep_dir: Path, metrics_addr: str | None = None) -> Config:
-    """``cfg`` with every share of the knee resolved: from ``capacity.result`` when set,
-    else measured now by a sweep written to ``sweep_dir`` (its exporter on
-    ``metrics_addr``, else ``exporter.listen``, as the run's). Unchanged without shares."""
+async def resolve_shares(
+    cfg: Config, sweep_dir: Path, metrics_addr: str | None = None
+) -> tuple[Config, Path | None]:
+    """``cfg`` with every share of the knee resolved, and the result file it resolved
+    against: ``capacity.result`` when set, else a sweep run now into ``sweep_dir`` (its
+    exporter on ``metrics_addr``, else ``exporter.listen``, as the run's). Without
+    shares: ``cfg`` and None."""
     if not cfg.shares:
-        return cfg
+        return cfg, None
     cap = cfg.capacity or CapacityConfig()
     if cap.result is not None:
-        return from_result(cfg)
+        file = cap.result / RESULT_FILE if cap.result.is_dir() else cap.result
+        return from_result(cfg), file
     result = await sweep(cfg, sweep_dir, metrics_addr=metrics_addr)
     result.write(sweep_dir / RESULT_FILE)
     knees = read_result(sweep_dir / RESULT_FILE, "capacity.measure")
-    return cfg.with_knees(knees, f"the sweep in {sweep_dir}")
+    return cfg.with_knees(knees, f"the sweep in {sweep_dir}"), sweep_dir / RESULT_FILE
 
 
 def share_lines(cfg: Config) -> list[str]:

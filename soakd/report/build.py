@@ -23,6 +23,7 @@ from soakd.measure.verdicts import compare, eligible_for_best
 from soakd.measure.verdicts import overall as overall_verdict
 from soakd.model import NS_PER_S
 from soakd.report import names
+from soakd.report.capacity import read_capacity, share_notes
 from soakd.report.decisions import (
     Judging,
     best,
@@ -183,6 +184,7 @@ def build_report(
         *cost_notes,
         *money_notes,
         *_notes(read, rows, frame),
+        *share_notes(read.stored.config_document),
     ]
     plan = read.stored.plan
     return Report(
@@ -223,6 +225,7 @@ def build_report(
         prompt_tokens=read.prompt_rows,
         prompt_sizing=read.prompt_sizing,
         output_tokens=read.output_rows,
+        capacity=read_capacity(run_dir),
     )
 
 

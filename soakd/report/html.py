@@ -147,6 +147,10 @@ def render_html(rep: Report) -> str:
     if gpus is not None:
         parts.append(html_table(gpus, row_sep="\n"))
     parts += [html_table(table) for table in slowest_tables(rep)]
+    if rep.capacity is not None:
+        from soakd.report.capacity import capacity_html
+
+        parts.append(capacity_html(rep.capacity))
     parts.append('<h2>Notes</h2><ul class="notes">')
     parts += [f"<li>{e(n)}</li>" for n in rep.notes + definitions(rep)]
     parts.append("</ul></body></html>")
@@ -180,11 +184,13 @@ def svg_chart(
     limits: Sequence[tuple[str, float]] = (),
     phases: Sequence[tuple[float, str]] = (),
     x_end: float | None = None,
+    x_label: str | None = None,
 ) -> str:
     """A line chart as inline SVG: x in plan hours (minutes or seconds for short runs), up
     to ``x_end`` (the plan time reached: nothing past it is drawn); ``markers`` (downtime)
     and ``phases`` (each phase's start, named) as vertical lines, ``limits`` (the SLO) as
-    red dashed horizontal ones."""
+    red dashed horizontal ones. ``x_label``: x is that quantity, drawn as given (not plan
+    time), from 0 to its largest value."""
     e = html.escape
     left, right, top, bottom = 60, 24, 28, 62
     pw, ph = width - left - right, height - top - bottom
@@ -200,7 +206,9 @@ def svg_chart(
         return "".join(out)
     x_hi = x_end if x_end else max([*xs, *(m[0] for m in markers)])
     xunit, xscale = "hours", 1.0
-    if x_hi < 2:
+    if x_label is not None:
+        xunit = x_label
+    elif x_hi < 2:
         xunit, xscale = ("minutes", 60.0) if x_hi >= 2 / 60 else ("seconds", 3600.0)
     x0, x1 = 0.0, x_hi * xscale or 1.0
     y0, y1 = 0.0, max([*ys, *(v for _, v in limits)]) * 1.08 or 1.0
@@ -224,7 +232,7 @@ def svg_chart(
         out.append(f'<text x="{x:.1f}" y="{top + ph + 16}" text-anchor="middle">{t:g}</text>')
     out.append(
         f'<text x="{left + pw / 2}" y="{top + ph + 30}" text-anchor="middle">'
-        f"plan time ({xunit})</text>"
+        f"{e(xunit) if x_label is not None else f'plan time ({xunit})'}</text>"
     )
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#bbb"/>')
     labelled = -1e9  # a phase's name only where the last one is far enough to the left

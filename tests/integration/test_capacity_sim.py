@@ -98,6 +98,9 @@ def test_never_past_its_time_bound_and_the_cli_writes_the_result(tmp_path: Path)
     assert knee["ended"] == "time bound reached"
     assert sum(s["seconds"] for s in knee["steps"]) <= 9.0
     assert (tmp_path / "sweep" / "capacity.json").exists()
+    page = (tmp_path / "sweep" / "capacity.html").read_text()
+    assert "<svg" in page
+    assert "achieved req/s" in page
     assert read_result(out) == {"cap-8": ("rate", knee["knee"])}
 
 
@@ -128,3 +131,10 @@ def test_run_measures_the_knee_first_and_soaks_at_its_share(
     load = stored["phases"][0]["targets"]["cap-32"]
     assert load["rate"] == pytest.approx(knee[1] / 2)
     assert (load["share"], load["share_of"], load["knee"]) == (0.5, "rate", knee[1])
+    # the report: the knees the shares resolved against, drawn, and each share said
+    assert read_result(run_dir) == {"cap-32": knee}
+    report = tmp_path / "report.html"
+    assert main(["report", str(run_dir), "--format", "html", "-o", str(report)]) == 0
+    page = report.read_text()
+    assert "Capacity: latency against throughput" in page
+    assert f"phase steady, cap-32: rate 50% of the knee {knee[1]:.4g} req/s" in page
