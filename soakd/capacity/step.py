@@ -34,7 +34,8 @@ from soakd.workload.runner import Runner
 
 WATCH_S = 0.25
 """How often a step reads the queue (the server's /metrics and soakd's in-flight count)."""
-SCRAPE_TIMEOUT_S = 2.0
+SCRAPE_TIMEOUT_S = 1.0
+"""A scrape slower than this is no reading (the step's end waits for it at most this)."""
 MISSED_LIMIT = 0.01
 MISSED_FLOOR = 2
 """A step that could not make more than this share of its planned sends (and more than
@@ -186,12 +187,15 @@ async def run_step(
     answers: Callable[[int], int | None] | None,
     metrics_ep: Endpoint | None,
     min_s: float,
+    min_requests: int,
     max_s: float,
     tolerance: float,
-    drain_s: float,
+    deadline: float,
 ) -> StepOutcome:
     """Send ``shape`` to one target for at least ``min_s`` and at most ``max_s``, ending
-    as soon as the queue is steady after ``min_s``; then drain (at most ``drain_s``)."""
+    as soon as the queue is steady after ``min_s`` and ``min_requests`` answers; then
+    drain until ``deadline`` (``time.monotonic()``) at most: what is still out then is cut
+    (``cancelled``, judged by no one)."""
     recorder = StepRecorder(slo)
     ledger = SendLedger()
     plan = Plan((Phase(0, PHASE, 0, math.ceil(max_s * NS_PER_S), {name: shape}),))
@@ -217,7 +221,7 @@ async def run_step(
             reading = await _scrape(session, metrics_ep)
             t = time.monotonic() - started
             watched.add(t, runner.in_flight.get(name, 0), reading)
-            if t >= min_s:
+            if t >= min_s and recorder.stats.requests >= min_requests:
                 judged = steady(watched.depth, tolerance)
                 if judged:
                     runner.stop()
@@ -228,7 +232,8 @@ async def run_step(
     if not judged:  # ran to max_s: judged over the whole step
         judged = steady(watched.depth, tolerance)
     sent_s = runner.active_s()
-    cancelled = await runner.drain(drain_s)
+    runner.stop()  # the instants due now are not sent late into the drain
+    cancelled = await runner.drain(max(0.0, deadline - time.monotonic()))
     row = StepRow.of(recorder.stats, sent_s)
     verdict = judge(name, PHASE, slo, row, recorder.tally)
     missed = ledger.total(name)

@@ -140,9 +140,10 @@ class Sweeper:
                 answers=answers,
                 metrics_ep=ep,
                 min_s=cap.min_step,
+                min_requests=cap.min_requests,
                 max_s=send_s,
                 tolerance=cap.steady_tolerance,
-                drain_s=max(0.0, deadline - time.monotonic() - send_s),
+                deadline=deadline,
             )
             search.record(load, step.passed)
             point = StepPoint.of(index, step)

@@ -30,6 +30,8 @@ class CapacityConfig(Strict):
     precision: Annotated[float, Field(gt=0, lt=1)] = 0.05  # bisection's stop: (fail-pass)/pass
     min_step: PositiveDuration = 5.0  # a step's least: then it ends once its queue is steady
     max_step: PositiveDuration = 30.0  # a step's most: a queue still rising then fails it
+    # answers a step waits for before it may end early (a P99 of a dozen is their maximum)
+    min_requests: Annotated[int, Field(ge=1)] = 50
     # steady: the last third's mean queue depth at most the middle third's times (1 + this),
     # or one request more
     steady_tolerance: Annotated[float, Field(ge=0, le=10)] = 0.1

@@ -46,7 +46,13 @@ def sweep_config(profiles: tuple[str, ...], **capacity: Any) -> dict[str, Any]:
         "phases": [{"name": "p", "duration": "1m", "load": {"mode": "constant", "rate": 1}}],
         # loose enough that the queue decides: past capacity it rises without end
         "slo": {"e2e_p99": "30s", "error_ratio": 0.01},
-        "capacity": {"start": 4, "min_step": "4s", "max_step": "6s", **capacity},
+        "capacity": {
+            "start": 4,
+            "min_step": "4s",
+            "max_step": "6s",
+            "min_requests": 20,
+            **capacity,
+        },
         "gpu": {"source": "none"},
     }
 
@@ -68,6 +74,21 @@ def test_knee_within_ten_percent_of_each_profiles_capacity(tmp_path: Path) -> No
         # the simulator's own queue judged it, and its KV cache was read
         assert all(p.queue_source == "server" and p.kv_cache_max is not None for p in knee.steps)
     assert result.seconds <= 6 * 60
+
+
+def test_a_closed_loop_knee_is_the_batch(tmp_path: Path) -> None:
+    """By concurrency, the SLO decides: up to ``max_num_seqs`` streams every answer takes
+    ``ANSWER`` steps (432 ms for cap-8 at a full batch); one stream more waits a whole
+    answer for a slot, past an E2E P99 of 600 ms. The knee is the batch."""
+    raw = sweep_config(("cap-8",), by="concurrency", start=2, max_time="90s")
+    raw["slo"] = {"e2e_p99": "600ms"}
+    raw["capacity"] |= {"min_step": "3s", "max_step": "5s", "min_requests": 50}
+    result = asyncio.run(sweep(config_from_dict(raw), tmp_path / "sweep", metrics_addr=_port()))
+    knee = result.targets["cap-8"]
+    assert knee.by == "concurrency"
+    assert knee.knee == get_profile("cap-8").max_num_seqs
+    assert knee.limit == "e2e_p99"
+    assert all(p.load == int(p.load) for p in knee.steps)
 
 
 def test_never_past_its_time_bound_and_the_cli_writes_the_result(tmp_path: Path) -> None:
