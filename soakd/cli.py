@@ -11,12 +11,15 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from soakd import __version__
-from soakd.config import ConfigError, load_config, load_decisions, parse_duration
+from soakd.config import Config, ConfigError, load_config, load_decisions, parse_duration
 from soakd.journal import JournalError
 from soakd.net import parse_host_port
+
+if TYPE_CHECKING:
+    from soakd.run.session import SweepHook
 
 EXIT_USAGE = 2
 EXIT_NO_SUCCESS = 3
@@ -289,6 +292,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         console_logs=not live,
         force=args.force,
         preflight=args.preflight,
+        on_sweep=_sweep_hook(cfg),
     )
     soak = Soak(cfg, opts)
     if knees is not None:  # the knees the shares resolved against, for the report
@@ -500,6 +504,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     tmp.replace(args.output)
     print(f"{args.output}: {n} request rows", file=sys.stderr)
     return 0
+
+
+def _sweep_hook(cfg: Config) -> SweepHook | None:
+    """``mode: sweep`` phases' capacity sweeps (None: the plan has none)."""
+    if not any(cfg.load_for(p, t.name).mode == "sweep" for p in cfg.phases for t in cfg.targets):
+        return None
+    from soakd.capacity.phases import phase_hook
+
+    return phase_hook(cfg)
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:

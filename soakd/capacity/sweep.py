@@ -66,7 +66,7 @@ def sweep_by(cfg: Config, name: str, by: str | None) -> str:
         return chosen
     for phase in cfg.phases:
         load = cfg.load_for(phase, name)
-        if load.mode != "idle":
+        if load.mode not in ("idle", "sweep"):
             return "concurrency" if load.mode == "closed" else "rate"
     return "rate"
 

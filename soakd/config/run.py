@@ -214,7 +214,10 @@ class Config(Strict):
                 )
         if self.run.loop and self.run.duration is None:
             raise ValueError("run.loop needs run.duration, or it would never end")
-        if self.capacity is not None:
+        sweeps = any(
+            self.load_for(p, t.name).mode == "sweep" for p in self.phases for t in self.targets
+        )
+        if self.capacity is not None or sweeps:
             problem = self.capacity_problem()
             if problem:
                 raise ValueError(problem)
@@ -222,8 +225,8 @@ class Config(Strict):
 
     def capacity_problem(self) -> str | None:
         """Why these targets cannot be swept (``soakd capacity``, and ``soakd check`` of a
-        config with a ``capacity`` block): a floor for an unknown target, a target with no
-        SLO to judge a step by. None: they can."""
+        config with a ``capacity`` block or a ``mode: sweep`` phase): a floor for an unknown
+        target, a target with no SLO to judge a step by. None: they can."""
         names = [t.name for t in self.targets]
         cap = self.capacity or CapacityConfig()
         for name in cap.floor:

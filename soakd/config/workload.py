@@ -81,7 +81,8 @@ class Load(Strict):
     (closed loop) may be a share of the target's knee, ``70%``: resolved before the run
     starts from ``capacity.result`` or a sweep (``capacity.measure``; docs/capacity.md)."""
 
-    mode: Literal["closed", "constant", "poisson", "ramp", "idle"] = "closed"
+    # how it sends; sweep: the phase re-measures the target's knee (docs/capacity.md)
+    mode: Literal["closed", "constant", "poisson", "ramp", "idle", "sweep"] = "closed"
     concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 1  # closed loop
     rate: PositiveRate = 0.0  # req/s: constant, poisson, and where a ramp starts
     rate_end: PositiveRate | None = None  # req/s where a ramp ends

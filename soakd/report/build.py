@@ -23,7 +23,7 @@ from soakd.measure.verdicts import compare, eligible_for_best
 from soakd.measure.verdicts import overall as overall_verdict
 from soakd.model import NS_PER_S
 from soakd.report import names
-from soakd.report.capacity import read_capacity, share_notes
+from soakd.report.capacity import read_capacity, share_notes, sweep_notes
 from soakd.report.decisions import (
     Judging,
     best,
@@ -185,6 +185,7 @@ def build_report(
         *money_notes,
         *_notes(read, rows, frame),
         *share_notes(read.stored.config_document),
+        *sweep_notes(run_dir),
     ]
     plan = read.stored.plan
     return Report(

@@ -46,6 +46,44 @@ def share_notes(config_document: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def sweep_notes(run_dir: Path) -> list[str]:
+    """The ``mode: sweep`` phases' knees (``capacity-NNNN.json``: soakd/capacity/phases.py),
+    each, then each target's drift from the first to the last: ``the knee of cap-32 fell
+    from 26 to 21 req/s between hour 0 and hour 48 (-19 %)``."""
+    sweeps = []
+    for path in sorted(run_dir.glob("capacity-[0-9]*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("targets"), dict):
+            sweeps.append(doc)
+    notes = []
+    series: dict[str, list[tuple[float, float, str]]] = {}
+    for doc in sweeps:
+        hour = (_num(doc.get("plan_offset_s")) or 0.0) / 3600
+        phase = doc.get("phase")
+        for name, t in doc["targets"].items():
+            notes.append(
+                f"capacity sweep (phase {phase}, its requests in no other figure), hour "
+                f"{hour:.3g}: {knee_line(name, t)}"
+            )
+            knee = _num(t.get("knee"))
+            if knee is not None:
+                series.setdefault(name, []).append((hour, knee, str(t.get("by"))))
+    for name, points in series.items():
+        if len(points) < 2:
+            continue
+        (h0, k0, by), (h1, k1, _) = points[0], points[-1]
+        unit = " req/s" if by == "rate" else " concurrent"
+        moved = "fell" if k1 < k0 else "rose" if k1 > k0 else "stayed"
+        notes.append(
+            f"the knee of {name} {moved} from {k0:.4g} to {k1:.4g}{unit} between hour "
+            f"{h0:.3g} and hour {h1:.3g} ({(k1 - k0) / k0:+.0%})"
+        )
+    return notes
+
+
 def _num(v: object) -> float | None:
     return float(v) if isinstance(v, int | float) else None
 

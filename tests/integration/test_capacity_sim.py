@@ -60,9 +60,10 @@ def sweep_config(profiles: tuple[str, ...], **capacity: Any) -> dict[str, Any]:
 def test_knee_within_ten_percent_of_each_profiles_capacity(tmp_path: Path) -> None:
     cfg = config_from_dict(sweep_config(PROFILES, max_time="6m"))
     result = asyncio.run(sweep(cfg, tmp_path / "sweep", metrics_addr=_port()))
-    for name in PROFILES:
+    for name in PROFILES:  # -s shows the figures
         knee = result.targets[name]
         expected = capacity_of(name)
+        print(f"{name}: knee {knee.knee} against {expected:.2f} req/s, {knee.seconds:.0f} s")
         assert knee.knee is not None, knee
         assert abs(knee.knee - expected) <= 0.10 * expected, (name, knee.knee, expected)
         assert knee.by == "rate"

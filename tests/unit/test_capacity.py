@@ -222,3 +222,24 @@ def test_the_example_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "capacity.yaml"
     assert exit_code(["check", str(example)]) == 0
     assert "slo cap-32: e2e_p99 30s, error_ratio 1 %" in capsys.readouterr().out
+
+
+def test_a_sweep_phase_is_planned_and_needs_an_slo(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    sweeps = """
+targets:
+  - {name: a, simulator: fast, model: m}
+phases:
+  - {name: knee-0, duration: 10m, load: {mode: sweep}}
+  - {name: soak, duration: 24h, load: {mode: poisson, rate: 2}}
+  - {name: knee-1, duration: 10m, load: {mode: sweep}}
+"""
+    cfg.write_text(sweeps)
+    assert exit_code(["check", str(cfg)]) == 2
+    assert "targets[a].slo: no SLO to judge a capacity step by" in capsys.readouterr().err
+    cfg.write_text(sweeps + "slo: {e2e_p99: 10s}\n")
+    assert exit_code(["check", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("capacity sweep") == 2
