@@ -11,15 +11,12 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from soakd import __version__
-from soakd.config import Config, ConfigError, load_config, load_decisions, parse_duration
+from soakd.config import ConfigError, load_config, load_decisions, parse_duration
 from soakd.journal import JournalError
 from soakd.net import parse_host_port
-
-if TYPE_CHECKING:
-    from soakd.run.session import SweepHook
 
 EXIT_USAGE = 2
 EXIT_NO_SUCCESS = 3
@@ -272,15 +269,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from soakd.run.startcheck import check_start
 
     cfg = load_config(args.config)
-    if cfg.shares:  # loads written as a share of the knee: resolved before the plan
-        from soakd.capacity.command import default_dir
-        from soakd.capacity.shares import resolve_shares, share_lines
+    capacity = None
+    if cfg.shares or cfg.sweeps:  # shares of the knee resolved, sweep phases hooked
+        from soakd.capacity.shares import for_run
 
-        cfg, knees = asyncio.run(resolve_shares(cfg, default_dir(cfg), args.metrics_addr))
-        for line in share_lines(cfg):
-            print(f"soakd: {line}", file=sys.stderr)
-    else:
-        knees = None
+        capacity = for_run(cfg, args.metrics_addr)
+        cfg = capacity.cfg
     check_start(cfg)  # before the run dir is touched (`soakd check` says the same)
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(
@@ -292,12 +286,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         console_logs=not live,
         force=args.force,
         preflight=args.preflight,
-        on_sweep=_sweep_hook(cfg),
+        on_sweep=capacity.on_sweep if capacity else None,
     )
     soak = Soak(cfg, opts)
-    if knees is not None:  # the knees the shares resolved against, for the report
-        soak.run_dir.mkdir(parents=True, exist_ok=True)
-        (soak.run_dir / "capacity.json").write_bytes(knees.read_bytes())
+    if capacity is not None:
+        capacity.keep(soak.run_dir)  # the knees the shares resolved against, for the report
     loss = soak.resume.loss if soak.resume is not None else None
     if loss is not None:  # said before the live view hides the log; journaled too
         _warn(f"{loss.describe()}; the run goes on from where it had got to")
@@ -504,15 +497,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     tmp.replace(args.output)
     print(f"{args.output}: {n} request rows", file=sys.stderr)
     return 0
-
-
-def _sweep_hook(cfg: Config) -> SweepHook | None:
-    """``mode: sweep`` phases' capacity sweeps (None: the plan has none)."""
-    if not any(cfg.load_for(p, t.name).mode == "sweep" for p in cfg.phases for t in cfg.targets):
-        return None
-    from soakd.capacity.phases import phase_hook
-
-    return phase_hook(cfg)
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:

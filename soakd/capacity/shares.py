@@ -5,11 +5,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from soakd.capacity.result import read_result
 from soakd.capacity.sweep import sweep
 from soakd.config import CapacityConfig, Config
+from soakd.run.session import SweepHook
 
 RESULT_FILE = "capacity.json"
 
@@ -49,3 +54,32 @@ def share_lines(cfg: Config) -> list[str]:
         for phase, by_target in cfg.share_texts().items()
         for target, text in by_target.items()
     ]
+
+
+@dataclass(frozen=True)
+class ForRun:
+    """What ``soakd run`` takes from capacity: the config with its shares resolved, the
+    result they resolved against, and the hook of its ``mode: sweep`` phases."""
+
+    cfg: Config
+    knees: Path | None
+    on_sweep: SweepHook | None
+
+    def keep(self, run_dir: Path) -> None:
+        """The result the shares resolved against, as the run dir's ``capacity.json`` (the
+        report draws its curve)."""
+        if self.knees is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.knees, run_dir / RESULT_FILE)
+
+
+def for_run(cfg: Config, metrics_addr: str | None) -> ForRun:
+    """Resolve ``cfg``'s shares (a sweep first with ``capacity.measure``: its steps on
+    ``metrics_addr``), say what each resolved to on stderr, and hook its sweep phases."""
+    from soakd.capacity.command import default_dir
+    from soakd.capacity.phases import phase_hook
+
+    resolved, knees = asyncio.run(resolve_shares(cfg, default_dir(cfg), metrics_addr))
+    for line in share_lines(resolved):
+        print(f"soakd: {line}", file=sys.stderr)
+    return ForRun(resolved, knees, phase_hook(resolved) if resolved.sweeps else None)

@@ -214,10 +214,7 @@ class Config(Strict):
                 )
         if self.run.loop and self.run.duration is None:
             raise ValueError("run.loop needs run.duration, or it would never end")
-        sweeps = any(
-            self.load_for(p, t.name).mode == "sweep" for p in self.phases for t in self.targets
-        )
-        if self.capacity is not None or sweeps:
+        if self.capacity is not None or self.sweeps:
             problem = self.capacity_problem()
             if problem:
                 raise ValueError(problem)
@@ -239,6 +236,13 @@ class Config(Strict):
                     "the target's slo) with e.g. ttft_p99, e2e_p99 or error_ratio"
                 )
         return None
+
+    @property
+    def sweeps(self) -> bool:
+        """A phase re-measures a target's knee (``mode: sweep``)."""
+        return any(
+            self.load_for(p, t.name).mode == "sweep" for p in self.phases for t in self.targets
+        )
 
     @property
     def shares(self) -> list[tuple[str, str, Load]]:
