@@ -1,4 +1,4 @@
-"""CLI: parse, call, print. ``soakd run | check | report | export | sim | gateway``.
+"""CLI: parse, call, print. ``soakd run | check | capacity | report | export | sim | gateway``.
 Exit 2 on bad input, one line each."""
 
 from __future__ import annotations
@@ -196,6 +196,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="a damaged journal: export the rows that are readable (what was lost: on stderr)",
     )
 
+    cap = sub.add_parser(
+        "capacity", help="find each target's knee: the highest load at which its SLO holds"
+    )
+    cap.add_argument("config", type=Path)
+    cap.add_argument(
+        "--by",
+        choices=("rate", "concurrency"),
+        help="sweep open-loop rate or closed-loop concurrency (default: capacity.by, else "
+        "the first phase's load mode)",
+    )
+    cap.add_argument(
+        "--max-time",
+        type=_duration,
+        metavar="D",
+        help="the whole sweep's bound (default capacity.max_time, 10m)",
+    )
+    cap.add_argument("--out", type=Path, metavar="FILE", help="also write the result's JSON here")
+    cap.add_argument(
+        "--run-dir", type=Path, metavar="DIR", help="default runs/<name>-capacity-<time>"
+    )
+    cap.add_argument("--metrics-addr", type=_addr, metavar="HOST:PORT")
+    cap.add_argument(
+        "--check", action="store_true", help="exit 1 when a knee is below its capacity.floor"
+    )
+
     sim = sub.add_parser("sim", help="serve the embedded vLLM-like simulator")
     sim.add_argument("--host", default="127.0.0.1")
     sim.add_argument("--port", type=int, default=8000)
@@ -244,6 +269,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from soakd.run.startcheck import check_start
 
     cfg = load_config(args.config)
+    capacity = None
+    if cfg.shares or cfg.sweeps:  # shares of the knee resolved, sweep phases hooked
+        from soakd.capacity.shares import for_run
+
+        capacity = for_run(cfg, args.metrics_addr)
+        cfg = capacity.cfg
     check_start(cfg)  # before the run dir is touched (`soakd check` says the same)
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(
@@ -255,8 +286,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         console_logs=not live,
         force=args.force,
         preflight=args.preflight,
+        on_sweep=capacity.on_sweep if capacity else None,
     )
     soak = Soak(cfg, opts)
+    if capacity is not None:
+        capacity.keep(soak.run_dir)  # the knees the shares resolved against, for the report
     loss = soak.resume.loss if soak.resume is not None else None
     if loss is not None:  # said before the live view hides the log; journaled too
         _warn(f"{loss.describe()}; the run goes on from where it had got to")
@@ -465,6 +499,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from soakd.capacity.command import run_capacity
+    from soakd.run.session import StartError
+
+    try:
+        return run_capacity(args)
+    except StartError as exc:  # a simulator or gateway soakd starts did not come up
+        _fail(str(exc))
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     from soakd.logs import setup_logging
     from soakd.profiles import PROFILES
@@ -511,6 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {
         "run": cmd_run,
         "check": cmd_check,
+        "capacity": cmd_capacity,
         "report": cmd_report,
         "export": cmd_export,
         "sim": cmd_sim,

@@ -38,6 +38,17 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
     from soakd.workload.sizing import plan_lines
 
     cfg = load_config(path)
+    if cfg.shares:  # shares of the knee: resolved from the stored result, or said
+        from soakd.capacity.shares import from_result, share_lines
+
+        if cfg.capacity is not None and cfg.capacity.result is not None:
+            cfg = from_result(cfg)
+        else:
+            check_start(cfg)
+            print(f"{path}: ok")
+            print("\n".join(share_lines(cfg)))
+            print("capacity.measure: the knees are measured when soakd run starts (no plan yet)")
+            return
     check_start(cfg)  # what `soakd run` reads before it starts: the same lines
     plan = build_plan(
         cfg, datetime.now(UTC), rehearse_s=args.rehearse, duration_cap_s=args.duration
@@ -45,6 +56,10 @@ def _check_one(path: Path, args: argparse.Namespace) -> None:
     prompt_lines = asyncio.run(plan_lines(cfg))  # a bad tokenizer file: a ConfigError
     print(f"{path}: ok")
     print(describe_plan(plan, cfg))
+    if cfg.shares:
+        from soakd.capacity.shares import share_lines
+
+        print("\n".join(share_lines(cfg)))
     print("\n".join(prompt_lines + conversation_lines(cfg.workload) + answer_lines(cfg)))
     from soakd.workers.senders import senders_for
 

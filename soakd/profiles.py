@@ -194,6 +194,26 @@ _FAST = dataclasses.replace(
     decode_s_per_kv_token=0.0,
 )
 
+
+def _capacity(name: str, seqs: int, step_s: float, slowdown: float) -> Profile:
+    """A profile whose capacity follows from its batch and step time alone: no KV-read
+    cost, prefill practically free, no EOS. Answers of M tokens each hold a batch slot for
+    M steps (the prefill step samples the first token), so the most it serves is
+    ``seqs / (M * step(seqs))`` requests a second, ``step(n) = step_s * (1 + slowdown *
+    (n - 1))`` (docs/capacity.md)."""
+    return dataclasses.replace(
+        _EDGE_4GB,
+        name=name,
+        description=f"capacity test: max_num_seqs {seqs}, {step_s * 1000:g} ms a step "
+        f"(+{slowdown:.0%} a sequence), free prefill",
+        max_num_seqs=seqs,
+        prefill_tokens_per_s=1e9,
+        decode_s_per_step=step_s,
+        decode_slowdown_per_seq=slowdown,
+        decode_s_per_kv_token=0.0,
+    )
+
+
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
@@ -252,6 +272,11 @@ PROFILES: dict[str, Profile] = {
             description="fast with answers ending at their own EOS: 2% a token (~50 tokens)",
             eos_probability=0.02,
         ),
+        # capacities known from the profile alone (docs/capacity.md, tests/integration/
+        # test_capacity_sim.py): with 32-token answers, 12.5, 18.5 and 25.4 req/s
+        _capacity("cap-4", 4, 0.010, 0.0),
+        _capacity("cap-8", 8, 0.010, 0.05),
+        _capacity("cap-32", 32, 0.030, 0.01),
     )
 }
 

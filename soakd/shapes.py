@@ -143,6 +143,17 @@ class Idle(LoadShape):
 
 
 @dataclass(frozen=True, slots=True)
+class Sweep(Idle):
+    """The phase re-measures the target's knee (docs/capacity.md): the runner sends it
+    nothing, a bounded capacity sweep does, and its requests are in no verdict."""
+
+    mode: ClassVar[str] = "sweep"
+
+    def describe(self) -> str:
+        return "capacity sweep"
+
+
+@dataclass(frozen=True, slots=True)
 class Closed(LoadShape):
     """A fixed number of streams, each sending its next request when its answer is in."""
 
@@ -560,5 +571,5 @@ def _kind(mode: str) -> type[LoadShape]:
 
 
 _MODES: dict[str, type[LoadShape]] = {
-    kind.mode: kind for kind in (Closed, Constant, Poisson, Ramp, Idle, Trace, Daily)
+    kind.mode: kind for kind in (Closed, Constant, Poisson, Ramp, Idle, Trace, Daily, Sweep)
 }

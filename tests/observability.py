@@ -269,6 +269,7 @@ def soakd_sample_names() -> set[str]:
     (soakd/probes/gateways.py). No ``*_created``: soakd switches them off."""
     from soakd.gateway.metrics import GatewayMetrics
     from soakd.journal.metrics import JournalMetrics
+    from soakd.metrics.capacity import CapacityMetrics
     from soakd.metrics.checks import CheckMetrics
     from soakd.metrics.run import (
         LIMIT_HELP,
@@ -286,6 +287,7 @@ def soakd_sample_names() -> set[str]:
     GuardMetrics(registry)
     WorkerMetrics(registry, 2)
     CheckMetrics(registry)
+    CapacityMetrics(registry)
     suffixes = {
         "counter": ("_total",),
         "gauge": ("",),

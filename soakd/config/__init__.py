@@ -32,6 +32,7 @@ from soakd.config.base import (
     parse_bytes,
     parse_duration,
 )
+from soakd.config.capacity import CapacityConfig
 from soakd.config.checks import BuiltinKind, ChecksConfig, Reference
 from soakd.config.gateway import (
     Concurrency,
@@ -105,6 +106,7 @@ __all__ = [
     "AlertLimits",
     "BuiltinKind",
     "Bytes",
+    "CapacityConfig",
     "ChecksConfig",
     "Compare",
     "Concurrency",

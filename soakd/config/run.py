@@ -22,6 +22,7 @@ from soakd.config.base import (
     parse_bytes,
     repeated_name,
 )
+from soakd.config.capacity import CapacityConfig
 from soakd.config.checks import ChecksConfig
 from soakd.config.gateway import GpuConfig, Probes
 from soakd.config.slo import AlertLimits, Compare, ReportConfig, Slo
@@ -160,6 +161,7 @@ class Config(Strict):
     alert_limits: AlertLimits = AlertLimits()
     compare: Compare | None = None
     checks: ChecksConfig | None = None
+    capacity: CapacityConfig | None = None  # the knee's search: soakd capacity (docs/capacity.md)
 
     @model_validator(mode="after")
     def _names(self) -> Config:
@@ -216,6 +218,15 @@ class Config(Strict):
                 )
             for t in self.targets:
                 load = phase.targets.get(t.name, phase.load)
+                if load.unresolved:  # a share of the knee: checked once resolved
+                    if self.capacity is None or not (self.capacity.result or self.capacity.measure):
+                        where = f"targets.{t.name}" if t.name in phase.targets else "load"
+                        raise ValueError(
+                            f"phases[{phase.name}].{where}.{load.share_of}: a share of the "
+                            "knee needs capacity.result (a soakd capacity result) or "
+                            "capacity.measure: true"
+                        )
+                    continue
                 if load.shape().concurrency > t.max_connections:
                     raise ValueError(
                         f"phase {phase.name!r}: concurrency {load.concurrency} for "
@@ -232,7 +243,75 @@ class Config(Strict):
                 )
         if self.run.loop and self.run.duration is None:
             raise ValueError("run.loop needs run.duration, or it would never end")
+        if self.capacity is not None or self.sweeps:
+            problem = self.capacity_problem()
+            if problem:
+                raise ValueError(problem)
         return self
+
+    def capacity_problem(self) -> str | None:
+        """Why these targets cannot be swept (``soakd capacity``, and ``soakd check`` of a
+        config with a ``capacity`` block or a ``mode: sweep`` phase): a floor for an unknown
+        target, a target with no SLO to judge a step by. None: they can."""
+        names = [t.name for t in self.targets]
+        cap = self.capacity or CapacityConfig()
+        for name in cap.floor:
+            if name not in names:
+                return f"capacity.floor.{name}: unknown target (known: {', '.join(names)})"
+        for name in names:
+            if self.slo_for(name).empty:
+                return (
+                    f"targets[{name}].slo: no SLO to judge a capacity step by; set slo (or "
+                    "the target's slo) with e.g. ttft_p99, e2e_p99 or error_ratio"
+                )
+        return None
+
+    @property
+    def sweeps(self) -> bool:
+        """A phase re-measures a target's knee (``mode: sweep``)."""
+        return any(
+            self.load_for(p, t.name).mode == "sweep" for p in self.phases for t in self.targets
+        )
+
+    @property
+    def shares(self) -> list[tuple[str, str, Load]]:
+        """Every (phase, target, load) written as a share of the knee."""
+        return [
+            (phase.name, t.name, load)
+            for phase in self.phases
+            for t in self.targets
+            if (load := self.load_for(phase, t.name)).share_of is not None
+        ]
+
+    def share_texts(self) -> dict[str, dict[str, str]]:
+        """phase -> target -> what its share of the knee resolved to (the plan table,
+        /status, the report)."""
+        out: dict[str, dict[str, str]] = {}
+        for phase, target, load in self.shares:
+            out.setdefault(phase, {})[target] = load.share_text() or ""
+        return out
+
+    def with_knees(self, knees: dict[str, tuple[str, float]], where: str) -> Config:
+        """The config with every share resolved against ``knees`` (target -> (by, knee),
+        from ``where``), as each target's own load in its phase. ConfigError, one line
+        naming the load, when a target has no knee of the share's kind."""
+        phases = []
+        for phase in self.phases:
+            targets = dict(phase.targets)
+            for t in self.targets:
+                load = self.load_for(phase, t.name)
+                if not load.unresolved:
+                    continue
+                by, knee = knees.get(t.name, ("", 0.0))
+                if by != load.share_of or knee <= 0:
+                    field = f"targets.{t.name}" if t.name in phase.targets else "load"
+                    raise ConfigError(
+                        f"phases[{phase.name}].{field}.{load.share_of}: {where} has no knee "
+                        f"by {load.share_of} for target {t.name}"
+                    )
+                targets[t.name] = load.of_knee(knee)
+            phases.append(phase.model_copy(update={"targets": targets}))
+        return Config.model_validate(self.model_copy(update={"phases": phases}).model_dump())
 
     def target(self, name: str) -> TargetConfig:
         return next(t for t in self.targets if t.name == name)

@@ -161,10 +161,28 @@ class Conversations(Strict):
     on_failure: Literal["end", "continue"] = "end"
 
 
-class Load(Strict):
-    """The load shape of one target in one phase."""
+def _share(value: object) -> float | None:
+    """``"70%"`` -> 0.7; anything else None (a number, or a value the field itself rejects)."""
+    if not isinstance(value, str) or not value.strip().endswith("%"):
+        return None
+    try:
+        share = float(value.strip()[:-1]) / 100
+    except ValueError:
+        raise ValueError(f"bad share of the knee {value!r} (e.g. 70%)") from None
+    if not 0 < share <= 10:  # up to ten times the knee, on purpose
+        raise ValueError(f"a share of the knee must be above 0 % and at most 1000 %, got {value}")
+    return share
 
-    mode: Literal["closed", "constant", "poisson", "ramp", "idle", "trace", "daily"] = "closed"
+
+class Load(Strict):
+    """The load shape of one target in one phase. ``rate`` (open loop) or ``concurrency``
+    (closed loop) may be a share of the target's knee, ``70%``: resolved before the run
+    starts from ``capacity.result`` or a sweep (``capacity.measure``; docs/capacity.md)."""
+
+    # how it sends; sweep: the phase re-measures the target's knee (docs/capacity.md)
+    mode: Literal["closed", "constant", "poisson", "ramp", "idle", "trace", "daily", "sweep"] = (
+        "closed"
+    )
     concurrency: Annotated[int, Field(ge=0, le=MAX_CONCURRENCY)] = 1  # closed loop
     rate: PositiveRate = 0.0  # req/s: constant, poisson, and where a ramp starts
     rate_end: PositiveRate | None = None  # req/s where a ramp ends
@@ -199,8 +217,36 @@ class Load(Strict):
                 raise ValueError(f"{name!r} is not a known time zone (e.g. Europe/Paris)") from None
         return name
 
+    # a share of the knee (rate: 70%): the share, and the knee it resolved against (unset:
+    # not resolved yet); written as a percentage in rate or concurrency
+    share: Annotated[float, Field(gt=0, le=10)] | None = None
+    share_of: Literal["rate", "concurrency"] | None = None  # which field the share is of
+    knee: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _percent(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        for key in ("rate", "concurrency"):
+            share = _share(data.get(key))
+            if share is not None:
+                data = {k: v for k, v in data.items() if k != key} | {"share": share}
+                data["share_of"] = key
+        return data
+
     @model_validator(mode="after")
     def _shape(self) -> Load:
+        if self.share is not None and self.share_of is None:
+            raise ValueError("share: write it as rate: 70% or concurrency: 50%")
+        if self.share_of is not None and self.knee is None:  # resolved before the plan is
+            want = ("closed",) if self.share_of == "concurrency" else ("constant", "poisson")
+            if self.mode not in want:
+                raise ValueError(
+                    f"{self.share_of}: a share of the knee needs mode {' or '.join(want)}, "
+                    f"not {self.mode}"
+                )
+            return self
         check_load(self.mode, **self._given())
         for keys, mode in ((_TRACE_KEYS, "trace"), (_DAILY_KEYS, "daily")):
             fields = type(self).model_fields
@@ -216,11 +262,38 @@ class Load(Strict):
             k: None for k in (*_DAILY_KEYS, "rate_end") if k not in self.model_fields_set
         }
 
+    @property
+    def unresolved(self) -> bool:
+        """A share of the knee not resolved yet: no shape until it is."""
+        return self.share_of is not None and self.knee is None
+
+    def of_knee(self, knee: float) -> Load:
+        """This load with its share of ``knee`` resolved (a concurrency rounded, at least 1)."""
+        assert self.share is not None
+        assert self.share_of is not None
+        value: float = self.share * knee
+        if self.share_of == "concurrency":
+            value = max(1, round(value))
+        return Load.model_validate(self.model_dump() | {self.share_of: value, "knee": knee})
+
+    def share_text(self) -> str | None:
+        """``rate 70% of the knee 12 = 8.4 req/s`` (None: no share)."""
+        if self.share_of is None or self.share is None:
+            return None
+        pct = f"{self.share * 100:g}%"
+        if self.knee is None:
+            return f"{self.share_of} {pct} of the knee (not resolved yet)"
+        value = self.rate if self.share_of == "rate" else self.concurrency
+        unit = " req/s" if self.share_of == "rate" else ""
+        return f"{self.share_of} {pct} of the knee {self.knee:.4g}{unit} = {value:.4g}{unit}"
+
     def shape(self, max_connections: int = 0, **trace: Any) -> LoadShape:
         """This load as the plan holds it (its mode's class, the fields it uses). An open
         loop's in-flight cap defaults to the target's connection pool: a send past it would
         only queue inside soakd for a connection, its wait hidden in its TTFT. ``trace``: a
         trace load's file, format and instants, as the plan read them (``shapes.Fields``)."""
+        if self.unresolved:
+            raise ValueError(f"{self.share_text()}: resolve it first (docs/capacity.md)")
         return shape_of(
             self.mode,
             concurrency=self.concurrency,

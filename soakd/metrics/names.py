@@ -120,6 +120,11 @@ CHECKS_TOTAL: Final = "soakd_checks_total"
 TARGET_IDENTITY_INFO: Final = "soakd_target_identity_info"
 TARGET_IDENTITY_CHANGES_TOTAL: Final = "soakd_target_identity_changes_total"
 
+# --- soakd capacity (CapacityMetrics) ----------------------------------------------------
+CAPACITY_STEP: Final = "soakd_capacity_step"
+CAPACITY_RATE: Final = "soakd_capacity_rate"
+CAPACITY_VERDICT: Final = "soakd_capacity_verdict"
+CAPACITY_KNEE: Final = "soakd_capacity_knee"
 # --- send guards (GuardMetrics) -------------------------------------------------------
 TARGET_PAUSED: Final = "soakd_target_paused"
 TARGET_PAUSES_TOTAL: Final = "soakd_target_pauses_total"

@@ -24,6 +24,7 @@ from soakd.measure.verdicts import overall as overall_verdict
 from soakd.model import NS_PER_S
 from soakd.report import names
 from soakd.report.breakdowns import breakdowns
+from soakd.report.capacity import read_capacity, share_notes, sweep_notes
 from soakd.report.checks import checked, correct_ratio
 from soakd.report.decisions import (
     Judging,
@@ -197,6 +198,8 @@ def build_report(
         *cost_notes,
         *money_notes,
         *_notes(read, rows, frame),
+        *share_notes(read.stored.config_document),
+        *sweep_notes(run_dir),
     ]
     plan = read.stored.plan
     return Report(
@@ -240,6 +243,7 @@ def build_report(
         breakdowns=read.breakdowns,
         prefix_cache=prefix_rows(probe, config.workload, targets, frame.phases),
         checks=answers,
+        capacity=read_capacity(run_dir),
     )
 
 

@@ -166,6 +166,10 @@ def render_html(rep: Report) -> str:
     if gpus is not None:
         parts.append(html_table(gpus, row_sep="\n"))
     parts += [html_table(table) for table in slowest_tables(rep)]
+    if rep.capacity is not None:
+        from soakd.report.capacity import capacity_html
+
+        parts.append(capacity_html(rep.capacity))
     parts.append('<h2>Notes</h2><ul class="notes">')
     parts += [f"<li>{e(n)}</li>" for n in rep.notes + definitions(rep)]
     parts.append("</ul></body></html>")

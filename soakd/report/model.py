@@ -8,7 +8,7 @@ report's keys and order: add at the end, rename never.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict
 
 from soakd.measure.analysis import Quantiles, quantile_of
 from soakd.measure.verdicts import CompareVerdict, Verdict
@@ -287,6 +287,9 @@ class Report:
     # and phase (empty: no server counted it, none planned)
     prefix_cache: list[PrefixCacheRow] = field(default_factory=list)
     checks: Checked | None = None  # the answers to checks (soakd/report/checks.py)
+    # the knees the plan's shares resolved against: the run dir's capacity.json as soakd
+    # capacity wrote it (docs/capacity.md), None: none
+    capacity: dict[str, Any] | None = None
     # what the journal lost or could not keep (damage, a lost WAL, a full disk): the
     # report's first lines, before anything else (build.py, _journal_warnings)
     warnings: list[str] = field(default_factory=list)

@@ -49,6 +49,7 @@ from soakd.run.rundir import prepare_dir, raise_fd_limit, write_summary
 from soakd.run.session import RunOptions, RunResult, StartError, StoppedBeforeStart, _close_all
 from soakd.run.stats import RunStats
 from soakd.run.status import RunState, Status, progress_fields, status_now
+from soakd.shapes import Sweep
 from soakd.sim.spawn import SimProcess
 from soakd.types import Target
 from soakd.workers.senders import Senders
@@ -90,6 +91,8 @@ class Soak:
         self._cancelled = 0  # requests cut at the drain deadline
         self._completed = False
         self._summary: dict[str, SessionRow] = {}
+        self._urls: dict[str, str] = {}  # each target's server (mode: sweep phases)
+        self._sweeps: set[asyncio.Task[None]] = set()  # mode: sweep phases running
         # what the exporter's thread reads: the state the run loop last published
         self.board = Board(RunState(self.status(), ready=False, ticked=None))
 
@@ -219,6 +222,7 @@ class Soak:
             servers = await self._start(start_servers(s, self._sims))
             if servers is None:
                 raise StoppedBeforeStart
+            self._urls = servers.urls
             journal = await start_journal(s, servers)
             self._recorded = True
             self._started = time.monotonic()
@@ -278,6 +282,7 @@ class Soak:
             probing = tg.create_task(parts.probes.run())
             gateways = tg.create_task(parts.gateways.run())
             await parts.runner.run(self.setup.resume.offset_ns if self.setup.resume else 0)
+            await self._end_sweeps(parts.runner.stopping)
             self._cancelled = await self._drain(parts.runner)
             ticker.cancel()
             probing.cancel()
@@ -370,6 +375,32 @@ class Soak:
         if phase is not None:
             journal.event(records.Phase(phase.name, phase.index))
             s.fronts.enter(phase.name, journal.event)
+            self._sweep(phase)
+
+    def _sweep(self, phase: Phase) -> None:
+        """A ``mode: sweep`` phase: its targets' knees measured by the hook while the
+        runner sends them nothing (docs/capacity.md), until the phase ends."""
+        hook, runner, parts = self.setup.opts.on_sweep, self.runner, self.parts
+        swept = {n for n, shape in phase.loads.items() if isinstance(shape, Sweep)}
+        if hook is None or runner is None or parts is None or not swept:
+            return
+        left_s = (phase.end_ns - runner.offset_ns()) / 1e9
+        targets = {n: t for n, t in parts.targets.items() if n in swept}
+        end = time.monotonic() + left_s
+        task = asyncio.ensure_future(hook(phase, targets, self._urls, end, self.run_dir))
+        self._sweeps.add(task)
+        task.add_done_callback(self._sweeps.discard)
+
+    async def _end_sweeps(self, stopped: bool) -> None:
+        """The sweeps end with their phase; a stopped run cuts them."""
+        for task in list(self._sweeps):
+            if stopped:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                try:
+                    await task
+                except Exception:  # a sweep that failed costs the soak nothing
+                    log.exception("capacity_sweep_failed")
 
     def _no_reuse(self, journal: Journal, target: str, status: int, closes: bool) -> None:
         """A target's server closes (or keeps again) its connections after answers with

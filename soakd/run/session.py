@@ -4,16 +4,28 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from soakd.measure.analysis import SessionRow
 
+if TYPE_CHECKING:
+    from soakd.model import Phase
+    from soakd.types import Target
+
 log = structlog.get_logger()
+
+
+SweepHook = Callable[
+    ["Phase", Mapping[str, "Target"], Mapping[str, str], float, Path], Awaitable[None]
+]
+"""A ``mode: sweep`` phase begun: (the phase, its targets' clients, each target's server
+URL, the phase's end as ``time.monotonic()``, the run dir); soakd/capacity/ gives it
+(docs/capacity.md)."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +41,7 @@ class RunOptions:
     # `soakd run` unless --no-preflight, off here: a test counting what a server saw
     # asks for it
     preflight: bool = False
+    on_sweep: SweepHook | None = None  # mode: sweep phases (None: they idle)
 
 
 @dataclass

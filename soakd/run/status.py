@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Final
 
 from soakd import __version__
@@ -74,6 +74,8 @@ class Status:
     metrics_url: str | None
     targets: Mapping[str, StatusRow]
     prompt_tokens: PromptTokens | None  # None: before the prompts are sized
+    # phase -> target -> its load as a share of the knee, resolved (docs/capacity.md)
+    shares: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def doc(self) -> dict[str, Any]:
         """The /status JSON document: every field, in order; a value as JSON has it."""
@@ -143,6 +145,7 @@ def status_now(s: Setup, parts: Parts | None, metrics_url: str | None) -> Status
         slo=s.live_slo,
         metrics_url=metrics_url,
         targets={name: _row(s, name, row) for name, row in s.stats.recent().items()},
+        shares=s.cfg.share_texts(),
         prompt_tokens=parts.lengths.status() if parts else None,
     )
 

@@ -80,6 +80,7 @@ STATUS_KEYS = [
     "metrics_url",
     "targets",
     "prompt_tokens",
+    "shares",
 ]
 """/status's keys, in order."""
 

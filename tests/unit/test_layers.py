@@ -30,6 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("probes", "workers", "report"),
     ("gateway",),
     ("run",),
+    ("capacity",),
     ("cli_check",),
     ("cli",),
     ("__main__",),
