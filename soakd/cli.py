@@ -275,7 +275,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         capacity = for_run(cfg, args.metrics_addr)
         cfg = capacity.cfg
-    check_start(cfg)  # before the run dir is touched (`soakd check` says the same)
+    longest = check_start(cfg)  # before the run dir is touched (`soakd check` says the same)
     live = sys.stdout.isatty() if args.live is None else args.live
     opts = RunOptions(
         run_dir=args.run_dir,
@@ -287,6 +287,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         force=args.force,
         preflight=args.preflight,
         on_sweep=capacity.on_sweep if capacity else None,
+        longest=longest,
     )
     soak = Soak(cfg, opts)
     if capacity is not None:

@@ -153,6 +153,11 @@ class TargetConfig(Strict):
     # none (max_tokens alone: an answer may end early). None: ignore_eos for local targets
     # (loopback/private host, simulator:), none for others (a cloud refuses unknown keys).
     planned_output: Literal["ignore_eos", "min_tokens", "none"] | None = None
+    # the longest request the target takes, prompt and answer, in its tokens (vLLM's
+    # max_model_len); unset: what its models list says at the start (vLLM's and the
+    # simulator's say it), else unchecked. A plan whose longest request is longer stops
+    # before the journal opens (docs/workloads.md, "A request longer than the context")
+    max_model_len: Annotated[int, Field(ge=1)] | None = None
 
     @field_validator("base_url")
     @classmethod

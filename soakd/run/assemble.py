@@ -63,6 +63,7 @@ from soakd.workers.senders import Senders, WorkerStartError, open_senders, sende
 from soakd.workload.answers import workload_answers
 from soakd.workload.calibration import Calibration, LocalTokenizer, TokenCounter, TokenizeError
 from soakd.workload.conversations import make_conversations
+from soakd.workload.fits import check_fits, longest_request
 from soakd.workload.guard import Guards, TargetGuard
 from soakd.workload.ledger import SendLedger
 from soakd.workload.plan import build_plan
@@ -217,6 +218,9 @@ async def _preflight(s: Setup, servers: list[TargetConfig]) -> tuple[Preflight, 
             problems.append(r.line)
     if problems:
         raise ConfigError.of(problems)
+    wl = s.cfg.workload
+    longest = s.opts.longest or longest_request(wl, make_prompt_source(wl))
+    check_fits(s.cfg, longest, {r.target: r.max_model_len for r in answers})
     return answers
 
 

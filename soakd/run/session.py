@@ -16,6 +16,7 @@ from soakd.measure.analysis import SessionRow
 if TYPE_CHECKING:
     from soakd.model import Phase
     from soakd.types import Target
+    from soakd.workload.fits import Longest
 
 log = structlog.get_logger()
 
@@ -42,6 +43,9 @@ class RunOptions:
     # asks for it
     preflight: bool = False
     on_sweep: SweepHook | None = None  # mode: sweep phases (None: they idle)
+    # the plan's longest request, as the start check found it (None: made again here):
+    # held against the contexts the targets' models lists say (soakd/workload/fits.py)
+    longest: Longest | None = None
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 The config model checks each value; some things it names live elsewhere: key files and
 variables, CA files, the exporter's certificate and password, the prompt file, the proxy
-the environment names, the OOM log (a file, or none yet; never a directory). ``soakd
+the environment names, the OOM log (a file, or none yet; never a directory); and the plan's
+longest request against a context the config gives (``targets[].max_model_len``). ``soakd
 run`` reads them all before it touches a run dir, and ``soakd check`` calls the same
 function, so the two never disagree, and a problem is the same line in both (a run that
 failed after its journal opened would be "resumed" by the next try).
@@ -17,11 +18,15 @@ from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
 from soakd.config import Config, ConfigError, TargetConfig
+from soakd.workload.fits import Longest, check_fits, longest_request
+from soakd.workload.prompts import make_prompt_source
 
 
-def check_start(cfg: Config) -> None:
+def check_start(cfg: Config) -> Longest | None:
     """Every file and variable the run reads at start, read now; ConfigError listing
-    every problem (one line each, naming the field)."""
+    every problem (one line each, naming the field). Returns the plan's longest request
+    (None: its prompts could not be made), for the run to hold against the contexts its
+    targets' models lists say."""
     problems: list[str] = []
     for target in cfg.targets:
         # (a default TLS context cannot fail, and loading the system store costs 30-100 ms
@@ -44,13 +49,12 @@ def check_start(cfg: Config) -> None:
             exporter.tls.context()
     except ConfigError as exc:
         problems += exc.problems
-    if cfg.workload.prompts.source != "synthetic":
-        from soakd.workload.prompts import make_prompt_source
-
-        try:
-            make_prompt_source(cfg.workload)  # read and parsed as the run will
-        except ConfigError as exc:
-            problems += exc.problems
+    longest = None
+    try:
+        longest = longest_request(cfg.workload, make_prompt_source(cfg.workload))
+        check_fits(cfg, longest, {})  # read and parsed as the run will; the configs' contexts
+    except ConfigError as exc:
+        problems += exc.problems
     if cfg.checks is not None and cfg.checks.file is not None:
         from soakd.checks.expect import read_checks
 
@@ -60,6 +64,7 @@ def check_start(cfg: Config) -> None:
             problems += exc.problems
     if problems:
         raise ConfigError.of(problems)
+    return longest
 
 
 def _env_proxy(target: TargetConfig) -> None:

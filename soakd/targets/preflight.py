@@ -73,6 +73,9 @@ class Preflight:
     models: tuple[str, ...] | None = None
     version: str | None = None
     identity: tuple[str, str] | None = None
+    # the model's context, as its models list entry says (vLLM's and the simulator's
+    # ``max_model_len``); None: not said
+    max_model_len: int | None = None
 
 
 async def preflight(cfgs: Sequence[TargetConfig], *, identity: bool = False) -> list[Preflight]:
@@ -88,6 +91,7 @@ async def preflight_one(cfg: TargetConfig, *, identity: bool = False) -> Preflig
     target = await open_target(_tiny(cfg))
     try:
         models: list[str] | None = None
+        context: int | None = None
         url = cfg.models_url
         if url is not None:
             try:
@@ -100,12 +104,19 @@ async def preflight_one(cfg: TargetConfig, *, identity: bool = False) -> Preflig
                     return _judge(cfg, o, None, started)
             else:
                 models = _model_ids(body) if status == 200 else None
+                context = _context(body, cfg.model) if status == 200 else None
         version = await _version(target, url) if identity else None
         spec = RequestSpec(cfg.name, "preflight", 0, PROMPT, 3, 1, 0.0, time.perf_counter_ns())
         outcome = await target.send(replace(spec, keep_answer=identity))
         found = _judge(cfg, outcome, models, started)
         listed = tuple(models) if models is not None else None
-        return replace(found, models=listed, version=version, identity=outcome.identity)
+        return replace(
+            found,
+            models=listed,
+            version=version,
+            identity=outcome.identity,
+            max_model_len=context,
+        )
     finally:
         await target.aclose()
 
@@ -149,6 +160,21 @@ def _model_ids(body: bytes) -> list[str] | None:
     if not isinstance(data, list):
         return None
     return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+
+
+def _context(body: bytes, model: str) -> int | None:
+    """The ``max_model_len`` of ``model``'s entry in a models list (vLLM's, the
+    simulator's); None: not there, or not a positive whole number."""
+    try:
+        doc = loads(body)
+    except ValueError:
+        return None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    for m in data if isinstance(data, list) else ():
+        if isinstance(m, dict) and m.get("id") == model:
+            n = m.get("max_model_len")
+            return n if type(n) is int and n > 0 else None
+    return None
 
 
 def _where(url: str) -> str:
