@@ -7,7 +7,11 @@ as the journal kept them (docs/journal.md, "ITL gaps"): ``itl_us``, every gap in
 order (``journal.itl: exact``, and every row of a v1/v2 journal), or ``itl_sorted_us``, the
 2 % buckets' middles in ascending order (``journal.itl: compact``, the default: the order
 of the gaps is not stored). ``trace_id`` is the one the request's ``traceparent`` carried
-(soakd/tracing.py), empty for a target that sent none. ``usage_delta`` and
+(soakd/tracing.py), empty for a target that sent none. ``source_record`` names the dataset
+record a request was built from (``trace.jsonl:812``; a conversation's, the ShareGPT item
+it replays), so a slow request can be found in the dataset: derived from the seq and the
+stored source, read again (empty for synthetic prompts, or when the file is gone or
+changed). ``usage_delta`` and
 ``usage_rejected`` say how the server's usage compared with the stream
 (soakd/targets/stream.py).
 """
@@ -24,6 +28,7 @@ from typing import IO, Any
 from soakd.journal import JournalReader, row_itl_ns, unpack_itl
 from soakd.journal.schema import REQUEST_COLUMNS
 from soakd.tracing import trace_id
+from soakd.workload.datasets import stored_source
 
 _GAPS = ("itl", "itl_hist")  # a row's ITL gaps: the --itl columns (ITL_COLUMNS), decoded
 
@@ -37,20 +42,41 @@ def _exported(column: str) -> str:
 
 
 _SECONDS = {_exported(c): c for c in REQUEST_COLUMNS if c.endswith("_ns")}
-COLUMNS = (*(_exported(c) for c in REQUEST_COLUMNS if c not in _GAPS), "trace_id")
+_DERIVED = ("trace_id", "source_record")
+COLUMNS = (*(_exported(c) for c in REQUEST_COLUMNS if c not in _GAPS), *_DERIVED)
 """The export's columns: the journal's ``requests`` in their order (seconds for
-nanoseconds, the gaps apart), then ``trace_id`` (derived, in ``records()``)."""
+nanoseconds, the gaps apart), then ``trace_id`` and ``source_record`` (derived, in
+``records()``)."""
 
 
 def records(reader: JournalReader, *, itl: bool = False) -> Iterator[dict[str, Any]]:
     """One dict per request, in journal order."""
     run_id = reader.stored.run_id
     traced = reader.stored.config.traced()
+    named = _record_names(reader)
     for row in reader.request_rows(itl=itl):
         rec = _record(row, itl)
         target = rec["target"]
         rec["trace_id"] = trace_id(run_id, target, rec["seq"]) if target in traced else None
+        rec["source_record"] = named(rec["seq"], rec["conversation"])
         yield rec
+
+
+def _record_names(reader: JournalReader) -> Callable[[int, int | None], str | None]:
+    """(seq, conversation) -> the dataset record it was built from (None: none, synthetic)."""
+    wl = reader.stored.config.workload
+    source = None
+    if wl.prompts.source != "synthetic":
+        source = stored_source(wl.prompts, wl.seed, wl.tokenizer)
+    if source is None:
+        return lambda _seq, _conv: None
+    found = source
+
+    def named(seq: int, conv: int | None) -> str:
+        # a conversation replays the dataset's item ``conv`` (cycled), a request its seq's
+        return found.label(conv % len(found) if conv is not None else found.record_of(seq))
+
+    return named
 
 
 def _record(row: sqlite3.Row, itl: bool) -> dict[str, Any]:
@@ -62,7 +88,7 @@ def _record(row: sqlite3.Row, itl: bool) -> dict[str, Any]:
             out[col] = None if v is None else v / 1e9
         elif col in ("oom", "usage_reported"):
             out[col] = bool(row[col])
-        elif col != "trace_id":  # derived, in records()
+        elif col not in _DERIVED:  # derived, in records()
             out[col] = row[col]
     if itl:
         exact = row["itl"]  # else compact: bucket middles, ascending (docs/journal.md)

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from soakd.config import config_from_dict
+from soakd.journal import JournalReader
 from soakd.profiles import get_profile
 from soakd.report import build_report
+from soakd.report.export import records
 from soakd.run.app import RunOptions, Soak
 from soakd.sim.server import start_sim
 from soakd.workload.prompts import Records, make_prompt_source
@@ -77,3 +79,9 @@ async def test_a_dataset_replays_its_planned_lengths(tmp_path: Path, source: str
     assert prompts.off == pytest.approx(0.0, abs=0.02)
     assert answers.off == pytest.approx(0.0, abs=1e-9)
     assert report.tested is not None
+    # the export names each request's record in the dataset, by its file and line
+    exported = list(records(JournalReader(run_dir)))
+    assert len(exported) >= len(rows)
+    for rec in exported:
+        assert rec["source_record"] == plan.label(plan.record_of(rec["seq"]))
+    assert {r["source_record"] for r in exported} == {plan.label(i) for i in range(len(plan))}

@@ -209,7 +209,7 @@ def test_a_v3_journal_is_read_exported_and_continued_as_v6(tmp_path: Path) -> No
     with (tmp_path / "v4.csv").open("w") as f:
         assert export(tmp_path, "csv", f) == 200
     header, *lines = (tmp_path / "v4.csv").read_text().splitlines()
-    assert header.endswith("usage_delta,usage_rejected,conversation,turn,trace_id")
+    assert header.endswith("usage_delta,usage_rejected,conversation,turn,trace_id,source_record")
     assert sum(",negative," in line for line in lines) == sum(
         o.usage_rejected == "negative" for o in new
     )

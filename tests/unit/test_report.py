@@ -319,7 +319,7 @@ def test_cli_report_and_export(
     lines = csv_out.read_text().splitlines()
     assert len(lines) == len(rows) + 1
     assert lines[0].startswith("id,session,wall,target,phase,seq,")
-    assert lines[0].endswith(",trace_id,itl_us,itl_sorted_us")
+    assert lines[0].endswith(",trace_id,source_record,itl_us,itl_sorted_us")
     # compact gaps (the default) have no order: the export says what it gives instead
     assert "itl_sorted_us: this run kept each request's ITL gaps as 2 % buckets" in (
         capsys.readouterr().err

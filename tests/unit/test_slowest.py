@@ -155,5 +155,7 @@ def test_export_has_the_trace_id(run_dir: Path, tmp_path: Path) -> None:
     csv_out = tmp_path / "rows.csv"
     assert main(["export", str(run_dir), "--format", "csv", "-o", str(csv_out)]) == 0
     header, first, *_ = csv_out.read_text().splitlines()
-    assert header.split(",")[-1] == "trace_id"
-    assert first.split(",")[-1] == (recs[0]["trace_id"] or "")
+    at = header.split(",").index("trace_id")
+    assert header.split(",")[at + 1 :] == ["source_record"]  # synthetic prompts: empty
+    assert first.split(",")[at] == (recs[0]["trace_id"] or "")
+    assert first.split(",")[-1] == ""
