@@ -664,11 +664,6 @@ def _sim_profile() -> Any:
     return get_profile("edge-4gb-oom", vram_mib_per_running_seq=8.0)
 
 
-NOT_IN_THIS_RUN = frozenset({"TTFT by turn, P50 and P99 (5m)", "Prefix cache hit ratio"})
-"""Panels the real run leaves empty, and why: it sends single requests (no conversation
-turns), and the simulator keeps no prefix cache (vLLM's counters it does not export)."""
-
-
 def _soak_config(vllm_url: str, spare_url: str) -> dict[str, Any]:
     return {
         "run": {"name": "alerting-e2e", "drain_timeout": "2s"},
@@ -879,7 +874,7 @@ async def test_real_soakd_against_the_simulator(tmp_path: Path) -> None:
             may_be_empty=lambda q: (
                 q.description.startswith(NVML_ONLY)
                 or GATEWAY_ROW in q.expr
-                or q.panel in NOT_IN_THIS_RUN
+                or q.panel in obs.SIMULATED_RUN_EMPTY
             ),
         )
         print("\nempty, as allowed:", sorted({f"{q.dashboard} / {q.panel}" for q in allowed}))

@@ -60,7 +60,7 @@ def test_html_opens_in_headless_chromium(chromium: str, run_dir: Path, tmp_path:
         timeout=120,
         check=True,
     ).stdout
-    assert dom.count("<svg") == 5
+    assert dom.count("<svg") == 6  # the five over plan time, and TTFT by context length
     assert "Targets side by side" in dom
     assert "<parsererror" not in dom  # a broken SVG shows up as a parser error element
     subprocess.run(
