@@ -130,13 +130,13 @@ def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield from _panels(panel.get("panels", []))  # panels inside collapsed rows
 
 
-@dataclass(frozen=True)
 SIMULATED_RUN_EMPTY = frozenset({"TTFT by turn, P50 and P99 (5m)", "Prefix cache hit ratio"})
 """Panels a real soakd run against the simulator leaves empty, and why: it sends single
 requests (no conversation turns), and the simulator keeps no prefix cache (vLLM's counters
 it does not export)."""
 
 
+@dataclass(frozen=True)
 class PanelQuery:
     dashboard: str
     panel: str
