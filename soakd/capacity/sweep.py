@@ -240,7 +240,12 @@ async def sweep(
         stack.push_async_callback(_close_servers, setup, sims)
         servers = await start_servers(setup, sims)
         senders = await open_senders(
-            1, list(servers.clients), run_id=setup.run_id, run_dir=run_dir, registry=registry
+            1,
+            list(servers.clients),
+            run_id=setup.run_id,
+            run_dir=run_dir,
+            registry=registry,
+            workload=cfg.workload,  # the text its steps send: the plan's prompts
         )
         stack.push_async_callback(senders.aclose)
         prompts = make_prompt_source(cfg.workload)

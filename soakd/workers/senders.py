@@ -138,15 +138,14 @@ async def open_senders(
     run_id: str,
     run_dir: Path,
     registry: CollectorRegistry,
+    workload: Workload,
     no_reuse: NoReuse | None = None,
-    workload: Workload | None = None,
 ) -> Senders:
     """The run's ``n`` senders (``senders_for``). ConfigError for a target's key or TLS files
     (named, read here first, also when workers read them again); WorkerStartError when a
     worker cannot start. ``no_reuse`` hears what their connection pools learn about closes
     after answers. Each sending process builds its requests' text from ``workload``
     (soakd/workload/build.py), calibrated as ``Senders.calibrate`` says."""
-    workload = workload or Workload()
     if n == 1:  # soakd's own process is the one sender, and it is up
         WorkerMetrics(registry, 1).up.set(1)
         builder = Builder(workload)
