@@ -48,6 +48,7 @@ class Clock:
         self.phase = None
         self.finished = False
         self.stopping = False
+        self.stopped_ns = 0
         self.next_seq: dict[str, int] = {}
         self.missed: dict[tuple[str, str, str], int] = {}
 

@@ -51,6 +51,7 @@ class FakeClock:
     phase: Phase | None = None
     finished: bool = False
     stopping: bool = False
+    stopped_ns: int = 0
     next_seq: dict[str, int] = field(default_factory=dict)
     missed: dict[tuple[str, str, str], int] = field(default_factory=dict)
     origin_ns: int = 0

@@ -45,6 +45,8 @@ class PlanClock(Protocol):
     @property
     def stopping(self) -> bool: ...
     @property
+    def stopped_ns(self) -> int: ...
+    @property
     def next_seq(self) -> dict[str, int]: ...
     @property
     def missed(self) -> dict[MissedKey, int]: ...
@@ -61,6 +63,7 @@ class ClockState:
     phase_index: int | None = None
     finished: bool = False
     stopping: bool = False
+    stopped_ns: int = 0  # the monotonic instant sending stopped (0: it has not)
     next_seq: dict[str, int] = field(default_factory=dict)
     missed: dict[MissedKey, int] = field(default_factory=dict)
 
@@ -73,6 +76,7 @@ class ClockState:
             phase.index if phase is not None else None,
             clock.finished,
             clock.stopping,
+            clock.stopped_ns,
             dict(clock.next_seq),
             dict(clock.missed),
         )
@@ -247,7 +251,11 @@ class Progress:
             if clock.finished:
                 self._frozen_offset = max(current, self.last_offset)
             elif clock.stopping:
-                self._frozen_offset = self.last_offset  # the last heartbeat before the stop
+                # where sending stopped: every instant before it was sent or counted as not
+                # made, so the resume offers none of them again (the last heartbeat before
+                # the stop, up to a second earlier, would offer those instants twice)
+                stopped = clock.stopped_ns - clock.origin_ns if clock.stopped_ns else 0
+                self._frozen_offset = max(self.last_offset, min(stopped, current))
         offset = self._frozen_offset if self._frozen_offset is not None else current
         self.seqs.update(clock.next_seq)
         return offset, clock.phase_index

@@ -117,6 +117,7 @@ class Runner:
         self.finished = False
         self._stop = asyncio.Event()
         self._stopped_at = 0.0  # monotonic s of the stop: the drain deadline counts from it
+        self._stopped_ns = 0  # the instant sending stopped (0: not stopped)
         # the next prompt seq per target, counted on in place: ``seqs`` when given (a
         # resumed run's numbers continue; whoever gave it reads the same dict)
         self._seq = seqs if seqs is not None else {}
@@ -175,6 +176,13 @@ class Runner:
         return self._stop.is_set()
 
     @property
+    def stopped_ns(self) -> int:
+        """The monotonic instant sending stopped (0: it has not): every instant before it
+        was sent or counted as not made, so a resume goes on from here (soakd/journal/
+        progress.py)."""
+        return self._stopped_ns
+
+    @property
     def next_seq(self) -> dict[str, int]:
         """The next prompt seq per target (the journal stores it for a resume)."""
         return self._seq
@@ -207,6 +215,7 @@ class Runner:
         if not self._stop.is_set():
             self._stop.set()
             self._stopped_at = time.monotonic()
+            self._stopped_ns = now_ns()
             for task in self._drivers:
                 task.cancel()
 
@@ -537,8 +546,8 @@ class Runner:
                 offset = -1
         except asyncio.CancelledError:
             # stopped (the plan's end, a signal) while behind: the instants already due
-            # were offered and not made
-            elapsed = now_ns() - start_abs
+            # when sending stopped were offered and not made; a later one is the resume's
+            elapsed = (self._stopped_ns or now_ns()) - start_abs
             due_now = int(0 <= offset <= elapsed) + schedule.skip_to(elapsed + 1)
             if due_now:
                 miss(name, pname, MissReason.LATE, due_now)

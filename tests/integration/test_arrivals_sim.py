@@ -200,10 +200,11 @@ async def test_a_resumed_trace_goes_on_at_the_instant_it_stopped(tmp_path: Path)
         if p * period + (s - stamps[0]) * MS < 14e9
     ]
     assert [t for _, t in first] == planned[: len(first)]
-    # the second session starts at the plan clock's last heartbeat of the first (a commit
-    # before or after its last send) and goes on along the trace: each instant sent or
-    # counted as not made (at the stop, or a stall of the busy box), none made up
+    # the second session starts where the first stopped sending and goes on along the
+    # trace: each instant sent or counted as not made (at the stop, or a stall of the busy
+    # box), none made up, none offered twice
     resumed = planned.index(second[0][1])
+    assert resumed >= len(first)  # no instant the first session sent is sent again
     again = iter(planned[resumed:])
     assert all(t in again for _, t in second)  # in the trace's order
     with sqlite3.connect(run_dir / "journal.db") as db:
