@@ -193,6 +193,7 @@ def soak_config(node: str, site: str, sim_url: str) -> dict[str, Any]:
             "leak_window": "2m",
         },
         "probes": {"scrape_interval": "1s", "health_interval": "1s"},
+        "checks": {"every": "1s", "kinds": ["echo"]},  # the checks panel's data, per box
         # the simulated card is an H200: a limit above it, so that no VRAM alert fires
         "slo": {
             "vram_peak": "200GB",
