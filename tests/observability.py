@@ -277,12 +277,8 @@ def soakd_sample_names() -> set[str]:
     from soakd.journal.metrics import JournalMetrics
     from soakd.metrics.capacity import CapacityMetrics
     from soakd.metrics.checks import CheckMetrics
-    from soakd.metrics.run import (
-        LIMIT_HELP,
-        GuardMetrics,
-        Metrics,
-        ProbeMetrics,
-    )
+    from soakd.metrics.limits import LIMIT_HELP
+    from soakd.metrics.run import GuardMetrics, Metrics, ProbeMetrics
     from soakd.probes.gateways import UP
     from soakd.workers.pool import WorkerMetrics
 

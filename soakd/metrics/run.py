@@ -20,7 +20,7 @@ from prometheus_client import (
     Info,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from soakd import __version__
 from soakd.config import AlertLimits, Slo, TargetConfig
@@ -46,18 +46,7 @@ from soakd.metrics import names as mn
 # the probes' and the guard's families live beside this module; imported from here as before
 from soakd.metrics.guard import GuardMetrics as GuardMetrics
 from soakd.metrics.guard import TargetGuardGauges as TargetGuardGauges
-from soakd.metrics.names import (
-    LIMIT_DRIFT,
-    LIMIT_E2E,
-    LIMIT_ERROR_RATIO,
-    LIMIT_JITTER,
-    LIMIT_LAG,
-    LIMIT_LEAK,
-    LIMIT_SERVER_ERROR_RATIO,
-    LIMIT_TPOT,
-    LIMIT_TTFT,
-    LIMIT_VRAM,
-)
+from soakd.metrics.limits import Limits
 from soakd.metrics.probes import OOM_SOURCES as OOM_SOURCES
 from soakd.metrics.probes import THROTTLE_REASONS as THROTTLE_REASONS
 from soakd.metrics.probes import ProbeMetrics as ProbeMetrics
@@ -317,7 +306,7 @@ class Metrics:
         )
         self.run_start = Gauge(mn.RUN_START_TIME_SECONDS, "Unix time the run started.", registry=r)
 
-        self.limits = _Limits()
+        self.limits = Limits()
         r.register(self.limits)
         self.goodput = Gauge(
             mn.GOODPUT_RATIO,
@@ -389,24 +378,8 @@ class Metrics:
         self._traced = dict.fromkeys(traced_names(targets), run_id)
 
     def set_limits(self, slo: Slo, alerts: AlertLimits) -> None:
-        """The run-wide SLO and the alert-only limits, as gauges; an SLO key not set is
-        not exported (no limit, no alert). Per-target overrides are not here."""
-        self.limits.values = {
-            name: value
-            for name, value in (
-                (LIMIT_VRAM, slo.vram_peak),
-                (LIMIT_ERROR_RATIO, slo.error_ratio),
-                (LIMIT_SERVER_ERROR_RATIO, slo.server_error_ratio),
-                (LIMIT_E2E, slo.e2e_p99),
-                (LIMIT_TTFT, slo.ttft_p99),
-                (LIMIT_TPOT, slo.tpot_p99),
-                (LIMIT_JITTER, slo.jitter),
-                (LIMIT_LEAK, alerts.vram_leak_per_hour),
-                (LIMIT_LAG, alerts.dispatch_lag),
-                (LIMIT_DRIFT, alerts.e2e_p99_drift_per_hour),
-            )
-            if value is not None
-        }
+        """The run-wide SLO and the alert-only limits, as gauges (soakd/metrics/limits.py)."""
+        self.limits.set(slo, alerts)
 
     def show(
         self,
@@ -580,31 +553,3 @@ def _count_run(counts: list[int], outcome: str, n: int) -> None:
         counts[1] += n
         if outcome in SERVER_ERRORS:
             counts[2] += n
-
-
-LIMIT_HELP = {
-    LIMIT_VRAM: "VRAM limit (slo.vram_peak).",
-    LIMIT_ERROR_RATIO: "Error ratio limit (slo.error_ratio): every failure / judged requests.",
-    LIMIT_SERVER_ERROR_RATIO: "5xx ratio limit (slo.server_error_ratio).",
-    LIMIT_E2E: "P99 end-to-end latency SLO (slo.e2e_p99).",
-    LIMIT_TTFT: "P99 TTFT SLO (slo.ttft_p99).",
-    LIMIT_TPOT: "P99 TPOT SLO (slo.tpot_p99).",
-    LIMIT_JITTER: "Limit on P99 jitter (slo.jitter).",
-    LIMIT_LEAK: "VRAM leak slope limit (alert_limits.vram_leak_per_hour).",
-    LIMIT_LAG: "Dispatch lag limit (alert_limits.dispatch_lag).",
-    LIMIT_DRIFT: "Limit on the drift of P99 end-to-end latency "
-    "(alert_limits.e2e_p99_drift_per_hour).",
-}
-
-
-class _Limits:
-    """The run-wide limit gauges (no labels), from a snapshot: only the ones set."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, float] = {}
-
-    def collect(self) -> Iterator[Metric]:
-        for name, help_text in LIMIT_HELP.items():
-            value = self.values.get(name)
-            if value is not None:
-                yield GaugeMetricFamily(name, help_text, value=value)

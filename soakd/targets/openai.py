@@ -32,7 +32,6 @@ from aiohttp import (
 from pydantic import SecretStr
 from yarl import URL
 
-from soakd import __version__
 from soakd.config import TargetConfig
 from soakd.model import GATEWAY_ORIGIN_HEADER, ErrorKind, MissReason, Outcome, RequestSpec
 from soakd.net import env_proxy, header_problem, url_problem
@@ -48,6 +47,7 @@ from soakd.targets.errors import (
     status_kind,
 )
 from soakd.targets.framing import HttpProcessingError, overrun
+from soakd.targets.headers import target_headers
 from soakd.targets.pool import NewestFirstConnector, OnLearn
 from soakd.targets.sse import SSEDecoder, SSEError, SSELineTooLong
 from soakd.targets.stream import (
@@ -513,27 +513,6 @@ class OpenAITarget:
             if key:
                 text = redact(text, key)
         return text[:200]
-
-
-def target_headers(
-    cfg: TargetConfig, key: SecretStr | None, accept: dict[str, str] | None = None
-) -> dict[str, str]:
-    """What every request to a target carries, in the order sent: who soakd is, what it
-    accepts, the key (``api-key`` for Azure, else a bearer token), the OpenAI account
-    headers, then the config's own ``headers`` (which win). The client and the
-    calibration's /tokenize client both use it, so they present themselves alike."""
-    headers = {"User-Agent": f"soakd/{__version__}", "Content-Type": "application/json"}
-    headers.update(accept or {})
-    if key is not None and cfg.kind == "azure":
-        headers["api-key"] = key.get_secret_value()
-    elif key is not None:
-        headers["Authorization"] = f"Bearer {key.get_secret_value()}"
-    if cfg.organization:
-        headers["OpenAI-Organization"] = cfg.organization
-    if cfg.project:
-        headers["OpenAI-Project"] = cfg.project
-    headers.update(cfg.headers)
-    return headers
 
 
 async def open_target(

@@ -18,7 +18,7 @@ from yarl import URL
 
 from soakd.config import TargetConfig
 from soakd.net import env_proxy, header_problem
-from soakd.targets.openai import target_headers
+from soakd.targets.headers import target_headers
 from soakd.workload.calibration import Tokenized, TokenizeError
 
 __all__ = ["BODY_LIMIT", "ServerTokenizer", "open_tokenizer"]
