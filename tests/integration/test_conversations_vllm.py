@@ -3,7 +3,6 @@ vLLM serves grows turn by turn as planned, and soakd's counts are vLLM's own."""
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import aiohttp
@@ -11,7 +10,7 @@ import pytest
 
 from soakd.config import config_from_dict
 from soakd.run.app import RunOptions, Soak
-from soakd.workload.conversations import make_conversations
+from tests.turns import by_turn
 from tests.vllm_server import VllmServer, sum_samples
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -58,25 +57,11 @@ async def test_vllm_serves_each_turn_the_context_planned(vllm: VllmServer, tmp_p
     ).run()
     after = await served(vllm)
     assert result.completed
-    plan = make_conversations(cfg.workload)
-    assert plan is not None
-    with sqlite3.connect(run / "journal.db") as db:
-        rows = db.execute(
-            "SELECT seq, prompt_tokens, output_tokens, error FROM requests ORDER BY seq"
-        ).fetchall()
+    rows, planned, got = by_turn(run, cfg.workload, TURNS)
     assert [r[0] for r in rows] == list(range(len(rows)))
     assert all(r[3] is None for r in rows)
     assert len(rows) >= 2 * TURNS
-    planned = [0] * TURNS
-    got = [0] * TURNS
-    context = 0
-    for seq, prompt, output, _ in rows:
-        conv, turn = divmod(seq, TURNS)
-        context = (context if turn else 0) + plan.user_tokens(conv, turn)
-        planned[turn] += context
-        got[turn] += prompt
-        assert output == ANSWER
-        context += output
+    assert all(r[2] == ANSWER for r in rows)
     for turn in range(TURNS):
         off = got[turn] / planned[turn] - 1
         print(f"turn {turn}: planned {planned[turn]}, served {got[turn]} ({off:+.2%})")

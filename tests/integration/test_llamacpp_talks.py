@@ -8,7 +8,6 @@ it), except in CI, where a missing binary fails."""
 from __future__ import annotations
 
 import os
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,8 @@ import pytest
 
 from soakd.config import config_from_dict
 from soakd.run.app import RunOptions, Soak
-from soakd.workload.conversations import make_conversations
 from tests.llama_server import LlamaServer, LlamaServerNotSetUp
+from tests.turns import by_turn
 from tests.vllm_server import sum_samples
 
 pytest.importorskip("gguf", reason="gguf is not installed (pip install -e '.[test]')")
@@ -89,22 +88,10 @@ async def test_llama_server_serves_each_turn_the_context_planned(
         run,
     )
     after = counters(llama)
-    plan = make_conversations(cfg.workload)
-    assert plan is not None
-    with sqlite3.connect(run / "journal.db") as db:
-        rows = db.execute(
-            "SELECT seq, prompt_tokens, output_tokens, error FROM requests ORDER BY seq"
-        ).fetchall()
+    rows, planned, got = by_turn(run, cfg.workload, TURNS)
     assert all(r[3] is None for r in rows)
     assert len(rows) >= 2 * TURNS
-    planned, got, context = [0] * TURNS, [0] * TURNS, 0
-    for seq, prompt, output, _ in rows:
-        conv, turn = divmod(seq, TURNS)
-        context = (context if turn else 0) + plan.user_tokens(conv, turn)
-        planned[turn] += context
-        got[turn] += prompt
-        assert output == ANSWER
-        context += output
+    assert all(r[2] == ANSWER for r in rows)
     for turn in range(TURNS):
         off = got[turn] / planned[turn] - 1
         print(f"llama-server turn {turn}: planned {planned[turn]}, served {got[turn]} ({off:+.2%})")
