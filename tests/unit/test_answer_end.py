@@ -16,6 +16,7 @@ from aiohttp import web
 from soakd.config import TargetConfig
 from soakd.model import RequestSpec
 from soakd.targets import open_target
+from tests.serving import served
 
 TRAILER_WAIT_S = 0.15  # before the usage chunk, and again before [DONE]
 
@@ -58,15 +59,8 @@ async def server() -> AsyncIterator[tuple[str, dict[str, float]]]:
 
     app = web.Application()
     app.router.add_post("/{shape}/v1/chat/completions", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}", sent
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield url, sent
 
 
 @pytest.mark.parametrize("shape", ["inline", "apart"])

@@ -15,6 +15,7 @@ from aiohttp import web
 from soakd.config import TargetConfig
 from soakd.model import ErrorKind, RequestSpec
 from soakd.targets import open_target
+from tests.serving import served
 
 PIECES = ["Hé", "llo, ", "wörld", "\n!"]
 
@@ -52,15 +53,8 @@ async def server() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/{shape}/v1/chat/completions", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield url
 
 
 SPEC = RequestSpec("t", "p", 0, "hello", 1, 8, 0.0, 0)
