@@ -386,7 +386,8 @@ async def assemble(
         lead_ns=senders.lead_ns,
         on_sink_failure=lambda sink: s.metrics.sink_failures.labels(sink).inc(),
         answers=workload_answers(wl, lengths.prompts),  # planned answer lengths
-        conversations=make_conversations(wl),  # their plan; the senders build their text
+        # their plan (a ShareGPT file's, from the prompts already read); the senders build text
+        conversations=make_conversations(wl, source=lengths.prompts),
         on_failure=wl.conversations.on_failure if wl.conversations else "end",
         on_conversation=s.metrics.conversation,
         checks=checks.spec if checks else None,  # a share of the requests are checks
