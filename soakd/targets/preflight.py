@@ -103,8 +103,8 @@ async def preflight_one(cfg: TargetConfig, *, identity: bool = False) -> Preflig
                 if o.error in _UNREACHED:  # the request would meet the same: say it once
                     return _judge(cfg, o, None, started)
             else:
-                models = _model_ids(body) if status == 200 else None
-                context = _context(body, cfg.model) if status == 200 else None
+                if status == 200:
+                    models, context = _models_list(body, cfg.model)
         version = await _version(target, url) if identity else None
         spec = RequestSpec(cfg.name, "preflight", 0, PROMPT, 3, 1, 0.0, time.perf_counter_ns())
         outcome = await target.send(replace(spec, keep_answer=identity))
@@ -150,31 +150,21 @@ def _tiny(cfg: TargetConfig) -> TargetConfig:
     return cfg.model_copy(update={"timeouts": timeouts, "extra_body": extra, "max_connections": 1})
 
 
-def _model_ids(body: bytes) -> list[str] | None:
-    """The ids of an OpenAI models list (``{"data": [{"id": ...}]}``); None: not one."""
+def _models_list(body: bytes, model: str) -> tuple[list[str] | None, int | None]:
+    """The ids of an OpenAI models list (``{"data": [{"id": ...}]}``; None: not one), and
+    the ``max_model_len`` of ``model``'s entry (vLLM's, the simulator's; None: not there,
+    or not a positive whole number)."""
     try:
         doc = loads(body)
     except ValueError:
-        return None
+        return None, None
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, list):
-        return None
-    return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
-
-
-def _context(body: bytes, model: str) -> int | None:
-    """The ``max_model_len`` of ``model``'s entry in a models list (vLLM's, the
-    simulator's); None: not there, or not a positive whole number."""
-    try:
-        doc = loads(body)
-    except ValueError:
-        return None
-    data = doc.get("data") if isinstance(doc, dict) else None
-    for m in data if isinstance(data, list) else ():
-        if isinstance(m, dict) and m.get("id") == model:
-            n = m.get("max_model_len")
-            return n if type(n) is int and n > 0 else None
-    return None
+        return None, None
+    entries = [m for m in data if isinstance(m, dict) and "id" in m]
+    context = next((m.get("max_model_len") for m in entries if m["id"] == model), None)
+    fits = context if type(context) is int and context > 0 else None
+    return [str(m["id"]) for m in entries], fits
 
 
 def _where(url: str) -> str:

@@ -13,7 +13,7 @@ import yaml
 
 from soakd.cli import main
 from soakd.config import Config, ConfigError
-from soakd.targets.preflight import _context
+from soakd.targets.preflight import _models_list
 from soakd.workload.fits import check_fits, longest_request
 from soakd.workload.prompts import make_prompt_source
 
@@ -74,12 +74,11 @@ def test_a_files_longest_record_is_named_by_its_line(tmp_path: Path) -> None:
 
 def test_the_context_in_a_models_list() -> None:
     body = {"data": [{"id": "other", "max_model_len": 9}, {"id": "m", "max_model_len": 2048}]}
-    assert _context(json.dumps(body).encode(), "m") == 2048
-    assert _context(json.dumps({"data": [{"id": "m"}]}).encode(), "m") is None  # not said
-    assert (
-        _context(json.dumps({"data": [{"id": "m", "max_model_len": "4k"}]}).encode(), "m") is None
-    )
-    assert _context(b"not json", "m") is None
+    assert _models_list(json.dumps(body).encode(), "m") == (["other", "m"], 2048)
+    assert _models_list(json.dumps({"data": [{"id": "m"}]}).encode(), "m") == (["m"], None)
+    bad = {"data": [{"id": "m", "max_model_len": "4k"}]}  # not a whole number: not said
+    assert _models_list(json.dumps(bad).encode(), "m") == (["m"], None)
+    assert _models_list(b"not json", "m") == (None, None)
 
 
 def test_soakd_check_stops_a_plan_longer_than_a_configured_context(
